@@ -1,0 +1,37 @@
+"""Errors that carry where bad input was found, so every front end can say what and where."""
+
+from __future__ import annotations
+
+
+class KvprofError(Exception):
+    """Base class: a problem with the user's input or configuration (CLI exit code 1)."""
+
+
+class TraceError(KvprofError):
+    """A trace line that cannot be used.
+
+    The message always names the file and, where known, the 1-based line and the field.
+    """
+
+    def __init__(self, path: str, message: str, line: int | None = None, field: str | None = None):
+        self.path = path
+        self.line = line
+        self.field = field
+        self.reason = message
+        where = str(path)
+        if line is not None:
+            where += f", line {line}"
+        if field is not None:
+            where += f", field '{field}'"
+        super().__init__(f"{where}: {message}")
+
+
+class HpFileError(KvprofError):
+    """A hyperparameter file that cannot be loaded; the message names the file and the JSON path."""
+
+    def __init__(self, path: str, message: str, where: str | None = None):
+        self.path = path
+        self.where = where
+        self.reason = message
+        loc = str(path) + (f", at {where}" if where else "")
+        super().__init__(f"{loc}: {message}")

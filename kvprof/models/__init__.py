@@ -1,0 +1,1 @@
+"""Reuse-probability models and the hyperparameter file schema."""

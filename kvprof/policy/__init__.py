@@ -1,0 +1,1 @@
+"""Eviction policies, one module each, behind :class:`kvprof.policy.base.EvictionPolicy`."""

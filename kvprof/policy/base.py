@@ -1,0 +1,114 @@
+"""The one interface every eviction policy implements.
+
+It mirrors what vLLM's free block queue does (``vllm/v1/core/kv_cache_utils.py``): blocks become
+evictable when a request frees them (tail-first), stop being evictable when a prefix hit takes
+them back, and a victim is chosen only when a new block is needed. The simulator and the vLLM
+adaptor both drive policies through these methods and nothing else, so the same class runs in
+both. A policy never imports the simulator or vLLM.
+
+Blocks are plain ints (vLLM's ``block_id``; the simulator's slot numbers). Per-block state lives
+in the policy's own side tables, because vLLM's ``KVCacheBlock`` has ``__slots__``.
+
+Call protocol (the driver keeps it):
+
+* ``access(block, now, workload, depth, hit=..., next_use=...)`` whenever a request allocates a
+  block for new content (``hit=False``) or hits a cached block (``hit=True``). This is where a
+  block learns the class of the request that touched it last, its depth in the chain and, for
+  Belady, when it will next be used.
+* ``free(blocks, now)`` when a request finishes: its cached blocks become evictable, given in
+  the order vLLM frees them (the chain's tail first).
+* ``remove(block)`` when a hit takes an evictable block back (vLLM's ``touch``).
+* ``evict(now)`` / ``evict_n(n, now)`` when blocks are needed: returns victims in order and
+  forgets them.
+* ``discard(block)`` drops an evictable block without counting it as a decision (e.g. a block
+  whose hash was overwritten), ``clear()`` forgets everything (``reset_prefix_cache``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+
+
+class EvictionPolicy(ABC):
+    """Orders the evictable blocks of one cache tier.
+
+    Invariant: a block is in the policy (``block in policy``) exactly when the driver has freed it
+    and neither removed nor evicted it since; ``evict`` only ever returns such blocks, so a block
+    pinned by a running request can never be chosen.
+    """
+
+    #: Name used on the command line and in results.
+    name: str = ""
+
+    @abstractmethod
+    def access(
+        self,
+        block: int,
+        now: float,
+        workload: int = 0,
+        depth: int = 0,
+        *,
+        hit: bool = False,
+        next_use: float = math.inf,
+    ) -> None:
+        """Record an access by a running request.
+
+        Parameters
+        ----------
+        block : int
+        now : float
+            Seconds (trace time in the simulator, monotonic time in vLLM).
+        workload : int
+            Class index of the accessing request (the policy's default class for unknown ones).
+        depth : int
+            0-based position of the block in the request's chain.
+        hit : bool
+            True for a prefix-cache hit, False for a newly allocated block.
+        next_use : float
+            Time of the block's next access, ``inf`` if none; only Belady reads it.
+        """
+
+    @abstractmethod
+    def free(self, blocks: Iterable[int], now: float) -> None:
+        """Blocks become evictable, in the order given (tail-first)."""
+
+    @abstractmethod
+    def remove(self, block: int) -> None:
+        """An evictable block is taken back by a hit; it is no longer evictable."""
+
+    @abstractmethod
+    def evict(self, now: float) -> int:
+        """Remove and return the block to evict now. Raises IndexError when empty."""
+
+    def evict_n(self, n: int, now: float) -> list[int]:
+        """Remove and return ``n`` victims, first victim first."""
+        return [self.evict(now) for _ in range(n)]
+
+    def discard(self, block: int) -> None:
+        """Forget an evictable block without choosing it (no-op if it is not evictable)."""
+        if block in self:
+            self.remove(block)
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget every block and all per-block state."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of evictable blocks."""
+
+    @abstractmethod
+    def __contains__(self, block: int) -> bool:
+        """Whether ``block`` is evictable now."""
+
+    def order(self, now: float) -> list[int]:
+        """Evictable blocks in eviction order at time ``now`` (first victim first), unchanged.
+
+        Used where vLLM walks its free list (``get_all_free_blocks``, ``iter_blocks_after``).
+        The default evicts from a copy; policies with a cheaper walk override it.
+        """
+        shadow = copy.deepcopy(self)
+        return shadow.evict_n(len(shadow), now)

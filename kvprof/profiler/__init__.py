@@ -1,0 +1,1 @@
+"""Offline profiler: traces in, per-workload reuse statistics and fits out."""
