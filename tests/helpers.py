@@ -1,0 +1,36 @@
+"""Small builders shared by tests: a Trace made directly from Python lists."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvprof.profiler.trace import Trace
+
+
+def make_trace(rows, block_size=16, window=(0.0, float("inf")), type_names=None) -> Trace:
+    """Build a Trace from ``(timestamp, type, turn, hash_ids)`` tuples (optionally with chat/parent ids).
+
+    Each row is ``(t, type, turn, hashes)`` or ``(t, type, turn, hashes, chat_id, parent_chat_id)``.
+    """
+    names = type_names or tuple(dict.fromkeys(r[1] for r in rows)) or ("",)
+    lengths = [len(r[3]) for r in rows]
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    hashes = np.array([h for r in rows for h in r[3]], dtype=np.int64)
+    chat = [r[4] if len(r) > 4 else i for i, r in enumerate(rows)]
+    parent = [r[5] if len(r) > 5 else -1 for r in rows]
+    return Trace(
+        timestamp=np.array([r[0] for r in rows], dtype=np.float64),
+        input_length=np.array(lengths, dtype=np.int64) * block_size,
+        output_length=np.full(len(rows), 10, dtype=np.int64),
+        chat_id=np.array(chat, dtype=np.int64),
+        parent_chat_id=np.array(parent, dtype=np.int64),
+        type_code=np.array([names.index(r[1]) for r in rows], dtype=np.int32),
+        type_names=tuple(names),
+        turn=np.array([r[2] for r in rows], dtype=np.int32),
+        hash_offsets=offsets,
+        hash_ids=hashes,
+        block_size=block_size,
+        format="bailian",
+        window=window,
+    )

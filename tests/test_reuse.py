@@ -1,0 +1,76 @@
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvprof.profiler.classes import ClassRule, classify_trace
+from kvprof.profiler.reuse import extract_reuse, ideal_hit_ratio, next_access
+from tests.helpers import make_trace
+
+
+def test_gaps_and_censoring_by_hand():
+    trace = make_trace(
+        [
+            (0.0, "text", 1, [1, 2]),
+            (10.0, "text", 2, [1, 2, 3]),
+            (10.1, "file", 1, [1]),  # 0.1 s after request 1: concurrent with it
+            (30.0, "file", 1, [9]),
+        ],
+        window=(0.0, 100.0),
+    )
+    codes, names = classify_trace(trace, ClassRule(key="type"))
+    samples = extract_reuse(trace, codes, min_gap=0.3)
+    got = sorted(zip(np.round(samples.time, 6).tolist(), samples.censored.tolist(), [names[c] for c in samples.workload]))
+    # Block 1 at t=10 is reused 0.1 s later by request 2: merged into that access.
+    assert samples.n_merged == 1
+    assert got == sorted(
+        [
+            (10.0, False, "text"),  # block 1 at 0 -> 10
+            (10.0, False, "text"),  # block 2 at 0 -> 10
+            (90.0, True, "text"),  # block 2 at 10, never again before the window ends at 100
+            (90.0, True, "text"),  # block 3 at 10
+            (89.9, True, "file"),  # block 1 at 10.1
+            (70.0, True, "file"),  # block 9 at 30
+        ]
+    )
+
+
+def test_floor_zero_keeps_concurrent_gaps():
+    trace = make_trace([(0.0, "a", 1, [1]), (0.0, "a", 1, [1])], window=(0.0, 5.0))
+    codes, _ = classify_trace(trace, ClassRule(key="type"))
+    samples = extract_reuse(trace, codes, min_gap=0.0)
+    assert sorted(samples.time.tolist()) == [0.0, 5.0]
+    assert samples.censored.tolist().count(True) == 1
+
+
+def test_repeated_id_within_request_counts_once():
+    trace = make_trace([(0.0, "a", 1, [7, 7]), (5.0, "a", 2, [7])], window=(0.0, 10.0))
+    codes, _ = classify_trace(trace, ClassRule(key="type"))
+    samples = extract_reuse(trace, codes)
+    assert sorted(zip(samples.time.tolist(), samples.censored.tolist())) == [(5.0, False), (5.0, True)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=5), min_size=1, max_size=12))
+def test_next_access_matches_brute_force(requests):
+    blocks = np.array([b for r in requests for b in r], dtype=np.int64)
+    owner = np.array([i for i, r in enumerate(requests) for _ in r], dtype=np.int64)
+    got = next_access(blocks, owner)
+    for k in range(len(blocks)):
+        later = [j for j in range(len(blocks)) if blocks[j] == blocks[k] and owner[j] > owner[k]]
+        if not later:
+            assert got[k] == -1
+        else:
+            first_owner = min(owner[j] for j in later)
+            assert blocks[got[k]] == blocks[k] and owner[got[k]] == first_owner
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=5), min_size=1, max_size=12))
+def test_ideal_hit_ratio_matches_brute_force(requests):
+    trace = make_trace([(float(i), "a", 1, r) for i, r in enumerate(requests)])
+    seen, hits, total = set(), 0, 0
+    for r in requests:
+        hits += sum(b in seen for b in r)
+        total += len(r)
+        seen.update(r)
+    assert ideal_hit_ratio(trace) == hits / total
