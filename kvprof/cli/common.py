@@ -48,3 +48,54 @@ def guarded(command: Callable) -> Callable:
 def print_json(data) -> None:
     """Machine-readable output on stdout, nothing else on it."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def positive(value: float) -> float:
+    """Option callback: the value must be > 0 (exit 2 otherwise)."""
+    if not value > 0:
+        raise typer.BadParameter(f"must be > 0, got {value}")
+    return value
+
+
+def parse_window_option(text: str | None, option: str = "--window") -> tuple[float | None, float | None] | None:
+    """``START:END`` from the command line, or a usage error (exit 2) naming the option."""
+    if text is None:
+        return None
+    from kvprof.profiler.trace import parse_window
+
+    try:
+        return parse_window(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+
+
+def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=False):
+    """Read a trace with a progress bar on stderr, reporting skipped lines; returns the Trace.
+
+    Skipped lines (``--skip-invalid``) are always reported, never dropped silently.
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    from kvprof.profiler.reader import read_trace
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(f"reading {path}", total=None)
+        trace, report = read_trace(
+            path,
+            format=format,
+            block_size=block_size,
+            window=window,
+            skip_invalid=skip_invalid,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    if report.skipped:
+        detail = ", ".join(f"{count} {kind}" for kind, count in sorted(report.skipped.items()))
+        err_console.print(f"[yellow]warning:[/] skipped {sum(report.skipped.values())} invalid lines of {path}: {detail}")
+    return trace

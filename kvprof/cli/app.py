@@ -1,0 +1,31 @@
+"""The ``kvprof`` command: one verb per step of the workflow.
+
+Exit codes: 0 success, 1 bad data (trace, hp file), 2 bad usage (options). Messages go to stderr.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from kvprof.cli import profile_cmd
+
+app = typer.Typer(
+    name="kvprof",
+    help=(
+        "Profile-driven KV-cache eviction for LLM serving: fit per-workload reuse models from a "
+        "serving trace, compare eviction policies on it, serve the fitted policy in vLLM."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+app.command("fit")(profile_cmd.fit)
+app.command("inspect")(profile_cmd.inspect)
+app.command("show")(profile_cmd.show)
+app.command("synth")(profile_cmd.synth)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,233 @@
+"""Offline commands: ``fit``, ``inspect``, ``show``, ``synth``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from kvprof.cli.common import (
+    console,
+    err_console,
+    guarded,
+    open_trace,
+    parse_window_option,
+    positive,
+    print_json,
+)
+from kvprof.profiler.classes import CLASS_KEYS, ClassRule
+from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
+
+TraceArg = Annotated[Path, typer.Argument(help="Trace file: Bailian or Mooncake JSONL, plain, .gz or .zst.")]
+FormatOpt = Annotated[
+    Optional[str], typer.Option("--format", help=f"Force the trace format ({', '.join(FORMAT_BLOCK_SIZE)}).")
+]
+BlockSizeOpt = Annotated[
+    Optional[int], typer.Option("--block-size", min=1, help="Tokens per trace block (default: 16 Bailian, 512 Mooncake).")
+]
+SkipOpt = Annotated[
+    bool, typer.Option("--skip-invalid", help="Skip invalid lines (reported by kind) instead of stopping.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+ClassKeyOpt = Annotated[
+    str, typer.Option("--class-key", help=f"Workload class rule: {', '.join(CLASS_KEYS)}.")
+]
+TurnCapOpt = Annotated[int, typer.Option("--turn-cap", min=1, help="Pool turns >= this into <type>_<cap>+.")]
+ClassFieldOpt = Annotated[
+    Optional[str], typer.Option("--class-field", help="Key classes on this trace field (implies --class-key field).")
+]
+MinGapOpt = Annotated[
+    float, typer.Option("--min-gap", min=0.0, help="Seconds under which a reuse counts as concurrent use.")
+]
+
+
+def _class_rule(key: str, turn_cap: int, field: str | None) -> ClassRule:
+    if field is not None:
+        key = "field"
+    try:
+        return ClassRule(key=key, turn_cap=turn_cap, field=field)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--class-key/--class-field") from None
+
+
+def _check_format(format: str | None) -> None:
+    if format is not None and format not in FORMAT_BLOCK_SIZE:
+        raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMAT_BLOCK_SIZE)}", param_hint="--format")
+
+
+@guarded
+def fit(
+    trace_path: TraceArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the hp file (JSON).")],
+    window: Annotated[
+        str, typer.Option("--window", help="Fit window START:END in seconds; the published workflow fits hour one.")
+    ] = "0:3600",
+    horizon: Annotated[
+        float, typer.Option("--horizon", callback=positive, help="H in seconds: score = P(reuse within H).")
+    ] = 60.0,
+    class_key: ClassKeyOpt = "type_turn",
+    turn_cap: TurnCapOpt = 5,
+    class_field: ClassFieldOpt = None,
+    min_samples: Annotated[
+        int, typer.Option("--min-samples", min=1, help="Classes with fewer block accesses shrink toward the pooled fit.")
+    ] = 200,
+    min_gap: MinGapOpt = 0.3,
+    format: FormatOpt = None,
+    block_size: BlockSizeOpt = None,
+    skip_invalid: SkipOpt = False,
+    json_out: JsonOpt = False,
+):
+    """Fit per-workload reuse models on a trace window and write the hp file."""
+    from kvprof.profiler.fit import fit_trace
+
+    _check_format(format)
+    rule = _class_rule(class_key, turn_cap, class_field)
+    bounds = parse_window_option(window)
+    trace = open_trace(trace_path, format=format, block_size=block_size, window=bounds, skip_invalid=skip_invalid)
+    hp = fit_trace(trace, rule, horizon=horizon, min_gap=min_gap, min_samples=min_samples)
+    hp.save(output)
+    if json_out:
+        print_json(hp.to_dict())
+        return
+    console.print(_classes_table(hp, title=f"{trace_path.name} {window}: {trace.n_requests} requests"))
+    err_console.print(f"wrote {output} ({len(hp.classes)} classes, horizon {hp.horizon:g} s)")
+
+
+def _fmt(value, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _classes_table(hp, title: str) -> Table:
+    table = Table(title=title)
+    for column in ("class", "accesses", "reuses", "censored", "p", "λ (1/s)", "1/λ (s)", "naive p", "naive λ",
+                   "KS", "median gap (s)", "source"):
+        table.add_column(column, justify="left" if column in ("class", "source") else "right")
+    rows = list(hp.classes.items()) + [("(default)", hp.default)]
+    for name, params in rows:
+        diag = params.diagnostics or {}
+        naive = params.naive or {}
+        table.add_row(
+            name,
+            _fmt(diag.get("n_accesses"), "d"),
+            _fmt(diag.get("n_reuses"), "d"),
+            _fmt(diag.get("n_censored"), "d"),
+            _fmt(params.p, ".3f"),
+            _fmt(params.lam, ".4g"),
+            _fmt(1 / params.lam if params.lam > 0 else None, ".3g"),
+            _fmt(naive.get("p"), ".3f"),
+            _fmt(naive.get("lambda"), ".4g"),
+            _fmt(diag.get("ks"), ".3f"),
+            _fmt(diag.get("median_gap_s"), ".3g"),
+            params.source,
+        )
+    return table
+
+
+@guarded
+def inspect(
+    trace_path: TraceArg,
+    window: Annotated[Optional[str], typer.Option("--window", help="Only requests in START:END seconds.")] = None,
+    class_key: ClassKeyOpt = "type_turn",
+    turn_cap: TurnCapOpt = 5,
+    class_field: ClassFieldOpt = None,
+    min_gap: MinGapOpt = 0.3,
+    format: FormatOpt = None,
+    block_size: BlockSizeOpt = None,
+    skip_invalid: SkipOpt = False,
+    json_out: JsonOpt = False,
+):
+    """Print trace statistics: requests, sessions, types, turns, block reuse, ideal hit ratio, reuse gaps."""
+    from kvprof.profiler.stats import trace_summary
+
+    _check_format(format)
+    rule = _class_rule(class_key, turn_cap, class_field)
+    bounds = parse_window_option(window)
+    trace = open_trace(trace_path, format=format, block_size=block_size, window=bounds, skip_invalid=skip_invalid)
+    try:
+        summary = trace_summary(trace, rule, min_gap=min_gap)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--class-field") from None
+    if json_out:
+        print_json(summary)
+        return
+    overview = Table(title=f"{trace_path.name} ({summary['format']}, {summary['block_size']}-token blocks)",
+                     show_header=False)
+    overview.add_column(justify="left")
+    overview.add_column(justify="right")
+    for label, value in (
+        ("requests", f"{summary['requests']:,}"),
+        ("duration (s)", f"{summary['duration_s']:,.1f}"),
+        ("requests per second", _fmt(summary["qps"], ".2f")),
+        ("sessions (first turns)", f"{summary['sessions']:,}"),
+        ("types", ", ".join(f"{k} {v:,}" for k, v in summary["types"].items())),
+        ("turns", ", ".join(f"{k}: {v:,}" for k, v in list(summary["turns"].items())[:8])),
+        ("mean input / output tokens", f"{summary['mean_input_tokens']:,.0f} / {summary['mean_output_tokens']:,.0f}"),
+        ("block accesses / distinct", f"{summary['block_accesses']:,} / {summary['distinct_blocks']:,}"),
+        ("ideal hit ratio (infinite cache)", f"{summary['ideal_hit_ratio']:.3f}"),
+    ):
+        overview.add_row(label, value)
+    console.print(overview)
+    gaps = Table(title=f"reuse gaps per class (s), concurrency floor {min_gap:g} s")
+    for column in ("class", "requests", "accesses", "reused", "p10", "p50", "p90", "p99"):
+        gaps.add_column(column, justify="left" if column == "class" else "right")
+    for name, row in summary["classes"].items():
+        q = row["gap_quantiles_s"] or {}
+        gaps.add_row(name, f"{row['requests']:,}", f"{row['accesses']:,}", f"{row['reuse_share']:.1%}",
+                     *(_fmt(q.get(k)) for k in ("p10", "p50", "p90", "p99")))
+    console.print(gaps)
+
+
+@guarded
+def show(
+    hp_path: Annotated[Path, typer.Argument(help="Hyperparameter file (kvprof.hp/1, or the published format).")],
+    json_out: JsonOpt = False,
+):
+    """Pretty-print a hyperparameter file after validating it."""
+    from kvprof.models.hp import load_hp
+
+    hp = load_hp(hp_path)
+    if json_out:
+        print_json(hp.to_dict())
+        return
+    prov = hp.provenance or {}
+    rule = hp.class_rule
+    console.print(
+        f"[bold]{hp_path}[/]  schema kvprof.hp/1  horizon {hp.horizon:g} s  concurrency floor {hp.min_gap:g} s\n"
+        f"class rule: {rule.key}" + (f" (turns capped at {rule.turn_cap})" if rule.key == "type_turn" else "")
+        + (f" on field {rule.field}" if rule.field else "") + "\n"
+        + (f"fitted on {prov.get('trace')} window {prov.get('window')} ({prov.get('n_requests')} requests, "
+           f"{prov.get('block_size')}-token blocks) by kvprof {prov.get('kvprof_version')} at {prov.get('created')}"
+           if prov else "no provenance (published profiler format)"),
+        highlight=False,
+    )
+    console.print(_classes_table(hp, title="classes"))
+    if hp.sessions:
+        sessions = Table(title="sessions per type")
+        for column in ("type", "sessions", "P(turn>=2)", "P(turn>=3)", "think mean (s)", "think median (s)"):
+            sessions.add_column(column, justify="left" if column == "type" else "right")
+        for name, row in hp.sessions.items():
+            survival = row.get("survival", [])
+            think = row.get("think_time_s") or {}
+            sessions.add_row(name, _fmt(row.get("n_sessions"), "d"),
+                             _fmt(survival[1] if len(survival) > 1 else None, ".3f"),
+                             _fmt(survival[2] if len(survival) > 2 else None, ".3f"),
+                             _fmt(think.get("mean")), _fmt(think.get("median")))
+        console.print(sessions)
+
+
+@guarded
+def synth(
+    output: Annotated[Path, typer.Option("-o", "--output", help="Trace file to write (.jsonl, .jsonl.gz, .jsonl.zst).")],
+    preset: Annotated[str, typer.Option("--preset", help="Calibration preset: bailian-a or bailian-b.")] = "bailian-a",
+    hours: Annotated[float, typer.Option("--hours", callback=positive, help="Trace length in hours.")] = 2.0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed; equal seeds give equal traces.")] = 0,
+):
+    """Write a synthetic Bailian-format trace calibrated to the published statistics."""
+    from kvprof.profiler.synth import PRESETS, generate, write_jsonl
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"{preset!r} is not one of {', '.join(PRESETS)}", param_hint="--preset")
+    count = write_jsonl(output, generate(preset, hours, seed))
+    err_console.print(f"wrote {output}: {count:,} requests, {hours:g} h of {preset} (seed {seed})")
