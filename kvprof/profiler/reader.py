@@ -1,0 +1,676 @@
+"""Read Bailian and Mooncake JSONL traces into a columnar :class:`~kvprof.profiler.trace.Trace`.
+
+Reading is one streaming pass. Each line is decoded with :func:`json.loads`; its scalars go to
+per-column buffers and its hash ids to one growing int64 buffer, so no list of records is ever
+kept. Checks that need the decoded record (valid JSON, required fields, types) run per line;
+checks on values (ranges, hash-list lengths, time order, parents) run vectorised once the file is
+parsed, and only then is the offending line looked up for the message.
+
+Decisions worth knowing (the README documents them):
+
+* Check order. A line with several problems counts once, under the first of: ``malformed_json``,
+  ``missing_field``, ``wrong_type``, ``bad_value``, ``hash_length``, ``timestamp_backwards``,
+  ``unknown_parent``. Without ``skip_invalid`` the error is the earliest bad line of the file.
+* Types are strict JSON types: integers must be JSON integers (``3.0`` and ``true`` are not),
+  timestamps may be integers or floats, ``type`` is a string, ``hash_ids`` a list of integers.
+* Values: timestamps finite and >= 0, lengths and hash ids >= 0, ``chat_id`` >= 0,
+  ``parent_chat_id`` -1 or >= 0, ``turn`` >= 1.
+* Time order: a timestamp may fall up to ``time_tolerance`` seconds below the largest earlier one
+  (logging jitter); the rows are then stably sorted by time. Further back is an error.
+* Parents: a ``parent_chat_id`` other than -1 must be the ``chat_id`` of an earlier (kept) line.
+* Extra fields: any other scalar field becomes a column of ``Trace.extra``: bool, int64 or float64
+  (ints and floats mixed) when every request has it with one kind, else an object array holding
+  ``None`` where the field is missing or ``null``. List or object values are not kept; the field
+  names are listed in ``ReadReport.ignored_fields``.
+* Window: without ``window`` the trace covers ``[floor(first timestamp), inf)``, so a slice of a
+  longer trace keeps its own origin; with one, the validated trace is cut with
+  :meth:`Trace.time_window` and reuse is censored at its end.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import zstandard
+
+from kvprof.errors import TraceError
+from kvprof.profiler.trace import FORMAT_BLOCK_SIZE, Trace
+
+__all__ = ["SKIP_KINDS", "ReadReport", "detect_format", "read_trace"]
+
+#: Kinds of invalid line, in the order they are checked; ``ReadReport.skipped`` is keyed by these.
+SKIP_KINDS = (
+    "malformed_json",
+    "missing_field",
+    "wrong_type",
+    "bad_value",
+    "hash_length",
+    "timestamp_backwards",
+    "unknown_parent",
+)
+
+#: Fields each format requires, with the JSON types they may have.
+_INT, _NUMBER, _STR, _INT_LIST = "an integer", "a number", "a string", "a list of integers"
+_ALLOWED_TYPES = {_INT: (int,), _NUMBER: (int, float), _STR: (str,), _INT_LIST: (list,)}
+_REQUIRED = {
+    "bailian": {
+        "chat_id": _INT,
+        "parent_chat_id": _INT,
+        "timestamp": _NUMBER,
+        "input_length": _INT,
+        "output_length": _INT,
+        "type": _STR,
+        "turn": _INT,
+        "hash_ids": _INT_LIST,
+    },
+    "mooncake": {"timestamp": _NUMBER, "input_length": _INT, "output_length": _INT, "hash_ids": _INT_LIST},
+}
+#: Fields whose presence marks a Bailian record.
+_SESSION_FIELDS = ("chat_id", "type", "turn")
+#: Timestamp units per second.
+_TIME_UNITS = {"bailian": 1, "mooncake": 1000}
+
+_INT64_MIN, _INT64_END = -(2**63), 2**63
+_INT32_MAX = 2**31 - 1
+_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}
+#: Decompressed bytes handed to the line splitter at a time, and raw bytes between progress calls.
+_CHUNK_BYTES = 4 << 20
+_PROGRESS_BYTES = 4 << 20
+
+
+@dataclass
+class ReadReport:
+    """What :func:`read_trace` read, kept and skipped.
+
+    Attributes
+    ----------
+    lines : int
+        Non-blank lines read.
+    requests : int
+        Requests in the returned trace (after the window).
+    skipped : dict of str to int
+        Invalid lines skipped (only with ``skip_invalid``), by kind (see :data:`SKIP_KINDS`).
+    outside_window : int
+        Valid requests left out because they arrive outside the window.
+    ignored_fields : tuple of str
+        Fields that held a list or an object on some line; those values are not kept.
+    """
+
+    lines: int = 0
+    requests: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    outside_window: int = 0
+    ignored_fields: tuple[str, ...] = ()
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+
+def read_trace(
+    path,
+    *,
+    format: str | None = None,
+    block_size: int | None = None,
+    window: tuple[float | None, float | None] | None = None,
+    skip_invalid: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    time_tolerance: float = 1e-3,
+) -> tuple[Trace, ReadReport]:
+    """Read a Bailian or Mooncake JSONL trace (plain, gzip or zstd) into a :class:`Trace`.
+
+    Parameters
+    ----------
+    path : str or Path
+        The trace file. Compression is detected from the first bytes, not the suffix.
+    format : {"bailian", "mooncake"} or None
+        Force the format; None detects it from the first JSON object (Bailian records have
+        ``chat_id``, ``type`` or ``turn``).
+    block_size : int or None
+        Tokens per hash id; None takes the format's (16 for Bailian, 512 for Mooncake). Every
+        request must have ``ceil(input_length / block_size)`` hash ids.
+    window : (start, end) or None
+        Keep requests arriving in ``[start, end)`` seconds; either side may be None (open).
+    skip_invalid : bool
+        Skip invalid lines and count them in the report instead of raising.
+    progress : callable(bytes_done, bytes_total) or None
+        Called every few MB of the stored file and once at the end.
+    time_tolerance : float
+        Seconds a timestamp may fall below an earlier line's before it is an error.
+
+    Returns
+    -------
+    trace : Trace
+        Sorted by arrival time, timestamps in seconds.
+    report : ReadReport
+
+    Raises
+    ------
+    TraceError
+        On an invalid line (unless ``skip_invalid``), an undecodable file, a file without
+        requests, or a window without requests; the message names the file, line and field.
+    ValueError
+        On invalid arguments.
+    """
+    _check_arguments(format, block_size, window, time_tolerance)
+    name = str(path)
+    report = ReadReport()
+    with _StoredFile(path, progress) as stored:
+        parser = _Parser(format, skip_invalid, report)
+        parser.parse(stored.lines())
+        rows = parser.rows
+        if rows is None:
+            raise _no_requests(name, report) if parser.problem is None else _trace_error(name, parser.problem)
+        size = block_size or FORMAT_BLOCK_SIZE[rows.format]
+        columns = rows.arrays()
+        keep = _validate(name, columns, size, time_tolerance, skip_invalid, report, parser.problem)
+        sha256 = stored.sha256()
+    if not keep.any():
+        raise _no_requests(name, report)
+    trace = _build_trace(rows, columns, keep, size, source=Path(path).name, sha256=sha256)
+    report.ignored_fields = tuple(sorted(rows.ignored_fields))
+    if window is not None:
+        trace = _cut_window(name, trace, window, report)
+    report.requests = trace.n_requests
+    return trace, report
+
+
+def detect_format(record: dict) -> str:
+    """``"bailian"`` if the record has any session field (chat_id, type, turn), else ``"mooncake"``."""
+    return "bailian" if any(key in record for key in _SESSION_FIELDS) else "mooncake"
+
+
+def _check_arguments(format, block_size, window, time_tolerance) -> None:
+    if format is not None and format not in FORMAT_BLOCK_SIZE:
+        raise ValueError(f"format {format!r} is not one of {', '.join(FORMAT_BLOCK_SIZE)}")
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+        raise ValueError(f"block size must be a positive integer, got {block_size!r}")
+    if not (math.isfinite(time_tolerance) and time_tolerance >= 0):
+        raise ValueError(f"time tolerance must be a finite number >= 0, got {time_tolerance!r}")
+    if window is not None:
+        lo, hi = window
+        if any(v is not None and math.isnan(v) for v in (lo, hi)):
+            raise ValueError(f"window {window!r} has a NaN bound")
+        if lo is not None and hi is not None and hi <= lo:
+            raise ValueError(f"window {window!r}: the end must be greater than the start")
+
+
+def _trace_error(name: str, problem: _Problem) -> TraceError:
+    return TraceError(name, problem.message, line=problem.line, field=problem.field)
+
+
+def _no_requests(name: str, report: ReadReport) -> TraceError:
+    if not report.lines:
+        return TraceError(name, "the file holds no requests (it is empty)")
+    counts = ", ".join(f"{kind}: {n}" for kind, n in report.skipped.items())
+    return TraceError(name, f"no valid requests: all {report.lines} lines were skipped ({counts})")
+
+
+# --- reading bytes ------------------------------------------------------------------------------
+
+
+class _StoredFile:
+    """A trace file read as lines, hashing and counting its stored bytes on the way."""
+
+    def __init__(self, path, progress: Callable[[int, int], None] | None):
+        self._name = str(path)
+        self._file = open(path, "rb")  # noqa: SIM115 - closed by __exit__
+        self._total = Path(path).stat().st_size
+        self._codec = _MAGIC.get(self._file.peek(4)[:4]) or _MAGIC.get(self._file.peek(2)[:2])
+        self._sha = hashlib.sha256()
+        self._progress = progress
+        self._done = self._reported = 0
+
+    def __enter__(self) -> _StoredFile:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._file.close()
+
+    def read(self, size: int = -1) -> bytes:
+        """Stored bytes, as the decompressors ask for them."""
+        data = self._file.read(size)
+        self._sha.update(data)
+        self._done += len(data)
+        if self._done - self._reported >= _PROGRESS_BYTES:
+            self._report_progress()
+        return data
+
+    def _report_progress(self) -> None:
+        self._reported = self._done
+        if self._progress is not None:
+            self._progress(self._done, self._total)
+
+    def lines(self) -> Iterator[tuple[int, bytes]]:
+        """``(1-based line number, line)`` for every non-blank line of the decompressed text."""
+        stream = self._decompressed()
+        tail = b""
+        line_no = 0  # lines before this chunk
+        try:
+            while chunk := stream.read(_CHUNK_BYTES):
+                lines = (tail + chunk).split(b"\n")
+                tail = lines.pop()
+                for offset, line in enumerate(lines, 1):
+                    if line and not line.isspace():
+                        yield line_no + offset, line
+                line_no += len(lines)
+        except (OSError, EOFError, zstandard.ZstdError) as exc:
+            raise TraceError(self._name, f"cannot decompress the {self._codec} stream: {exc}") from None
+        if tail and not tail.isspace():
+            yield line_no + 1, tail
+
+    def sha256(self) -> str:
+        """Hex digest of every stored byte (reads whatever the decompressor left)."""
+        while self.read(_CHUNK_BYTES):
+            pass
+        if self._reported < self._done:
+            self._report_progress()
+        return self._sha.hexdigest()
+
+    def _decompressed(self):
+        if self._codec == "gzip":
+            return gzip.GzipFile(fileobj=self, mode="rb")
+        if self._codec == "zstd":
+            return zstandard.ZstdDecompressor().stream_reader(self, read_across_frames=True)
+        return self
+
+
+# --- parsing lines ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Problem:
+    """One invalid line."""
+
+    kind: str
+    line: int
+    field: str | None
+    message: str
+
+
+class _Rows:
+    """Growing column buffers for the valid-looking records parsed so far, in file order.
+
+    Timestamps are kept in the file's unit until :meth:`arrays`. Extra fields are stored sparsely
+    (row numbers and values) because most lines of a trace lack most of them.
+    """
+
+    def __init__(self, fmt: str):
+        self.format = fmt
+        self.required = _REQUIRED[fmt]
+        self.line = array("q")
+        self.timestamp = array("d")
+        self.input_length = array("q")
+        self.output_length = array("q")
+        self.chat_id = array("q")
+        self.parent_chat_id = array("q")
+        self.turn = array("q")
+        self.type_code = array("i")
+        self.type_index: dict[str, int] = {}
+        self.n_hash_ids = array("q")
+        self.hash_ids = array("q")
+        self.extra: dict[str, tuple[array, list]] = {}
+        self.ignored_fields: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.line)
+
+    def append(self, line_no: int, record: dict, has_bool: bool) -> _Problem | None:
+        """Add one decoded record, or return why it is invalid (then nothing is added)."""
+        for name, expected in self.required.items():
+            value = record.get(name, _MISSING)
+            if value is _MISSING:
+                return _Problem("missing_field", line_no, name, f"required field '{name}' is missing")
+            if type(value) not in _ALLOWED_TYPES[expected]:
+                return _Problem("wrong_type", line_no, name, f"must be {expected}, got {_describe(value)}")
+            if type(value) is int and not _INT64_MIN <= value < _INT64_END:
+                return _Problem("bad_value", line_no, name, f"{value} does not fit in 64 bits")
+        problem = self._append_hash_ids(line_no, record["hash_ids"], has_bool)
+        if problem is not None:
+            return problem
+        self.line.append(line_no)
+        self.timestamp.append(record["timestamp"])
+        self.input_length.append(record["input_length"])
+        self.output_length.append(record["output_length"])
+        if self.format == "bailian":
+            self.chat_id.append(record["chat_id"])
+            self.parent_chat_id.append(record["parent_chat_id"])
+            self.turn.append(record["turn"])
+            self.type_code.append(self.type_index.setdefault(record["type"], len(self.type_index)))
+        if len(record) > len(self.required):
+            self._append_extra(record)
+        return None
+
+    def _append_hash_ids(self, line_no: int, hash_ids: list, has_bool: bool) -> _Problem | None:
+        start = len(self.hash_ids)
+        try:
+            self.hash_ids.extend(hash_ids)
+        except TypeError:
+            del self.hash_ids[start:]  # extend stops part-way
+            bad = next(h for h in hash_ids if type(h) is not int)
+            return _Problem("wrong_type", line_no, "hash_ids", f"must be {_INT_LIST}, holds {_describe(bad)}")
+        except OverflowError:
+            del self.hash_ids[start:]
+            bad = next(h for h in hash_ids if not _INT64_MIN <= h < _INT64_END)
+            return _Problem("bad_value", line_no, "hash_ids", f"hash id {bad} does not fit in 64 bits")
+        # array('q') takes True as 1; look for bools only on the rare lines that spell one.
+        if has_bool and any(type(h) is bool for h in hash_ids):
+            del self.hash_ids[start:]
+            return _Problem("wrong_type", line_no, "hash_ids", f"must be {_INT_LIST}, holds a boolean")
+        self.n_hash_ids.append(len(hash_ids))
+        return None
+
+    def _append_extra(self, record: dict) -> None:
+        row = len(self.line) - 1
+        for name, value in record.items():
+            if name in self.required or value is None:
+                continue
+            if isinstance(value, (list, dict)):
+                self.ignored_fields.add(name)
+                continue
+            rows, values = self.extra.setdefault(name, (array("q"), []))
+            rows.append(row)
+            values.append(value)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The numeric columns as numpy arrays (file order; timestamps in seconds)."""
+        n = len(self)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.frombuffer(self.n_hash_ids, dtype=np.int64), out=offsets[1:])
+        columns = {
+            "line": np.frombuffer(self.line, dtype=np.int64),
+            "raw_timestamp": np.frombuffer(self.timestamp, dtype=np.float64),
+            "input_length": np.frombuffer(self.input_length, dtype=np.int64),
+            "output_length": np.frombuffer(self.output_length, dtype=np.int64),
+            "hash_offsets": offsets,
+            "hash_ids": np.frombuffer(self.hash_ids, dtype=np.int64),
+        }
+        columns["timestamp"] = columns["raw_timestamp"] / _TIME_UNITS[self.format]
+        if self.format == "bailian":
+            columns["chat_id"] = np.frombuffer(self.chat_id, dtype=np.int64)
+            columns["parent_chat_id"] = np.frombuffer(self.parent_chat_id, dtype=np.int64)
+            columns["turn"] = np.frombuffer(self.turn, dtype=np.int64)
+            columns["type_code"] = np.frombuffer(self.type_code, dtype=np.int32)
+        else:
+            columns["chat_id"] = np.arange(n, dtype=np.int64)
+            columns["parent_chat_id"] = np.full(n, -1, dtype=np.int64)
+            columns["turn"] = np.ones(n, dtype=np.int64)
+            columns["type_code"] = np.zeros(n, dtype=np.int32)
+        return columns
+
+    @property
+    def type_names(self) -> tuple[str, ...]:
+        return tuple(self.type_index) if self.format == "bailian" else ("",)
+
+    def extra_columns(self) -> dict[str, np.ndarray]:
+        """Extra scalar fields as arrays of shape (n,) (see the module notes for the dtypes)."""
+        return {name: _extra_column(len(self), rows, values) for name, (rows, values) in self.extra.items()}
+
+
+_MISSING = object()
+
+
+def _describe(value) -> str:
+    return "null" if value is None else f"{type(value).__name__} {value!r:.40}"
+
+
+def _extra_column(n: int, rows: array, values: list) -> np.ndarray:
+    kinds = {type(v) for v in values}
+    if len(values) == n and len(kinds) == 1 and kinds <= {bool, int, float}:
+        dtype = {bool: np.bool_, int: np.int64, float: np.float64}[kinds.pop()]
+        try:
+            return np.array(values, dtype=dtype)
+        except OverflowError:  # ints beyond 64 bits stay Python ints
+            pass
+    elif len(values) == n and kinds == {int, float}:
+        return np.array(values, dtype=np.float64)
+    column = np.full(n, None, dtype=object)
+    column[np.frombuffer(rows, dtype=np.int64)] = values
+    return column
+
+
+class _Parser:
+    """Decodes lines into :class:`_Rows`, skipping invalid ones or stopping at the first."""
+
+    def __init__(self, fmt: str | None, skip_invalid: bool, report: ReadReport):
+        self._format = fmt
+        self._skip_invalid = skip_invalid
+        self._report = report
+        self.rows: _Rows | None = None  # created by the first JSON object (it sets the format)
+        self.problem: _Problem | None = None  # the line parsing stopped at (without skip_invalid)
+
+    def parse(self, lines: Iterator[tuple[int, bytes]]) -> None:
+        loads = json.loads
+        for line_no, line in lines:
+            self._report.lines += 1
+            try:
+                record = loads(line)
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError and bad UTF-8
+                problem = _Problem("malformed_json", line_no, None, f"not valid JSON ({exc})")
+            else:
+                problem = self._add(line_no, line, record)
+            if problem is not None:
+                if not self._skip_invalid:
+                    self.problem = problem
+                    return
+                _count(self._report, problem.kind)
+
+    def _add(self, line_no: int, line: bytes, record) -> _Problem | None:
+        if type(record) is not dict:
+            return _Problem("malformed_json", line_no, None, f"a record must be a JSON object, got {_describe(record)}")
+        if self.rows is None:
+            self.rows = _Rows(self._format or detect_format(record))
+        return self.rows.append(line_no, record, has_bool=b"true" in line or b"false" in line)
+
+
+def _count(report: ReadReport, kind: str, n: int = 1) -> None:
+    report.skipped[kind] = report.skipped.get(kind, 0) + n
+
+
+# --- vectorised checks ---------------------------------------------------------------------------
+
+
+@dataclass
+class _BadRows:
+    """Rows failing one check; ``message(i)`` explains row ``i`` (built only when raising)."""
+
+    kind: str
+    field: str
+    mask: np.ndarray
+    message: Callable[[int], str]
+
+
+def _validate(
+    name: str,
+    columns: dict[str, np.ndarray],
+    block_size: int,
+    tolerance: float,
+    skip_invalid: bool,
+    report: ReadReport,
+    stopped_at: _Problem | None,
+) -> np.ndarray:
+    """Run the value checks over all parsed rows; return the mask of rows to keep.
+
+    Without ``skip_invalid`` raise the earliest problem, counting the line parsing stopped at.
+    With it, each bad row is counted under the first check it fails and later checks see only
+    the rows still kept (so a child of a skipped request is an ``unknown_parent``).
+    """
+    keep = np.ones(columns["line"].shape, dtype=bool)
+    first = stopped_at
+    for check in (_value_checks, _hash_length_check, _time_order_check, _parent_check):
+        for bad in check(columns, keep, block_size=block_size, tolerance=tolerance):
+            bad_rows = np.flatnonzero(bad.mask & keep)
+            if not bad_rows.size:
+                continue
+            if skip_invalid:
+                _count(report, bad.kind, bad_rows.size)
+                keep[bad_rows] = False
+            elif first is None or columns["line"][bad_rows[0]] < first.line:
+                row = bad_rows[0]
+                first = _Problem(bad.kind, int(columns["line"][row]), bad.field, bad.message(row))
+    if first is not None:
+        raise _trace_error(name, first)
+    return keep
+
+
+def _value_checks(columns, keep, **_) -> Iterator[_BadRows]:
+    """Negative, NaN and infinite values of the required fields."""
+    ts = columns["raw_timestamp"]
+    yield _BadRows("bad_value", "timestamp", ~(np.isfinite(ts) & (ts >= 0)), _range_message(ts, "a finite number >= 0"))
+    ranges = (
+        ("chat_id", 0, None),
+        ("parent_chat_id", -1, None),
+        ("input_length", 0, None),
+        ("output_length", 0, None),
+        ("turn", 1, _INT32_MAX),
+    )
+    for name, low, high in ranges:
+        values = columns[name]
+        bad = values < low if high is None else (values < low) | (values > high)
+        expected = f">= {low}" if high is None else f"between {low} and {high}"
+        yield _BadRows("bad_value", name, bad, _range_message(values, expected))
+    negative_ids = np.flatnonzero(columns["hash_ids"] < 0)
+    bad = np.zeros(keep.shape, dtype=bool)
+    bad[_row_of_hash(columns, negative_ids)] = True
+    yield _BadRows(
+        "bad_value", "hash_ids", bad, lambda i: f"hash ids must be >= 0, got {columns['hash_ids'][_hash_slice(columns, i)].min()}"
+    )
+
+
+def _range_message(values: np.ndarray, expected: str) -> Callable[[int], str]:
+    return lambda i: f"must be {expected}, got {values[i]!r}"
+
+
+def _row_of_hash(columns, positions: np.ndarray) -> np.ndarray:
+    """Row owning each flat hash-id position."""
+    return np.searchsorted(columns["hash_offsets"], positions, side="right") - 1
+
+
+def _hash_slice(columns, i: int) -> slice:
+    return slice(columns["hash_offsets"][i], columns["hash_offsets"][i + 1])
+
+
+def _hash_length_check(columns, keep, *, block_size, **_) -> Iterator[_BadRows]:
+    """``len(hash_ids) == ceil(input_length / block_size)``."""
+    n_ids = np.diff(columns["hash_offsets"])
+    expected = -(-columns["input_length"] // block_size)
+
+    def message(i):
+        length = columns["input_length"][i]
+        return (
+            f"holds {n_ids[i]} hash ids, but input_length {length} at {block_size} tokens per block "
+            f"needs {expected[i]} (wrong format or block size?)"
+        )
+
+    yield _BadRows("hash_length", "hash_ids", n_ids != expected, message)
+
+
+def _time_order_check(columns, keep, *, tolerance, **_) -> Iterator[_BadRows]:
+    """No timestamp more than ``tolerance`` seconds below the latest earlier kept one."""
+    kept = np.flatnonzero(keep)
+    ts = columns["timestamp"][kept]
+    latest_before = np.maximum.accumulate(ts)[:-1]
+    bad = np.zeros(keep.shape, dtype=bool)
+    bad[kept[1:]] = ts[1:] < latest_before - tolerance
+
+    def message(i):
+        earlier = kept[kept < i]
+        j = earlier[np.argmax(columns["timestamp"][earlier])]
+        t_i, t_j = columns["timestamp"][i], columns["timestamp"][j]
+        return (
+            f"timestamp {t_i:g} s goes back {t_j - t_i:g} s from line {columns['line'][j]} "
+            f"({t_j:g} s); at most {tolerance:g} s of jitter is accepted"
+        )
+
+    yield _BadRows("timestamp_backwards", "timestamp", bad, message)
+
+
+def _parent_check(columns, keep, **_) -> Iterator[_BadRows]:
+    """Every parent is the chat_id of an earlier kept row.
+
+    Rows whose parent is missing are dropped and the check repeated, so a whole chain behind a
+    skipped turn goes (one more round per turn of the longest such chain).
+    """
+    chat_id, parent = columns["chat_id"], columns["parent_chat_id"]
+    bad = np.zeros(keep.shape, dtype=bool)
+    while True:
+        orphans = _orphans(chat_id, parent, np.flatnonzero(keep & ~bad))
+        if not orphans.size:
+            break
+        bad[orphans] = True
+    message = lambda i: f"parent_chat_id {parent[i]} is not the chat_id of any earlier valid line"  # noqa: E731
+    yield _BadRows("unknown_parent", "parent_chat_id", bad, message)
+
+
+def _orphans(chat_id: np.ndarray, parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Those of ``rows`` (sorted) whose parent is not the chat_id of an earlier one of ``rows``."""
+    children = rows[parent[rows] != -1]
+    ids, first = np.unique(chat_id[rows], return_index=True)
+    if not ids.size:
+        return children
+    pos = np.minimum(np.searchsorted(ids, parent[children]), ids.size - 1)
+    known = (ids[pos] == parent[children]) & (rows[first[pos]] < children)
+    return children[~known]
+
+
+# --- building the trace --------------------------------------------------------------------------
+
+
+def _build_trace(rows: _Rows, columns: dict, keep: np.ndarray, block_size: int, *, source: str, sha256: str) -> Trace:
+    """The kept rows as a time-sorted Trace with an open-ended window."""
+    trace = Trace(
+        timestamp=columns["timestamp"],
+        input_length=columns["input_length"],
+        output_length=columns["output_length"],
+        chat_id=columns["chat_id"],
+        parent_chat_id=columns["parent_chat_id"],
+        type_code=columns["type_code"],
+        type_names=rows.type_names,
+        turn=columns["turn"].astype(np.int32),
+        hash_offsets=columns["hash_offsets"],
+        hash_ids=columns["hash_ids"],
+        block_size=block_size,
+        format=rows.format,
+        source=source,
+        sha256=sha256,
+        extra=rows.extra_columns(),
+    )
+    kept = np.flatnonzero(keep)
+    order = kept[np.argsort(trace.timestamp[kept], kind="stable")]
+    if order.size < keep.size or np.any(order[1:] < order[:-1]):
+        trace = _drop_unused_types(trace.select(order))
+        if rows.format == "mooncake":  # row numbers of the trace as returned
+            trace = replace(trace, chat_id=np.arange(trace.n_requests, dtype=np.int64))
+    return replace(trace, window=(float(math.floor(trace.timestamp[0])), math.inf))
+
+
+def _drop_unused_types(trace: Trace) -> Trace:
+    """Renumber types so that only those of kept requests are named (in order of appearance)."""
+    used, first = np.unique(trace.type_code, return_index=True)
+    if used.size == len(trace.type_names):
+        return trace
+    used = used[np.argsort(first)]
+    code = np.empty(len(trace.type_names), dtype=np.int32)
+    code[used] = np.arange(used.size, dtype=np.int32)
+    return replace(trace, type_code=code[trace.type_code], type_names=tuple(trace.type_names[c] for c in used))
+
+
+def _cut_window(name: str, trace: Trace, window, report: ReadReport) -> Trace:
+    cut = trace.time_window(*window)
+    if not cut.n_requests:
+        lo, hi = cut.window
+        raise TraceError(
+            name,
+            f"window [{lo:g}, {hi:g}) of {name} holds no requests "
+            f"(they arrive from {trace.timestamp[0]:g} to {trace.timestamp[-1]:g} s)",
+        )
+    report.outside_window = trace.n_requests - cut.n_requests
+    return cut
