@@ -9,12 +9,19 @@ both. A policy never imports the simulator or vLLM.
 Blocks are plain ints (vLLM's ``block_id``; the simulator's slot numbers). Per-block state lives
 in the policy's own side tables, because vLLM's ``KVCacheBlock`` has ``__slots__``.
 
+A policy holds only *evictable* blocks: cached content that no running request holds. The driver
+keeps never-cached (empty) free blocks itself and hands them out before it asks the policy for a
+victim. That is vLLM's order too: ``BlockPool.free_blocks`` prepends never-cached blocks to the
+free queue and appends cached ones, so the front of the queue is reused before any cached block
+is evicted.
+
 Call protocol (the driver keeps it):
 
-* ``access(block, now, workload, depth, hit=..., next_use=...)`` whenever a request allocates a
-  block for new content (``hit=False``) or hits a cached block (``hit=True``). This is where a
-  block learns the class of the request that touched it last, its depth in the chain and, for
-  Belady, when it will next be used.
+* ``access(block, now, workload, depth, hit=..., next_use=..., content=...)`` whenever a request
+  allocates a block for new content (``hit=False``) or hits a cached block (``hit=True``). This
+  is where a block learns the class of the request that touched it last, its depth in the chain
+  and, for Belady, when it will next be used. A hit on an evictable block also calls ``remove``;
+  the two may come in either order, but both before the next ``evict``.
 * ``free(blocks, now)`` when a request finishes: its cached blocks become evictable, given in
   the order vLLM frees them (the chain's tail first).
 * ``remove(block)`` when a hit takes an evictable block back (vLLM's ``touch``).
@@ -29,7 +36,7 @@ from __future__ import annotations
 import copy
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable
 
 
 class EvictionPolicy(ABC):
@@ -53,6 +60,7 @@ class EvictionPolicy(ABC):
         *,
         hit: bool = False,
         next_use: float = math.inf,
+        content: Hashable | None = None,
     ) -> None:
         """Record an access by a running request.
 
@@ -62,13 +70,17 @@ class EvictionPolicy(ABC):
         now : float
             Seconds (trace time in the simulator, monotonic time in vLLM).
         workload : int
-            Class index of the accessing request (the policy's default class for unknown ones).
+            Class index of the accessing request. Policies with classes map an index outside
+            their table (e.g. -1) to their default class.
         depth : int
             0-based position of the block in the request's chain.
         hit : bool
             True for a prefix-cache hit, False for a newly allocated block.
         next_use : float
             Time of the block's next access, ``inf`` if none; only Belady reads it.
+        content : hashable or None
+            Identity of the block's content (its prefix hash), or None if the driver does not
+            track it; only S3-FIFO's ghost queue reads it, to recognise recomputed content.
         """
 
     @abstractmethod
@@ -84,7 +96,13 @@ class EvictionPolicy(ABC):
         """Remove and return the block to evict now. Raises IndexError when empty."""
 
     def evict_n(self, n: int, now: float) -> list[int]:
-        """Remove and return ``n`` victims, first victim first."""
+        """Remove and return ``n`` victims, first victim first (vLLM's ``popleft_n``).
+
+        The same blocks, in the same order, as ``n`` calls of ``evict(now)``. Raises IndexError,
+        changing nothing, when fewer than ``n`` blocks are evictable.
+        """
+        if n > len(self):
+            raise IndexError(f"{n} victims asked for, {len(self)} evictable")
         return [self.evict(now) for _ in range(n)]
 
     def discard(self, block: int) -> None:
