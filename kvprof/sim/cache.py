@@ -1,0 +1,264 @@
+"""The two cache tiers a replay drives: vLLM's GPU block pool and an offloading CPU tier.
+
+Blocks are slot numbers (vLLM's ``block_id``); contents are dense engine block ids from
+:class:`kvprof.sim.workload.Workload`. Hot loops bind attributes to locals and allocate nothing
+per block beyond the slot lists a request keeps anyway.
+"""
+
+from __future__ import annotations
+
+from kvprof.policy.base import EvictionPolicy
+
+#: ``slot_block`` value of a slot whose content is not cached (never was, lost it, or duplicate).
+NO_BLOCK = -1
+
+
+class PrefixCache:
+    """The GPU tier: a pool of block slots with vLLM's prefix-cache semantics (``BlockPool``).
+
+    Invariant (checked by :meth:`check`): every live slot is in exactly one place:
+
+    * empty -- on the ``empty`` stack, no content, reused before any eviction (vLLM prepends
+      never-cached blocks to its free queue);
+    * pinned -- ``refs[slot] > 0``, held by running requests (cached content or not);
+    * evictable -- ``refs[slot] == 0`` with cached content, owned by ``policy``.
+
+    ``block_slot`` maps every cached engine block to its slot and ``slot_block`` is its inverse.
+    Live slots never exceed ``limit`` while some slot is empty or evictable: lowering the limit
+    drops free slots at once and pinned slots over it are dropped as their requests free them.
+    Dropped slot numbers wait in ``retired`` and are reused when the limit rises again.
+    """
+
+    def __init__(self, policy: EvictionPolicy, capacity: int):
+        if capacity <= 0:
+            raise ValueError(f"capacity must be > 0 blocks, got {capacity}")
+        self.policy = policy
+        self.limit = capacity
+        self.n_live = capacity
+        self.slot_block = [NO_BLOCK] * capacity
+        self.refs = [0] * capacity
+        self.empty = list(range(capacity - 1, -1, -1))
+        self.retired: list[int] = []
+        self.block_slot: dict[int, int] = {}
+        self.evictions = 0
+        self.dropped = 0
+
+    @property
+    def n_free(self) -> int:
+        """Slots a new request may take: empty plus evictable."""
+        return len(self.empty) + len(self.policy)
+
+    def cached_prefix(self, blocks: list[int], start: int, n_lookup: int, out: list[int]) -> int:
+        """Append the slots of the longest cached prefix to ``out``; return how many are evictable now.
+
+        ``blocks[start:start + n_lookup]`` is the request's chain; the walk stops at the first
+        miss, as vLLM's ``find_longest_cache_hit`` does. A slot pinned by another running request
+        is a hit too (shared), including one allocated but not yet computed.
+        """
+        get = self.block_slot.get
+        refs = self.refs
+        n_evictable = 0
+        for j in range(start, start + n_lookup):
+            slot = get(blocks[j])
+            if slot is None:
+                break
+            out.append(slot)
+            if not refs[slot]:
+                n_evictable += 1
+        return n_evictable
+
+    def pin_hits(self, slots: list[int], now: float, workload: int, next_use: list[float], start: int) -> None:
+        """Take hit slots (chain order, depth = position) for a request: vLLM's ``touch``."""
+        refs = self.refs
+        policy = self.policy
+        access = policy.access
+        for depth, slot in enumerate(slots):
+            if not refs[slot]:
+                policy.remove(slot)
+            refs[slot] += 1
+            access(slot, now, workload, depth, hit=True, next_use=next_use[start + depth])
+
+    def allocate(
+        self,
+        blocks: list[int],
+        next_use: list[float],
+        start: int,
+        first: int,
+        n_cacheable: int,
+        n_total: int,
+        now: float,
+        workload: int,
+        out: list[int],
+    ) -> None:
+        """Allocate blocks ``first..n_total-1`` of a request, append their slots to ``out``.
+
+        Blocks below ``n_cacheable`` are full: they are cached (hash registered) at once, so a
+        later request hits them even while this one computes them -- vLLM caches full blocks when
+        it schedules them. A full block whose content is already cached elsewhere (it sits behind
+        the first miss) and the partial tail stay uncached and go back empty on free.
+        Slots come from the empty stack first, then from ``policy.evict`` (lazy eviction).
+        The caller has checked ``n_free`` covers the request.
+        """
+        empty = self.empty
+        refs = self.refs
+        slot_block = self.slot_block
+        block_slot = self.block_slot
+        policy = self.policy
+        access = policy.access
+        evict = policy.evict
+        for depth in range(first, n_total):
+            if empty:
+                slot = empty.pop()
+            else:
+                slot = evict(now)
+                del block_slot[slot_block[slot]]
+                self.evictions += 1
+            refs[slot] = 1
+            if depth < n_cacheable:
+                block = blocks[start + depth]
+                if block not in block_slot:
+                    block_slot[block] = slot
+                    slot_block[slot] = block
+                    access(slot, now, workload, depth, hit=False, next_use=next_use[start + depth])
+                    out.append(slot)
+                    continue
+            slot_block[slot] = NO_BLOCK
+            out.append(slot)
+
+    def release(self, slots: list[int], now: float) -> None:
+        """A request finished: unpin its slots tail-first; cached ones become evictable."""
+        refs = self.refs
+        slot_block = self.slot_block
+        empty = self.empty
+        evictable = []
+        for slot in reversed(slots):
+            refs[slot] -= 1
+            if not refs[slot]:
+                if slot_block[slot] == NO_BLOCK:
+                    empty.append(slot)
+                else:
+                    evictable.append(slot)
+        if evictable:
+            self.policy.free(evictable, now)
+        if self.n_live > self.limit:
+            self._shrink(now)
+
+    def set_limit(self, limit: int, now: float) -> None:
+        """Elastic capacity: raise adds empty slots, lowering drops free ones (pinned ones later)."""
+        self.limit = limit
+        while self.n_live < limit:
+            if self.retired:
+                slot = self.retired.pop()
+            else:
+                slot = len(self.refs)
+                self.refs.append(0)
+                self.slot_block.append(NO_BLOCK)
+            self.empty.append(slot)
+            self.n_live += 1
+        self._shrink(now)
+
+    def _shrink(self, now: float) -> None:
+        """Drop empty, then evictable slots (policy's order) until within the limit or none is free."""
+        while self.n_live > self.limit and (self.empty or len(self.policy)):
+            if self.empty:
+                slot = self.empty.pop()
+            else:
+                slot = self.policy.evict(now)
+                del self.block_slot[self.slot_block[slot]]
+                self.slot_block[slot] = NO_BLOCK
+                self.dropped += 1
+            self.retired.append(slot)
+            self.n_live -= 1
+
+    def check(self) -> None:
+        """Assert the class invariant (tests; O(slots))."""
+        empty = set(self.empty)
+        retired = set(self.retired)
+        assert len(empty) == len(self.empty) and len(retired) == len(self.retired)
+        assert not empty & retired
+        for slot in range(len(self.refs)):
+            places = [
+                slot in empty,
+                slot in retired,
+                self.refs[slot] > 0,
+                slot in self.policy,
+            ]
+            assert sum(places) == 1, f"slot {slot} is in {places} (empty, retired, pinned, evictable)"
+            if slot in empty or slot in retired:
+                assert self.slot_block[slot] == NO_BLOCK
+            if slot in self.policy:
+                assert self.slot_block[slot] != NO_BLOCK
+        assert self.n_live == len(self.refs) - len(retired)
+        assert len(self.policy) == sum(1 for s in range(len(self.refs)) if s in self.policy)
+        assert {b: s for s, b in enumerate(self.slot_block) if b != NO_BLOCK} == self.block_slot
+        assert self.n_live <= self.limit or not (self.empty or len(self.policy))
+
+
+class HostCache:
+    """The CPU tier, as vLLM's OffloadingConnector keeps it: blocks stored from the GPU, loaded on hits.
+
+    Invariant: every cached engine block has one slot in ``block_slot`` and that slot is
+    evictable in ``policy`` between calls (loads and stores are modelled as instantaneous copies,
+    so no host block stays pinned); ``len(block_slot) <= capacity``.
+    """
+
+    def __init__(self, policy: EvictionPolicy, capacity: int):
+        self.policy = policy
+        self.capacity = capacity
+        self.block_slot: dict[int, int] = {}
+        self.slot_block = [NO_BLOCK] * capacity
+        self.empty = list(range(capacity - 1, -1, -1))
+        self.evictions = 0
+
+    def cached_run(self, blocks: list[int], start: int, stop: int) -> int:
+        """Length of the run of ``blocks[start:stop]`` cached here, from ``start``."""
+        block_slot = self.block_slot
+        j = start
+        while j < stop and blocks[j] in block_slot:
+            j += 1
+        return j - start
+
+    def load(self, blocks: list[int], next_use: list[float], start: int, first: int, stop: int, now: float, workload: int) -> None:
+        """Hits at depths ``first..stop-1`` are read back to the GPU: a touch for the host policy."""
+        policy = self.policy
+        touched = []
+        for depth in range(first, stop):
+            slot = self.block_slot[blocks[start + depth]]
+            policy.remove(slot)
+            policy.access(slot, now, workload, depth, hit=True, next_use=next_use[start + depth])
+            touched.append(slot)
+        touched.reverse()
+        policy.free(touched, now)
+
+    def store(self, blocks: list[int], next_use: list[float], start: int, depths: range, now: float, workload: int) -> None:
+        """Store computed blocks (those not already here), evicting in the host policy's order."""
+        block_slot = self.block_slot
+        slot_block = self.slot_block
+        policy = self.policy
+        stored = []
+        for depth in depths:
+            block = blocks[start + depth]
+            if block in block_slot:
+                continue
+            if self.empty:
+                slot = self.empty.pop()
+            elif len(policy):
+                slot = policy.evict(now)
+                del block_slot[slot_block[slot]]
+                self.evictions += 1
+            else:
+                break  # every host slot holds this request's own blocks
+            block_slot[block] = slot
+            slot_block[slot] = block
+            policy.access(slot, now, workload, depth, hit=False, next_use=next_use[start + depth])
+            stored.append(slot)
+        stored.reverse()
+        policy.free(stored, now)
+
+    def check(self) -> None:
+        """Assert the class invariant (tests)."""
+        assert len(self.block_slot) <= self.capacity
+        assert len(self.policy) == len(self.block_slot)
+        assert all(slot in self.policy for slot in self.block_slot.values())
+        assert not set(self.empty) & set(self.block_slot.values())
+        assert len(self.empty) + len(self.block_slot) == self.capacity

@@ -1,0 +1,299 @@
+"""The replay loop: requests arrive at trace times, queue FCFS, pin blocks, compute, free.
+
+One call of :func:`simulate` replays a whole :class:`~kvprof.sim.workload.Workload` through one
+GPU tier (and optionally a CPU tier) under one policy. It reads no clock and draws no random
+numbers, so the same inputs always give the same metrics.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from kvprof.policy.base import EvictionPolicy
+from kvprof.sim.cache import HostCache, PrefixCache
+from kvprof.sim.config import SimConfig, SimulationError
+from kvprof.sim.workload import Workload
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """What one replay measured.
+
+    Hit counts are in engine blocks over the blocks a request may hit (``Workload.n_lookup``);
+    ``hits_device + hits_host + misses == block_lookups``. Times are modelled seconds.
+
+    Attributes
+    ----------
+    token_hit_ratio : float
+        Cached prompt tokens / prompt tokens (the published metric; rejected requests count as
+        uncached).
+    block_hit_ratio : float
+        (hits_device + hits_host) / block_lookups.
+    evictions : int
+        Cached GPU blocks whose content was overwritten for a new block.
+    dropped : int
+        Cached GPU blocks dropped by lowering the elastic capacity.
+    host_evictions : int
+        Evictions in the CPU tier.
+    n_rejected : int
+        Requests that could never get enough blocks (longer than the whole cache), not served.
+    qttft_mean_s, qttft_p50_s, qttft_p90_s, qttft_p99_s : float
+        Modelled queued time to first token (first token - arrival) over served requests.
+    makespan_s : float
+        Modelled time at which the last request finished its prefill.
+    """
+
+    policy: str
+    capacity: int
+    n_requests: int
+    n_rejected: int
+    prompt_tokens: int
+    cached_tokens: int
+    token_hit_ratio: float
+    block_lookups: int
+    hits_device: int
+    hits_host: int
+    misses: int
+    block_hit_ratio: float
+    evictions: int
+    dropped: int
+    host_evictions: int
+    qttft_mean_s: float
+    qttft_p50_s: float
+    qttft_p90_s: float
+    qttft_p99_s: float
+    makespan_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+#: Called after every admission and every release with the two tiers (tests check invariants).
+Observer = Callable[[PrefixCache, "HostCache | None"], None]
+
+
+def simulate(
+    workload: Workload,
+    policy: EvictionPolicy,
+    capacity: int,
+    config: SimConfig = SimConfig(),
+    *,
+    host_policy: EvictionPolicy | None = None,
+    observer: Observer | None = None,
+) -> RunMetrics:
+    """Replay ``workload`` through a prefix cache of ``capacity`` engine blocks under ``policy``.
+
+    Parameters
+    ----------
+    workload : Workload
+        Prepared with the same engine block size as ``config.engine_block_size``.
+    policy : EvictionPolicy
+        A fresh policy instance for the GPU tier (it is mutated).
+    capacity : int
+        GPU blocks; ignored when ``config.capacity_schedule`` is given.
+    config : SimConfig
+    host_policy : EvictionPolicy or None
+        Fresh policy for the CPU tier; required when ``config.cpu_capacity > 0``.
+    observer : callable or None
+        ``observer(gpu, host)`` after every admission and release.
+
+    Returns
+    -------
+    RunMetrics
+    """
+    if workload.engine_block_size != config.engine_block_size:
+        raise SimulationError(
+            f"workload was prepared for {workload.engine_block_size}-token blocks, config says {config.engine_block_size}"
+        )
+    schedule = list(config.capacity_schedule) or [(0.0, capacity)]
+    if schedule[0][1] <= 0:
+        raise SimulationError(f"capacity must be > 0 blocks, got {schedule[0][1]}")
+    if config.cpu_capacity and host_policy is None:
+        raise SimulationError("a CPU tier needs its own policy instance")
+    gpu = PrefixCache(policy, schedule[0][1])
+    host = HostCache(host_policy, config.cpu_capacity) if config.cpu_capacity else None
+    return _Replay(workload, gpu, host, config, schedule, observer).run()
+
+
+class _Replay:
+    """State of one replay between engine steps.
+
+    Invariants: ``waiting`` holds arrived, unadmitted requests in arrival order (FCFS, the head
+    blocks the rest, as vLLM's scheduler does without preemption); ``prefilling`` holds admitted
+    requests with uncomputed prompt tokens in admission order, so only its head can be part-done;
+    every admitted, unfinished request has its slots in ``held``.
+    """
+
+    def __init__(self, workload, gpu, host, config, schedule, observer):
+        self.w = workload
+        self.gpu = gpu
+        self.host = host
+        self.cost = config.cost
+        self.schedule = schedule
+        self.observer = observer
+        self.ebs = workload.engine_block_size
+        # Python lists index several times faster than numpy arrays in the per-block loops.
+        self.blocks = workload.block.tolist()
+        self.next_use = workload.next_use.tolist()
+        self.offsets = workload.offsets.tolist()
+        self.n_lookup = workload.n_lookup.tolist()
+        self.n_total = workload.blocks_needed(config.cost.decode).tolist()
+        self.classes = workload.workload.tolist()
+        self.prompt = workload.prompt_tokens.tolist()
+        self.held: dict[int, list[int]] = {}
+
+    def admit(self, r: int, now: float) -> tuple[int, int] | None:
+        """Give request ``r`` its blocks if the GPU has room.
+
+        Returns
+        -------
+        (device hits, host hits) in blocks, or None when the GPU cannot hold the request now.
+        """
+        gpu, host = self.gpu, self.host
+        start, stop = self.offsets[r], self.offsets[r + 1]
+        n_lookup = self.n_lookup[r]
+        slots: list[int] = []
+        n_hit_evictable = gpu.cached_prefix(self.blocks, start, n_lookup, slots)
+        n_device = len(slots)
+        # Hit blocks that are evictable now stop being free once pinned.
+        if self.n_total[r] - n_device > gpu.n_free - n_hit_evictable:
+            return None
+        n_host = host.cached_run(self.blocks, start + n_device, start + n_lookup) if host else 0
+        workload = self.classes[r]
+        gpu.pin_hits(slots, now, workload, self.next_use, start)
+        gpu.allocate(self.blocks, self.next_use, start, n_device, stop - start, self.n_total[r], now, workload, slots)
+        if n_host:
+            host.load(self.blocks, self.next_use, start, n_device, n_device + n_host, now, workload)
+        self.held[r] = slots
+        if self.observer:
+            self.observer(gpu, host)
+        return n_device, n_host
+
+    def finish_prefill(self, r: int, now: float) -> None:
+        """Request ``r`` computed its prompt: the connector offloads its full blocks to the CPU tier."""
+        if self.host:
+            start, stop = self.offsets[r], self.offsets[r + 1]
+            self.host.store(self.blocks, self.next_use, start, range(stop - start), now, self.classes[r])
+
+    def release(self, r: int, now: float) -> None:
+        self.gpu.release(self.held.pop(r), now)
+        if self.observer:
+            self.observer(self.gpu, self.host)
+
+    def run(self) -> RunMetrics:
+        w, gpu, cost, ebs = self.w, self.gpu, self.cost, self.ebs
+        n = w.n_requests
+        arrival = w.arrival.tolist()
+        output = w.output_tokens.tolist()
+        prompt = self.prompt
+        schedule = self.schedule
+        qttft = np.full(n, math.nan)
+        served = np.zeros(n, dtype=bool)
+        waiting: deque[int] = deque()
+        prefilling: deque[list[int]] = deque()  # [request, uncomputed prompt tokens]
+        decoding: list[tuple[float, int]] = []  # heap of (finish time, request)
+        n_running = hits_device = hits_host = 0
+        next_arrival = 0
+        next_change = 1
+        now = 0.0
+        while True:
+            while next_change < len(schedule) and schedule[next_change][0] <= now:
+                gpu.set_limit(schedule[next_change][1], now)
+                next_change += 1
+            while decoding and decoding[0][0] <= now:
+                self.release(heapq.heappop(decoding)[1], now)
+                n_running -= 1
+            while next_arrival < n and arrival[next_arrival] <= now:
+                waiting.append(next_arrival)
+                next_arrival += 1
+
+            # One engine step: running prefills first, then admissions while the budget lasts.
+            budget = cost.max_batched_tokens
+            for entry in prefilling:
+                take = min(entry[1], budget)
+                entry[1] -= take
+                budget -= take
+                if not budget:
+                    break
+            host_loads = 0
+            while waiting and budget and n_running < cost.max_num_seqs:
+                r = waiting[0]
+                hits = self.admit(r, now)
+                if hits is None:
+                    break
+                waiting.popleft()
+                served[r] = True
+                n_running += 1
+                hits_device += hits[0]
+                hits_host += hits[1]
+                host_loads += hits[1]
+                # At least one token: vLLM recomputes the prompt's last token (n_lookup excludes it).
+                uncached = max(prompt[r] - (hits[0] + hits[1]) * ebs, 1)
+                take = min(uncached, budget)
+                budget -= take
+                prefilling.append([r, uncached - take])
+            step_tokens = cost.max_batched_tokens - budget
+
+            if not step_tokens:
+                if waiting and not decoding and next_change >= len(schedule):
+                    # Nothing runs and the cache never grows again: the head can never fit.
+                    waiting.popleft()
+                    continue
+                pending = []
+                if next_arrival < n:
+                    pending.append(arrival[next_arrival])
+                if decoding:
+                    pending.append(decoding[0][0])
+                if next_change < len(schedule):
+                    pending.append(schedule[next_change][0])
+                if not pending:
+                    break
+                now = max(now, min(pending))
+                continue
+
+            now += cost.step_overhead_s + step_tokens / cost.prefill_tokens_per_s + host_loads * cost.host_load_s_per_block
+            while prefilling and not prefilling[0][1]:
+                r = prefilling.popleft()[0]
+                qttft[r] = now - arrival[r]
+                self.finish_prefill(r, now)
+                if cost.decode:
+                    heapq.heappush(decoding, (now + output[r] * cost.time_per_output_token_s, r))
+                else:
+                    self.release(r, now)
+                    n_running -= 1
+        return self._metrics(qttft[served], served, hits_device, hits_host, now)
+
+    def _metrics(self, qttft: np.ndarray, served: np.ndarray, hits_device: int, hits_host: int, end: float) -> RunMetrics:
+        w = self.w
+        lookups = int(w.n_lookup.sum())
+        prompt_tokens = int(w.prompt_tokens.sum())
+        hits = hits_device + hits_host
+        p50, p90, p99 = np.percentile(qttft, [50, 90, 99]) if qttft.size else (math.nan,) * 3
+        return RunMetrics(
+            policy=self.gpu.policy.name,
+            capacity=self.schedule[0][1],
+            n_requests=w.n_requests,
+            n_rejected=int(w.n_requests - served.sum()),
+            prompt_tokens=prompt_tokens,
+            cached_tokens=hits * self.ebs,
+            token_hit_ratio=hits * self.ebs / prompt_tokens if prompt_tokens else 0.0,
+            block_lookups=lookups,
+            hits_device=hits_device,
+            hits_host=hits_host,
+            misses=lookups - hits,
+            block_hit_ratio=hits / lookups if lookups else 0.0,
+            evictions=self.gpu.evictions,
+            dropped=self.gpu.dropped,
+            host_evictions=self.host.evictions if self.host else 0,
+            qttft_mean_s=float(qttft.mean()) if qttft.size else math.nan,
+            qttft_p50_s=float(p50),
+            qttft_p90_s=float(p90),
+            qttft_p99_s=float(p99),
+            makespan_s=end,
+        )
