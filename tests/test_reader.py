@@ -180,11 +180,20 @@ def test_multi_frame_zstd_and_multi_member_gzip(tmp_path):
         assert_trace_equals(read_trace(path)[0], records, "mooncake")
 
 
-def test_corrupt_compressed_stream(tmp_path):
-    path = tmp_path / "bad.gz"
-    path.write_bytes(gzip.compress(b'{"timestamp": 0}\n' * 1000)[:-40])
+@pytest.mark.parametrize("compress", ["gz", "zst"])
+def test_truncated_compressed_file_is_an_error(tmp_path, compress):
+    whole = write_jsonl(tmp_path / "whole", mooncake_records(300), compress=compress).read_bytes()
+    path = tmp_path / "cut"
+    path.write_bytes(whole[: len(whole) // 2])
     err = read_error(path)
-    assert "cannot decompress the gzip stream" in str(err) and str(path) in str(err)
+    codec = {"gz": "gzip", "zst": "zstd"}[compress]
+    assert f"cannot decompress the {codec} stream" in str(err) and str(path) in str(err)
+
+
+def test_compressed_magic_with_garbage_after_it(tmp_path):
+    path = tmp_path / "bad.zst"
+    path.write_bytes(b"\x28\xb5\x2f\xfd" + b"not zstd at all" * 10)
+    assert "cannot decompress the zstd stream" in str(read_error(path))
 
 
 def test_progress_reports_every_few_megabytes(tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ import gzip
 import hashlib
 import json
 import math
+import operator
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -224,7 +225,8 @@ class _StoredFile:
         self._name = str(path)
         self._file = open(path, "rb")  # noqa: SIM115 - closed by __exit__
         self._total = Path(path).stat().st_size
-        self._codec = _MAGIC.get(self._file.peek(4)[:4]) or _MAGIC.get(self._file.peek(2)[:2])
+        head = self._file.peek(4)
+        self._codec = next((codec for magic, codec in _MAGIC.items() if head.startswith(magic)), None)
         self._sha = hashlib.sha256()
         self._progress = progress
         self._done = self._reported = 0
@@ -236,7 +238,7 @@ class _StoredFile:
         self._file.close()
 
     def read(self, size: int = -1) -> bytes:
-        """Stored bytes, as the decompressors ask for them."""
+        """Stored bytes (gzip reads through this too)."""
         data = self._file.read(size)
         self._sha.update(data)
         self._done += len(data)
@@ -251,19 +253,15 @@ class _StoredFile:
 
     def lines(self) -> Iterator[tuple[int, bytes]]:
         """``(1-based line number, line)`` for every non-blank line of the decompressed text."""
-        stream = self._decompressed()
         tail = b""
         line_no = 0  # lines before this chunk
-        try:
-            while chunk := stream.read(_CHUNK_BYTES):
-                lines = (tail + chunk).split(b"\n")
-                tail = lines.pop()
-                for offset, line in enumerate(lines, 1):
-                    if line and not line.isspace():
-                        yield line_no + offset, line
-                line_no += len(lines)
-        except (OSError, EOFError, zstandard.ZstdError) as exc:
-            raise TraceError(self._name, f"cannot decompress the {self._codec} stream: {exc}") from None
+        for chunk in self._text_chunks():
+            lines = (tail + chunk).split(b"\n")
+            tail = lines.pop()
+            for offset, line in enumerate(lines, 1):
+                if line and not line.isspace():
+                    yield line_no + offset, line
+            line_no += len(lines)
         if tail and not tail.isspace():
             yield line_no + 1, tail
 
@@ -275,12 +273,34 @@ class _StoredFile:
             self._report_progress()
         return self._sha.hexdigest()
 
-    def _decompressed(self):
-        if self._codec == "gzip":
-            return gzip.GzipFile(fileobj=self, mode="rb")
-        if self._codec == "zstd":
-            return zstandard.ZstdDecompressor().stream_reader(self, read_across_frames=True)
-        return self
+    def _text_chunks(self) -> Iterator[bytes]:
+        """The decompressed bytes, a few MB at a time."""
+        if self._codec is None:
+            yield from iter(lambda: self.read(_CHUNK_BYTES), b"")
+            return
+        try:
+            if self._codec == "gzip":
+                stream = gzip.GzipFile(fileobj=self, mode="rb")
+                yield from iter(lambda: stream.read(_CHUNK_BYTES), b"")
+            else:
+                yield from self._zstd_chunks()
+        except (OSError, EOFError, zstandard.ZstdError) as exc:
+            raise TraceError(self._name, f"cannot decompress the {self._codec} stream: {exc}") from None
+
+    def _zstd_chunks(self) -> Iterator[bytes]:
+        # One decompressobj per frame: unlike zstandard's stream reader, it tells a truncated file (no eof).
+        decompressor = zstandard.ZstdDecompressor()
+        frame, in_frame = decompressor.decompressobj(), False
+        while data := self.read(_CHUNK_BYTES):
+            while data:
+                yield frame.decompress(data)
+                in_frame = not frame.eof
+                if in_frame:
+                    break
+                data = frame.unused_data
+                frame = decompressor.decompressobj()
+        if in_frame:
+            raise EOFError("the file ends inside a zstd frame (truncated?)")
 
 
 # --- parsing lines ------------------------------------------------------------------------------
@@ -297,22 +317,23 @@ class _Problem:
 
 
 class _Rows:
-    """Growing column buffers for the valid-looking records parsed so far, in file order.
+    """Growing column buffers for the records parsed so far, in file order.
 
-    Timestamps are kept in the file's unit until :meth:`arrays`. Extra fields are stored sparsely
-    (row numbers and values) because most lines of a trace lack most of them.
+    The integer fields of a record go to one row-major buffer in a single call (then split into
+    columns by :meth:`arrays`); timestamps stay in the file's unit until then. Extra fields are
+    stored sparsely (row numbers and values) because most lines may lack them.
     """
 
     def __init__(self, fmt: str):
         self.format = fmt
         self.required = _REQUIRED[fmt]
+        self.int_fields = tuple(name for name, kind in self.required.items() if kind is _INT)
+        self._get_ints = operator.itemgetter(*self.int_fields)
+        self._int_types = (int,) * len(self.int_fields)
+        self._has_type = "type" in self.required
         self.line = array("q")
+        self.ints = array("q")
         self.timestamp = array("d")
-        self.input_length = array("q")
-        self.output_length = array("q")
-        self.chat_id = array("q")
-        self.parent_chat_id = array("q")
-        self.turn = array("q")
         self.type_code = array("i")
         self.type_index: dict[str, int] = {}
         self.n_hash_ids = array("q")
@@ -325,6 +346,41 @@ class _Rows:
 
     def append(self, line_no: int, record: dict, has_bool: bool) -> _Problem | None:
         """Add one decoded record, or return why it is invalid (then nothing is added)."""
+        # Fast path: plain lookups and one type comparison; anything unusual goes to _diagnose.
+        try:
+            ints = self._get_ints(record)
+            timestamp = record["timestamp"]
+            hash_ids = record["hash_ids"]
+            type_name = record["type"] if self._has_type else ""
+        except KeyError:
+            return self._diagnose(line_no, record)
+        if (
+            tuple(map(type, ints)) != self._int_types
+            or type(timestamp) not in (float, int)
+            or type(hash_ids) is not list
+            or type(type_name) is not str
+        ):
+            return self._diagnose(line_no, record)
+        n_ints, n_times = len(self.ints), len(self.timestamp)
+        try:
+            self.ints.extend(ints)
+            self.timestamp.append(timestamp)
+        except OverflowError:
+            del self.ints[n_ints:], self.timestamp[n_times:]
+            return self._diagnose(line_no, record)
+        problem = self._append_hash_ids(line_no, hash_ids, has_bool)
+        if problem is not None:
+            del self.ints[n_ints:], self.timestamp[n_times:]
+            return problem
+        self.line.append(line_no)
+        if self._has_type:
+            self.type_code.append(self.type_index.setdefault(type_name, len(self.type_index)))
+        if len(record) > len(self.required):
+            self._append_extra(record)
+        return None
+
+    def _diagnose(self, line_no: int, record: dict) -> _Problem:
+        """Why the fast path refused a record: the first missing, mistyped or oversized field."""
         for name, expected in self.required.items():
             value = record.get(name, _MISSING)
             if value is _MISSING:
@@ -333,21 +389,7 @@ class _Rows:
                 return _Problem("wrong_type", line_no, name, f"must be {expected}, got {_describe(value)}")
             if type(value) is int and not _INT64_MIN <= value < _INT64_END:
                 return _Problem("bad_value", line_no, name, f"{value} does not fit in 64 bits")
-        problem = self._append_hash_ids(line_no, record["hash_ids"], has_bool)
-        if problem is not None:
-            return problem
-        self.line.append(line_no)
-        self.timestamp.append(record["timestamp"])
-        self.input_length.append(record["input_length"])
-        self.output_length.append(record["output_length"])
-        if self.format == "bailian":
-            self.chat_id.append(record["chat_id"])
-            self.parent_chat_id.append(record["parent_chat_id"])
-            self.turn.append(record["turn"])
-            self.type_code.append(self.type_index.setdefault(record["type"], len(self.type_index)))
-        if len(record) > len(self.required):
-            self._append_extra(record)
-        return None
+        raise AssertionError(f"line {line_no} was refused without a reason")
 
     def _append_hash_ids(self, line_no: int, hash_ids: list, has_bool: bool) -> _Problem | None:
         start = len(self.hash_ids)
@@ -385,19 +427,16 @@ class _Rows:
         n = len(self)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.frombuffer(self.n_hash_ids, dtype=np.int64), out=offsets[1:])
-        columns = {
-            "line": np.frombuffer(self.line, dtype=np.int64),
-            "raw_timestamp": np.frombuffer(self.timestamp, dtype=np.float64),
-            "input_length": np.frombuffer(self.input_length, dtype=np.int64),
-            "output_length": np.frombuffer(self.output_length, dtype=np.int64),
-            "hash_offsets": offsets,
-            "hash_ids": np.frombuffer(self.hash_ids, dtype=np.int64),
-        }
+        ints = np.frombuffer(self.ints, dtype=np.int64).reshape(n, len(self.int_fields))
+        columns = {name: np.ascontiguousarray(ints[:, j]) for j, name in enumerate(self.int_fields)}
+        columns.update(
+            line=np.frombuffer(self.line, dtype=np.int64),
+            raw_timestamp=np.frombuffer(self.timestamp, dtype=np.float64),
+            hash_offsets=offsets,
+            hash_ids=np.frombuffer(self.hash_ids, dtype=np.int64),
+        )
         columns["timestamp"] = columns["raw_timestamp"] / _TIME_UNITS[self.format]
-        if self.format == "bailian":
-            columns["chat_id"] = np.frombuffer(self.chat_id, dtype=np.int64)
-            columns["parent_chat_id"] = np.frombuffer(self.parent_chat_id, dtype=np.int64)
-            columns["turn"] = np.frombuffer(self.turn, dtype=np.int64)
+        if self._has_type:
             columns["type_code"] = np.frombuffer(self.type_code, dtype=np.int32)
         else:
             columns["chat_id"] = np.arange(n, dtype=np.int64)
@@ -408,7 +447,7 @@ class _Rows:
 
     @property
     def type_names(self) -> tuple[str, ...]:
-        return tuple(self.type_index) if self.format == "bailian" else ("",)
+        return tuple(self.type_index) if self._has_type else ("",)
 
     def extra_columns(self) -> dict[str, np.ndarray]:
         """Extra scalar fields as arrays of shape (n,) (see the module notes for the dtypes)."""
