@@ -171,7 +171,8 @@ def test_compressed_files_detected_by_magic_bytes(tmp_path, compress):
 
 def test_multi_frame_zstd_and_multi_member_gzip(tmp_path):
     records = mooncake_records(20)
-    halves = [write_jsonl(tmp_path / f"h{i}", part).read_bytes() for i, part in enumerate((records[:8], records[8:]))]
+    parts = (records[:8], records[8:])
+    halves = [write_jsonl(tmp_path / f"h{i}", part).read_bytes() for i, part in enumerate(parts)]
     zst = tmp_path / "t.zst"
     zst.write_bytes(b"".join(zstandard.ZstdCompressor().compress(h) for h in halves))
     gz = tmp_path / "t.gz"
@@ -318,6 +319,11 @@ def _set(field, value):
     return lambda r: dict(r, **{field: value})
 
 
+def _set_ids(value):
+    """Every hash id of the record replaced by ``value`` (the count stays right)."""
+    return lambda r: dict(r, hash_ids=[value] * len(r["hash_ids"]))
+
+
 def _drop(field):
     return lambda r: {k: v for k, v in r.items() if k != field}
 
@@ -334,9 +340,9 @@ BAD_LINES = [
     ("float length", _set("input_length", 3.0), "wrong_type", "input_length", "must be an integer"),
     ("type not a string", _set("type", 3), "wrong_type", "type", "must be a string"),
     ("hash_ids not a list", _set("hash_ids", "1,2"), "wrong_type", "hash_ids", "list of integers"),
-    ("hash id a float", lambda r: dict(r, hash_ids=[1.5] * len(r["hash_ids"])), "wrong_type", "hash_ids", "float"),
-    ("hash id a bool", lambda r: dict(r, hash_ids=[True] * len(r["hash_ids"])), "wrong_type", "hash_ids", "boolean"),
-    ("hash id too big", lambda r: dict(r, hash_ids=[2**64] * len(r["hash_ids"])), "bad_value", "hash_ids", "64 bits"),
+    ("hash id a float", _set_ids(1.5), "wrong_type", "hash_ids", "float"),
+    ("hash id a bool", _set_ids(True), "wrong_type", "hash_ids", "boolean"),
+    ("hash id too big", _set_ids(2**64), "bad_value", "hash_ids", "64 bits"),
     ("chat id too big", _set("chat_id", 2**70), "bad_value", "chat_id", "64 bits"),
     ("negative length", _set("output_length", -1), "bad_value", "output_length", ">= 0"),
     ("NaN timestamp", _set("timestamp", float("nan")), "bad_value", "timestamp", "finite"),
@@ -344,7 +350,7 @@ BAD_LINES = [
     ("negative timestamp", _set("timestamp", -1.0), "bad_value", "timestamp", ">= 0"),
     ("turn zero", _set("turn", 0), "bad_value", "turn", "between 1"),
     ("parent below -1", _set("parent_chat_id", -2), "bad_value", "parent_chat_id", ">= -1"),
-    ("negative hash id", lambda r: dict(r, hash_ids=[-5] * len(r["hash_ids"])), "bad_value", "hash_ids", "-5"),
+    ("negative hash id", _set_ids(-5), "bad_value", "hash_ids", "-5"),
     ("too many ids", lambda r: dict(r, hash_ids=r["hash_ids"] + [7]), "hash_length", "hash_ids", "needs"),
     ("time backwards", _set("timestamp", 0.0), "timestamp_backwards", "timestamp", "goes back"),
     ("unknown parent", _set("parent_chat_id", 99), "unknown_parent", "parent_chat_id", "99"),
@@ -356,7 +362,8 @@ def _trace_with_bad_line_3(edit, n=6):
     """Six valid first-turn records with line 3 edited; returns (lines, valid records)."""
     records = bailian_records(n)
     for i, r in enumerate(records):
-        r.update(chat_id=1000 + i, parent_chat_id=-1, turn=1, timestamp=float(i + 1), input_length=32, hash_ids=[i, i + 1])
+        r.update(chat_id=1000 + i, parent_chat_id=-1, turn=1, timestamp=float(i + 1))
+        r.update(input_length=32, hash_ids=[i, i + 1])
     lines = list(records)
     lines[2] = edit(records[2])
     return lines, records[:2] + records[3:]
@@ -435,7 +442,12 @@ def test_file_of_only_invalid_lines_raises_even_when_skipping(tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs, words",
-    [({"format": "csv"}, "format"), ({"block_size": 0}, "block size"), ({"time_tolerance": -1.0}, "tolerance")],
+    [
+        ({"format": "csv"}, "format"),
+        ({"block_size": 0}, "block size"),
+        ({"block_size": 16.0}, "block size"),
+        ({"time_tolerance": -1.0}, "tolerance"),
+    ],
 )
 def test_bad_arguments(tmp_path, kwargs, words):
     with pytest.raises(ValueError, match=words):
@@ -481,7 +493,10 @@ def _as_bailian(drawn):
 
 
 @settings(max_examples=60, deadline=None)
-@given(drawn=st.lists(_bailian_record, min_size=1, max_size=15), compress=st.sampled_from([None, "gz", "zst"]))
+@given(
+    drawn=st.lists(_bailian_record, min_size=1, max_size=15),
+    compress=st.sampled_from([None, "gz", "zst"]),
+)
 def test_property_bailian_round_trip(drawn, compress):
     records = _as_bailian(drawn)
     with tempfile.TemporaryDirectory() as tmp:
@@ -493,7 +508,7 @@ def test_property_bailian_round_trip(drawn, compress):
 @settings(max_examples=40, deadline=None)
 @given(
     rows=st.lists(
-        st.tuples(st.integers(0, 10**9), st.integers(0, 3000), st.integers(0, 10**6), st.lists(_ints, max_size=6)),
+        st.tuples(st.integers(0, 10**9), st.integers(0, 3000), _ints, st.lists(_ints, max_size=6)),
         min_size=1,
         max_size=15,
     )
@@ -503,7 +518,8 @@ def test_property_mooncake_round_trip(rows):
     for gap, length, out, ids in rows:
         t += gap
         n_ids = -(-length // 512)
-        records.append({"timestamp": t, "input_length": length, "output_length": out, "hash_ids": (ids + [0] * 6)[:n_ids]})
+        ids = (ids + [0] * 6)[:n_ids]
+        records.append({"timestamp": t, "input_length": length, "output_length": out, "hash_ids": ids})
     with tempfile.TemporaryDirectory() as tmp:
         trace, _ = read_trace(write_jsonl(Path(tmp) / "t", records))
     assert_trace_equals(trace, records, "mooncake")

@@ -82,8 +82,10 @@ _TIME_UNITS = {"bailian": 1, "mooncake": 1000}
 _INT64_MIN, _INT64_END = -(2**63), 2**63
 _INT32_MAX = 2**31 - 1
 _MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}
-#: Decompressed bytes handed to the line splitter at a time, and raw bytes between progress calls.
+#: Bytes read at a time (zstd input is read in smaller pieces: it may expand 20-fold), and stored
+#: bytes between progress calls.
 _CHUNK_BYTES = 4 << 20
+_ZSTD_INPUT_BYTES = 256 << 10
 _PROGRESS_BYTES = 4 << 20
 
 
@@ -169,7 +171,7 @@ def read_trace(
         parser.parse(stored.lines())
         rows = parser.rows
         if rows is None:
-            raise _no_requests(name, report) if parser.problem is None else _trace_error(name, parser.problem)
+            raise _trace_error(name, parser.problem) if parser.problem else _no_requests(name, report)
         size = block_size or FORMAT_BLOCK_SIZE[rows.format]
         columns = rows.arrays()
         keep = _validate(name, columns, size, time_tolerance, skip_invalid, report, parser.problem)
@@ -192,7 +194,7 @@ def detect_format(record: dict) -> str:
 def _check_arguments(format, block_size, window, time_tolerance) -> None:
     if format is not None and format not in FORMAT_BLOCK_SIZE:
         raise ValueError(f"format {format!r} is not one of {', '.join(FORMAT_BLOCK_SIZE)}")
-    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+    if block_size is not None and (type(block_size) is not int or block_size < 1):
         raise ValueError(f"block size must be a positive integer, got {block_size!r}")
     if not (math.isfinite(time_tolerance) and time_tolerance >= 0):
         raise ValueError(f"time tolerance must be a finite number >= 0, got {time_tolerance!r}")
@@ -291,7 +293,7 @@ class _StoredFile:
         # One decompressobj per frame: unlike zstandard's stream reader, it tells a truncated file (no eof).
         decompressor = zstandard.ZstdDecompressor()
         frame, in_frame = decompressor.decompressobj(), False
-        while data := self.read(_CHUNK_BYTES):
+        while data := self.read(_ZSTD_INPUT_BYTES):
             while data:
                 yield frame.decompress(data)
                 in_frame = not frame.eof
@@ -504,7 +506,8 @@ class _Parser:
 
     def _add(self, line_no: int, line: bytes, record) -> _Problem | None:
         if type(record) is not dict:
-            return _Problem("malformed_json", line_no, None, f"a record must be a JSON object, got {_describe(record)}")
+            message = f"a record must be a JSON object, got {_describe(record)}"
+            return _Problem("malformed_json", line_no, None, message)
         if self.rows is None:
             self.rows = _Rows(self._format or detect_format(record))
         return self.rows.append(line_no, record, has_bool=b"true" in line or b"false" in line)
@@ -563,7 +566,8 @@ def _validate(
 def _value_checks(columns, keep, **_) -> Iterator[_BadRows]:
     """Negative, NaN and infinite values of the required fields."""
     ts = columns["raw_timestamp"]
-    yield _BadRows("bad_value", "timestamp", ~(np.isfinite(ts) & (ts >= 0)), _range_message(ts, "a finite number >= 0"))
+    bad = ~(np.isfinite(ts) & (ts >= 0))
+    yield _BadRows("bad_value", "timestamp", bad, _range_message(ts, "a finite number >= 0"))
     ranges = (
         ("chat_id", 0, None),
         ("parent_chat_id", -1, None),
@@ -576,25 +580,18 @@ def _value_checks(columns, keep, **_) -> Iterator[_BadRows]:
         bad = values < low if high is None else (values < low) | (values > high)
         expected = f">= {low}" if high is None else f"between {low} and {high}"
         yield _BadRows("bad_value", name, bad, _range_message(values, expected))
-    negative_ids = np.flatnonzero(columns["hash_ids"] < 0)
+    hash_ids, offsets = columns["hash_ids"], columns["hash_offsets"]
     bad = np.zeros(keep.shape, dtype=bool)
-    bad[_row_of_hash(columns, negative_ids)] = True
-    yield _BadRows(
-        "bad_value", "hash_ids", bad, lambda i: f"hash ids must be >= 0, got {columns['hash_ids'][_hash_slice(columns, i)].min()}"
-    )
+    bad[np.searchsorted(offsets, np.flatnonzero(hash_ids < 0), side="right") - 1] = True  # owning rows
+
+    def message(i):
+        return f"hash ids must be >= 0, got {hash_ids[offsets[i] : offsets[i + 1]].min()}"
+
+    yield _BadRows("bad_value", "hash_ids", bad, message)
 
 
 def _range_message(values: np.ndarray, expected: str) -> Callable[[int], str]:
     return lambda i: f"must be {expected}, got {values[i]!r}"
-
-
-def _row_of_hash(columns, positions: np.ndarray) -> np.ndarray:
-    """Row owning each flat hash-id position."""
-    return np.searchsorted(columns["hash_offsets"], positions, side="right") - 1
-
-
-def _hash_slice(columns, i: int) -> slice:
-    return slice(columns["hash_offsets"][i], columns["hash_offsets"][i + 1])
 
 
 def _hash_length_check(columns, keep, *, block_size, **_) -> Iterator[_BadRows]:
@@ -645,7 +642,10 @@ def _parent_check(columns, keep, **_) -> Iterator[_BadRows]:
         if not orphans.size:
             break
         bad[orphans] = True
-    message = lambda i: f"parent_chat_id {parent[i]} is not the chat_id of any earlier valid line"  # noqa: E731
+
+    def message(i):
+        return f"parent_chat_id {parent[i]} is not the chat_id of any earlier valid line"
+
     yield _BadRows("unknown_parent", "parent_chat_id", bad, message)
 
 
@@ -663,7 +663,15 @@ def _orphans(chat_id: np.ndarray, parent: np.ndarray, rows: np.ndarray) -> np.nd
 # --- building the trace --------------------------------------------------------------------------
 
 
-def _build_trace(rows: _Rows, columns: dict, keep: np.ndarray, block_size: int, *, source: str, sha256: str) -> Trace:
+def _build_trace(
+    rows: _Rows,
+    columns: dict[str, np.ndarray],
+    keep: np.ndarray,
+    block_size: int,
+    *,
+    source: str,
+    sha256: str,
+) -> Trace:
     """The kept rows as a time-sorted Trace with an open-ended window."""
     trace = Trace(
         timestamp=columns["timestamp"],
@@ -699,7 +707,8 @@ def _drop_unused_types(trace: Trace) -> Trace:
     used = used[np.argsort(first)]
     code = np.empty(len(trace.type_names), dtype=np.int32)
     code[used] = np.arange(used.size, dtype=np.int32)
-    return replace(trace, type_code=code[trace.type_code], type_names=tuple(trace.type_names[c] for c in used))
+    names = tuple(trace.type_names[c] for c in used)
+    return replace(trace, type_code=code[trace.type_code], type_names=names)
 
 
 def _cut_window(name: str, trace: Trace, window, report: ReadReport) -> Trace:
