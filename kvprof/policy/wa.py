@@ -1,0 +1,52 @@
+"""kvprof's workload-aware policy: evict the block least likely to be reused within the horizon."""
+
+from __future__ import annotations
+
+import math
+
+from kvprof.policy.classed import ClassedLRUPolicy
+
+
+class WorkloadAwarePolicy(ClassedLRUPolicy):
+    """Per-class LRU lists scored by the probability of a reuse within the next ``horizon`` seconds.
+
+    A block of class ``c`` last accessed ``a`` seconds ago scores
+
+        p_c e^(-lam_c a) (1 - e^(-lam_c H)) / (p_c e^(-lam_c a) + 1 - p_c)
+
+    (:func:`kvprof.models.score.reuse_probability`): the cure-fraction model's chance that it is
+    reused within ``H``, given that it has not been reused for ``a`` seconds. The lowest-scoring
+    class head goes first; ties go to the deeper block (a chain's tail before its head), then to
+    the older last access, then to the lower class index.
+
+    Unlike the published policy (``wa-paper``) every access counts: allocation, each hit and the
+    free stamp the last access, so a block computed and never hit ages from its last use instead
+    of scoring 0, and a block takes the class of the request that touched it last.
+    """
+
+    name = "wa"
+    stamps_allocation = True
+    stamps_free = True
+    class_follows_hits = True
+
+    @classmethod
+    def from_hp(cls, hp, horizon: float | None = None) -> WorkloadAwarePolicy:
+        """Build from a :class:`kvprof.models.hp.HpFile`: its classes, default class and horizon.
+
+        ``horizon`` (seconds) overrides the file's, e.g. for a sweep over H.
+        """
+        _, p, lam = hp.table()
+        return cls(p, lam, hp.horizon if horizon is None else horizon)
+
+    def score(self, workload: int, age: float) -> float:
+        p = self._p[workload]
+        decayed = p * math.exp(-self._lam[workload] * age)
+        if decayed == 0.0:
+            # p = 0, or e^(-lam a) underflowed: the limit is the span when p = 1 (the block is
+            # sure to be reused, and the exponential is memoryless), else 0.
+            return self._span[workload] if p == 1.0 else 0.0
+        return self._span[workload] * decayed / (decayed + (1.0 - p))  # 1 - p first: exact at p = 1
+
+    def _key(self, cls: int, block: int, now: float) -> tuple:
+        stamp = self._stamp[block]
+        return (self.score(cls, now - stamp), -self._depth.get(block, 0), stamp, cls)
