@@ -460,35 +460,37 @@ _ints = st.integers(0, 2**62)
 _bailian_record = st.fixed_dictionaries(
     {
         "chat_id": _ints,
+        "parent": st.one_of(st.none(), st.integers(0, 100)),  # index of an earlier record, mod its count
         "gap": st.floats(0, 1e4, allow_nan=False),
         "input_length": st.integers(0, 200),
         "output_length": _ints,
         "type": st.text(max_size=8),
         "turn": st.integers(1, 2**31 - 1),
-        "ids": st.lists(_ints, min_size=13),
+        "ids": st.lists(_ints, min_size=13),  # enough for ceil(200 / 16)
+        "x": st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False), st.text(), st.booleans()),
     }
 )
 
 
 def _as_bailian(drawn):
-    """Records with rising timestamps and exactly ceil(input_length / 16) hash ids."""
+    """Records with rising timestamps, parents among earlier records, exactly ceil(input_length / 16)
+    hash ids, and an extra field ``x`` on some of them."""
     records, t = [], 0.0
-    for d in drawn:
+    for i, d in enumerate(drawn):
         t += d["gap"]
-        n_ids = -(-d["input_length"] // 16)
-        ids = (d["ids"] * (n_ids // max(len(d["ids"]), 1) + 1))[:n_ids]
-        records.append(
-            {
-                "chat_id": d["chat_id"],
-                "parent_chat_id": -1,
-                "timestamp": t,
-                "input_length": d["input_length"],
-                "output_length": d["output_length"],
-                "type": d["type"],
-                "turn": d["turn"],
-                "hash_ids": ids,
-            }
-        )
+        record = {
+            "chat_id": d["chat_id"],
+            "parent_chat_id": records[d["parent"] % i]["chat_id"] if i and d["parent"] is not None else -1,
+            "timestamp": t,
+            "input_length": d["input_length"],
+            "output_length": d["output_length"],
+            "type": d["type"],
+            "turn": d["turn"],
+            "hash_ids": d["ids"][: -(-d["input_length"] // 16)],
+        }
+        if d["x"] is not None:
+            record["x"] = d["x"]
+        records.append(record)
     return records
 
 
@@ -503,6 +505,14 @@ def test_property_bailian_round_trip(drawn, compress):
         trace, report = read_trace(write_jsonl(Path(tmp) / "t", records, compress=compress))
     assert_trace_equals(trace, records, "bailian")
     assert report.requests == len(records) and not report.skipped
+    if any("x" in r for r in records):
+        column, expected = trace.extra["x"], [r.get("x") for r in records]
+        if column.dtype == object:
+            assert list(column) == expected
+        else:  # one kind on every line: a typed column (ints mixed with floats become floats)
+            np.testing.assert_array_equal(column, np.array(expected, dtype=column.dtype))
+    else:
+        assert trace.extra == {}
 
 
 @settings(max_examples=40, deadline=None)
@@ -523,3 +533,22 @@ def test_property_mooncake_round_trip(rows):
     with tempfile.TemporaryDirectory() as tmp:
         trace, _ = read_trace(write_jsonl(Path(tmp) / "t", records))
     assert_trace_equals(trace, records, "mooncake")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    edits=st.lists(st.tuples(st.integers(0, 29), st.sampled_from(BAD_LINES)), max_size=10),
+)
+def test_property_skip_invalid_accounts_for_every_line(seed, edits):
+    records = bailian_records(30, seed=seed)
+    lines = list(records)
+    for row, (_, edit, *_) in edits:
+        lines[row] = edit(records[row])
+    with tempfile.TemporaryDirectory() as tmp:
+        trace, report = read_trace(write_jsonl(Path(tmp) / "t", lines), skip_invalid=True)
+    assert report.lines == len(lines) == report.requests + report.n_skipped
+    assert set(report.skipped) <= set(SKIP_KINDS)
+    kept = {r["chat_id"]: r for r in lines if isinstance(r, dict)}
+    for i in range(trace.n_requests):
+        assert trace.blocks_of(i).tolist() == kept[trace.chat_id[i]]["hash_ids"]
