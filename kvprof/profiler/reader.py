@@ -14,14 +14,18 @@ Decisions worth knowing (the README documents them):
 * Types are strict JSON types: integers must be JSON integers (``3.0`` and ``true`` are not),
   timestamps may be integers or floats, ``type`` is a string, ``hash_ids`` a list of integers.
 * Values: timestamps finite and >= 0, lengths and hash ids >= 0, ``chat_id`` >= 0,
-  ``parent_chat_id`` -1 or >= 0, ``turn`` >= 1.
+  ``parent_chat_id`` -1 or >= 0, ``turn`` from 1 to 2**31 - 1; integers beyond 64 bits are bad
+  values too.
 * Time order: a timestamp may fall up to ``time_tolerance`` seconds below the largest earlier one
   (logging jitter); the rows are then stably sorted by time. Further back is an error.
 * Parents: a ``parent_chat_id`` other than -1 must be the ``chat_id`` of an earlier (kept) line.
-* Extra fields: any other scalar field becomes a column of ``Trace.extra``: bool, int64 or float64
-  (ints and floats mixed) when every request has it with one kind, else an object array holding
-  ``None`` where the field is missing or ``null``. List or object values are not kept; the field
+* Extra fields: any other scalar field becomes a column of ``Trace.extra``: bool, int64, float64
+  (also for ints mixed with floats) or an object array of str when every request has it with one
+  kind; otherwise an object array holding ``None`` where the field is missing or ``null``. List or object values are not kept; the field
   names are listed in ``ReadReport.ignored_fields``.
+* Mooncake rows get ``chat_id`` = their row in the returned (time-sorted, unwindowed) trace,
+  ``parent_chat_id`` -1, type ``""`` and turn 1; millisecond timestamps become seconds before the
+  time-order check, so ``time_tolerance`` is in seconds for both formats.
 * Window: without ``window`` the trace covers ``[floor(first timestamp), inf)``, so a slice of a
   longer trace keeps its own origin; with one, the validated trace is cut with
   :meth:`Trace.time_window` and reuse is censored at its end.
@@ -162,6 +166,8 @@ def read_trace(
         requests, or a window without requests; the message names the file, line and field.
     ValueError
         On invalid arguments.
+    OSError
+        When the file cannot be opened or read.
     """
     _check_arguments(format, block_size, window, time_tolerance)
     name = str(path)
