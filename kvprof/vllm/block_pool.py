@@ -1,0 +1,219 @@
+"""GPU tier: vLLM's block pool with its cached blocks ordered by a kvprof eviction policy.
+
+vLLM keeps every free block in one intrusive list, ``FreeKVCacheBlockQueue``, whose front is
+evicted first (``vllm/v1/core/kv_cache_utils.py``). :class:`PolicyFreeQueue` is a drop-in
+replacement with the same methods, split in three parts that are always consumed in this order:
+
+1. **front** -- blocks that hold no cached content (never cached, or freed without a hash):
+   handed out first, as vLLM does with ``prepend_n``. A deque; initially every block by id.
+2. **policy** -- cached blocks (they have a block hash), ordered by a
+   :class:`kvprof.policy.base.EvictionPolicy`. They enter with ``append``/``append_n`` when a
+   request frees them (vLLM passes them tail-first), leave with ``remove`` on a prefix hit
+   (``BlockPool.touch``) or ``popleft``/``popleft_n`` when evicted.
+3. **back** -- hash-less blocks appended as last-resort candidates (``BlockPool.unpin_blocks``).
+
+The policy sees block ids only, never vLLM objects; per-block state (class of the last toucher,
+depth, last access) lives in the policy's side tables because ``KVCacheBlock`` has ``__slots__``.
+All ordering logic is the policy's; this module only feeds it vLLM's events:
+
+* ``access(hit=False)`` when :meth:`KvprofBlockPool.cache_full_blocks` caches a newly computed block
+  (the block's content, depth and owning request are known only there),
+* ``access(hit=True)`` for each block a request hits (:meth:`KvprofBlockPool.touch`),
+* ``free`` when the request frees its blocks, ``remove`` on a hit of a free block, ``evict_n`` when
+  blocks are needed, ``clear`` on ``reset_prefix_cache``.
+
+Invariants kept from vLLM: the null block (id 0) is popped once at construction and never enters
+the queue; blocks owned by other pools are routed by ``BlockPool.free_blocks`` itself (unchanged);
+``get_all_free_blocks`` and ``iter_blocks_after`` walk the blocks in eviction order at the time of
+the call; ``num_free_blocks`` counts all three parts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+from kvprof.vllm.spec import PolicySpec, request_extra_args
+
+
+class PolicyFreeQueue:
+    """Drop-in for vLLM's ``FreeKVCacheBlockQueue`` whose cached part is ordered by ``policy``.
+
+    Parameters
+    ----------
+    blocks : list of KVCacheBlock
+        All blocks of the pool, ``blocks[i].block_id == i``; all start free, in id order.
+    policy : EvictionPolicy
+        Orders the cached free blocks; must be empty.
+    clock : callable
+        Seconds, monotonic (the policy's ``now``).
+    on_evict : callable or None
+        Called with the ids of cached blocks handed out (the policy forgets them).
+    """
+
+    def __init__(self, blocks: list[KVCacheBlock], policy, clock=time.monotonic, on_evict=None) -> None:
+        self._blocks = blocks
+        self.policy = policy
+        self._clock = clock
+        self._on_evict = on_evict
+        self._front: deque[KVCacheBlock] = deque(blocks)
+        self._back: deque[KVCacheBlock] = deque()
+
+    # -- size ------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._front) + len(self.policy) + len(self._back)
+
+    # -- taking blocks out -----------------------------------------------------------------
+    def popleft(self) -> KVCacheBlock:
+        if self._front:
+            return self._front.popleft()
+        if len(self.policy):
+            block_id = self.policy.evict(self._clock())
+            if self._on_evict is not None:
+                self._on_evict((block_id,))
+            return self._blocks[block_id]
+        if self._back:
+            return self._back.popleft()
+        raise ValueError("No free blocks available")
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        if n <= 0:
+            return []
+        if n > self.num_free_blocks:
+            raise ValueError(f"Cannot pop {n} free blocks: only {self.num_free_blocks} are free")
+        front = self._front
+        k = min(n, len(front))
+        out = [front.popleft() for _ in range(k)]
+        n -= k
+        if n:
+            m = min(n, len(self.policy))
+            if m:
+                ids = self.policy.evict_n(m, self._clock())
+                if self._on_evict is not None:
+                    self._on_evict(ids)
+                blocks = self._blocks
+                out.extend([blocks[i] for i in ids])
+                n -= m
+            if n:
+                back = self._back
+                out.extend([back.popleft() for _ in range(n)])
+        return out
+
+    def remove(self, block: KVCacheBlock) -> None:
+        block_id = block.block_id
+        if block_id in self.policy:
+            self.policy.remove(block_id)
+            return
+        try:
+            self._front.remove(block)  # rare: a hash-less free block taken back
+        except ValueError:
+            try:
+                self._back.remove(block)
+            except ValueError:
+                raise ValueError(f"block {block_id} is not free") from None
+
+    # -- putting blocks back ---------------------------------------------------------------
+    def append(self, block: KVCacheBlock) -> None:
+        self.append_n((block,))
+
+    def append_n(self, blocks) -> None:
+        """Blocks freed in eviction order (tail first): cached ones go to the policy."""
+        cached = []
+        for block in blocks:
+            if block.block_hash is None:
+                self._back.append(block)
+            else:
+                cached.append(block.block_id)
+        if cached:
+            self.policy.free(cached, self._clock())
+
+    def prepend_n(self, blocks) -> None:
+        """Blocks to reuse first, the first of ``blocks`` first."""
+        self._front.extendleft(reversed(list(blocks)))
+
+    # -- walking ---------------------------------------------------------------------------
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        blocks = self._blocks
+        return [*self._front, *(blocks[i] for i in self.policy.order(self._clock())), *self._back]
+
+    def iter_blocks_after(self, cursor: KVCacheBlock | None) -> Iterator[KVCacheBlock]:
+        """Free blocks in eviction order after ``cursor`` (from the front when None).
+
+        A snapshot of the order at the time of the call; a cursor that is no longer free
+        restarts from the front (vLLM's linked list would follow the stale pointer instead).
+        """
+        order = self.get_all_free_blocks()
+        start = 0
+        if cursor is not None:
+            for i, block in enumerate(order):
+                if block is cursor:
+                    start = i + 1
+                    break
+        yield from order[start:]
+
+    # -- reset -----------------------------------------------------------------------------
+    def flush_policy_to_front(self) -> None:
+        """After ``reset_prefix_cache``: every block is hash-less, so all go to the front, in order."""
+        blocks = self._blocks
+        order = self.policy.order(self._clock())
+        self.policy.clear()
+        self._front.extend(blocks[i] for i in order)
+        self._front.extend(self._back)
+        self._back.clear()
+
+
+class KvprofBlockPool(BlockPool):
+    """vLLM's ``BlockPool`` with a :class:`PolicyFreeQueue` and the policy fed from vLLM's events.
+
+    Built by vLLM's KV-cache coordinator in place of ``BlockPool`` (the plugin rebinds the name
+    while the scheduler is constructed). ``kvprof_spec`` is the validated ``kv_policy``
+    configuration; the request being scheduled is set in :attr:`current_request` by the plugin's
+    wrapper around ``KVCacheManager.allocate_slots`` so that hits know their class.
+    """
+
+    def __init__(self, *args, kvprof_spec: PolicySpec, clock=time.monotonic, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.kvprof_spec = kvprof_spec
+        self.policy = kvprof_spec.make_policy()
+        self.current_request = None
+        self._clock = clock
+        # vLLM's queue has popped the null block already; keep its order for the rest.
+        free = self.free_block_queue.get_all_free_blocks()
+        self.free_block_queue = PolicyFreeQueue(self.blocks, self.policy, clock)
+        self.free_block_queue._front = deque(free)
+
+    def _class_of(self, request) -> int:
+        return self.kvprof_spec.class_index(request_extra_args(request))
+
+    def touch(self, blocks, *args, **kwargs) -> None:
+        super().touch(blocks, *args, **kwargs)  # takes free hit blocks out of the queue (policy.remove)
+        request = self.current_request
+        cls = self._class_of(request) if request is not None else self.kvprof_spec.default_index
+        now = self._clock()
+        access = self.policy.access
+        for depth, block in enumerate(blocks):
+            if not block.is_null:
+                access(block.block_id, now, cls, depth, hit=True)
+
+    def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs) -> None:
+        super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
+        if num_cached_blocks >= num_full_blocks:
+            return
+        cls = self._class_of(request)
+        now = self._clock()
+        access = self.policy.access
+        for depth in range(num_cached_blocks, num_full_blocks):
+            block = blocks[depth]
+            if not block.is_null and block.block_hash is not None:
+                access(block.block_id, now, cls, depth, hit=False)
+
+    def reset_prefix_cache(self) -> bool:
+        ok = super().reset_prefix_cache()
+        if ok:
+            self.free_block_queue.flush_policy_to_front()
+        return ok
