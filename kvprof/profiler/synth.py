@@ -415,7 +415,8 @@ def planted(
     request's blocks and appends 1-4 new ones; otherwise it ends. Blocks never cross sessions
     and every prompt is whole blocks, so each block access of a type-``t`` request is reused
     by the next later request with probability ``p`` after an ``Exp(lam)`` gap (apart from
-    follow-ups cut off by the trace's end). A fit with class rule key ``type`` and no
+    follow-ups cut off by the trace's end, negligible while ``1 / lam`` is far below the
+    trace length). A fit with class rule key ``type`` and no
     concurrency floor (``min_gap=0``) should recover ``p`` and ``lam`` per type.
 
     Parameters
@@ -482,6 +483,7 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     count = 0
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         with open(fd, "wb") as raw, _compressor(raw, path.suffix) as out:
             for record in records:
                 out.write(json.dumps(record).encode() + b"\n")
@@ -491,6 +493,12 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
         os.unlink(tmp)
         raise
     return count
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _compressor(raw, suffix: str):
