@@ -12,9 +12,10 @@ from rich.console import Console
 
 from kvprof.errors import KvprofError
 
-#: Tables and progress go to stdout; messages and errors to stderr.
-console = Console()
-err_console = Console(stderr=True)
+#: Tables go to stdout; progress, messages and errors to stderr. Off a terminal (pipes, CI logs)
+#: rich would squeeze tables into 80 columns, so give them room.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 EXIT_DATA_ERROR = 1
 EXIT_USAGE_ERROR = 2

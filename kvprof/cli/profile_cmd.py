@@ -99,9 +99,14 @@ def _fmt(value, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _mean_time(lam: float | None) -> float | None:
+    """1/λ, the mean reuse time in seconds, which reads better than a rate."""
+    return 1 / lam if lam else None
+
+
 def _classes_table(hp, title: str) -> Table:
     table = Table(title=title)
-    for column in ("class", "accesses", "reuses", "censored", "p", "λ (1/s)", "1/λ (s)", "naive p", "naive λ",
+    for column in ("class", "accesses", "reuses", "censored", "p", "1/λ (s)", "naive p", "naive 1/λ",
                    "KS", "median gap (s)", "source"):
         table.add_column(column, justify="left" if column in ("class", "source") else "right")
     rows = list(hp.classes.items()) + [("(default)", hp.default)]
@@ -114,10 +119,9 @@ def _classes_table(hp, title: str) -> Table:
             _fmt(diag.get("n_reuses"), "d"),
             _fmt(diag.get("n_censored"), "d"),
             _fmt(params.p, ".3f"),
-            _fmt(params.lam, ".4g"),
-            _fmt(1 / params.lam if params.lam > 0 else None, ".3g"),
+            _fmt(_mean_time(params.lam)),
             _fmt(naive.get("p"), ".3f"),
-            _fmt(naive.get("lambda"), ".4g"),
+            _fmt(_mean_time(naive.get("lambda"))),
             _fmt(diag.get("ks"), ".3f"),
             _fmt(diag.get("median_gap_s"), ".3g"),
             params.source,
