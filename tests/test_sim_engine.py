@@ -28,7 +28,7 @@ class TinyLRU(EvictionPolicy):
         self.pool = None  # the PrefixCache, attached by the checking observer
         self.victims: list[int] = []
 
-    def access(self, block, now, workload=0, depth=0, *, hit=False, next_use=math.inf):
+    def access(self, block, now, workload=0, depth=0, *, hit=False, next_use=math.inf, content=None):
         assert block not in self.free_order, "access to an evictable block without remove"
 
     def free(self, blocks, now):

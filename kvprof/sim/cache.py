@@ -70,13 +70,14 @@ class PrefixCache:
     def pin_hits(self, slots: list[int], now: float, workload: int, next_use: list[float], start: int) -> None:
         """Take hit slots (chain order, depth = position) for a request: vLLM's ``touch``."""
         refs = self.refs
+        slot_block = self.slot_block
         policy = self.policy
         access = policy.access
         for depth, slot in enumerate(slots):
             if not refs[slot]:
                 policy.remove(slot)
             refs[slot] += 1
-            access(slot, now, workload, depth, hit=True, next_use=next_use[start + depth])
+            access(slot, now, workload, depth, hit=True, next_use=next_use[start + depth], content=slot_block[slot])
 
     def allocate(
         self,
@@ -96,34 +97,38 @@ class PrefixCache:
         later request hits them even while this one computes them -- vLLM caches full blocks when
         it schedules them. A full block whose content is already cached elsewhere (it sits behind
         the first miss) and the partial tail stay uncached and go back empty on free.
-        Slots come from the empty stack first, then from ``policy.evict`` (lazy eviction).
-        The caller has checked ``n_free`` covers the request.
+        Slots come from the empty stack first, then from one ``policy.evict_n`` (lazy eviction,
+        all victims at once like vLLM's ``get_new_blocks``). The caller has checked that
+        ``n_free`` covers the request.
         """
         empty = self.empty
-        refs = self.refs
-        slot_block = self.slot_block
         block_slot = self.block_slot
-        policy = self.policy
-        access = policy.access
-        evict = policy.evict
-        for depth in range(first, n_total):
-            if empty:
-                slot = empty.pop()
-            else:
-                slot = evict(now)
+        slot_block = self.slot_block
+        n_new = n_total - first
+        n_empty = min(len(empty), n_new)
+        new = empty[len(empty) - n_empty :]
+        del empty[len(empty) - n_empty :]
+        new.reverse()  # stack order: last freed first
+        if n_new > n_empty:
+            victims = self.policy.evict_n(n_new - n_empty, now)
+            for slot in victims:
                 del block_slot[slot_block[slot]]
-                self.evictions += 1
+            self.evictions += len(victims)
+            new += victims
+        refs = self.refs
+        access = self.policy.access
+        depth = first
+        for slot in new:  # hot loop: one dict probe and one policy call per block
             refs[slot] = 1
-            if depth < n_cacheable:
-                block = blocks[start + depth]
-                if block not in block_slot:
-                    block_slot[block] = slot
-                    slot_block[slot] = block
-                    access(slot, now, workload, depth, hit=False, next_use=next_use[start + depth])
-                    out.append(slot)
-                    continue
-            slot_block[slot] = NO_BLOCK
-            out.append(slot)
+            block = blocks[start + depth] if depth < n_cacheable else NO_BLOCK
+            if block != NO_BLOCK and block not in block_slot:
+                block_slot[block] = slot
+                slot_block[slot] = block
+                access(slot, now, workload, depth, hit=False, next_use=next_use[start + depth], content=block)
+            else:
+                slot_block[slot] = NO_BLOCK
+            depth += 1
+        out += new
 
     def release(self, slots: list[int], now: float) -> None:
         """A request finished: unpin its slots tail-first; cached ones become evictable."""
@@ -223,9 +228,10 @@ class HostCache:
         policy = self.policy
         touched = []
         for depth in range(first, stop):
-            slot = self.block_slot[blocks[start + depth]]
+            block = blocks[start + depth]
+            slot = self.block_slot[block]
             policy.remove(slot)
-            policy.access(slot, now, workload, depth, hit=True, next_use=next_use[start + depth])
+            policy.access(slot, now, workload, depth, hit=True, next_use=next_use[start + depth], content=block)
             touched.append(slot)
         touched.reverse()
         policy.free(touched, now)
@@ -250,7 +256,7 @@ class HostCache:
                 break  # every host slot holds this request's own blocks
             block_slot[block] = slot
             slot_block[slot] = block
-            policy.access(slot, now, workload, depth, hit=False, next_use=next_use[start + depth])
+            policy.access(slot, now, workload, depth, hit=False, next_use=next_use[start + depth], content=block)
             stored.append(slot)
         stored.reverse()
         policy.free(stored, now)

@@ -49,7 +49,7 @@ class CostModel:
         ~25 GB/s PCIe.
     """
 
-    prefill_tokens_per_s: float = 13_000.0
+    prefill_tokens_per_s: float = 13_500.0
     step_overhead_s: float = 0.005
     max_batched_tokens: int = 16_384
     max_num_seqs: int = 256

@@ -1,0 +1,215 @@
+"""Policies x capacities over one trace, in parallel, and the versioned results file.
+
+The workload is prepared once in the calling process and shared with every run; each run builds
+its own fresh policy instances, so runs are independent and their order does not matter.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from joblib import Parallel, delayed
+
+from kvprof import __version__
+from kvprof.policy import make_policy
+from kvprof.profiler.trace import Trace
+from kvprof.sim.config import SimConfig, SimulationError
+from kvprof.sim.engine import RunMetrics, simulate
+from kvprof.sim.workload import Workload, prepare_workload
+
+SCHEMA = "kvprof.results/1"
+BASELINE = "lru"
+ORACLE = "belady"
+
+#: ``progress(done, total)`` after each finished run.
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Results:
+    """The outcome of a sweep: one :class:`RunMetrics` per (policy, capacity), plus what produced it.
+
+    Invariant: ``runs`` holds exactly one entry per pair of ``policies`` x ``capacities``, in that
+    order (policies outer), so a ``Results`` is always complete; partial sweeps are never built.
+    """
+
+    runs: tuple[RunMetrics, ...]
+    policies: tuple[str, ...]
+    capacities: tuple[int, ...]
+    config: SimConfig
+    inputs: dict = field(default_factory=dict)
+    wall_s: float = math.nan
+
+    def get(self, policy: str, capacity: int) -> RunMetrics:
+        return self.runs[self.policies.index(policy) * len(self.capacities) + self.capacities.index(capacity)]
+
+    def comparison(self, policy: str, capacity: int) -> dict:
+        """Gains of ``policy`` over LRU at ``capacity`` and its share of the LRU-to-Belady gap.
+
+        Returns
+        -------
+        dict
+            ``hit_gain_over_lru`` (relative: (hit - lru) / lru), ``hit_gain_over_lru_abs``
+            (hit - lru), ``qttft_gain_over_lru`` (relative reduction of mean QTTFT:
+            (lru - q) / lru), ``belady_gap_closed`` ((hit - lru) / (belady - lru)); each None
+            when its reference did not run or is 0.
+        """
+        run = self.get(policy, capacity)
+        out = dict.fromkeys(
+            ("hit_gain_over_lru", "hit_gain_over_lru_abs", "qttft_gain_over_lru", "belady_gap_closed")
+        )
+        if BASELINE in self.policies:
+            lru = self.get(BASELINE, capacity)
+            out["hit_gain_over_lru_abs"] = run.token_hit_ratio - lru.token_hit_ratio
+            out["hit_gain_over_lru"] = _ratio(run.token_hit_ratio - lru.token_hit_ratio, lru.token_hit_ratio)
+            out["qttft_gain_over_lru"] = _ratio(lru.qttft_mean_s - run.qttft_mean_s, lru.qttft_mean_s)
+            if ORACLE in self.policies:
+                gap = self.get(ORACLE, capacity).token_hit_ratio - lru.token_hit_ratio
+                out["belady_gap_closed"] = _ratio(run.token_hit_ratio - lru.token_hit_ratio, gap)
+        return out
+
+    def to_dict(self) -> dict:
+        """The ``kvprof.results/1`` document (docs/results-schema.md); JSON-ready, no NaN."""
+        runs = [{**run.to_dict(), **self.comparison(run.policy, run.capacity)} for run in self.runs]
+        return _json_safe(
+            {
+                "schema": SCHEMA,
+                "kvprof_version": __version__,
+                "created": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+                "inputs": self.inputs,
+                "config": {**self.config.to_dict(), "policies": list(self.policies), "capacities": list(self.capacities)},
+                "wall_s": self.wall_s,
+                "runs": runs,
+                "complete": True,
+            }
+        )
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Write the results document atomically (temporary file, then rename)."""
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with open(fd, "w") as out:
+                json.dump(self.to_dict(), out, indent=2, allow_nan=False)
+                out.write("\n")
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; results are meant to be shared
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return path
+
+
+def run_sweep(
+    trace: Trace,
+    hp,
+    policies: Sequence[str],
+    capacities: Sequence[int],
+    config: SimConfig = SimConfig(),
+    *,
+    n_jobs: int = 1,
+    progress: Progress | None = None,
+    inputs: dict | None = None,
+) -> Results:
+    """Replay ``trace`` under every policy at every capacity.
+
+    Parameters
+    ----------
+    trace : Trace
+        The evaluation window.
+    hp : HpFile or None
+        Classes for the workload and parameters for the policies that need them.
+    policies : sequence of str
+        ``make_policy`` names, e.g. ``["lru", "wa", "belady"]``.
+    capacities : sequence of int
+        GPU capacities in engine blocks; with ``config.capacity_schedule`` pass one (its start).
+    config : SimConfig
+    n_jobs : int
+        joblib workers (-1: all cores).
+    progress : callable or None
+        ``progress(done, total)`` after each run.
+    inputs : dict or None
+        Provenance to record (trace file, hp file ...); trace facts are added.
+
+    Returns
+    -------
+    Results
+
+    Raises
+    ------
+    SimulationError
+        Unknown policy, capacity <= 0, or a workload that cannot be prepared.
+    """
+    policies, capacities = tuple(policies), tuple(int(c) for c in capacities)
+    if not policies or not capacities:
+        raise SimulationError("a sweep needs at least one policy and one capacity")
+    if len(set(policies)) != len(policies) or len(set(capacities)) != len(capacities):
+        raise SimulationError("policies and capacities must not repeat")
+    if any(c <= 0 for c in capacities):
+        raise SimulationError(f"capacities must be > 0 blocks, got {', '.join(map(str, capacities))}")
+    if config.capacity_schedule and capacities != (config.capacity_schedule[0][1],):
+        raise SimulationError("with a capacity schedule, sweep the one capacity the schedule starts with")
+    for name in {*policies, config.cpu_policy}:
+        try:
+            make_policy(name, hp)  # fail here, once, rather than in every worker
+        except ValueError as exc:
+            raise SimulationError(str(exc)) from None
+    started = time.perf_counter()
+    workload = prepare_workload(trace, hp, config.engine_block_size)
+    tasks = [(p, c) for p in policies for c in capacities]
+    # Slow policies first, LRU (the cheapest) last, so no worker is left with a long run alone.
+    schedule = sorted(range(len(tasks)), key=lambda i: tasks[i][0] == BASELINE)
+    runs: list[RunMetrics | None] = [None] * len(tasks)
+    parallel = Parallel(n_jobs=n_jobs, return_as="generator_unordered")
+    outputs = parallel(delayed(_run_one)(i, workload, hp, *tasks[i], config) for i in schedule)
+    for done, (i, metrics) in enumerate(outputs, start=1):
+        runs[i] = metrics
+        if progress:
+            progress(done, len(tasks))
+    facts = {
+        "trace": {
+            "source": trace.source,
+            "sha256": trace.sha256,
+            "format": trace.format,
+            "block_size": trace.block_size,
+            "window": [trace.window[0], trace.censor_time],
+            "n_requests": trace.n_requests,
+            "n_engine_block_accesses": workload.n_accesses,
+        }
+    }
+    return Results(
+        runs=tuple(runs),
+        policies=policies,
+        capacities=capacities,
+        config=config,
+        inputs={**(inputs or {}), **facts},
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def _run_one(index: int, workload: Workload, hp, policy: str, capacity: int, config: SimConfig):
+    host = make_policy(config.cpu_policy, hp) if config.cpu_capacity else None
+    return index, simulate(workload, make_policy(policy, hp), capacity, config, host_policy=host)
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den and math.isfinite(num) and math.isfinite(den) else None
+
+
+def _json_safe(value):
+    """NaN and infinities become None (JSON has no such numbers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
