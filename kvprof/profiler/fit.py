@@ -61,6 +61,8 @@ def fit_trace(
     except ValueError as exc:
         raise KvprofError(f"{trace.source or 'trace'}: {exc}") from None
     samples = extract_reuse(trace, codes, min_gap=min_gap)
+    if len(samples) == 0:
+        raise KvprofError(f"{trace.source or 'trace'}: the fit window {_window_text(trace)} holds no block accesses")
     sessions = session_stats(trace)
     per_class, pooled = fit_classes(
         samples.time, samples.censored, samples.workload, names, min_samples=min_samples, sessions=sessions
