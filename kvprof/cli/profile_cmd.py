@@ -198,7 +198,7 @@ def show(
     prov = hp.provenance or {}
     rule = hp.class_rule
     console.print(
-        f"[bold]{hp_path}[/]  schema kvprof.hp/1  horizon {hp.horizon:g} s  concurrency floor {hp.min_gap:g} s\n"
+        f"[bold]{hp_path}[/]  {'schema kvprof.hp/1' if prov else 'published profiler format'}  horizon {hp.horizon:g} s  concurrency floor {hp.min_gap:g} s\n"
         f"class rule: {rule.key}" + (f" (turns capped at {rule.turn_cap})" if rule.key == "type_turn" else "")
         + (f" on field {rule.field}" if rule.field else "") + "\n"
         + (f"fitted on {prov.get('trace')} window {prov.get('window')} ({prov.get('n_requests')} requests, "
