@@ -222,6 +222,12 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
 
     from kvprof.vllm.block_pool import KvprofBlockPool
 
+    try:  # the CPU offload tier (kvprof.vllm.offload.KvprofCachePolicy) serves the same spec
+        from kvprof.vllm import offload
+
+        offload.ACTIVE_SPEC = spec
+    except ImportError:  # a vLLM without the pluggable offload CachePolicy
+        pass
     saved = kv_cache_coordinator.BlockPool
     kv_cache_coordinator.BlockPool = functools.partial(KvprofBlockPool, kvprof_spec=spec)
     try:

@@ -1,0 +1,185 @@
+"""CPU offload tier: a ``CachePolicy`` for vLLM's OffloadingConnector ordered by a kvprof policy.
+
+vLLM's CPU offloading manager (``vllm/v1/kv_offload/cpu/manager.py``) keeps offloaded chunks in a
+pluggable ``CachePolicy`` (``vllm/v1/kv_offload/cpu/policies/``; LRU and ARC in-tree). This one hands
+the ordering to the same kvprof policy the GPU tier uses, with the same scores. Select it with::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 4000000000,
+            "eviction_policy": "KvprofCachePolicy", "cache_policy_module_path": "kvprof.vllm.offload"}}'
+
+together with ``--kv-policy-config hp.json`` (the plugin makes that spec the active one in the engine
+core). vLLM constructs the policy with ``cache_capacity`` only, so the spec comes from the plugin or,
+without it, from ``$KVPROF_KV_POLICY_CONFIG`` (and ``$KVPROF_KV_POLICY``); with neither, construction
+fails (no silent LRU).
+
+Workload hints: the manager sees a ``ReqContext`` (request id and ``kv_transfer_params``), not the
+sampling parameters, so requests name their class in ``kv_transfer_params`` (``{"workload": "text_2"}``
+or ``{"type": "text", "turn": 2}``) or with a ``workload=<class>`` token in the request id.
+
+Mapping of vLLM's calls onto the kvprof protocol (chunk keys are mapped to ints):
+
+* ``insert`` -> ``access(hit=False)``; evictable at once if its ref count is 0 (its request comes
+  from ``req_context`` in 0.33, from the ``on_store_miss`` call just before it in 0.32),
+* ``mark_evictable`` -> ``free``; ``mark_non_evictable`` -> ``remove``,
+* ``touch`` / ``on_request_finished`` -> ``access`` (hit for reused chunks), depth = prefix position,
+* ``evict(n, protected)`` -> the first ``n`` unprotected blocks of ``policy.order`` (atomic: nothing
+  changes when ``n`` cannot be met), ``remove`` -> ``discard``, ``clear`` -> ``clear``.
+
+``insert`` takes an optional ``req_context`` (vLLM 0.33 added it; 0.32 does not pass it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
+
+from kvprof.vllm.spec import CONFIG_KEY, KvPolicyConfigError, PolicySpec
+
+#: Set by the plugin in the engine core when ``kv_policy`` is configured.
+ACTIVE_SPEC: PolicySpec | None = None
+_REQ_ID_TAG = re.compile(r"(?:^|[^A-Za-z0-9])workload=([A-Za-z0-9_.+\-]+)")
+
+
+def _spec_from_env() -> PolicySpec | None:
+    path = os.environ.get("KVPROF_KV_POLICY_CONFIG")
+    if not path:
+        return None
+    return PolicySpec.from_additional_config(
+        {CONFIG_KEY: {"config": path, "policy": os.environ.get("KVPROF_KV_POLICY") or "wa"}}
+    )
+
+
+class KvprofCachePolicy(CachePolicy):
+    """Offloaded chunks ordered by a kvprof eviction policy (see the module docstring)."""
+
+    def __init__(self, cache_capacity: int, spec: PolicySpec | None = None, clock=time.monotonic) -> None:
+        super().__init__(cache_capacity)
+        spec = spec or ACTIVE_SPEC or _spec_from_env()
+        if spec is None:
+            raise KvPolicyConfigError(
+                "KvprofCachePolicy needs a policy: serve with --kv-policy-config PATH "
+                "(or set KVPROF_KV_POLICY_CONFIG)"
+            )
+        self.spec = spec
+        self.policy = spec.make_policy()
+        self._clock = clock
+        self.chunks: dict[Any, Any] = {}
+        self._id: dict[Any, int] = {}
+        self._key: dict[int, Any] = {}
+        self._next_id = 0
+        self._store_ctx = None
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _class_of(self, req_context) -> int:
+        if req_context is None:
+            return self.spec.default_index
+        params = getattr(req_context, "kv_transfer_params", None)
+        if isinstance(params, dict) and any(k in params for k in ("workload", "type", "turn")):
+            return self.spec.class_index(params)
+        match = _REQ_ID_TAG.search(str(getattr(req_context, "req_id", "")))
+        if match:
+            return self.spec.class_index({"workload": match.group(1)})
+        return self.spec.default_index
+
+    def _id_of(self, key) -> int:
+        block = self._id.get(key)
+        if block is None:
+            block = self._next_id
+            self._next_id += 1
+            self._id[key] = block
+            self._key[block] = key
+        return block
+
+    @staticmethod
+    def _depth(key, req_context, fallback: int) -> int:
+        getter = getattr(req_context, "get_offload_key_position", None)
+        position = getter(key) if getter is not None else None
+        return fallback if position is None else int(position)
+
+    # -- CachePolicy -----------------------------------------------------------------------
+    def get(self, key):
+        return self.chunks.get(key)
+
+    def insert(self, key, chunk, req_context=None) -> None:
+        if req_context is None:
+            req_context = self._store_ctx
+        self.chunks[key] = chunk
+        block = self._id_of(key)
+        now = self._clock()
+        self.policy.access(block, now, self._class_of(req_context), self._depth(key, req_context, 0), hit=False)
+        if chunk.ref_cnt == 0:
+            self.policy.free((block,), now)
+
+    def remove(self, key) -> None:
+        del self.chunks[key]
+        block = self._id.pop(key, None)
+        if block is not None:
+            self.policy.discard(block)
+            del self._key[block]
+
+    def touch(self, keys: Iterable, req_context) -> None:
+        self._access(list(keys), req_context, reused=None)
+
+    def on_store_miss(self, keys: Iterable, req_context) -> None:
+        # Not an access of a cached chunk. vLLM 0.32 calls this just before inserting the missed
+        # keys, without passing the request to ``insert``: remember it for those inserts.
+        self._store_ctx = req_context
+
+    def on_request_finished(self, key_groups: Sequence[Sequence], insertion_only_keys: set, reused_keys: set, req_context) -> None:
+        keys = [key for group in key_groups for key in group]
+        self._access(keys, req_context, reused=reused_keys)
+
+    def _access(self, keys: list, req_context, reused) -> None:
+        cls = self._class_of(req_context)
+        now = self._clock()
+        access = self.policy.access
+        for i, key in enumerate(keys):
+            block = self._id.get(key)
+            if block is None or key not in self.chunks:
+                continue
+            hit = True if reused is None else key in reused
+            access(block, now, cls, self._depth(key, req_context, i), hit=hit)
+
+    def evict(self, n: int, protected: set):
+        if n == 0:
+            return []
+        if n > len(self.policy):
+            return None
+        now = self._clock()
+        chosen = []
+        for block in self.policy.order(now):
+            key = self._key[block]
+            if key in protected:
+                continue
+            chosen.append(block)
+            if len(chosen) == n:
+                break
+        if len(chosen) < n:
+            return None
+        out = []
+        for block in chosen:
+            self.policy.remove(block)
+            key = self._key.pop(block)
+            del self._id[key]
+            chunk = self.chunks.pop(key)
+            assert chunk.ref_cnt == 0
+            out.append((key, chunk))
+        return out
+
+    def clear(self) -> None:
+        self.policy.clear()
+        self.chunks.clear()
+        self._id.clear()
+        self._key.clear()
+
+    def mark_evictable(self, key) -> None:
+        self.policy.free((self._id_of(key),), self._clock())
+
+    def mark_non_evictable(self, key) -> None:
+        self.policy.remove(self._id[key])

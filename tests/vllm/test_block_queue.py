@@ -1,0 +1,134 @@
+"""kvprof's policy-backed free queue and block pool against vLLM's own, in one process.
+
+With kvprof's ``lru`` policy the pool must hand out, keep and walk blocks exactly as vLLM's
+``FreeKVCacheBlockQueue`` / ``BlockPool`` do, over a random sequence of the operations vLLM
+performs (allocate, cache, hit, free tail-first, reset). Runs inside the vLLM venv (the test
+re-runs itself there when this interpreter has no vLLM).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+
+def _pools(num_blocks: int, policy: str = "lru"):
+    from vllm.v1.core.block_pool import BlockPool
+
+    from kvprof.vllm.block_pool import KvprofBlockPool
+    from kvprof.vllm.spec import PolicySpec
+
+    spec = PolicySpec.from_additional_config({"kv_policy": {"policy": policy}})
+    native = BlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=16)
+    ours = KvprofBlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=16, kvprof_spec=spec)
+    return native, ours
+
+
+def _ids(blocks):
+    return [b.block_id for b in blocks]
+
+
+def _cache(pool, block, key):
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    pool._insert_block_hash(make_block_hash_with_group_id(key, 0), block, num_tokens=16)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lru_pool_matches_vllm_block_pool(seed, in_vllm):
+    if not in_vllm:
+        return
+    rng = random.Random(seed)
+    n = 64
+    native, ours = _pools(n)
+    running: list[tuple[list, list]] = []  # (native blocks, our blocks) per request, in allocation order
+    key = 0
+    for step in range(600):
+        op = rng.random()
+        assert native.get_num_free_blocks() == ours.get_num_free_blocks()
+        if op < 0.45 and native.get_num_free_blocks() > 8:
+            # a new request: maybe hit cached blocks of a free chain, then allocate and cache
+            k = rng.randint(1, 6)
+            cached = [b for b in native.free_block_queue.get_all_free_blocks() if b.block_hash is not None]
+            hits = rng.sample(cached, min(len(cached), rng.randint(0, 2))) if cached else []
+            hit_ids = [b.block_id for b in hits]
+            native.touch(hits)
+            ours.touch([ours.blocks[i] for i in hit_ids])
+            a, b = native.get_new_blocks(k), ours.get_new_blocks(k)
+            assert _ids(a) == _ids(b), f"step {step}: allocation differs"
+            for x, y in zip(a[: rng.randint(0, k)], b):  # full blocks get a hash
+                key += 1
+                _cache(native, x, key.to_bytes(8, "little"))
+                _cache(ours, ours.blocks[x.block_id], key.to_bytes(8, "little"))
+            running.append((hits + a, [ours.blocks[i] for i in hit_ids] + b))
+        elif running:
+            a, b = running.pop(rng.randrange(len(running)))
+            native.free_blocks(reversed(a))
+            ours.free_blocks(reversed(b))
+        if step % 50 == 0:
+            assert _ids(native.free_block_queue.get_all_free_blocks()) == _ids(ours.free_block_queue.get_all_free_blocks())
+            assert _ids(native.free_block_queue.iter_blocks_after(None)) == _ids(ours.free_block_queue.iter_blocks_after(None))
+    while running:
+        a, b = running.pop()
+        native.free_blocks(reversed(a))
+        ours.free_blocks(reversed(b))
+    assert _ids(native.free_block_queue.get_all_free_blocks()) == _ids(ours.free_block_queue.get_all_free_blocks())
+    # drain: the whole eviction order, cached blocks included, is the same
+    m = native.get_num_free_blocks()
+    assert _ids(native.get_new_blocks(m)) == _ids(ours.get_new_blocks(m))
+
+
+def test_lru_queue_matches_vllm_queue_and_reset(in_vllm):
+    if not in_vllm:
+        return
+    native, ours = _pools(32)
+    a, b = native.get_new_blocks(10), ours.get_new_blocks(10)
+    for i, (x, y) in enumerate(zip(a, b)):
+        _cache(native, x, bytes([i + 1]))
+        _cache(ours, y, bytes([i + 1]))
+    native.free_blocks(reversed(a))
+    ours.free_blocks(reversed(b))
+    assert native.reset_prefix_cache() and ours.reset_prefix_cache()
+    assert ours.free_block_queue.policy.__len__() == 0  # all hash-less now: nothing left to order
+    assert native.get_num_free_blocks() == ours.get_num_free_blocks() == 31
+    # null block is never handed out
+    assert 0 not in _ids(ours.get_new_blocks(31))
+
+
+def test_wa_pool_prefers_cold_class(in_vllm):
+    """With ``wa`` the pool evicts the cold request's blocks before the older hot ones."""
+    if not in_vllm:
+        return
+    import json
+    import tempfile
+
+    from vllm_support import HP_TEST
+
+    from kvprof.vllm.block_pool import KvprofBlockPool
+    from kvprof.vllm.spec import PolicySpec
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(HP_TEST, fh)
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": fh.name}})
+    pool = KvprofBlockPool(num_gpu_blocks=9, enable_caching=True, hash_block_size=16, kvprof_spec=spec)
+
+    class FakeReq:  # only what the pool reads: sampling_params.extra_args
+        def __init__(self, xargs):
+            self.sampling_params = type("SP", (), {"extra_args": xargs})()
+
+    hot, cold = pool.get_new_blocks(4), pool.get_new_blocks(4)
+    for reqx, blocks, base in ((FakeReq({"type": "hot", "turn": 1}), hot, 0), (FakeReq({"workload": "cold_1"}), cold, 10)):
+        for i, blk in enumerate(blocks):
+            _cache(pool, blk, bytes([base + i + 1]))
+        pool.current_request = reqx
+        pool.touch([])  # no hits
+        # the class is recorded when blocks are cached; call the policy as cache_full_blocks does
+        for depth, blk in enumerate(blocks):
+            pool.policy.access(blk.block_id, 0.0, spec.class_index(reqx.sampling_params.extra_args), depth)
+    pool.free_blocks(reversed(hot))
+    pool.free_blocks(reversed(cold))
+    victims = _ids(pool.get_new_blocks(4))
+    assert victims == _ids(reversed(cold))
