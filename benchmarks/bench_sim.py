@@ -131,7 +131,8 @@ def main(argv=None) -> None:
     rows = {name: kvprof_throughput(workload, hp, name, args.capacity, config) for name in ("lru", "wa")}
     reference = libcachesim_lru(workload, args.capacity, args.bench_python)
     for name, row in rows.items():
-        line = f"kvprof {name:3s}: {row['per_s'] / 1e6:6.3f} M accesses/s ({row['seconds']:.2f} s), block hit ratio {row['block_hit_ratio']:.4f}"
+        line = (f"kvprof {name:3s}: {row['per_s'] / 1e6:6.3f} M accesses/s ({row['seconds']:.2f} s), "
+                f"block hit ratio {row['block_hit_ratio']:.4f}")
         if reference:
             line += f"; {row['per_s'] / reference['per_s']:.3f} x libCacheSim LRU"
         print(line)

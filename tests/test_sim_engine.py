@@ -113,7 +113,8 @@ def test_requests_queue_when_the_cache_is_pinned_full():
     # Each request pins 2 blocks of a 2-block cache, so the second waits for the first.
     trace = make_trace([(0.0, "a", 1, [1, 2, 3, 4]), (0.0, "b", 1, [5, 6, 7, 8])])
     cost = CostModel(prefill_tokens_per_s=64.0, step_overhead_s=0.0)
-    m = simulate(prepare_workload(trace, engine_block_size=32), TinyLRU(), 2, SimConfig(engine_block_size=32, cost=cost))
+    config = SimConfig(engine_block_size=32, cost=cost)
+    m = simulate(prepare_workload(trace, engine_block_size=32), TinyLRU(), 2, config)
     # 64 tokens at 64 tokens/s: the first token after 1 s, the second request's after 2 s.
     assert m.qttft_p50_s == pytest.approx(1.5) and m.makespan_s == pytest.approx(2.0)
     assert m.n_rejected == 0

@@ -57,7 +57,8 @@ def compare(
     eval_window: Annotated[str, typer.Option("--eval-window", help="START:END seconds to replay.")] = "3600:",
     jobs: JobsOpt = -1,
     seed: Annotated[
-        int, typer.Option("--seed", help="Recorded in results.json; replays are deterministic and draw no random numbers.")
+        int,
+        typer.Option("--seed", help="Recorded in results.json; replays are deterministic and draw no random numbers."),
     ] = 0,
     json_out: JsonOpt = False,
     output: OutputOpt = Path("results"),
@@ -79,7 +80,8 @@ def compare(
 
         hp, hp_input = load_hp(config), {"path": str(config)}
     elif _needs_hp(names, sim_config):
-        hp, hp_input = _fit(trace, fit_bounds, output), {"fitted_on_window": fit_window, "path": str(output / "hp.json")}
+        hp = _fit(trace, fit_bounds, output)
+        hp_input = {"fitted_on_window": fit_window, "path": str(output / "hp.json")}
     else:
         hp, hp_input = None, None
     evaluated = trace.time_window(*eval_bounds)
@@ -209,7 +211,9 @@ def _capacity_list(text: str) -> tuple[int, ...]:
     try:
         capacities = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise typer.BadParameter(f"{text!r} must be comma-separated whole numbers of blocks", param_hint="--capacity") from None
+        raise typer.BadParameter(
+            f"{text!r} must be comma-separated whole numbers of blocks", param_hint="--capacity"
+        ) from None
     if any(c <= 0 for c in capacities):
         raise typer.BadParameter(f"capacities must be > 0 blocks, got {text}", param_hint="--capacity")
     if len(set(capacities)) != len(capacities):

@@ -223,7 +223,9 @@ class HostCache:
             j += 1
         return j - start
 
-    def load(self, blocks: list[int], next_use: list[float], start: int, first: int, stop: int, now: float, workload: int) -> None:
+    def load(
+        self, blocks: list[int], next_use: list[float], start: int, first: int, stop: int, now: float, workload: int
+    ) -> None:
         """Hits at depths ``first..stop-1`` are read back to the GPU: a touch for the host policy."""
         policy = self.policy
         touched = []
@@ -236,7 +238,9 @@ class HostCache:
         touched.reverse()
         policy.free(touched, now)
 
-    def store(self, blocks: list[int], next_use: list[float], start: int, depths: range, now: float, workload: int) -> None:
+    def store(
+        self, blocks: list[int], next_use: list[float], start: int, depths: range, now: float, workload: int
+    ) -> None:
         """Store computed blocks (those not already here), evicting in the host policy's order."""
         block_slot = self.block_slot
         slot_block = self.slot_block

@@ -109,7 +109,8 @@ def simulate(
     """
     if workload.engine_block_size != config.engine_block_size:
         raise SimulationError(
-            f"workload was prepared for {workload.engine_block_size}-token blocks, config says {config.engine_block_size}"
+            f"workload was prepared for {workload.engine_block_size}-token blocks, "
+            f"config says {config.engine_block_size}"
         )
     schedule = list(config.capacity_schedule) or [(0.0, capacity)]
     if schedule[0][1] <= 0:
@@ -257,7 +258,11 @@ class _Replay:
                 now = max(now, min(pending))
                 continue
 
-            now += cost.step_overhead_s + step_tokens / cost.prefill_tokens_per_s + host_loads * cost.host_load_s_per_block
+            now += (
+                cost.step_overhead_s
+                + step_tokens / cost.prefill_tokens_per_s
+                + host_loads * cost.host_load_s_per_block
+            )
             while prefilling and not prefilling[0][1]:
                 r = prefilling.popleft()[0]
                 qttft[r] = now - arrival[r]
@@ -269,7 +274,9 @@ class _Replay:
                     n_running -= 1
         return self._metrics(qttft[served], served, hits_device, hits_host, now)
 
-    def _metrics(self, qttft: np.ndarray, served: np.ndarray, hits_device: int, hits_host: int, end: float) -> RunMetrics:
+    def _metrics(
+        self, qttft: np.ndarray, served: np.ndarray, hits_device: int, hits_host: int, end: float
+    ) -> RunMetrics:
         w = self.w
         lookups = int(w.n_lookup.sum())
         prompt_tokens = int(w.prompt_tokens.sum())

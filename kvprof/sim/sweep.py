@@ -85,7 +85,11 @@ class Results:
                 "kvprof_version": __version__,
                 "created": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
                 "inputs": self.inputs,
-                "config": {**self.config.to_dict(), "policies": list(self.policies), "capacities": list(self.capacities)},
+                "config": {
+                    **self.config.to_dict(),
+                    "policies": list(self.policies),
+                    "capacities": list(self.capacities),
+                },
                 "wall_s": self.wall_s,
                 "runs": runs,
                 "complete": True,
