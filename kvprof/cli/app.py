@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from kvprof.cli import profile_cmd
+from kvprof.cli import compare_cmd, profile_cmd
 
 app = typer.Typer(
     name="kvprof",
@@ -25,6 +25,8 @@ app.command("fit")(profile_cmd.fit)
 app.command("inspect")(profile_cmd.inspect)
 app.command("show")(profile_cmd.show)
 app.command("synth")(profile_cmd.synth)
+app.command("compare")(compare_cmd.compare)
+app.command("demo")(compare_cmd.demo)
 
 
 def main() -> None:
