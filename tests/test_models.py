@@ -330,3 +330,10 @@ def test_turn_continuation_prior_reads_session_stats(session_trace):
     assert turn_continuation_prior(result, "text", 2) == pytest.approx(2 / 3)
     assert turn_continuation_prior(result, "text", 4) is None
     assert turn_continuation_prior(result, "image", 1) is None
+
+
+def test_naive_fit_equal_gaps_rounding_never_gives_a_negative_rate():
+    # expon.fit on equal gaps returns a scale a rounding error away from 0, negative for some values.
+    for gap in (0.1, 1 / 3, 7.7, 123.456, 1e5 / 7):
+        p, lam = naive_fit(np.full(31, gap), np.zeros(31, dtype=bool))
+        assert p == 1.0 and lam == pytest.approx(1 / gap)

@@ -559,3 +559,16 @@ def test_make_policy_names_the_problem():
         make_policy("arc")
     with pytest.raises(ValueError, match="'wa' needs an hp file"):
         make_policy("wa")
+
+
+def test_wa_scores_hit_blocks_with_their_class_reused_row():
+    from kvprof.policy.wa import WorkloadAwarePolicy
+
+    # Row 0: fresh blocks of the class, rarely reused; row 1: its reused tier, almost surely reused.
+    policy = WorkloadAwarePolicy([0.1, 0.99, 0.5], [0.01, 0.5, 0.01], 10.0, reused_row=[1, 1, 2])
+    policy.access(7, 0.0, workload=0, hit=False)  # fresh block of class 0
+    policy.access(8, 0.0, workload=0, hit=True)  # hit block of class 0: scored with row 1
+    policy.free([8, 7], 1.0)
+    assert policy.evict(1.0) == 7
+    with pytest.raises(ValueError):
+        WorkloadAwarePolicy([0.1, 0.2], [0.1, 0.1], 10.0, reused_row=[0, 5])

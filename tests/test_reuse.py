@@ -74,3 +74,13 @@ def test_ideal_hit_ratio_matches_brute_force(requests):
         total += len(r)
         seen.update(r)
     assert ideal_hit_ratio(trace) == hits / total
+
+
+def test_repeat_marks_accesses_of_blocks_an_earlier_request_used():
+    trace = make_trace([(0.0, "a", 1, [1, 2]), (5.0, "a", 2, [1, 3]), (9.0, "a", 3, [3])], window=(0.0, 20.0))
+    codes, _ = classify_trace(trace, ClassRule(key="type"))
+    samples = extract_reuse(trace, codes, min_gap=0.0)
+    got = sorted(zip(samples.time.tolist(), samples.repeat.tolist()))
+    # block 1: fresh at 0 (reused after 5), repeat at 5 (censored 15); block 2 fresh, censored 20;
+    # block 3: fresh at 5 (reused after 4), repeat at 9 (censored 11).
+    assert got == [(4.0, False), (5.0, False), (11.0, True), (15.0, True), (20.0, False)]

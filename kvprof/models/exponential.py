@@ -273,7 +273,7 @@ def naive_fit(time, censored) -> tuple[float, float]:
     """The published profiler's estimates (vLLM PR #22236), biases kept.
 
     ``lam`` is ``1 / scale`` of ``scipy.stats.expon.fit`` on the reuse gaps (a location is fitted
-    too, so the scale is mean - min); ``1 / mean`` if the scale is 0 (all gaps equal); 0 if nothing
+    too, so the scale is mean - min); ``1 / mean`` if the scale is 0 or below the gap resolution (all gaps equal); 0 if nothing
     was reused. ``p`` is reuses / accesses, 1 with no data. Censored accesses count as never
     reused, which biases ``p`` down, and long gaps are cut off by the window, which biases ``lam``
     up. Unlike the PR, an all-zero gap list gives a finite rate (gaps floored at
@@ -295,7 +295,8 @@ def naive_fit(time, censored) -> tuple[float, float]:
     if gaps.size == 0:
         return p, 0.0
     _, scale = stats.expon.fit(gaps)
-    if scale == 0:
+    # Equal gaps give a scale of 0, or a rounding error either side of it (seen: -2e-14).
+    if scale <= GAP_RESOLUTION_S:
         scale = max(float(gaps.mean()), GAP_RESOLUTION_S)
     return float(p), float(1.0 / scale)
 

@@ -26,6 +26,8 @@ SCHEMA = "kvprof.hp/1"
 
 #: Name of the default class in :meth:`HpFile.table`; not a valid class name in a file.
 DEFAULT_CLASS = "<default>"
+#: Suffix of the entry that holds a class's parameters for blocks an earlier request already used.
+REUSED_SUFFIX = "@reused"
 
 SOURCES = ("fit", "shrunk", "pooled", "published")
 
@@ -229,6 +231,14 @@ class HpFile:
         """
         names, p, lam = self._table
         return names, p.copy(), lam.copy()
+
+    def reused_rows(self) -> np.ndarray:
+        """For each row of :meth:`table`, the row of its ``<class>@reused`` entry (itself if none).
+
+        A policy scores a block whose last access was a prefix hit with its class's reused row.
+        """
+        names = self.table()[0]
+        return np.array([self._index.get(name + REUSED_SUFFIX, row) for row, name in enumerate(names)], dtype=np.int64)
 
     def index_of(self, name: str) -> int:
         """Row of ``name`` in :meth:`table`; the default's row (the last) for unknown classes."""

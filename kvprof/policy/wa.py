@@ -22,6 +22,18 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     Unlike the published policy (``wa-paper``) every access counts: allocation, each hit and the
     free stamp the last access, so a block computed and never hit ages from its last use instead
     of scoring 0, and a block takes the class of the request that touched it last.
+
+    A block whose last access was a prefix hit is scored with its class's reused row
+    (``reused_row[c]``, the hp file's ``<class>@reused`` entry): blocks that requests already
+    share (system prompts, documents asked about again) come back far sooner than fresh ones,
+    and one set of parameters for both made the policy evict shared prefixes before stale tails.
+
+    Parameters
+    ----------
+    p, lam, horizon
+        As :class:`~kvprof.policy.classed.ClassedLRUPolicy`.
+    reused_row : array_like of int, shape (classes,), optional
+        Row used for a block of class ``c`` after a hit; default: ``c`` itself.
     """
 
     name = "wa"
@@ -36,7 +48,19 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         ``horizon`` (seconds) overrides the file's, e.g. for a sweep over H.
         """
         _, p, lam = hp.table()
-        return cls(p, lam, hp.horizon if horizon is None else horizon)
+        return cls(p, lam, hp.horizon if horizon is None else horizon, reused_row=hp.reused_rows())
+
+    def __init__(self, p, lam, horizon: float, reused_row=None) -> None:
+        super().__init__(p, lam, horizon)
+        rows = range(self.n_classes) if reused_row is None else [int(r) for r in reused_row]
+        if len(rows) != self.n_classes or not all(0 <= r < self.n_classes for r in rows):
+            raise ValueError(f"reused_row must give a row in [0, {self.n_classes}) for each of the {self.n_classes} classes")
+        self._reused_row = list(rows)
+
+    def access(self, block, now, workload=0, depth=0, *, hit=False, next_use=math.inf, content=None) -> None:
+        if hit and 0 <= workload < self.n_classes:
+            workload = self._reused_row[workload]
+        super().access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
 
     def score(self, workload: int, age: float) -> float:
         p = self._p[workload]

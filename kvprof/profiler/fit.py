@@ -1,7 +1,8 @@
 """The profiling pipeline: trace window in, hyperparameter file out.
 
 classify requests -> extract reuse gaps (censored at the window's end) -> fit one cure-fraction
-exponential per class, shrunk toward the pooled fit where data is thin -> session statistics ->
+exponential per class and per tier (fresh blocks, and blocks an earlier request already used),
+shrunk toward the pooled fit where data is thin -> session statistics ->
 :class:`~kvprof.models.hp.HpFile` with provenance.
 """
 
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 
+import numpy as np
+
 from kvprof import __version__
 from kvprof.errors import KvprofError
 from kvprof.models.exponential import fit_classes
-from kvprof.models.hp import HpFile
+from kvprof.models.hp import REUSED_SUFFIX, HpFile
 from kvprof.models.sessions import session_stats
 from kvprof.profiler.classes import ClassRule, classify_trace
 from kvprof.profiler.reuse import extract_reuse
@@ -64,9 +67,19 @@ def fit_trace(
     if len(samples) == 0:
         raise KvprofError(f"{trace.source or 'trace'}: the fit window {_window_text(trace)} holds no block accesses")
     sessions = session_stats(trace)
+    # Each class is fitted twice: on fresh blocks, and on blocks an earlier request already used
+    # (``<class>@reused``), whose reuse is far likelier and sooner (shared prompts, documents).
+    tiered = samples.workload + len(names) * samples.repeat.astype(np.int32)
+    tiered_names = tuple(names) + tuple(name + REUSED_SUFFIX for name in names)
     per_class, pooled = fit_classes(
-        samples.time, samples.censored, samples.workload, names, min_samples=min_samples, sessions=sessions
+        samples.time, samples.censored, tiered, tiered_names, min_samples=min_samples, sessions=sessions
     )
+    # A reused tier with no data at all says nothing beyond its class: leave it out.
+    per_class = {
+        name: params
+        for name, params in per_class.items()
+        if not (name.endswith(REUSED_SUFFIX) and params.source == "pooled")
+    }
     provenance = {
         "trace": trace.source,
         "sha256": trace.sha256,

@@ -37,6 +37,10 @@ class ReuseSamples:
         True when no later access of the block falls inside the window.
     workload : int32 array, shape (m,)
         Class code of the accessing request.
+    repeat : bool array, shape (m,)
+        True when an earlier request already accessed the block: with an infinite cache this
+        access is a prefix hit. Such blocks (shared system prompts, documents asked about again)
+        come back far sooner than fresh ones, so the fit models them apart.
     n_merged : int
         Accesses merged into a concurrent later access (gap below ``min_gap``).
     """
@@ -44,6 +48,7 @@ class ReuseSamples:
     time: np.ndarray
     censored: np.ndarray
     workload: np.ndarray
+    repeat: np.ndarray
     n_merged: int
 
     def __len__(self) -> int:
@@ -133,8 +138,20 @@ def extract_reuse(trace: Trace, codes: np.ndarray, *, min_gap: float = 0.3) -> R
         time=time.astype(np.float64),
         censored=~reused[keep],
         workload=np.asarray(codes, dtype=np.int32)[request[keep]],
+        repeat=_seen_before(blocks, request)[keep],
         n_merged=int(concurrent.sum()),
     )
+
+
+def _seen_before(blocks: np.ndarray, request: np.ndarray) -> np.ndarray:
+    """Mask of accesses whose block an earlier request accessed (one access per (block, request))."""
+    order = np.lexsort((request, blocks))
+    sorted_blocks = blocks[order]
+    first = np.ones(blocks.shape[0], dtype=bool)
+    first[1:] = sorted_blocks[1:] != sorted_blocks[:-1]
+    seen = np.empty_like(first)
+    seen[order] = ~first
+    return seen
 
 
 def ideal_hit_ratio(trace: Trace) -> float:
