@@ -60,14 +60,18 @@ class PublishedQueue:
         del self.queues[self.cls.get(b.block_id, 0)][b.block_id]
 
 
-class _HP:  # what make_policy needs from an hp file
-    def __init__(self, k, rng):
-        self.p = rng.uniform(0.05, 0.95, k + 1)
-        self.lam = rng.uniform(0.001, 0.5, k + 1)
-        self.horizon = 60.0
+def _hp(k, rng):
+    """A real hp file with ``k`` classes of random parameters."""
+    from kvprof.models.hp import HpFile
 
-    def table(self):
-        return tuple(f"c{i}" for i in range(len(self.p))), self.p.copy(), self.lam.copy()
+    p = rng.uniform(0.05, 0.95, k + 1)
+    lam = rng.uniform(0.001, 0.5, k + 1)
+    return HpFile.from_dict({
+        "schema": "kvprof.hp/1", "horizon_s": 60.0, "min_gap_s": 0.3,
+        "class_rule": {"key": "type_turn", "turn_cap": 5},
+        "classes": {f"c{i}_1": {"p": float(p[i]), "lambda": float(lam[i])} for i in range(k)},
+        "default": {"p": float(p[k]), "lambda": float(lam[k])},
+    })
 
 
 def _blocks(n):
@@ -88,7 +92,8 @@ def _time(fn, repeat):
 
 def bench(n, k, repeat):
     rng = np.random.default_rng(0)
-    hp = _HP(k, rng)
+    hp = _hp(k, rng)
+    _, hp_p, hp_lam = hp.table()
     blocks = _blocks(n)
     classes = rng.integers(0, k + 1, n).tolist()
     rows = {}
@@ -107,7 +112,7 @@ def bench(n, k, repeat):
         rows[name] = (_time(lambda: q.append_n(q.popleft_n(n)), repeat),
                       _time(lambda: ([q.remove(b) for b in blocks], q.append_n(blocks)), repeat))
 
-    pub = PublishedQueue(hp.p, hp.lam)
+    pub = PublishedQueue(hp_p, hp_lam)
     pub.cls = dict(enumerate(classes))
     pub.append_n(blocks, time.monotonic())
     rows["published"] = (_time(lambda: pub.append_n(pub.popleft_n(n, time.monotonic()), time.monotonic()), repeat),
