@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from kvprof.cli import compare_cmd, profile_cmd
+from kvprof.cli import compare_cmd, profile_cmd, replay_cmd
 
 app = typer.Typer(
     name="kvprof",
@@ -27,6 +27,7 @@ app.command("show")(profile_cmd.show)
 app.command("synth")(profile_cmd.synth)
 app.command("compare")(compare_cmd.compare)
 app.command("demo")(compare_cmd.demo)
+app.command("replay")(replay_cmd.replay)
 
 
 def main() -> None:
