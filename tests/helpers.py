@@ -1,8 +1,9 @@
-"""Small builders shared by tests: a Trace made directly from Python lists."""
+"""Small builders shared by tests: a Trace made directly from Python lists, a CLI runner."""
 
 from __future__ import annotations
 
 import numpy as np
+from typer.testing import CliRunner
 
 from kvprof.profiler.trace import Trace
 
@@ -34,3 +35,10 @@ def make_trace(rows, block_size=16, window=(0.0, float("inf")), type_names=None)
         format="bailian",
         window=window,
     )
+
+
+def invoke(*args):
+    """Run the ``kvprof`` app in-process with ``args`` (paths and numbers turned into strings)."""
+    from kvprof.cli.app import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])

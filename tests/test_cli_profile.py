@@ -3,22 +3,14 @@
 import json
 
 import pytest
-from typer.testing import CliRunner
-
-from kvprof.cli.app import app
 from kvprof.models.hp import load_hp
 from kvprof.profiler.synth import generate, planted, write_jsonl
-
-runner = CliRunner()
+from tests.helpers import invoke
 
 GOOD = {
     "chat_id": 1, "parent_chat_id": -1, "timestamp": 0.0, "input_length": 40, "output_length": 5,
     "type": "text", "turn": 1, "hash_ids": [1, 2, 3],
 }
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

@@ -6,25 +6,14 @@ import json
 from dataclasses import replace
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from kvprof.cli import compare_cmd
 from kvprof.models.hp import load_hp
 from kvprof.profiler.classes import ClassRule
 from kvprof.profiler.synth import generate, write_jsonl
+from tests.helpers import invoke
 
-# The lead registers the commands in kvprof.cli.app; a local app tests them on their own.
-app = typer.Typer(pretty_exceptions_enable=False)
-app.command("compare")(compare_cmd.compare)
-app.command("demo")(compare_cmd.demo)
-runner = CliRunner()
 
 WINDOWS = ("--fit-window", "0:360", "--eval-window", "360:", "-j", "1")
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
