@@ -73,7 +73,7 @@ def test_a_failed_save_leaves_the_previous_file_and_no_temporary(hp, tmp_path, m
     def fail_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("kvprof.models.hp.os.replace", fail_replace)
+    monkeypatch.setattr("kvprof.atomic.os.replace", fail_replace)
     with pytest.raises(OSError, match="disk full"):
         hp.save(path)
     assert path.read_text() == "previous"

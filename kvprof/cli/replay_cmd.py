@@ -26,6 +26,7 @@ from pathlib import Path
 
 import typer
 
+from kvprof.atomic import atomic_open, atomic_write_text
 from kvprof.errors import KvprofError, TraceError
 
 
@@ -185,10 +186,10 @@ def run_replay(trace: Path, url: str, model: str, out: Path, *, config: Path | N
         "runs": [run],
         "complete": True,
     }
-    with open(out / "requests.jsonl", "w") as fh:
+    with atomic_open(out / "requests.jsonl") as fh:
         for r in records:
             fh.write(json.dumps(r) + "\n")
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results
 
 

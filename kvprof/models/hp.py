@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
+from kvprof.atomic import atomic_write_text
 from kvprof.errors import HpFileError
 from kvprof.profiler.classes import ClassRule
 
@@ -349,21 +348,9 @@ class HpFile:
 
         A reader never sees a half-written file, and a failure leaves any previous file intact.
         """
-        path = Path(path)
         # Serialise first so an unserialisable value fails before anything touches the disk.
         text = json.dumps(self.to_dict(), indent=2, allow_nan=False, default=_json_default) + "\n"
-        handle = tempfile.NamedTemporaryFile(
-            "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-        )
-        try:
-            with handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(handle.name, path)
-        except BaseException:
-            os.unlink(handle.name)
-            raise
+        atomic_write_text(path, text)
 
 
 def load_hp(path) -> HpFile:

@@ -19,13 +19,14 @@ import gzip
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from scipy.special import ndtri
+
+from kvprof.atomic import atomic_open
 
 #: Tokens per hash block in the Bailian format.
 BLOCK_SIZE = 16
@@ -480,25 +481,12 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
         Number of records written.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     count = 0
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        with open(fd, "wb") as raw, _compressor(raw, path.suffix) as out:
-            for record in records:
-                out.write(json.dumps(record).encode() + b"\n")
-                count += 1
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_open(path, "wb") as raw, _compressor(raw, path.suffix) as out:
+        for record in records:
+            out.write(json.dumps(record).encode() + b"\n")
+            count += 1
     return count
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _compressor(raw, suffix: str):

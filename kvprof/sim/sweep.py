@@ -10,7 +10,6 @@ import datetime as dt
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from joblib import Parallel, delayed
 
+from kvprof.atomic import atomic_write_text
 from kvprof import __version__
 from kvprof.policy import make_policy
 from kvprof.profiler.trace import Trace
@@ -98,18 +98,7 @@ class Results:
 
     def write(self, path: str | os.PathLike) -> Path:
         """Write the results document atomically (temporary file, then rename)."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with open(fd, "w") as out:
-                json.dump(self.to_dict(), out, indent=2, allow_nan=False)
-                out.write("\n")
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; results are meant to be shared
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        return path
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
 
 
 def run_sweep(
