@@ -27,37 +27,32 @@ from pathlib import Path
 import typer
 
 from kvprof.atomic import atomic_open, atomic_write_text
-from kvprof.errors import KvprofError, TraceError
+from kvprof.errors import KvprofError
 
 
 def load_trace_lines(path: Path) -> list[dict]:
-    """Requests of a Bailian/Mooncake JSONL trace, sorted by arrival (seconds)."""
-    out = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    hash_ids = [int(h) for h in row["hash_ids"]]
-                    t = float(row["timestamp"])
-                except (ValueError, KeyError, TypeError) as err:
-                    raise TraceError(str(path), f"bad request line: {err}", line=lineno) from None
-                out.append({"t": t, "hash_ids": hash_ids, "input_length": int(row.get("input_length", 0)),
-                            "output_length": int(row.get("output_length", 1)), "type": row.get("type"),
-                            "turn": row.get("turn"), "chat_id": row.get("chat_id", lineno - 1)})
-    except OSError as err:
-        raise TraceError(str(path), f"cannot read: {err}") from None
-    if out and "type" not in json.loads(open(path).readline()):  # Mooncake: milliseconds
-        for r in out:
-            r["t"] /= 1000.0
-    out.sort(key=lambda r: r["t"])
-    if out:
-        t0 = out[0]["t"]
-        for r in out:
-            r["t"] -= t0
-    return out
+    """Requests of a trace as dicts, arrival ``t`` in seconds from the first request.
+
+    The trace goes through :func:`kvprof.profiler.reader.read_trace`, the same validation as
+    ``fit`` and ``compare`` (formats, compression, errors naming line and field).
+    """
+    from kvprof.profiler.reader import read_trace
+
+    trace, _ = read_trace(path)
+    start = float(trace.timestamp[0])
+    types = trace.types
+    return [
+        {
+            "t": float(trace.timestamp[i]) - start,
+            "hash_ids": trace.blocks_of(i).tolist(),
+            "input_length": int(trace.input_length[i]),
+            "output_length": int(trace.output_length[i]),
+            "type": types[i] or None,
+            "turn": int(trace.turn[i]) if trace.has_types else None,
+            "chat_id": int(trace.chat_id[i]),
+        }
+        for i in range(trace.n_requests)
+    ]
 
 
 def block_tokens(hash_id: int, n: int, vocab: int, first_id: int = 4) -> list[int]:

@@ -1,4 +1,5 @@
 """``kvprof replay`` pieces that need no server: prompts, trace reading and error counting."""
+# Traces here are valid Bailian lines: replay reads them with the same strict reader as fit.
 
 from __future__ import annotations
 
@@ -21,10 +22,22 @@ def test_errors_are_counted_not_retried(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": i * 0.01, "input_length": 20, "output_length": 2,
+    trace.write_text("".join(json.dumps({"chat_id": i, "parent_chat_id": -1, "timestamp": i * 0.01, "input_length": 20, "output_length": 2,
                                           "type": "text", "turn": 1, "hash_ids": [i, i + 1]}) + "\n" for i in range(3)))
     res = run_replay(trace, f"http://127.0.0.1:{port}", "m", tmp_path / "out", timeout=5)
     run = res["runs"][0]
     assert run["n_requests"] == 3 and run["n_errors"] == 3 and run["cached_tokens"] == 0
     assert (tmp_path / "out" / "results.json").exists()
     assert len((tmp_path / "out" / "requests.jsonl").read_text().splitlines()) == 3
+
+
+def test_replay_rejects_a_bad_trace_with_line_and_field(tmp_path):
+    import pytest
+
+    from kvprof.errors import TraceError
+
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0.0, "input_length": 20, "output_length": 2, "hash_ids": [1, 2]}) + "\n")
+    with pytest.raises(TraceError, match=r"bad.jsonl, line 1, field 'hash_ids'"):
+        run_replay(trace, "http://127.0.0.1:9", "m", tmp_path / "out", timeout=1)
+    assert not (tmp_path / "out" / "results.json").exists()
