@@ -30,15 +30,16 @@ from kvprof.atomic import atomic_open, atomic_write_text
 from kvprof.errors import KvprofError
 
 
-def load_trace_lines(path: Path) -> list[dict]:
-    """Requests of a trace as dicts, arrival ``t`` in seconds from the first request.
+def load_trace_lines(path: Path, block_size: int | None = None) -> tuple[list[dict], int]:
+    """Requests of a trace as dicts (arrival ``t`` in seconds from the first request), and the
+    trace's tokens per hash id.
 
     The trace goes through :func:`kvprof.profiler.reader.read_trace`, the same validation as
     ``fit`` and ``compare`` (formats, compression, errors naming line and field).
     """
     from kvprof.profiler.reader import read_trace
 
-    trace, _ = read_trace(path)
+    trace, _ = read_trace(path, block_size=block_size)
     start = float(trace.timestamp[0])
     types = trace.types
     return [
@@ -52,7 +53,7 @@ def load_trace_lines(path: Path) -> list[dict]:
             "chat_id": int(trace.chat_id[i]),
         }
         for i in range(trace.n_requests)
-    ]
+    ], trace.block_size
 
 
 def block_tokens(hash_id: int, n: int, vocab: int, first_id: int = 4) -> list[int]:
@@ -116,12 +117,13 @@ def _quantile(values: list[float], q: float) -> float | None:
 
 
 def run_replay(trace: Path, url: str, model: str, out: Path, *, config: Path | None = None, policy_label: str | None = None,
-               rate_scale: float = 1.0, max_concurrency: int = 8, trace_block_tokens: int = 16, vocab_size: int = 1000,
+               rate_scale: float = 1.0, max_concurrency: int = 8, trace_block_tokens: int | None = None, vocab_size: int = 1000,
                max_output_tokens: int = 16, timeout: float = 120.0, limit: int | None = None) -> dict:
     """Replay ``trace`` against ``url``; write and return the results (see the module docstring)."""
     if rate_scale <= 0 or max_concurrency < 1:
         raise KvprofError("--rate-scale must be > 0 and --max-concurrency >= 1")
-    reqs = load_trace_lines(Path(trace))[: limit or None]
+    reqs, trace_block_tokens = load_trace_lines(Path(trace), trace_block_tokens)
+    reqs = reqs[: limit or None]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
@@ -204,7 +206,7 @@ def replay(
     config: Path | None = typer.Option(None, "--config", help="hp file the server runs with (recorded in results)."),
     rate_scale: float = typer.Option(1.0, "--rate-scale", help="Speed-up of arrivals: 2 replays twice as fast."),
     max_concurrency: int = typer.Option(8, "--max-concurrency", help="Requests in flight at most."),
-    trace_block_tokens: int = typer.Option(16, "--trace-block-tokens", help="Tokens per trace hash id (16 Bailian, 512 Mooncake)."),
+    trace_block_tokens: int | None = typer.Option(None, "--trace-block-tokens", help="Tokens per trace hash id (default: 16 Bailian, 512 Mooncake)."),
     vocab_size: int = typer.Option(1000, "--vocab-size", help="Token ids are drawn below this (at most the model's vocabulary)."),
     max_output_tokens: int = typer.Option(16, "--max-output-tokens", help="Cap on generated tokens per request."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds per request before it counts as a timeout."),
