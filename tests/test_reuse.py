@@ -84,3 +84,29 @@ def test_repeat_marks_accesses_of_blocks_an_earlier_request_used():
     # block 1: fresh at 0 (reused after 5), repeat at 5 (censored 15); block 2 fresh, censored 20;
     # block 3: fresh at 5 (reused after 4), repeat at 9 (censored 11).
     assert got == [(4.0, False), (5.0, False), (11.0, True), (15.0, True), (20.0, False)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0, 5), st.lists(st.integers(0, 5), min_size=1, max_size=4)), min_size=1, max_size=10),
+    st.sampled_from([0.0, 0.3, 1.0]),
+)
+def test_extract_reuse_matches_brute_force(rows, min_gap):
+    rows = sorted(rows, key=lambda r: r[0])
+    trace = make_trace([(t, "a", 1, blocks) for t, blocks in rows], window=(0.0, 10.0))
+    codes, _ = classify_trace(trace, ClassRule(key="type"))
+    samples = extract_reuse(trace, codes, min_gap=min_gap)
+    expected, merged = [], 0
+    for i, (t, blocks) in enumerate(rows):
+        for block in dict.fromkeys(blocks):  # a repeat within one request counts once
+            later = [u for u, other in rows[i + 1 :] if block in other]
+            seen = any(block in other for _, other in rows[:i])
+            if later and later[0] - t < min_gap:
+                merged += 1
+            elif later:
+                expected.append((later[0] - t, False, seen))
+            else:
+                expected.append((10.0 - t, True, seen))
+    got = list(zip(np.round(samples.time, 9).tolist(), samples.censored.tolist(), samples.repeat.tolist()))
+    assert sorted(got) == sorted((round(t, 9), c, r) for t, c, r in expected)
+    assert samples.n_merged == merged

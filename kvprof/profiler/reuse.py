@@ -60,6 +60,45 @@ def access_request_index(trace: Trace) -> np.ndarray:
     return np.repeat(np.arange(trace.n_requests, dtype=np.int64), trace.n_blocks_per_request)
 
 
+@dataclass(frozen=True)
+class BlockRuns:
+    """Accesses sorted once by (block, request), with the boundaries every question here reads.
+
+    A *run* is the accesses of one block by one request (a prompt can repeat a block); runs of a
+    block follow each other in request order, so a run's next access is the next run, when that
+    run does not start a new block.
+
+    Attributes
+    ----------
+    order : int64 array, shape (m,)
+        Stable sort of the accesses by (block, request).
+    new_block, new_run : bool arrays, shape (m,)
+        In sorted order: the access starts a block's accesses / a (block, request) run.
+    """
+
+    order: np.ndarray
+    new_block: np.ndarray
+    new_run: np.ndarray
+
+    @classmethod
+    def of(cls, blocks: np.ndarray, request: np.ndarray) -> BlockRuns:
+        order = np.lexsort((request, blocks))
+        sorted_blocks, sorted_requests = blocks[order], request[order]
+        new_block = np.ones(order.shape[0], dtype=bool)
+        new_block[1:] = sorted_blocks[1:] != sorted_blocks[:-1]
+        new_run = new_block.copy()
+        new_run[1:] |= sorted_requests[1:] != sorted_requests[:-1]
+        return cls(order, new_block, new_run)
+
+    def run_of(self) -> np.ndarray:
+        """Run number of each sorted access, shape (m,)."""
+        return np.cumsum(self.new_run) - 1
+
+    def run_starts_block(self) -> np.ndarray:
+        """Per run: whether it is its block's first run (no earlier request used the block)."""
+        return self.new_block[self.new_run]
+
+
 def next_access(blocks: np.ndarray, request: np.ndarray) -> np.ndarray:
     """Index of the next access of the same block by a later request.
 
@@ -76,32 +115,17 @@ def next_access(blocks: np.ndarray, request: np.ndarray) -> np.ndarray:
         Index into the inputs of the next access with the same block and a larger request, -1 if
         there is none. Repeated ids within one request all point at the same next access.
     """
-    m = blocks.shape[0]
-    order = np.lexsort((request, blocks))
-    sorted_blocks, sorted_requests = blocks[order], request[order]
-    # Runs of equal (block, request): the next access is the first element of the following run.
-    starts_run = np.ones(m, dtype=bool)
-    starts_run[1:] = (sorted_blocks[1:] != sorted_blocks[:-1]) | (sorted_requests[1:] != sorted_requests[:-1])
-    run_starts = np.flatnonzero(starts_run)
-    run_of = np.cumsum(starts_run) - 1
-    following = np.append(run_starts[1:], m)[run_of]
+    runs = BlockRuns.of(blocks, request)
+    m = runs.order.shape[0]
+    run_starts = np.flatnonzero(runs.new_run)
+    following = np.append(run_starts[1:], m)[runs.run_of()]
     has_next = following < m
-    has_next[has_next] = sorted_blocks[following[has_next]] == sorted_blocks[has_next]
+    has_next[has_next] = ~runs.new_block[following[has_next]]
     result_sorted = np.full(m, -1, dtype=np.int64)
-    result_sorted[has_next] = order[following[has_next]]
+    result_sorted[has_next] = runs.order[following[has_next]]
     result = np.empty(m, dtype=np.int64)
-    result[order] = result_sorted
+    result[runs.order] = result_sorted
     return result
-
-
-def _first_of_request(blocks: np.ndarray, request: np.ndarray) -> np.ndarray:
-    """Mask of accesses that are the first occurrence of their block within their request."""
-    order = np.lexsort((np.arange(blocks.shape[0]), request, blocks))
-    first_sorted = np.ones(blocks.shape[0], dtype=bool)
-    first_sorted[1:] = (blocks[order][1:] != blocks[order][:-1]) | (request[order][1:] != request[order][:-1])
-    first = np.empty_like(first_sorted)
-    first[order] = first_sorted
-    return first
 
 
 def extract_reuse(trace: Trace, codes: np.ndarray, *, min_gap: float = 0.3) -> ReuseSamples:
@@ -123,13 +147,14 @@ def extract_reuse(trace: Trace, codes: np.ndarray, *, min_gap: float = 0.3) -> R
     if min_gap < 0:
         raise ValueError(f"min_gap must be >= 0 seconds, got {min_gap}")
     request = access_request_index(trace)
-    blocks = trace.hash_ids
-    once = _first_of_request(blocks, request)
-    request, blocks = request[once], blocks[once]
-    nxt = next_access(blocks, request)
+    runs = BlockRuns.of(trace.hash_ids, request)
+    # One access per run (repeats within a request count once), in (block, request) order, so
+    # an access's next use is the next entry when that entry is the same block's.
+    request = request[runs.order[runs.new_run]]
+    starts_block = runs.run_starts_block()
     access_time = trace.timestamp[request]
-    reused = nxt >= 0
-    gap = np.where(reused, trace.timestamp[request[np.maximum(nxt, 0)]] - access_time, 0.0)
+    reused = np.append(~starts_block[1:], False)
+    gap = np.where(reused, np.append(access_time[1:], 0.0) - access_time, 0.0)
     concurrent = reused & (gap < min_gap)
     keep = ~concurrent
     exposure = np.maximum(trace.censor_time - access_time, 0.0)
@@ -138,32 +163,16 @@ def extract_reuse(trace: Trace, codes: np.ndarray, *, min_gap: float = 0.3) -> R
         time=time.astype(np.float64),
         censored=~reused[keep],
         workload=np.asarray(codes, dtype=np.int32)[request[keep]],
-        repeat=_seen_before(blocks, request)[keep],
+        repeat=~starts_block[keep],
         n_merged=int(concurrent.sum()),
     )
-
-
-def _seen_before(blocks: np.ndarray, request: np.ndarray) -> np.ndarray:
-    """Mask of accesses whose block an earlier request accessed (one access per (block, request))."""
-    order = np.lexsort((request, blocks))
-    sorted_blocks = blocks[order]
-    first = np.ones(blocks.shape[0], dtype=bool)
-    first[1:] = sorted_blocks[1:] != sorted_blocks[:-1]
-    seen = np.empty_like(first)
-    seen[order] = ~first
-    return seen
 
 
 def ideal_hit_ratio(trace: Trace) -> float:
     """Share of block accesses whose block an earlier request already accessed (infinite cache)."""
     if trace.n_blocks == 0:
         return 0.0
-    request = access_request_index(trace)
-    order = np.lexsort((request, trace.hash_ids))
-    sorted_blocks = trace.hash_ids[order]
-    sorted_requests = request[order]
-    # Within a block's accesses, everything after its first request's accesses is a hit.
-    new_block = np.ones(sorted_blocks.shape[0], dtype=bool)
-    new_block[1:] = sorted_blocks[1:] != sorted_blocks[:-1]
-    first_request = sorted_requests[np.flatnonzero(new_block)][np.cumsum(new_block) - 1]
-    return float(np.count_nonzero(sorted_requests != first_request) / sorted_blocks.shape[0])
+    runs = BlockRuns.of(trace.hash_ids, access_request_index(trace))
+    # Every access outside its block's first run is a hit.
+    hits = ~runs.run_starts_block()[runs.run_of()]
+    return float(np.count_nonzero(hits) / hits.shape[0])
