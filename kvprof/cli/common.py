@@ -17,8 +17,8 @@ from kvprof.errors import KvprofError
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
+#: Data errors exit 1; usage errors exit 2 through click's own BadParameter handling.
 EXIT_DATA_ERROR = 1
-EXIT_USAGE_ERROR = 2
 
 
 def fail(message: str, code: int = EXIT_DATA_ERROR) -> typer.Exit:

@@ -24,8 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import typer
 
+from kvprof import __version__
 from kvprof.atomic import atomic_open, atomic_write_text
 from kvprof.errors import KvprofError
 
@@ -109,11 +111,9 @@ def _send(url: str, model: str, req: dict, prompt: list[int], max_tokens: int, t
     return rec
 
 
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+def _percentiles(values: list[float]) -> tuple:
+    """p50, p90, p99 as the simulator computes them (numpy's interpolation); Nones when empty."""
+    return tuple(float(v) for v in np.percentile(values, [50, 90, 99])) if values else (None, None, None)
 
 
 def run_replay(trace: Path, url: str, model: str, out: Path, *, config: Path | None = None, policy_label: str | None = None,
@@ -164,14 +164,14 @@ def run_replay(trace: Path, url: str, model: str, out: Path, *, config: Path | N
         "prompt_tokens": prompt_tokens, "cached_tokens": cached,
         "token_hit_ratio": (cached / prompt_tokens) if prompt_tokens else None,
         "qttft_mean_s": (sum(qttft) / len(qttft)) if qttft else None,
-        "qttft_p50_s": _quantile(qttft, 0.5), "qttft_p90_s": _quantile(qttft, 0.9), "qttft_p99_s": _quantile(qttft, 0.99),
+        **dict(zip(("qttft_p50_s", "qttft_p90_s", "qttft_p99_s"), _percentiles(qttft))),
         "ttft_mean_s": (sum(ttft) / len(ttft)) if ttft else None,
         "makespan_s": max((r["arrival_s"] / rate_scale + r["qttft_s"] for r in ok if r["qttft_s"] is not None), default=None),
         "measured": True,
     }
     results = {
         "schema": "kvprof.results/1",
-        "kvprof_version": _version(),
+        "kvprof_version": __version__,
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "inputs": {"trace_path": str(trace), "hp": None if config is None else {"path": str(config)},
                    "eval_window": None, "server": {"url": url, "model": model}},
@@ -188,15 +188,6 @@ def run_replay(trace: Path, url: str, model: str, out: Path, *, config: Path | N
             fh.write(json.dumps(r) + "\n")
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results
-
-
-def _version() -> str:
-    try:
-        from kvprof import __version__
-
-        return __version__
-    except ImportError:
-        return "0.1.0"
 
 
 def replay(
