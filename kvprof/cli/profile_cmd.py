@@ -52,9 +52,14 @@ def _class_rule(key: str, turn_cap: int, field: str | None) -> ClassRule:
         raise typer.BadParameter(str(exc), param_hint="--class-key/--class-field") from None
 
 
-def _check_format(format: str | None) -> None:
+def _trace_and_rule(trace_path, window, format, block_size, skip_invalid, class_key, turn_cap, class_field):
+    """What ``fit`` and ``inspect`` both start with: options checked (exit 2), then the trace read."""
     if format is not None and format not in FORMAT_BLOCK_SIZE:
         raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMAT_BLOCK_SIZE)}", param_hint="--format")
+    rule = _class_rule(class_key, turn_cap, class_field)
+    bounds = parse_window_option(window)
+    trace = open_trace(trace_path, format=format, block_size=block_size, window=bounds, skip_invalid=skip_invalid)
+    return trace, rule
 
 
 @guarded
@@ -82,10 +87,7 @@ def fit(
     """Fit per-workload reuse models on a trace window and write the hp file."""
     from kvprof.profiler.fit import fit_trace
 
-    _check_format(format)
-    rule = _class_rule(class_key, turn_cap, class_field)
-    bounds = parse_window_option(window)
-    trace = open_trace(trace_path, format=format, block_size=block_size, window=bounds, skip_invalid=skip_invalid)
+    trace, rule = _trace_and_rule(trace_path, window, format, block_size, skip_invalid, class_key, turn_cap, class_field)
     hp = fit_trace(trace, rule, horizon=horizon, min_gap=min_gap, min_samples=min_samples)
     hp.save(output)
     if json_out:
@@ -145,10 +147,7 @@ def inspect(
     """Print trace statistics: requests, sessions, types, turns, block reuse, ideal hit ratio, reuse gaps."""
     from kvprof.profiler.stats import trace_summary
 
-    _check_format(format)
-    rule = _class_rule(class_key, turn_cap, class_field)
-    bounds = parse_window_option(window)
-    trace = open_trace(trace_path, format=format, block_size=block_size, window=bounds, skip_invalid=skip_invalid)
+    trace, rule = _trace_and_rule(trace_path, window, format, block_size, skip_invalid, class_key, turn_cap, class_field)
     try:
         summary = trace_summary(trace, rule, min_gap=min_gap)
     except ValueError as exc:
