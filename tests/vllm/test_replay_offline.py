@@ -24,10 +24,11 @@ def test_errors_are_counted_not_retried(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps({"chat_id": i, "parent_chat_id": -1, "timestamp": i * 0.01, "input_length": 20, "output_length": 2,
                                           "type": "text", "turn": 1, "hash_ids": [i, i + 1]}) + "\n" for i in range(3)))
-    res = run_replay(trace, f"http://127.0.0.1:{port}", "m", tmp_path / "out", timeout=5)
+    res = run_replay(trace, f"http://127.0.0.1:{port}", "m", tmp_path / "out", capacity=4, timeout=5)
     run = res["runs"][0]
     assert run["n_requests"] == 3 and run["n_errors"] == 3 and run["cached_tokens"] == 0
-    assert (tmp_path / "out" / "results.json").exists()
+    assert run["capacity"] == 4 and res["inputs"]["server"]["num_gpu_blocks"] is None  # no /metrics: --capacity alone
+    assert (tmp_path / "out" / "results.json").exists() and (tmp_path / "out" / "hit_ratio.png").exists()
     assert len((tmp_path / "out" / "requests.jsonl").read_text().splitlines()) == 3
 
 

@@ -66,8 +66,9 @@ def wa_run(vllm_venv, tiny_model, hp_file, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-wa") / "vllm.log"
     with vllm_server(vllm_venv, tiny_model, "--kv-policy-config", str(hp_file), log=log, blocks=BLOCKS) as url:
         results = run_sequence(url)
-        replay = replay_against(url, tmp_path_factory.mktemp("replay"))  # shares this server: one start, not two
-    return {"results": results, "log": log.read_text(), "replay": replay}
+        replay_dir = tmp_path_factory.mktemp("replay")
+        replay = replay_against(url, replay_dir)  # shares this server: one start, not two
+    return {"results": results, "log": log.read_text(), "replay": replay, "replay_out": replay_dir / "out"}
 
 
 def replay_against(url, out_dir):
@@ -106,6 +107,11 @@ def test_replay_against_real_server(wa_run):
     # hot requests 2..10 (after the first) can hit the shared 3 blocks: at least some of them do
     assert run["cached_tokens"] >= 3 * 32
     assert 0 < run["token_hit_ratio"] < 1 and run["qttft_mean_s"] > 0
+    # no --capacity given: read from the server's /metrics, as it was started
+    assert run["capacity"] == BLOCKS and res["inputs"]["server"]["num_gpu_blocks"] == BLOCKS
+    assert res["inputs"]["server"]["block_size"] == BS == res["config"]["engine_block_size"]
+    written = {p.name for p in wa_run["replay_out"].iterdir()}
+    assert written >= {"hit_ratio.png", "hit_ratio.svg", "qttft.png", "qttft.svg", "results.json", "requests.jsonl"}
 
 
 @pytest.fixture(scope="module")
