@@ -1,4 +1,4 @@
-"""``kvprof replay`` against a stub server.
+"""``kvprof replay`` against a stub server, and ``kvprof show`` of a simulated and a live run together.
 
 The stub speaks the two things replay reads from vLLM: ``/metrics`` with vLLM 0.32's
 ``vllm:cache_config_info`` gauge (the line below is a real server's, shortened) and streamed
@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from kvprof.cli.plots import merge_results
 from tests.helpers import invoke
 
 CACHE_INFO = ('vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",'
@@ -118,3 +119,41 @@ def test_engines_that_disagree_on_their_cache_need_a_capacity(stub, trace, tmp_p
     handler.metrics = CACHE_INFO + CACHE_INFO.replace('engine="0"', 'engine="1"').replace('"48"', '"40"')
     result = replay(trace, url, tmp_path)
     assert result.exit_code == 1 and "report different caches" in result.stderr and handler.completions == 0
+
+
+def test_show_puts_a_simulated_sweep_beside_the_live_run(stub, trace, tmp_path):
+    url, _ = stub
+    sim = invoke("compare", trace, "--policies", "lru,belady", "--capacity", "8,16,48", "--block-size", "32",
+                 "--eval-window", "0:", "-j", "1", "-o", tmp_path / "sim")
+    assert sim.exit_code == 0, sim.output
+    assert replay(trace, url, tmp_path / "live").exit_code == 0
+    files = (tmp_path / "sim" / "results.json", tmp_path / "live" / "results.json")
+
+    result = invoke("show", *files, "-o", tmp_path / "both")
+    assert result.exit_code == 0, result.output
+    assert "lru" in result.stdout and "belady" in result.stdout and "served (live)" in result.stdout
+    assert {p.name for p in (tmp_path / "both").iterdir()} == PLOTS
+
+    merged = json.loads(invoke("show", *files, "--json").stdout)
+    assert merged["config"]["policies"] == ["lru", "belady", "served (live)"]
+    assert [(r["policy"], r["capacity"]) for r in merged["runs"]][-1] == ("served (live)", 48)
+
+
+def test_merged_runs_keep_one_line_per_document():
+    live = {"config": {"policies": ["served"]}, "runs": [{"policy": "served", "capacity": 16, "measured": True}]}
+    merged = merge_results([live, live])
+    assert merged["config"]["policies"] == ["served (live)", "served (live) #2"]
+
+
+def test_show_refuses_a_run_without_capacity_and_an_hp_file_among_results(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"schema": "kvprof.results/1", "complete": True, "config": {"policies": ["served"]},
+                               "runs": [{"policy": "served", "capacity": None}]}))
+    result = invoke("show", old)
+    assert result.exit_code == 1 and "has no capacity" in result.stderr
+    good = tmp_path / "good.json"
+    good.write_text(old.read_text().replace("null", "16"))
+    hp = tmp_path / "hp.json"
+    hp.write_text(json.dumps({"a": {"text_1": 0.02}, "p": {"text_1": 0.4}}))
+    result = invoke("show", hp, good)
+    assert result.exit_code == 2 and "only results.json files" in result.output

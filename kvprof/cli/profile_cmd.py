@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,8 +18,12 @@ from kvprof.cli.common import (
     positive,
     print_json,
 )
+from kvprof.errors import KvprofError
 from kvprof.profiler.classes import CLASS_KEYS, ClassRule
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
+
+#: The results documents ``show`` puts side by side (docs/results-schema.md).
+RESULTS_SCHEMA = "kvprof.results/1"
 
 TraceArg = Annotated[Path, typer.Argument(help="Trace file: Bailian or Mooncake JSONL, plain, .gz or .zst.")]
 FormatOpt = Annotated[
@@ -184,10 +189,71 @@ def inspect(
 
 @guarded
 def show(
-    hp_path: Annotated[Path, typer.Argument(help="Hyperparameter file (kvprof.hp/1, or the published format).")],
+    paths: Annotated[
+        list[Path],
+        typer.Argument(help="A hyperparameter file (kvprof.hp/1, or the published format), or one or more "
+                            "results.json files of compare, demo or replay to tabulate and plot together."),
+    ],
+    output: Annotated[
+        Optional[Path], typer.Option("-o", "--output", help="Directory for the joint plots of results files (PNG, SVG).")
+    ] = None,
     json_out: JsonOpt = False,
 ):
-    """Pretty-print a hyperparameter file after validating it."""
+    """Pretty-print a hyperparameter file after validating it, or put results files side by side.
+
+    Results files share one table and, with --output, compare's hit-ratio and QTTFT plots: a
+    simulated sweep next to a live replay at the server's capacity (policy marked "(live)").
+    """
+    documents = [_results_document(path) for path in paths]
+    if None not in documents:
+        _show_results(paths, documents, output, json_out)
+    elif len(paths) > 1 or output is not None:
+        raise typer.BadParameter("only results.json files are shown together or plotted; give an hp file alone",
+                                 param_hint="PATHS")
+    else:
+        _show_hp(paths[0], json_out)
+
+
+def _results_document(path: Path) -> dict | None:
+    """The ``kvprof.results/1`` document in ``path``, checked for plotting; None for anything else (an hp file)."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    if not isinstance(document, dict) or document.get("schema") != RESULTS_SCHEMA:
+        return None
+    if document.get("complete") is not True:
+        raise KvprofError(f"{path}: not a finished results file (no \"complete\": true)")
+    if any(run.get("capacity") is None for run in document["runs"]):
+        raise KvprofError(f"{path}: a run has no capacity (a replay without one); replay with --capacity")
+    return document
+
+
+def _show_results(paths: list[Path], documents: list[dict], output: Path | None, json_out: bool) -> None:
+    """One table of every run, live ones marked; with ``output``, compare's plots of them together."""
+    from kvprof.cli.plots import merge_results, plot_results
+
+    merged = merge_results(documents)
+    plots = []
+    if output is not None:
+        output.mkdir(parents=True, exist_ok=True)
+        plots = plot_results(merged, output)
+    if json_out:
+        print_json(merged)
+        return
+    table = Table(title=", ".join(map(str, paths)))
+    for column in ("policy", "capacity", "requests", "hit ratio", "QTTFT mean (s)", "QTTFT p99 (s)"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for run in merged["runs"]:
+        table.add_row(run["policy"], f"{run['capacity']:,}", f"{run['n_requests']:,}", _fmt(run["token_hit_ratio"], ".4f"),
+                      _fmt(run["qttft_mean_s"]), _fmt(run["qttft_p99_s"]))
+    console.print(table)
+    if plots:
+        err_console.print(f"wrote {len(plots)} plots to {output}")
+
+
+def _show_hp(hp_path: Path, json_out: bool) -> None:
+    """The hp file's rule, provenance, classes and sessions, after validating it."""
     from kvprof.models.hp import load_hp
 
     hp = load_hp(hp_path)
