@@ -19,14 +19,21 @@ or ``{"type": "text", "turn": 2}``) or with a ``workload=<class>`` token in the 
 
 Mapping of vLLM's calls onto the kvprof protocol (chunk keys are mapped to ints):
 
-* ``insert`` -> ``access(hit=False)``; evictable at once if its ref count is 0 (its request comes
-  from ``req_context`` in 0.33, from the ``on_store_miss`` call just before it in 0.32),
+* ``insert`` -> ``access(hit=False)``; evictable at once if its ref count is 0,
 * ``mark_evictable`` -> ``free``; ``mark_non_evictable`` -> ``remove``,
-* ``touch`` / ``on_request_finished`` -> ``access`` (hit for reused chunks), depth = prefix position,
+* ``touch`` / ``on_request_finished`` -> ``access`` (hit for chunks another request stored),
+  depth = prefix position,
 * ``evict(n, protected)`` -> the first ``n`` unprotected blocks of ``policy.order`` (atomic: nothing
   changes when ``n`` cannot be met), ``remove`` -> ``discard``, ``clear`` -> ``clear``.
 
-``insert`` takes an optional ``req_context`` (vLLM 0.33 added it; 0.32 does not pass it).
+Which request stores a chunk reaches the policy differently across vLLM releases; the policy takes
+it from whichever call carries it, so no version is branched on:
+
+* 0.33: ``insert(key, chunk, req_context)``;
+* 0.31-0.32: ``insert(key, chunk)``, right after ``on_store_miss(keys, req_context)`` for those keys;
+* 0.30: ``insert(key, chunk)`` and no ``on_store_miss`` or ``on_request_finished``; the connector
+  calls ``touch(all of the request's keys, req_context)`` right after each store, so the first
+  touch of a chunk stored without a request names the request that stored it.
 """
 
 from __future__ import annotations
@@ -74,6 +81,8 @@ class KvprofCachePolicy(CachePolicy):
         self._key: dict[int, Any] = {}
         self._next_id = 0
         self._store_ctx = None
+        #: Request id that stored each chunk; None until named (vLLM 0.30: by the first ``touch``).
+        self._stored_by: dict[Any, str | None] = {}
 
     # -- helpers ---------------------------------------------------------------------------
     def _class_of(self, req_context) -> int:
@@ -110,6 +119,7 @@ class KvprofCachePolicy(CachePolicy):
         if req_context is None:
             req_context = self._store_ctx
         self.chunks[key] = chunk
+        self._stored_by[key] = getattr(req_context, "req_id", None)
         block = self._id_of(key)
         now = self._clock()
         self.policy.access(block, now, self._class_of(req_context), self._depth(key, req_context, 0), hit=False)
@@ -118,16 +128,29 @@ class KvprofCachePolicy(CachePolicy):
 
     def remove(self, key) -> None:
         del self.chunks[key]
+        del self._stored_by[key]
         block = self._id.pop(key, None)
         if block is not None:
             self.policy.discard(block)
             del self._key[block]
 
     def touch(self, keys: Iterable, req_context) -> None:
-        self._access(list(keys), req_context, reused=None)
+        # A request's own chunks are not hits; vLLM 0.30 names the storer only here (module docstring).
+        keys = list(keys)
+        req_id = getattr(req_context, "req_id", None)
+        stored_by = self._stored_by
+        reused = set()
+        for key in keys:
+            if key not in stored_by:
+                continue
+            if stored_by[key] is None:
+                stored_by[key] = req_id
+            elif stored_by[key] != req_id:
+                reused.add(key)
+        self._access(keys, req_context, reused=reused)
 
     def on_store_miss(self, keys: Iterable, req_context) -> None:
-        # Not an access of a cached chunk. vLLM 0.32 calls this just before inserting the missed
+        # Not an access of a cached chunk. vLLM 0.31-0.32 call this just before inserting the missed
         # keys, without passing the request to ``insert``: remember it for those inserts.
         self._store_ctx = req_context
 
@@ -143,8 +166,7 @@ class KvprofCachePolicy(CachePolicy):
             block = self._id.get(key)
             if block is None or key not in self.chunks:
                 continue
-            hit = True if reused is None else key in reused
-            access(block, now, cls, self._depth(key, req_context, i), hit=hit)
+            access(block, now, cls, self._depth(key, req_context, i), hit=key in reused)
 
     def evict(self, n: int, protected: set):
         if n == 0:
@@ -167,6 +189,7 @@ class KvprofCachePolicy(CachePolicy):
             self.policy.remove(block)
             key = self._key.pop(block)
             del self._id[key]
+            del self._stored_by[key]
             chunk = self.chunks.pop(key)
             assert chunk.ref_cnt == 0
             out.append((key, chunk))
@@ -175,6 +198,7 @@ class KvprofCachePolicy(CachePolicy):
     def clear(self) -> None:
         self.policy.clear()
         self.chunks.clear()
+        self._stored_by.clear()
         self._id.clear()
         self._key.clear()
 

@@ -2,7 +2,10 @@
 
 Full offloading needs a GPU (the connector refuses to start on CPU), so the scheduler-side manager
 (``vllm.v1.kv_offload.cpu.manager.CPUOffloadingManager``) is driven directly, loading the policy the
-way the connector does: ``cache_policy="KvprofCachePolicy"``, ``cache_policy_module_path="kvprof.vllm.offload"``.
+way the connector does: ``cache_policy="KvprofCachePolicy"``, ``cache_policy_module_path="kvprof.vllm.offload"``,
+and calling it as the installed release's connector does: 0.30's connector touches a request's keys after
+each lookup and store and never reports the request finished to the policy (its ``CachePolicy`` has no
+``on_request_finished``); later ones do not touch, and record key positions in the ``ReqContext``.
 """
 
 from __future__ import annotations
@@ -36,14 +39,35 @@ def _spec(tmp_path):
     return PolicySpec.from_additional_config({"kv_policy": {"config": str(path)}})
 
 
+def _connector_touches() -> bool:
+    """Whether this release's connector reports accesses with ``touch`` (0.30) rather than per request."""
+    from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
+
+    return not hasattr(CachePolicy, "on_request_finished")
+
+
 def _store(manager, keys, ctx):
-    for i, key in enumerate(keys):
-        ctx.set_offload_key_position(key, (i + 1) * 32)
+    if hasattr(ctx, "set_offload_key_position"):
+        for i, key in enumerate(keys):
+            ctx.set_offload_key_position(key, (i + 1) * 32)
     out = manager.prepare_store(keys, ctx)
     assert out is not None
+    if _connector_touches() and out.keys_to_store:
+        manager.touch(keys, ctx)
     manager.complete_store(out.keys_to_store, ctx)
     manager.on_request_finished(ctx)
     return out
+
+
+def _load(manager, keys, ctx):
+    from vllm.v1.kv_offload.base import LookupResult
+
+    assert all(manager.lookup(k, ctx) == LookupResult.HIT for k in keys)
+    if _connector_touches():
+        manager.touch(keys, ctx)
+    manager.prepare_load(keys, ctx)
+    manager.complete_load(keys, ctx)
+    manager.on_request_finished(ctx)
 
 
 def _scenario(manager):
@@ -78,6 +102,32 @@ def test_kvprof_cache_policy_evicts_cold_chunks_lru_evicts_oldest(tmp_path, in_v
     manager.on_request_finished(ctx)
     manager.reset_cache()
     assert all(manager.lookup(k, ctx) == LookupResult.MISS for k in hot)
+
+
+def test_chunks_take_the_storing_requests_class_and_hits_the_loaders(tmp_path, in_vllm):
+    """Each release names the storing request its own way (see kvprof.vllm.offload): whichever it is,
+    a stored chunk's last access has that request's class and is no hit; a later load is a hit."""
+    if not in_vllm:
+        return
+    from vllm.v1.kv_offload.base import ReqContext
+
+    manager = _manager("kvprof", _spec(tmp_path))
+    cache_policy = manager._policy
+    last = {}  # block -> (class index, hit) of its last access
+    access = cache_policy.policy.access
+
+    def spy(block, now, workload=0, depth=0, *, hit=False, **kwargs):
+        last[block] = (workload, hit)
+        return access(block, now, workload, depth, hit=hit, **kwargs)
+
+    cache_policy.policy.access = spy
+    hot, _, out = _scenario(manager)
+    spec = cache_policy.spec
+    hot_class, cold_class = spec.class_index({"workload": "hot_1"}), spec.class_index({"workload": "cold_1"})
+    assert {last[cache_policy._id[k]] for k in hot} == {(hot_class, False)}
+    assert {last[cache_policy._id[k]] for k in out.keys_to_store} == {(cold_class, False)}
+    _load(manager, hot, ReqContext("later", kv_transfer_params={"workload": "cold_1"}))
+    assert {last[cache_policy._id[k]] for k in hot} == {(cold_class, True)}
 
 
 def test_kvprof_cache_policy_refuses_without_spec(monkeypatch, in_vllm):
