@@ -82,8 +82,19 @@ def reuse_probability(p, lam, age, horizon) -> np.ndarray:
     ndarray of float64, broadcast shape of the inputs, in [0, 1]
     """
     p, lam, age, horizon = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (p, lam, age, horizon)))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_odds = np.log(p) - np.log1p(-p) - _decay_exponent(lam, age)
-    # p = 1 makes log_odds inf - inf = NaN at infinite age; the limit is certainty of reuse.
-    still_reusable = np.where(p >= 1.0, 1.0, expit(log_odds))
-    return still_reusable * _within_horizon(lam, horizon)
+    return reuse_probability_from(log_odds(p), lam, age, _within_horizon(lam, horizon))
+
+
+def log_odds(p) -> np.ndarray:
+    """``log(p / (1 - p))``, ``-inf`` at 0 and ``inf`` at 1."""
+    with np.errstate(divide="ignore"):
+        return np.log(p) - np.log1p(-p)
+
+
+def reuse_probability_from(log_odds_p, lam, age, span) -> np.ndarray:
+    """:func:`reuse_probability` from its per-class parts, ``log_odds(p)`` and the span
+    ``1 - e^(-lam H)``, so that a policy scoring many blocks computes them once per class."""
+    with np.errstate(invalid="ignore"):
+        still_reusable = expit(log_odds_p - _decay_exponent(lam, age))
+    # p = 1 makes the log-odds inf - inf = NaN at infinite age; the limit is certainty of reuse.
+    return np.where(np.isnan(still_reusable), 1.0, still_reusable) * span
