@@ -401,23 +401,28 @@ def freed(policy, now, *blocks):
 
 @settings(max_examples=200, deadline=None)
 @given(
-    p=st.sampled_from([0.0, 1e-9, 0.3, 0.999, 1.0]) | st.floats(0, 1),
-    lam=st.sampled_from([0.0, 1e-6, 2.0]) | st.floats(0, 10),
-    age=st.sampled_from([0.0, 1e4, 1e9]) | st.floats(0, 1e6),
+    p=st.lists(st.sampled_from([0.0, 1e-9, 0.3, 0.999, 1.0]) | st.floats(0, 1), min_size=2, max_size=2),
+    lam=st.lists(st.sampled_from([0.0, 1e-6, 2.0]) | st.floats(0, 10), min_size=2, max_size=2),
+    ages=st.lists(st.sampled_from([0.0, 1e4, 1e9, math.inf]) | st.floats(0, 1e6), min_size=1, max_size=6),
 )
-def test_scalar_scores_equal_the_vectorised_models(p, lam, age):
-    wa = WorkloadAwarePolicy([p], [lam], horizon=30.0)
-    paper = PublishedWorkloadAwarePolicy([p], [lam])
-    assert wa.score(0, age) == pytest.approx(float(reuse_probability(p, lam, age, 30.0)), rel=1e-12, abs=1e-300)
-    assert paper.score(0, age) == pytest.approx(float(published_score(p, lam, age, 5.0)), rel=1e-12, abs=1e-300)
-    assert paper.score(0, math.inf) == float(published_score(p, lam, math.inf, 5.0)) == 0.0
+def test_policy_scores_are_the_models_per_class(p, lam, ages):
+    """Each block is scored with its own class's (p, lambda) by the model functions, exactly."""
+    wa = WorkloadAwarePolicy(p, lam, horizon=30.0)
+    paper = PublishedWorkloadAwarePolicy(p, lam)
+    classes = np.arange(len(ages)) % 2
+    ages = np.array(ages)
+    expected = reuse_probability(np.take(p, classes), np.take(lam, classes), ages, 30.0)
+    np.testing.assert_array_equal(wa.scores(classes, ages), expected)
+    expected = published_score(np.take(p, classes), np.take(lam, classes), ages, 5.0)
+    np.testing.assert_array_equal(paper.scores(classes, ages), expected)
+    assert np.all(paper.scores(classes, np.full(len(ages), math.inf)) == 0.0)
 
 
 def test_wa_evicts_the_class_with_the_lower_score_not_the_older_block():
     wa = WorkloadAwarePolicy([0.9, 0.1, 0.3], [0.01, 0.01, 0.01], horizon=30.0)
     freed(wa, 0.0, (1, 0, 0))  # older, but its class is usually reused
     freed(wa, 10.0, (2, 1, 0))
-    assert wa.score(1, 0.0) < wa.score(0, 10.0)
+    assert wa.scores(np.array([1]), np.array([0.0]))[0] < wa.scores(np.array([0]), np.array([10.0]))[0]
     assert wa.order(10.0) == [2, 1]
     lru = LRUPolicy()
     lru.free([1, 2], 0.0)
@@ -448,7 +453,7 @@ def test_wa_ages_blocks_from_their_free_while_wa_paper_scores_never_hit_blocks_z
     assert run(WorkloadAwarePolicy(p, lam, 30.0)) == [1, 2]  # 1 is idle since 60, 2 since 100
     paper = PublishedWorkloadAwarePolicy(p, lam)
     assert run(paper) == [2, 1]
-    assert paper.score(1, 100.0 - paper._stamp[2]) == 0.0  # the stale stamp
+    assert paper.scores(np.array([1]), 100.0 - paper._stamp[[2]])[0] == 0.0  # the stale stamp
 
 
 def test_wa_moves_a_block_to_its_last_toucher_class_wa_paper_keeps_the_allocator():
@@ -478,11 +483,11 @@ def test_wa_evict_n_scores_each_block_once(monkeypatch):
     for t in range(100):
         freed(wa, float(t), *[(t * 20 + c, c, 0) for c in range(20)])
     calls = []
-    score = wa.score
-    monkeypatch.setattr(wa, "score", lambda c, age: calls.append(c) or score(c, age))
+    scores = wa.scores
+    monkeypatch.setattr(wa, "scores", lambda classes, ages: calls.append(len(classes)) or scores(classes, ages))
     victims = wa.evict_n(1000, 200.0)
     assert len(victims) == len(set(victims)) == 1000 and len(wa) == 1000
-    assert len(calls) <= 1000 + 20
+    assert calls == [2000]  # one vectorised call, each block once (no list has more than 1000)
 
 
 # --- baselines ------------------------------------------------------------------------------
@@ -549,7 +554,7 @@ def test_make_policy_builds_every_registered_policy_and_wa_from_the_hp_file():
     assert wa.n_classes == len(names) and wa.horizon == 60.0
     np.testing.assert_array_equal(wa.p, p)
     assert paper.horizon == 5.0 and (paper.p[-1], paper.lam[-1]) == (1.0, 0.0)
-    assert paper.score(hp.index_of("search_1"), 0.0) == 0.0
+    assert paper.scores(np.array([hp.index_of("search_1")]), np.array([0.0]))[0] == 0.0
     assert make_policy("wa", hp, horizon=10.0).horizon == 10.0
     assert make_policy("s3fifo", small_ratio=0.2).small_ratio == 0.2
 
@@ -572,3 +577,123 @@ def test_wa_scores_hit_blocks_with_their_class_reused_row():
     assert policy.evict(1.0) == 7
     with pytest.raises(ValueError):
         WorkloadAwarePolicy([0.1, 0.2], [0.1, 0.1], 10.0, reused_row=[0, 5])
+
+
+# --- the batched merge of ClassedLRUPolicy against a one-head-at-a-time reference ------------
+
+
+class GreedyReference:
+    """Class lists in free order and the textbook greedy merge: evict the lowest head, repeat.
+
+    Keys are taken from the policy's own score function and side tables, so only the lists and
+    the merge are independent of the implementation under test.
+    """
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.lists = [[] for _ in range(policy.n_classes)]
+
+    def free(self, blocks):
+        for block in blocks:
+            self.lists[int(self.policy._class[block])].append(block)
+
+    def remove(self, block):
+        for blocks in self.lists:
+            if block in blocks:
+                blocks.remove(block)
+
+    def key(self, cls, block, now):
+        policy = self.policy
+        score = policy.scores(np.array([cls]), np.array([max(now - policy._stamp[block], 0.0)]))[0]
+        ties = tuple(float(k[0]) for k in reversed(policy._tie_keys(np.array([block]))))
+        return (score, *ties, cls)
+
+    def evict_n(self, n, now):
+        victims = []
+        for _ in range(n):
+            cls = min((c for c, blocks in enumerate(self.lists) if blocks), key=lambda c: self.key(c, self.lists[c][0], now))
+            victims.append(self.lists[cls].pop(0))
+        return victims
+
+    def order(self, now):
+        shadow = GreedyReference(self.policy)
+        shadow.lists = [list(blocks) for blocks in self.lists]
+        return shadow.evict_n(sum(map(len, self.lists)), now)
+
+
+MERGE_OPS = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 10**6), st.integers(0, 10**6)), max_size=150)
+
+
+@pytest.mark.parametrize("name", ["wa", "wa-paper"])
+@settings(max_examples=120, deadline=None)
+@given(
+    ops=MERGE_OPS,
+    params=st.lists(st.tuples(st.sampled_from([0.0, 0.3, 1.0]), st.sampled_from([0.0, 0.05, 800.0])), min_size=1, max_size=4),
+)
+def test_batched_merge_equals_the_greedy_reference(name, ops, params):
+    """Cross-class score ties (p = 0, equal classes, underflow at lam = 800), clocks that step
+    back, hits taking blocks out of the middle of lists: the order is the greedy merge's."""
+    p, lam = [a for a, _ in params], [b for _, b in params]
+    policy = WorkloadAwarePolicy(p, lam, 30.0) if name == "wa" else PublishedWorkloadAwarePolicy(p, lam)
+    reference = GreedyReference(policy)
+    held: set[int] = set(range(40))  # blocks a request holds: accessed, not evictable
+    now = 0.0
+    for kind, a, b in ops:
+        now += (a % 5) - (1 if b % 11 == 0 else 0)  # mostly forward, sometimes back
+        evictable = sorted(set(range(40)) - held)
+        if kind <= 1 and held:  # a request finishes: some held blocks freed, tail first
+            blocks = sorted(held)[a % len(held):][: b % 6 + 1]
+            for i, block in enumerate(blocks):
+                policy.access(block, now, (a + i) % (len(p) + 1) - 1, b % 4 + i, hit=bool(b & (1 << i)))
+            blocks.reverse()
+            policy.free(blocks, now)
+            reference.free(blocks)
+            held -= set(blocks)
+        elif kind == 2 and evictable:  # a prefix hit takes an evictable block back
+            block = evictable[a % len(evictable)]
+            policy.remove(block)
+            reference.remove(block)
+            held.add(block)
+        elif kind == 3 and evictable:
+            k = a % len(evictable) + 1
+            victims = policy.evict_n(k, now)
+            assert victims == reference.evict_n(k, now)
+            held |= set(victims)
+        assert policy.order(now) == reference.order(now)
+        assert len(policy) == 40 - len(held)
+
+
+def test_class_fifos_compact_and_widen_under_churn():
+    """A tiny buffer: pushes, hits in the middle of rows and takes force compaction and growth."""
+    from kvprof.policy.fifos import ClassFifos
+
+    rng = np.random.default_rng(3)
+    fifos, model = ClassFifos(3, width=4), [[], [], []]
+    fifos.reserve(200)
+    free = list(range(200))
+    for _ in range(3000):
+        op = rng.integers(3)
+        if op == 0 and free:
+            blocks = np.array([free.pop(rng.integers(len(free))) for _ in range(min(len(free), rng.integers(1, 9)))])
+            classes = rng.integers(0, 3, len(blocks))
+            fifos.push(blocks, classes)
+            for block, cls in zip(blocks.tolist(), classes.tolist()):
+                model[cls].append(block)
+        elif op == 1 and len(fifos):
+            cls = rng.choice([c for c in range(3) if model[c]])
+            block = model[cls].pop(rng.integers(len(model[cls])))
+            fifos.remove(block)
+            free.append(block)
+        elif len(fifos):
+            n = int(rng.integers(1, 12))
+            blocks, classes, columns = fifos.front(n)
+            expected = [b for rows in model for b in rows[:n]]
+            assert blocks.tolist() == expected
+            take = classes == classes[0]  # a prefix of one row
+            fifos.take(blocks[take], classes[take], columns[take])
+            cls = int(classes[0])
+            free.extend(model[cls][: int(take.sum())])
+            del model[cls][: int(take.sum())]
+        assert len(fifos) == sum(map(len, model)) and fifos.live == [len(rows) for rows in model]
+    with pytest.raises(KeyError):
+        fifos.remove(free[0])

@@ -89,7 +89,11 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def remove(self, block: int) -> None:
-        """An evictable block is taken back by a hit; it is no longer evictable."""
+        """An evictable block is taken back by a hit; it is no longer evictable.
+
+        Raises KeyError, changing nothing, if ``block`` is not evictable (the vLLM queue relies
+        on it to tell cached blocks from hash-less ones in one lookup).
+        """
 
     @abstractmethod
     def evict(self, now: float) -> int:

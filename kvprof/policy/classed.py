@@ -1,33 +1,33 @@
-"""Per-class LRU lists scored at their heads: the engine shared by ``wa`` and ``wa-paper``."""
+"""Per-class LRU lists merged on a score: the engine shared by ``wa`` and ``wa-paper``."""
 
 from __future__ import annotations
 
-import heapq
 import math
 from abc import abstractmethod
-from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable
 
 import numpy as np
 
 from kvprof.models.score import published_score
 from kvprof.policy.base import EvictionPolicy
+from kvprof.policy.fifos import ClassFifos
 
 
 class ClassedLRUPolicy(EvictionPolicy):
-    """Evictable blocks in one LRU list per workload class; the lowest-scoring head goes first.
+    """Evictable blocks in one LRU list per workload class; the lowest-keyed list head goes first.
 
     Invariant: an evictable block sits in exactly one class list, the one its class named when it
-    was freed (``_where`` records which), and each list keeps free order, front first. Victims
-    only ever come off a list's front, so within a class the eviction order is free order and
-    only the heads need a score: one evict costs O(classes), never O(blocks).
+    was freed, and each list keeps free order. Victims only ever come off a list's front, so the
+    eviction order is the greedy merge of the lists: repeatedly evict the head with the lowest
+    key. Every eviction, single or batched, and :meth:`order` compute that merge the same way,
+    in :meth:`_merge`, so ``evict_n(n)`` is always ``n`` calls of ``evict()``.
 
     Subclasses say how a block is scored and stamped and which class it keeps; that is all that
     separates ``wa`` from ``wa-paper``:
 
-    * ``_key(cls, block, now)``: a tuple, lowest evicted first, ending with ``cls`` so that two
-      heads never compare equal (this is what makes ``evict_n`` and ``order`` agree with
-      repeated ``evict``).
+    * ``scores(classes, ages)``: vectorised score, lowest evicted first, non-increasing in age.
+    * ``_tie_keys(blocks)``: arrays that break equal scores (numpy ``lexsort`` order, least
+      significant first); the class index breaks whatever ties remain, so no two heads are equal.
     * ``stamps_allocation``: allocation stamps the last access with ``now``; otherwise with
       ``-inf`` ("never hit"). Hits always stamp ``now``.
     * ``stamps_free``: ``free`` stamps the last access with ``now``.
@@ -44,7 +44,9 @@ class ClassedLRUPolicy(EvictionPolicy):
         Seconds ahead over which a reuse counts (H), > 0, may be ``inf``.
 
     The last class is the default one (``HpFile.table()`` puts it last): a block whose class
-    index is outside the table, or that was never accessed, belongs to it.
+    index is outside the table, or that was never accessed, belongs to it. Blocks are small
+    non-negative ints (vLLM block ids, simulator slots): per-block state lives in arrays indexed
+    by block id.
     """
 
     stamps_allocation: bool
@@ -63,34 +65,41 @@ class ClassedLRUPolicy(EvictionPolicy):
         self.p = p
         self.lam = lam
         self.horizon = float(horizon)
-        # Plain float lists: the per-head scalar path indexes them, numpy scalars would be slower.
-        self._p = p.tolist()
-        self._lam = lam.tolist()
-        # 1 - e^(-lam H), the chance that a reuse still to come lands within H (lam = 0 and an
-        # infinite H handled as models.score handles them).
-        self._span = published_score(1.0, lam, 0.0, horizon).tolist()
+        # 1 - e^(-lam H), the chance that a reuse still to come lands within H.
+        self._span = published_score(1.0, lam, 0.0, horizon)
         self._default = p.size - 1
-        self._queues: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(p.size)]
-        self._where: dict[int, int] = {}  # evictable block -> index of the list holding it
-        self._class: dict[int, int] = {}
-        self._stamp: dict[int, float] = {}
-        self._depth: dict[int, int] = {}
+        # The class a hit by class c gives the block (with class_follows_hits): c unless a
+        # subclass keeps hit blocks in rows of their own.
+        self._hit_class = list(range(p.size))
+        self._fifos = ClassFifos(p.size)
+        self._class = np.zeros(0, dtype=np.int64)
+        self._stamp = np.zeros(0, dtype=np.float64)
+        self._depth = np.zeros(0, dtype=np.int64)
 
     @property
     def n_classes(self) -> int:
         """Number of classes, the default one included."""
-        return len(self._queues)
+        return len(self.p)
 
     @abstractmethod
-    def score(self, workload: int, age: float) -> float:
-        """Score of a block of class ``workload`` last accessed ``age`` seconds ago (lower goes first).
+    def scores(self, classes: np.ndarray, ages: np.ndarray) -> np.ndarray:
+        """Scores of blocks of ``classes`` last accessed ``ages`` seconds ago (lower goes first).
 
-        Non-increasing in ``age``: that is what lets a class list be scored at its head only.
+        Non-increasing in age: with stamps in free order, a list's scores then rise towards its
+        back and the merge has only a few runs to place.
         """
 
-    @abstractmethod
-    def _key(self, cls: int, block: int, now: float) -> tuple:
-        """Sort key of ``block`` at the head of class list ``cls``; ends with ``cls``."""
+    def _tie_keys(self, blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Keys that order blocks of equal score, least significant first; none by default."""
+        return ()
+
+    def _grow(self, block: int) -> None:
+        have = len(self._stamp)
+        size = max(block + 1, 2 * have, 64)
+        self._class = np.concatenate([self._class, np.full(size - have, self._default, dtype=np.int64)])
+        self._stamp = np.concatenate([self._stamp, np.full(size - have, -math.inf)])
+        self._depth = np.concatenate([self._depth, np.zeros(size - have, dtype=np.int64)])
+        self._fifos.reserve(size)
 
     def access(
         self,
@@ -103,93 +112,116 @@ class ClassedLRUPolicy(EvictionPolicy):
         next_use: float = math.inf,
         content: Hashable | None = None,
     ) -> None:
-        if not 0 <= workload < len(self._queues):
+        if block >= len(self._stamp):
+            self._grow(block)
+        if not 0 <= workload <= self._default:
             workload = self._default
-        self._stamp[block] = now if hit or self.stamps_allocation else -math.inf
-        if not hit or self.class_follows_hits:
+        if hit:
+            self._stamp[block] = now
+            if self.class_follows_hits:
+                self._class[block] = self._hit_class[workload]
+        else:
+            self._stamp[block] = now if self.stamps_allocation else -math.inf
             self._class[block] = workload
         self._depth[block] = depth
 
     def free(self, blocks: Iterable[int], now: float) -> None:
-        queues, where, class_of, stamp = self._queues, self._where, self._class, self._stamp
-        default, stamps_free = self._default, self.stamps_free
-        for block in blocks:  # hot loop: dict lookups and stores only, no new objects
-            cls = class_of.get(block, default)
-            queues[cls][block] = None
-            where[block] = cls
-            if stamps_free:
-                stamp[block] = now
+        blocks = np.fromiter(blocks, dtype=np.int64)
+        if len(blocks) == 0:
+            return
+        top = int(blocks.max())
+        if top >= len(self._stamp):
+            self._grow(top)
+        if self.stamps_free:
+            self._stamp[blocks] = now
+        self._fifos.push(blocks, self._class[blocks])
 
     def remove(self, block: int) -> None:
-        del self._queues[self._where.pop(block)][block]
+        self._fifos.remove(block)
 
     def evict(self, now: float) -> int:
-        best_key = None
-        for cls, queue in enumerate(self._queues):  # O(classes): only heads are scored
-            if queue:
-                key = self._key(cls, next(iter(queue)), now)
-                if best_key is None or key < best_key:
-                    best_key = key
-        if best_key is None:
+        if not len(self._fifos):
             raise IndexError("no evictable block")
-        block = self._queues[best_key[-1]].popitem(last=False)[0]
-        del self._where[block]
-        return block
+        return self.evict_n(1, now)[0]
 
     def evict_n(self, n: int, now: float) -> list[int]:
-        if n > len(self._where):
-            raise IndexError(f"{n} victims asked for, {len(self._where)} evictable")
-        victims = []
-        for block in self._merged(now):
-            if len(victims) == n:
-                break
-            victims.append(block)
-        # Deleting after the merge: the merge iterates the lists, which must not change under it.
-        queues, where = self._queues, self._where
-        for block in victims:
-            del queues[where.pop(block)][block]
-        return victims
+        if n > len(self._fifos):
+            raise IndexError(f"{n} victims asked for, {len(self._fifos)} evictable")
+        if n <= 0:
+            return []
+        victims = self._merge(n, now)
+        self._fifos.take(*victims)
+        return victims[0].tolist()
 
     def order(self, now: float) -> list[int]:
-        return list(self._merged(now))
+        return self._merge(len(self._fifos), now)[0].tolist() if len(self._fifos) else []
 
-    def _merged(self, now: float) -> Iterator[int]:
-        """Blocks in eviction order: a k-way merge of the class lists on their head keys.
+    def _merge(self, n: int, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The first ``n`` victims of the greedy merge, as ``(blocks, classes, columns)``.
 
-        A heap holds one entry per non-empty list; each step yields the lowest head and scores
-        the next block of its list, so ``n`` victims cost O(n log classes). Once one list is
-        left it is yielded as is, unscored: with one class this is plain LRU order.
+        Only the first ``n`` blocks of each list can be among them. Blocks freed together share
+        a stamp and so a score: the merge scores *runs* of them. When each list's scores ascend
+        and no two lists share a score (the rule: stamps follow free order), every run leaves
+        whole and the merge is the runs sorted by score. Otherwise (a list that does not ascend,
+        equal scores in two lists: p = 0, e^(-lam a) underflowing) it ranks blocks on the full key.
         """
-        heap = []
-        for cls, queue in enumerate(self._queues):
-            if queue:
-                blocks = iter(queue)
-                head = next(blocks)
-                heap.append((self._key(cls, head, now), head, blocks))
-        heapq.heapify(heap)
-        while len(heap) > 1:
-            key, head, blocks = heap[0]
-            yield head
-            head = next(blocks, None)
-            if head is None:
-                heapq.heappop(heap)
-            else:
-                heapq.heapreplace(heap, (self._key(key[-1], head, now), head, blocks))
-        if heap:
-            _, head, blocks = heap[0]
-            yield head
-            yield from blocks
+        blocks, classes, columns = self._fifos.front(n)
+        if classes[0] == classes[-1]:  # one list: its own order
+            return blocks[:n], classes[:n], columns[:n]
+        stamps = self._stamp[blocks]
+        new_run = np.empty(len(blocks), dtype=bool)
+        new_run[0] = True
+        np.not_equal(stamps[1:], stamps[:-1], out=new_run[1:])
+        new_run[1:] |= classes[1:] != classes[:-1]
+        starts = np.flatnonzero(new_run)
+        lengths = np.diff(starts, append=len(blocks))
+        run_class = classes[starts]
+        # A stamp after ``now`` (a clock that stepped back) counts as an access just now.
+        run_score = self.scores(run_class, np.maximum(now - stamps[starts], 0.0))
+        by_key = np.lexsort((run_class, run_score))
+        if self._needs_ranks(run_class, run_score, by_key):
+            ranks = self._ranks(blocks, classes, np.repeat(run_score, lengths))
+            picked = np.argsort(ranks, kind="stable")[:n]
+            return blocks[picked], classes[picked], columns[picked]
+        ends = np.cumsum(lengths[by_key])
+        used = int(np.searchsorted(ends, n)) + 1
+        runs = by_key[:used]
+        taken = lengths[runs]
+        taken[-1] -= ends[used - 1] - n
+        picked = np.repeat(starts[runs] - (ends[:used] - lengths[runs]), taken) + np.arange(n)
+        return blocks[picked], classes[picked], columns[picked]
+
+    @staticmethod
+    def _needs_ranks(run_class, run_score, by_key) -> bool:
+        """Whether sorting runs by score is not the merge: a list's scores drop, or two lists tie."""
+        same_list = run_class[1:] == run_class[:-1]
+        if (same_list & (run_score[1:] < run_score[:-1])).any():
+            return True
+        first = run_score[by_key]
+        tied = first[1:] == first[:-1]
+        return bool(tied.any() and (run_class[by_key][1:] != run_class[by_key][:-1])[tied].any())
+
+    def _ranks(self, blocks, classes, scores) -> np.ndarray:
+        """Each block's running maximum, within its list, of its rank on the full key.
+
+        A block leaves the greedy merge right after the block that set its running maximum, so
+        a stable sort on these ranks is the merge.
+        """
+        rank = np.empty(len(blocks), dtype=np.int64)
+        rank[np.lexsort((classes, *self._tie_keys(blocks), scores))] = np.arange(len(blocks))
+        # Lists are contiguous and in class order: lifting each by its class makes one running
+        # maximum restart at every list.
+        lift = classes * len(blocks)
+        return np.maximum.accumulate(rank + lift) - lift
 
     def clear(self) -> None:
-        for queue in self._queues:
-            queue.clear()
-        self._where.clear()
-        self._class.clear()
-        self._stamp.clear()
-        self._depth.clear()
+        self._fifos.clear()
+        self._class[:] = self._default
+        self._stamp[:] = -math.inf
+        self._depth[:] = 0
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._fifos)
 
     def __contains__(self, block: int) -> bool:
-        return block in self._where
+        return block in self._fifos

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from kvprof.models.hp import PUBLISHED_DEFAULT_LAMBDA, PUBLISHED_DEFAULT_P, PUBLISHED_HORIZON_S
+from kvprof.models.score import published_score
 from kvprof.policy.classed import ClassedLRUPolicy
 
 
@@ -46,10 +45,5 @@ class PublishedWorkloadAwarePolicy(ClassedLRUPolicy):
         _, p, lam = hp.table()
         return cls(np.append(p[:-1], PUBLISHED_DEFAULT_P), np.append(lam[:-1], PUBLISHED_DEFAULT_LAMBDA))
 
-    def score(self, workload: int, age: float) -> float:
-        scale = self._p[workload] * self._span[workload]
-        # lam = 0 makes the span 0; returning early also avoids 0 * inf = nan for stale stamps.
-        return scale * math.exp(-self._lam[workload] * age) if scale else 0.0
-
-    def _key(self, cls: int, block: int, now: float) -> tuple:
-        return (self.score(cls, now - self._stamp.get(block, -math.inf)), cls)
+    def scores(self, classes: np.ndarray, ages: np.ndarray) -> np.ndarray:
+        return published_score(self.p[classes], self.lam[classes], ages, self.horizon)
