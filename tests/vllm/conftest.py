@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_support import HERE, HP_TEST, SKIP_REASON, VENV, inside_vllm_venv, run_in_vllm_venv, vllm_python
+from vllm_support import HERE, HP_TEST, SKIP_REASON, VENV, inside_vllm_venv, run_in_vllm_venv, serves_on_cpu, vllm_python
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,6 +46,9 @@ def in_vllm(request, vllm_venv):
 
 @pytest.fixture(scope="session")
 def tiny_model(vllm_venv, tmp_path_factory) -> Path:
+    """The model every ``vllm serve`` test starts; those tests skip where the venv's vLLM cannot serve here."""
+    if not serves_on_cpu(vllm_venv):
+        pytest.skip(f"{vllm_venv} holds vLLM's upstream (CUDA) build, which cannot serve without a GPU")
     out = tmp_path_factory.mktemp("tiny-llama") / "model"
     subprocess.run([vllm_python(vllm_venv), str(HERE / "tiny_model.py"), str(out)], check=True, timeout=600)
     return out

