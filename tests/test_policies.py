@@ -686,14 +686,19 @@ def test_class_fifos_compact_and_widen_under_churn():
             free.append(block)
         elif len(fifos):
             n = int(rng.integers(1, 12))
-            blocks, classes, columns = fifos.front(n)
-            expected = [b for rows in model for b in rows[:n]]
-            assert blocks.tolist() == expected
-            take = classes == classes[0]  # a prefix of one row
-            fifos.take(blocks[take], classes[take], columns[take])
-            cls = int(classes[0])
-            free.extend(model[cls][: int(take.sum())])
-            del model[cls][: int(take.sum())]
+            candidates = fifos.front(n)
+            assert candidates.blocks.tolist() == [b for rows in model for b in rows[:n]]
+            taken = [int(rng.integers(0, min(n, len(rows)) + 1)) for rows in model]  # a prefix per row
+            picked = np.concatenate([candidates.starts[c] + np.arange(k) for c, k in enumerate(taken)]).astype(int)
+            rng.shuffle(picked)  # the merge interleaves rows; each row's prefix stays in order
+            for c in range(3):
+                mine = picked[candidates.classes[picked] == c]
+                picked[candidates.classes[picked] == c] = np.sort(mine)
+            fifos.take(candidates, picked)
+            for c, k in enumerate(taken):
+                free.extend(model[c][:k])
+                del model[c][:k]
         assert len(fifos) == sum(map(len, model)) and fifos.live == [len(rows) for rows in model]
+        assert all(d >= 0 for d in fifos.dead)
     with pytest.raises(KeyError):
         fifos.remove(free[0])

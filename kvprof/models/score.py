@@ -16,11 +16,12 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit
 
+_LARGEST = np.finfo(np.float64).max
+
 
 def _decay_exponent(lam: np.ndarray, t: np.ndarray) -> np.ndarray:
     """``lam * t``, with ``0 * inf`` taken as 0 (a class that never decays stays put)."""
-    with np.errstate(invalid="ignore"):
-        return np.where(lam == 0, 0.0, lam * t)
+    return lam * np.where(lam == 0, 0.0, t)
 
 
 def _within_horizon(lam: np.ndarray, horizon: np.ndarray) -> np.ndarray:
@@ -94,7 +95,6 @@ def log_odds(p) -> np.ndarray:
 def reuse_probability_from(log_odds_p, lam, age, span) -> np.ndarray:
     """:func:`reuse_probability` from its per-class parts, ``log_odds(p)`` and the span
     ``1 - e^(-lam H)``, so that a policy scoring many blocks computes them once per class."""
-    with np.errstate(invalid="ignore"):
-        still_reusable = expit(log_odds_p - _decay_exponent(lam, age))
-    # p = 1 makes the log-odds inf - inf = NaN at infinite age; the limit is certainty of reuse.
-    return np.where(np.isnan(still_reusable), 1.0, still_reusable) * span
+    # Capping the decay at the largest float keeps p = 1 at infinite age from inf - inf = NaN:
+    # the limit there is certainty of reuse, and for p < 1 the capped value still gives 0.
+    return expit(log_odds_p - np.minimum(_decay_exponent(lam, age), _LARGEST)) * span

@@ -38,6 +38,8 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable
 
+import numpy as np
+
 
 class EvictionPolicy(ABC):
     """Orders the evictable blocks of one cache tier.
@@ -108,6 +110,10 @@ class EvictionPolicy(ABC):
         if n > len(self):
             raise IndexError(f"{n} victims asked for, {len(self)} evictable")
         return [self.evict(now) for _ in range(n)]
+
+    def evict_n_array(self, n: int, now: float) -> np.ndarray:
+        """:meth:`evict_n` as an int64 array (the vLLM queue gathers its blocks with it)."""
+        return np.array(self.evict_n(n, now), dtype=np.int64)
 
     def discard(self, block: int) -> None:
         """Forget an evictable block without choosing it (no-op if it is not evictable)."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvprof.models.score import published_score
 from kvprof.policy.base import EvictionPolicy
-from kvprof.policy.fifos import ClassFifos
+from kvprof.policy.fifos import Candidates, ClassFifos
 
 
 class ClassedLRUPolicy(EvictionPolicy):
@@ -145,19 +145,26 @@ class ClassedLRUPolicy(EvictionPolicy):
         return self.evict_n(1, now)[0]
 
     def evict_n(self, n: int, now: float) -> list[int]:
+        return self.evict_n_array(n, now).tolist()
+
+    def evict_n_array(self, n: int, now: float) -> np.ndarray:
         if n > len(self._fifos):
             raise IndexError(f"{n} victims asked for, {len(self._fifos)} evictable")
         if n <= 0:
-            return []
-        victims = self._merge(n, now)
-        self._fifos.take(*victims)
-        return victims[0].tolist()
+            return np.zeros(0, dtype=np.int64)
+        candidates = self._fifos.front(n)
+        picked = self._merge(candidates, n, now)
+        self._fifos.take(candidates, picked)
+        return candidates.blocks[picked]
 
     def order(self, now: float) -> list[int]:
-        return self._merge(len(self._fifos), now)[0].tolist() if len(self._fifos) else []
+        if not len(self._fifos):
+            return []
+        candidates = self._fifos.front(len(self._fifos))
+        return candidates.blocks[self._merge(candidates, len(self._fifos), now)].tolist()
 
-    def _merge(self, n: int, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The first ``n`` victims of the greedy merge, as ``(blocks, classes, columns)``.
+    def _merge(self, candidates: Candidates, n: int, now: float):
+        """Which ``n`` candidates the greedy merge evicts, in order (indices or a slice).
 
         Only the first ``n`` blocks of each list can be among them. Blocks freed together share
         a stamp and so a score: the merge scores *runs* of them. When each list's scores ascend
@@ -165,9 +172,9 @@ class ClassedLRUPolicy(EvictionPolicy):
         whole and the merge is the runs sorted by score. Otherwise (a list that does not ascend,
         equal scores in two lists: p = 0, e^(-lam a) underflowing) it ranks blocks on the full key.
         """
-        blocks, classes, columns = self._fifos.front(n)
+        blocks, classes = candidates.blocks, candidates.classes
         if classes[0] == classes[-1]:  # one list: its own order
-            return blocks[:n], classes[:n], columns[:n]
+            return slice(0, n)
         stamps = self._stamp[blocks]
         new_run = np.empty(len(blocks), dtype=bool)
         new_run[0] = True
@@ -180,16 +187,13 @@ class ClassedLRUPolicy(EvictionPolicy):
         run_score = self.scores(run_class, np.maximum(now - stamps[starts], 0.0))
         by_key = np.lexsort((run_class, run_score))
         if self._needs_ranks(run_class, run_score, by_key):
-            ranks = self._ranks(blocks, classes, np.repeat(run_score, lengths))
-            picked = np.argsort(ranks, kind="stable")[:n]
-            return blocks[picked], classes[picked], columns[picked]
+            return np.argsort(self._ranks(blocks, classes, np.repeat(run_score, lengths)), kind="stable")[:n]
         ends = np.cumsum(lengths[by_key])
         used = int(np.searchsorted(ends, n)) + 1
         runs = by_key[:used]
         taken = lengths[runs]
         taken[-1] -= ends[used - 1] - n
-        picked = np.repeat(starts[runs] - (ends[:used] - lengths[runs]), taken) + np.arange(n)
-        return blocks[picked], classes[picked], columns[picked]
+        return np.repeat(starts[runs] - (ends[:used] - lengths[runs]), taken) + np.arange(n)
 
     @staticmethod
     def _needs_ranks(run_class, run_score, by_key) -> bool:
