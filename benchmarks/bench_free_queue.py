@@ -13,6 +13,10 @@ For n in 512, 2048, 8192 blocks and 4 / 20 workload classes it times, per block:
 for vLLM's native queue, kvprof's ``PolicyFreeQueue`` with ``lru`` and with ``wa`` (through the
 policy's ``evict_n``), and a reference queue built the published way: per-class LRU lists, every pop
 scans all class heads and computes an exponential per head. Prints ns/block and the ratio to native.
+
+Then, per call, ``popleft_n(n)`` + ``append_n`` for small n (1, 16, 64, 256) in a pool freed
+request by request, as a serving vLLM sees it (:func:`bench_calls`): the shape of decode (one
+block) and of prefill chunks, where fixed costs per call matter more than cost per block.
 """
 
 from __future__ import annotations
@@ -120,11 +124,56 @@ def bench(n, k, repeat):
     return {name: (c / n, r / n) for name, (c, r) in rows.items()}
 
 
+def bench_calls(k, pool, sizes, repeat):
+    """Microseconds per ``popleft_n(n)`` + ``append_n`` in a served-looking pool.
+
+    ``pool`` cached blocks freed one request (64 blocks, one class, tail first, depths 63..0) at a
+    time, each at its own clock tick, and a tenth of them taken back by hits and freed again (dead
+    entries in kvprof's lists); every append is another tick. This is vLLM's usual shape: decode
+    takes one block, a prefill chunk a few dozen.
+    """
+    rng = np.random.default_rng(1)
+    hp = _hp(k, rng)
+    blocks = _blocks(pool)
+    requests = [blocks[i:i + 64] for i in range(0, pool, 64)]
+    classes = rng.integers(0, k + 1, len(requests)).tolist()
+    hits = rng.choice(pool, pool // 10, replace=False).tolist()
+    out = {}
+
+    native = FreeKVCacheBlockQueue(list(blocks))
+    for i in hits:
+        native.remove(blocks[i])
+    native.append_n([blocks[i] for i in hits])
+    out["native"] = {n: _time(lambda n=n: native.append_n(native.popleft_n(n)), repeat) / 1e3 for n in sizes}
+
+    for name in ("lru", "wa"):
+        tick = [0.0]
+
+        def clock():
+            tick[0] += 0.01
+            return tick[0]
+
+        policy = make_policy(name, hp=hp)
+        q = PolicyFreeQueue(blocks, policy, clock=clock)
+        q._front.clear()
+        for request, c in zip(requests, classes):
+            for depth, b in enumerate(request):
+                policy.access(b.block_id, clock(), c, depth)
+            q.append_n(request[::-1])
+        for i in hits:
+            q.remove(blocks[i])
+        q.append_n([blocks[i] for i in hits])
+        out[name] = {n: _time(lambda n=n: q.append_n(q.popleft_n(n)), repeat) / 1e3 for n in sizes}
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--sizes", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--classes", type=int, nargs="+", default=[4, 20])
+    ap.add_argument("--pool", type=int, default=8192, help="pool size of the per-call part")
+    ap.add_argument("--calls", type=int, nargs="+", default=[1, 16, 64, 256], help="n of the per-call part")
     args = ap.parse_args()
     print(f"{'blocks':>6} {'classes':>7} {'queue':>10} {'cycle ns/blk':>13} {'x native':>9} {'remove ns/blk':>14} {'x native':>9}")
     for k in args.classes:
@@ -133,6 +182,14 @@ def main():
             nc, nr = res["native"]
             for name, (c, r) in res.items():
                 print(f"{n:>6} {k:>7} {name:>10} {c:>13.0f} {c / nc:>9.2f} {r:>14.0f} {r / nr:>9.2f}")
+    print()
+    print(f"per call in a pool of {args.pool} blocks freed request by request (us; x native):")
+    print(f"{'classes':>7} {'queue':>7} " + " ".join(f"{f'n={n}':>17}" for n in args.calls))
+    for k in args.classes:
+        res = bench_calls(k, args.pool, args.calls, 200 * args.repeat)
+        for name, row in res.items():
+            cells = " ".join(f"{row[n]:>8.1f} ({row[n] / res['native'][n]:>5.1f}x)" for n in args.calls)
+            print(f"{k:>7} {name:>7} {cells}")
 
 
 if __name__ == "__main__":

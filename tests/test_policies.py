@@ -9,11 +9,12 @@ from collections import deque
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvprof.models.hp import ClassParams, HpFile
 from kvprof.models.score import published_score, reuse_probability
+from kvprof.policy import classed
 from kvprof.policy import (
     POLICIES,
     BeladyPolicy,
@@ -316,6 +317,16 @@ def test_lru_evicts_exactly_as_vllm_free_queue(ops, num_blocks):
     assert pool.evicted == replica.evicted
 
 
+@pytest.fixture(params=["one by one", "in bulk"])
+def bulk(request):
+    """Run a test with eviction and free one block at a time in Python, then always in numpy."""
+    saved = classed.ONE_BY_ONE_EVICT, classed.ONE_BY_ONE_FREE
+    if request.param == "in bulk":
+        classed.ONE_BY_ONE_EVICT, classed.ONE_BY_ONE_FREE = 0, 0
+    yield request.param
+    classed.ONE_BY_ONE_EVICT, classed.ONE_BY_ONE_FREE = saved
+
+
 # --- the protocol, for every policy ----------------------------------------------------------
 
 
@@ -358,9 +369,9 @@ def check_eviction_order(name: str, pool: PolicyPool, now: float):
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS, num_blocks=st.integers(4, 24))
-def test_policy_keeps_the_protocol(name, ops, num_blocks):
+def test_policy_keeps_the_protocol(name, ops, num_blocks, bulk):
     pool = PolicyPool(num_blocks, build(name))
     scenario = Scenario([pool])
     for op in ops:
@@ -401,28 +412,23 @@ def freed(policy, now, *blocks):
 
 @settings(max_examples=200, deadline=None)
 @given(
-    p=st.lists(st.sampled_from([0.0, 1e-9, 0.3, 0.999, 1.0]) | st.floats(0, 1), min_size=2, max_size=2),
-    lam=st.lists(st.sampled_from([0.0, 1e-6, 2.0]) | st.floats(0, 10), min_size=2, max_size=2),
-    ages=st.lists(st.sampled_from([0.0, 1e4, 1e9, math.inf]) | st.floats(0, 1e6), min_size=1, max_size=6),
+    p=st.sampled_from([0.0, 1e-9, 0.3, 0.999, 1.0]) | st.floats(0, 1),
+    lam=st.sampled_from([0.0, 1e-6, 2.0]) | st.floats(0, 10),
+    age=st.sampled_from([0.0, 1e4, 1e9]) | st.floats(0, 1e6),
 )
-def test_policy_scores_are_the_models_per_class(p, lam, ages):
-    """Each block is scored with its own class's (p, lambda) by the model functions, exactly."""
-    wa = WorkloadAwarePolicy(p, lam, horizon=30.0)
-    paper = PublishedWorkloadAwarePolicy(p, lam)
-    classes = np.arange(len(ages)) % 2
-    ages = np.array(ages)
-    expected = reuse_probability(np.take(p, classes), np.take(lam, classes), ages, 30.0)
-    np.testing.assert_array_equal(wa.scores(classes, ages), expected)
-    expected = published_score(np.take(p, classes), np.take(lam, classes), ages, 5.0)
-    np.testing.assert_array_equal(paper.scores(classes, ages), expected)
-    assert np.all(paper.scores(classes, np.full(len(ages), math.inf)) == 0.0)
+def test_scalar_scores_equal_the_vectorised_models(p, lam, age):
+    wa = WorkloadAwarePolicy([p], [lam], horizon=30.0)
+    paper = PublishedWorkloadAwarePolicy([p], [lam])
+    assert wa.score(0, age) == pytest.approx(float(reuse_probability(p, lam, age, 30.0)), rel=1e-12, abs=1e-300)
+    assert paper.score(0, age) == pytest.approx(float(published_score(p, lam, age, 5.0)), rel=1e-12, abs=1e-300)
+    assert paper.score(0, math.inf) == float(published_score(p, lam, math.inf, 5.0)) == 0.0
 
 
 def test_wa_evicts_the_class_with_the_lower_score_not_the_older_block():
     wa = WorkloadAwarePolicy([0.9, 0.1, 0.3], [0.01, 0.01, 0.01], horizon=30.0)
     freed(wa, 0.0, (1, 0, 0))  # older, but its class is usually reused
     freed(wa, 10.0, (2, 1, 0))
-    assert wa.scores(np.array([1]), np.array([0.0]))[0] < wa.scores(np.array([0]), np.array([10.0]))[0]
+    assert wa.score(1, 0.0) < wa.score(0, 10.0)
     assert wa.order(10.0) == [2, 1]
     lru = LRUPolicy()
     lru.free([1, 2], 0.0)
@@ -453,7 +459,7 @@ def test_wa_ages_blocks_from_their_free_while_wa_paper_scores_never_hit_blocks_z
     assert run(WorkloadAwarePolicy(p, lam, 30.0)) == [1, 2]  # 1 is idle since 60, 2 since 100
     paper = PublishedWorkloadAwarePolicy(p, lam)
     assert run(paper) == [2, 1]
-    assert paper.scores(np.array([1]), 100.0 - paper._stamp[[2]])[0] == 0.0  # the stale stamp
+    assert paper.score(1, 100.0 - paper._stamp[2]) == 0.0  # the stale stamp
 
 
 def test_wa_moves_a_block_to_its_last_toucher_class_wa_paper_keeps_the_allocator():
@@ -478,16 +484,17 @@ def test_wa_paper_ties_go_to_the_first_queue_not_the_deeper_block():
     assert wa.order(0.0) == [1, 2]
 
 
-def test_wa_evict_n_scores_each_block_once(monkeypatch):
+def test_wa_evict_n_scores_each_run_once(monkeypatch):
+    """Blocks freed together share a score: a batched eviction scores each such run once."""
     wa = WorkloadAwarePolicy(np.linspace(0.1, 0.9, 20), np.full(20, 0.05), horizon=30.0)
     for t in range(100):
         freed(wa, float(t), *[(t * 20 + c, c, 0) for c in range(20)])
     calls = []
-    scores = wa.scores
-    monkeypatch.setattr(wa, "scores", lambda classes, ages: calls.append(len(classes)) or scores(classes, ages))
+    score = wa.score
+    monkeypatch.setattr(wa, "score", lambda c, age: calls.append(c) or score(c, age))
     victims = wa.evict_n(1000, 200.0)
     assert len(victims) == len(set(victims)) == 1000 and len(wa) == 1000
-    assert calls == [2000]  # one vectorised call, each block once (no list has more than 1000)
+    assert len(calls) == 2000  # 100 runs of one block in each of 20 lists: each block once
 
 
 # --- baselines ------------------------------------------------------------------------------
@@ -554,7 +561,7 @@ def test_make_policy_builds_every_registered_policy_and_wa_from_the_hp_file():
     assert wa.n_classes == len(names) and wa.horizon == 60.0
     np.testing.assert_array_equal(wa.p, p)
     assert paper.horizon == 5.0 and (paper.p[-1], paper.lam[-1]) == (1.0, 0.0)
-    assert paper.scores(np.array([hp.index_of("search_1")]), np.array([0.0]))[0] == 0.0
+    assert paper.score(hp.index_of("search_1"), 0.0) == 0.0
     assert make_policy("wa", hp, horizon=10.0).horizon == 10.0
     assert make_policy("s3fifo", small_ratio=0.2).small_ratio == 0.2
 
@@ -604,7 +611,7 @@ class GreedyReference:
 
     def key(self, cls, block, now):
         policy = self.policy
-        score = policy.scores(np.array([cls]), np.array([max(now - policy._stamp[block], 0.0)]))[0]
+        score = policy.score(cls, max(now - policy._stamp[block], 0.0))
         ties = tuple(float(k[0]) for k in reversed(policy._tie_keys(np.array([block]))))
         return (score, *ties, cls)
 
@@ -621,18 +628,19 @@ class GreedyReference:
         return shadow.evict_n(sum(map(len, self.lists)), now)
 
 
-MERGE_OPS = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 10**6), st.integers(0, 10**6)), max_size=150)
+MERGE_OPS = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 10**6), st.integers(0, 10**6)), min_size=40, max_size=200)
 
 
 @pytest.mark.parametrize("name", ["wa", "wa-paper"])
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     ops=MERGE_OPS,
     params=st.lists(st.tuples(st.sampled_from([0.0, 0.3, 1.0]), st.sampled_from([0.0, 0.05, 800.0])), min_size=1, max_size=4),
 )
-def test_batched_merge_equals_the_greedy_reference(name, ops, params):
+def test_batched_merge_equals_the_greedy_reference(name, ops, params, bulk):
     """Cross-class score ties (p = 0, equal classes, underflow at lam = 800), clocks that step
-    back, hits taking blocks out of the middle of lists: the order is the greedy merge's."""
+    back, hits taking blocks out of the middle of lists: the order is the greedy merge's, one
+    block at a time and in bulk."""
     p, lam = [a for a, _ in params], [b for _, b in params]
     policy = WorkloadAwarePolicy(p, lam, 30.0) if name == "wa" else PublishedWorkloadAwarePolicy(p, lam)
     reference = GreedyReference(policy)
@@ -642,7 +650,7 @@ def test_batched_merge_equals_the_greedy_reference(name, ops, params):
         now += (a % 5) - (1 if b % 11 == 0 else 0)  # mostly forward, sometimes back
         evictable = sorted(set(range(40)) - held)
         if kind <= 1 and held:  # a request finishes: some held blocks freed, tail first
-            blocks = sorted(held)[a % len(held):][: b % 6 + 1]
+            blocks = sorted(held)[a % len(held):][: b % 12 + 1]
             for i, block in enumerate(blocks):
                 policy.access(block, now, (a + i) % (len(p) + 1) - 1, b % 4 + i, hit=bool(b & (1 << i)))
             blocks.reverse()

@@ -16,12 +16,11 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit
 
-_LARGEST = np.finfo(np.float64).max
-
 
 def _decay_exponent(lam: np.ndarray, t: np.ndarray) -> np.ndarray:
     """``lam * t``, with ``0 * inf`` taken as 0 (a class that never decays stays put)."""
-    return lam * np.where(lam == 0, 0.0, t)
+    with np.errstate(invalid="ignore"):
+        return np.where(lam == 0, 0.0, lam * t)
 
 
 def _within_horizon(lam: np.ndarray, horizon: np.ndarray) -> np.ndarray:
@@ -83,18 +82,8 @@ def reuse_probability(p, lam, age, horizon) -> np.ndarray:
     ndarray of float64, broadcast shape of the inputs, in [0, 1]
     """
     p, lam, age, horizon = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (p, lam, age, horizon)))
-    return reuse_probability_from(log_odds(p), lam, age, _within_horizon(lam, horizon))
-
-
-def log_odds(p) -> np.ndarray:
-    """``log(p / (1 - p))``, ``-inf`` at 0 and ``inf`` at 1."""
-    with np.errstate(divide="ignore"):
-        return np.log(p) - np.log1p(-p)
-
-
-def reuse_probability_from(log_odds_p, lam, age, span) -> np.ndarray:
-    """:func:`reuse_probability` from its per-class parts, ``log_odds(p)`` and the span
-    ``1 - e^(-lam H)``, so that a policy scoring many blocks computes them once per class."""
-    # Capping the decay at the largest float keeps p = 1 at infinite age from inf - inf = NaN:
-    # the limit there is certainty of reuse, and for p < 1 the capped value still gives 0.
-    return expit(log_odds_p - np.minimum(_decay_exponent(lam, age), _LARGEST)) * span
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_odds = np.log(p) - np.log1p(-p) - _decay_exponent(lam, age)
+    # p = 1 makes log_odds inf - inf = NaN at infinite age; the limit is certainty of reuse.
+    still_reusable = np.where(p >= 1.0, 1.0, expit(log_odds))
+    return still_reusable * _within_horizon(lam, horizon)

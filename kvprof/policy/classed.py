@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from abc import abstractmethod
 from collections.abc import Hashable, Iterable
@@ -11,6 +12,11 @@ import numpy as np
 from kvprof.models.score import published_score
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.fifos import Candidates, ClassFifos
+
+#: Up to this many blocks, eviction runs the merge one head at a time and free pushes one block at
+#: a time, in Python; above, numpy's fixed cost per call pays off and both run in bulk.
+ONE_BY_ONE_EVICT = 64
+ONE_BY_ONE_FREE = 24
 
 
 class ClassedLRUPolicy(EvictionPolicy):
@@ -25,9 +31,14 @@ class ClassedLRUPolicy(EvictionPolicy):
     Subclasses say how a block is scored and stamped and which class it keeps; that is all that
     separates ``wa`` from ``wa-paper``:
 
-    * ``scores(classes, ages)``: vectorised score, lowest evicted first, non-increasing in age.
-    * ``_tie_keys(blocks)``: arrays that break equal scores (numpy ``lexsort`` order, least
-      significant first); the class index breaks whatever ties remain, so no two heads are equal.
+    * ``score(cls, age)``: the score, lowest evicted first, non-increasing in age. Both eviction
+      paths below call this one scalar function, so they agree to the last bit (numpy's and
+      libm's ``exp`` differ in the last bit on about 5% of inputs).
+    * ``_key(cls, block, now)``: a block's full sort key, ``(score, ..., cls)``; the class index
+      last, so no two heads are equal. Ages are ``max(now - stamp, 0)``: a stamp after ``now``
+      (a clock that stepped back) counts as an access just now.
+    * ``_tie_keys(blocks)``: the middle of ``_key`` as arrays, least significant first (numpy
+      ``lexsort`` order), for the batched path.
     * ``stamps_allocation``: allocation stamps the last access with ``now``; otherwise with
       ``-inf`` ("never hit"). Hits always stamp ``now``.
     * ``stamps_free``: ``free`` stamps the last access with ``now``.
@@ -66,7 +77,10 @@ class ClassedLRUPolicy(EvictionPolicy):
         self.lam = lam
         self.horizon = float(horizon)
         # 1 - e^(-lam H), the chance that a reuse still to come lands within H.
-        self._span = published_score(1.0, lam, 0.0, horizon)
+        # Plain float lists: the scalar score indexes them, numpy scalars would be slower.
+        self._p = p.tolist()
+        self._lam = lam.tolist()
+        self._span = published_score(1.0, lam, 0.0, horizon).tolist()
         self._default = p.size - 1
         # The class a hit by class c gives the block (with class_follows_hits): c unless a
         # subclass keeps hit blocks in rows of their own.
@@ -82,15 +96,19 @@ class ClassedLRUPolicy(EvictionPolicy):
         return len(self.p)
 
     @abstractmethod
-    def scores(self, classes: np.ndarray, ages: np.ndarray) -> np.ndarray:
-        """Scores of blocks of ``classes`` last accessed ``ages`` seconds ago (lower goes first).
+    def score(self, workload: int, age: float) -> float:
+        """Score of a block of class ``workload`` last accessed ``age`` seconds ago (lower goes first).
 
         Non-increasing in age: with stamps in free order, a list's scores then rise towards its
         back and the merge has only a few runs to place.
         """
 
+    @abstractmethod
+    def _key(self, cls: int, block: int, now: float) -> tuple:
+        """Sort key of ``block`` at the head of class list ``cls``; ends with ``cls``."""
+
     def _tie_keys(self, blocks: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Keys that order blocks of equal score, least significant first; none by default."""
+        """The keys between score and class in :meth:`_key`, as arrays, least significant first."""
         return ()
 
     def _grow(self, block: int) -> None:
@@ -126,9 +144,16 @@ class ClassedLRUPolicy(EvictionPolicy):
         self._depth[block] = depth
 
     def free(self, blocks: Iterable[int], now: float) -> None:
-        blocks = np.fromiter(blocks, dtype=np.int64)
-        if len(blocks) == 0:
+        blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+        if len(blocks) <= ONE_BY_ONE_FREE:
+            for block in blocks:
+                if block >= len(self._stamp):
+                    self._grow(block)
+                if self.stamps_free:
+                    self._stamp[block] = now
+                self._fifos.push_one(block, self._class.item(block))
             return
+        blocks = np.array(blocks, dtype=np.int64)
         top = int(blocks.max())
         if top >= len(self._stamp):
             self._grow(top)
@@ -142,16 +167,23 @@ class ClassedLRUPolicy(EvictionPolicy):
     def evict(self, now: float) -> int:
         if not len(self._fifos):
             raise IndexError("no evictable block")
-        return self.evict_n(1, now)[0]
+        key = self._key
+        best_key, block, at = min((key(cls, block, now), block, at) for cls, block, at in self._fifos.heads())
+        self._fifos.take_prefix(best_key[-1], [block], at)
+        return block
 
     def evict_n(self, n: int, now: float) -> list[int]:
+        if n == 1 and len(self._fifos):
+            return [self.evict(now)]  # decode: one block at a time, the most frequent call
+        if 1 < n <= ONE_BY_ONE_EVICT and n <= len(self._fifos):
+            return self._evict_one_by_one(n, now)
         return self.evict_n_array(n, now).tolist()
 
     def evict_n_array(self, n: int, now: float) -> np.ndarray:
         if n > len(self._fifos):
             raise IndexError(f"{n} victims asked for, {len(self._fifos)} evictable")
-        if n <= 0:
-            return np.zeros(0, dtype=np.int64)
+        if n <= ONE_BY_ONE_EVICT:
+            return np.array(self._evict_one_by_one(n, now), dtype=np.int64)
         candidates = self._fifos.front(n)
         picked = self._merge(candidates, n, now)
         self._fifos.take(candidates, picked)
@@ -162,6 +194,33 @@ class ClassedLRUPolicy(EvictionPolicy):
             return []
         candidates = self._fifos.front(len(self._fifos))
         return candidates.blocks[self._merge(candidates, len(self._fifos), now)].tolist()
+
+    def _evict_one_by_one(self, n: int, now: float) -> list[int]:
+        """Evict ``n`` blocks by the greedy merge itself: a heap of list heads, one pop each."""
+        key, fifos = self._key, self._fifos
+        heap = [(key(cls, block, now), block, at) for cls, block, at in fifos.heads()]
+        heapq.heapify(heap)
+        victims = []
+        taken: dict[int, list[int]] = {}  # class -> its victims, a prefix of its list
+        last: dict[int, int] = {}  # class -> buffer position of its last victim
+        rows = {}  # class -> the rest of its list, opened once its head is taken
+        while len(victims) < n:
+            head_key, block, at = heap[0]
+            cls = head_key[-1]
+            victims.append(block)
+            taken.setdefault(cls, []).append(block)
+            if cls not in rows:
+                rows[cls] = fifos.row_after(cls, at)
+            following = next(rows[cls], None)
+            if following is None:
+                heapq.heappop(heap)
+                rows[cls] = iter(())
+            else:
+                heapq.heapreplace(heap, (key(cls, following[0], now), *following))
+            last[cls] = at
+        for cls, blocks in taken.items():
+            fifos.take_prefix(cls, blocks, last[cls])
+        return victims
 
     def _merge(self, candidates: Candidates, n: int, now: float):
         """Which ``n`` candidates the greedy merge evicts, in order (indices or a slice).
@@ -183,8 +242,9 @@ class ClassedLRUPolicy(EvictionPolicy):
         starts = np.flatnonzero(new_run)
         lengths = np.diff(starts, append=len(blocks))
         run_class = classes[starts]
-        # A stamp after ``now`` (a clock that stepped back) counts as an access just now.
-        run_score = self.scores(run_class, np.maximum(now - stamps[starts], 0.0))
+        score = self.score
+        ages = np.maximum(now - stamps[starts], 0.0).tolist()
+        run_score = np.array([score(c, age) for c, age in zip(run_class.tolist(), ages)])
         by_key = np.lexsort((run_class, run_score))
         if self._needs_ranks(run_class, run_score, by_key):
             return np.argsort(self._ranks(blocks, classes, np.repeat(run_score, lengths)), kind="stable")[:n]

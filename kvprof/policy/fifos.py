@@ -48,15 +48,26 @@ class ClassFifos:
         self.n_classes = n_classes
         self.width = width
         self.buffer = np.zeros(n_classes * width, dtype=np.int64)
-        self.head = np.zeros(n_classes, dtype=np.int64)
-        self.tail = np.zeros(n_classes, dtype=np.int64)
-        # Python lists: remove, the per-hit path, updates them one at a time.
+        # Python lists: the one-block paths (remove on a hit, push_one, heads) update them one
+        # at a time; the bulk paths turn them into arrays once per call.
+        self.head = [0] * n_classes
+        self.tail = [0] * n_classes
         self.live = [0] * n_classes
         self.dead = [0] * n_classes
         self.position = np.full(0, _NOWHERE, dtype=np.int64)
         self.size = 0
         self._class_ids = np.arange(n_classes)
         self._row_start = self._class_ids * width
+        self._forget_heads()
+
+    def _forget_heads(self) -> None:
+        """Drop :meth:`heads`' memo of each row's first live entry (block, position).
+
+        A remembered head stays right while its block is still at that position: rows only grow
+        at the tail, and taking or removing the block moves it. Only moving entries (relocation,
+        clear) can put another first entry in front of a block that is still live where it was.
+        """
+        self._known_heads = [(_NOWHERE, _NOWHERE)] * self.n_classes
 
     def __len__(self) -> int:
         return self.size
@@ -78,7 +89,7 @@ class ClassFifos:
         if (classes == first).all():  # the usual free: one request's blocks, one class
             if self.tail[first] + k > self.width:
                 self._make_room(np.bincount(classes, minlength=self.n_classes))
-            start = first * self.width + int(self.tail[first])
+            start = first * self.width + self.tail[first]
             self.buffer[start:start + k] = blocks
             self.position[blocks] = np.arange(start, start + k)
             self.tail[first] += k
@@ -87,14 +98,29 @@ class ClassFifos:
             order = np.argsort(classes.astype(np.int16), kind="stable")  # int16: a radix sort
             blocks, classes = blocks[order], classes[order]
             counts = np.bincount(classes, minlength=self.n_classes)
-            if (self.tail + counts > self.width).any():
+            tail = np.array(self.tail)
+            if (tail + counts > self.width).any():
                 self._make_room(counts)
-            positions = np.repeat(self._row_start + self.tail - (np.cumsum(counts) - counts), counts) + np.arange(k)
+                tail = np.array(self.tail)
+            positions = np.repeat(self._row_start + tail - (np.cumsum(counts) - counts), counts) + np.arange(k)
             self.buffer[positions] = blocks
             self.position[blocks] = positions
-            self.tail += counts
+            self.tail = (tail + counts).tolist()
             self.live = (np.array(self.live) + counts).tolist()
         self.size += k
+
+    def push_one(self, block: int, cls: int) -> None:
+        """:meth:`push` of one block, in scalar steps (a short free costs less this way)."""
+        tail = self.tail[cls]
+        if tail == self.width:
+            self._make_room(np.bincount([cls], minlength=self.n_classes))
+            tail = self.tail[cls]
+        at = cls * self.width + tail
+        self.buffer[at] = block
+        self.position[block] = at
+        self.tail[cls] = tail + 1
+        self.live[cls] += 1
+        self.size += 1
 
     def _make_room(self, incoming: np.ndarray) -> None:
         """Compact the rows that would overflow to their live entries; widen all rows if that is
@@ -106,7 +132,7 @@ class ClassFifos:
                 width *= 2
             self._relocate(range(self.n_classes), width)
         else:
-            self._relocate(np.flatnonzero(self.tail + incoming > self.width).tolist(), self.width)
+            self._relocate(np.flatnonzero(np.array(self.tail) + incoming > self.width).tolist(), self.width)
 
     def _relocate(self, rows, width: int) -> None:
         """Move the live entries of ``rows`` to the start of their rows in a buffer of ``width``."""
@@ -120,6 +146,7 @@ class ClassFifos:
             self.head[c], self.tail[c], self.dead[c] = 0, len(live), 0
         self.buffer, self.width = buffer, width
         self._row_start = self._class_ids * width
+        self._forget_heads()
 
     # -- out --------------------------------------------------------------------------------
     def remove(self, block: int) -> None:
@@ -136,6 +163,52 @@ class ClassFifos:
         self.dead[cls] += 1
         self.size -= 1
 
+    def heads(self) -> list[tuple[int, int, int]]:
+        """``(class, block, position)`` of the first live entry of every non-empty row.
+
+        Scalar reads, for taking a few blocks one at a time; dead entries met at a head are
+        dropped on the way.
+        """
+        buffer, position, head, dead, width = self.buffer, self.position, self.head, self.dead, self.width
+        known = self._known_heads
+        found = []
+        for cls, live in enumerate(self.live):
+            if live:
+                block, at = known[cls]
+                if at < 0 or position.item(block) != at:
+                    at = cls * width + head[cls]
+                    block = buffer.item(at)
+                    if position.item(block) != at:
+                        while position.item(block) != at:  # a dead entry: the block was removed
+                            at += 1
+                            block = buffer.item(at)
+                            dead[cls] -= 1
+                        head[cls] = at - cls * width
+                    known[cls] = (block, at)
+                found.append((cls, block, at))
+        return found
+
+    def row_after(self, cls: int, after: int):
+        """Live ``(block, position)`` entries of row ``cls`` past position ``after``, one at a time."""
+        buffer, position = self.buffer, self.position
+        at, end = after + 1, cls * self.width + self.tail[cls]
+        while at < end:
+            block = buffer.item(at)
+            if position.item(block) == at:
+                yield block, at
+            at += 1
+
+    def take_prefix(self, cls: int, blocks: list[int], last: int) -> None:
+        """Remove ``blocks``, the first live entries of row ``cls`` up to position ``last``."""
+        position = self.position
+        for block in blocks:
+            position[block] = _NOWHERE
+        head = last + 1 - cls * self.width
+        self.dead[cls] -= head - self.head[cls] - len(blocks)  # dead entries the head passed
+        self.head[cls] = head
+        self.live[cls] -= len(blocks)
+        self.size -= len(blocks)
+
     def front(self, n: int) -> Candidates:
         """The first ``min(n, live[c])`` live blocks of every row; nothing changes until :meth:`take`."""
         want = np.minimum(self.live, n)
@@ -144,7 +217,7 @@ class ClassFifos:
         # The first ``want`` live entries lie within ``want + dead`` entries, but scanning every
         # dead entry of a long row for a few blocks is wasteful: look a little past ``want``
         # first, and only for the rows still short scan the whole guaranteed window.
-        room = self.tail - self.head
+        room = np.array(self.tail) - np.array(self.head)
         dead = np.array(self.dead)
         window = self._window(np.minimum(room, want + np.minimum(dead, want) + 8))
         alive = self.position[window.blocks] == window.positions
@@ -161,7 +234,7 @@ class ClassFifos:
     def _window(self, width: np.ndarray) -> Candidates:
         """The first ``width[c]`` entries of every row, live or not."""
         starts = np.cumsum(width) - width
-        positions = np.repeat(self._row_start + self.head - starts, width) + np.arange(starts[-1] + width[-1])
+        positions = np.repeat(self._row_start + np.array(self.head) - starts, width) + np.arange(starts[-1] + width[-1])
         return Candidates(self.buffer[positions], np.repeat(self._class_ids, width), positions, starts)
 
     def take(self, candidates: Candidates, picked) -> None:
@@ -169,19 +242,19 @@ class ClassFifos:
         self.position[candidates.blocks[picked]] = _NOWHERE
         counts = np.bincount(candidates.classes[picked], minlength=self.n_classes)
         taken = np.flatnonzero(counts)
-        head = candidates.positions[candidates.starts[taken] + counts[taken] - 1] + 1 - self._row_start[taken]
-        passed = head - self.head[taken]
-        self.head[taken] = head
-        live, dead = np.array(self.live), np.array(self.dead)
+        head, live, dead = np.array(self.head), np.array(self.live), np.array(self.dead)
+        moved = candidates.positions[candidates.starts[taken] + counts[taken] - 1] + 1 - self._row_start[taken]
+        dead[taken] -= moved - head[taken] - counts[taken]  # dead entries the head moved past
+        head[taken] = moved
         live -= counts
-        dead[taken] -= passed - counts[taken]  # dead entries the head moved past
-        self.live, self.dead = live.tolist(), dead.tolist()
+        self.head, self.live, self.dead = head.tolist(), live.tolist(), dead.tolist()
         self.size -= int(counts.sum())
 
     def clear(self) -> None:
         self.position[:] = _NOWHERE
-        self.head[:] = 0
-        self.tail[:] = 0
+        self.head = [0] * self.n_classes
+        self.tail = [0] * self.n_classes
         self.live = [0] * self.n_classes
         self.dead = [0] * self.n_classes
         self.size = 0
+        self._forget_heads()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from kvprof.models.score import log_odds, reuse_probability_from
 from kvprof.policy.classed import ClassedLRUPolicy
 
 
@@ -15,7 +16,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
 
         p_c e^(-lam_c a) (1 - e^(-lam_c H)) / (p_c e^(-lam_c a) + 1 - p_c)
 
-    (:func:`kvprof.models.score.reuse_probability`, computed by it): the cure-fraction model's chance that it is
+    (:func:`kvprof.models.score.reuse_probability`): the cure-fraction model's chance that it is
     reused within ``H``, given that it has not been reused for ``a`` seconds. The lowest-scoring
     class head goes first; ties go to the deeper block (a chain's tail before its head), then to
     the older last access, then to the lower class index.
@@ -57,10 +58,20 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         if len(rows) != self.n_classes or not all(0 <= r < self.n_classes for r in rows):
             raise ValueError(f"reused_row must give a row in [0, {self.n_classes}) for each of the {self.n_classes} classes")
         self._hit_class = list(rows)
-        self._log_odds = log_odds(self.p)
 
-    def scores(self, classes: np.ndarray, ages: np.ndarray) -> np.ndarray:
-        return reuse_probability_from(self._log_odds[classes], self.lam[classes], ages, self._span[classes])
+    def score(self, workload: int, age: float) -> float:
+        p = self._p[workload]
+        decayed = p * math.exp(-self._lam[workload] * age)
+        if decayed == 0.0:
+            # p = 0, or e^(-lam a) underflowed: the limit is the span when p = 1 (the block is
+            # sure to be reused, and the exponential is memoryless), else 0.
+            return self._span[workload] if p == 1.0 else 0.0
+        return self._span[workload] * decayed / (decayed + (1.0 - p))  # 1 - p first: exact at p = 1
+
+    def _key(self, cls: int, block: int, now: float) -> tuple:
+        stamp = self._stamp.item(block)
+        age = now - stamp
+        return (self.score(cls, age if age > 0.0 else 0.0), -self._depth.item(block), stamp, cls)
 
     def _tie_keys(self, blocks: np.ndarray) -> tuple[np.ndarray, ...]:
         # Equal scores: the deeper block first (a chain's tail before its head), then the older.

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kvprof.models.hp import PUBLISHED_DEFAULT_LAMBDA, PUBLISHED_DEFAULT_P, PUBLISHED_HORIZON_S
-from kvprof.models.score import published_score
 from kvprof.policy.classed import ClassedLRUPolicy
 
 
@@ -45,5 +46,11 @@ class PublishedWorkloadAwarePolicy(ClassedLRUPolicy):
         _, p, lam = hp.table()
         return cls(np.append(p[:-1], PUBLISHED_DEFAULT_P), np.append(lam[:-1], PUBLISHED_DEFAULT_LAMBDA))
 
-    def scores(self, classes: np.ndarray, ages: np.ndarray) -> np.ndarray:
-        return published_score(self.p[classes], self.lam[classes], ages, self.horizon)
+    def score(self, workload: int, age: float) -> float:
+        scale = self._p[workload] * self._span[workload]
+        # lam = 0 makes the span 0; returning early also avoids 0 * inf = nan for stale stamps.
+        return scale * math.exp(-self._lam[workload] * age) if scale else 0.0
+
+    def _key(self, cls: int, block: int, now: float) -> tuple:
+        age = now - self._stamp.item(block)
+        return (self.score(cls, age if age > 0.0 else 0.0), cls)

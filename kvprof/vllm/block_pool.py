@@ -40,6 +40,9 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 from kvprof.vllm.spec import PolicySpec, request_extra_args
 
+#: Up to this many victims a list comprehension turns ids into blocks faster than numpy would.
+_FEW = 64
+
 if not hasattr(KVCacheBlock, "_block_hash"):  # read directly by PolicyFreeQueue.append_n
     raise ImportError("kvprof: this vLLM's KVCacheBlock has no _block_hash slot; the block pool cannot be installed")
 
@@ -95,7 +98,11 @@ class PolicyFreeQueue:
         if n:
             m = min(n, len(self.policy))
             if m:
-                out.extend(self._block_array[self.policy.evict_n_array(m, self._clock())].tolist())
+                if m <= _FEW:
+                    blocks = self._blocks
+                    out.extend([blocks[i] for i in self.policy.evict_n(m, self._clock())])
+                else:
+                    out.extend(self._block_array[self.policy.evict_n_array(m, self._clock())].tolist())
                 n -= m
             if n:
                 back = self._back
