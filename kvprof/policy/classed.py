@@ -25,8 +25,11 @@ class ClassedLRUPolicy(EvictionPolicy):
     Invariant: an evictable block sits in exactly one class list, the one its class named when it
     was freed, and each list keeps free order. Victims only ever come off a list's front, so the
     eviction order is the greedy merge of the lists: repeatedly evict the head with the lowest
-    key. Every eviction, single or batched, and :meth:`order` compute that merge the same way,
-    in :meth:`_merge`, so ``evict_n(n)`` is always ``n`` calls of ``evict()``.
+    key. Three routines compute that one merge, by cost: :meth:`evict` takes the lowest head,
+    :meth:`_evict_few` pops a heap of heads for a few victims, and :meth:`_merge` places runs of
+    blocks in bulk with numpy for many victims and for :meth:`order`; all rank on the same keys,
+    so ``evict_n(n)`` is always ``n`` calls of ``evict()`` (a property test holds them to a
+    one-head-at-a-time reference).
 
     Subclasses say how a block is scored and stamped and which class it keeps; that is all that
     separates ``wa`` from ``wa-paper``:
@@ -173,17 +176,13 @@ class ClassedLRUPolicy(EvictionPolicy):
         return block
 
     def evict_n(self, n: int, now: float) -> list[int]:
-        if n == 1 and len(self._fifos):
-            return [self.evict(now)]  # decode: one block at a time, the most frequent call
-        if 1 < n <= ONE_BY_ONE_EVICT and n <= len(self._fifos):
-            return self._evict_one_by_one(n, now)
-        return self.evict_n_array(n, now).tolist()
+        return self._evict_few(n, now) if n <= ONE_BY_ONE_EVICT else self.evict_n_array(n, now).tolist()
 
     def evict_n_array(self, n: int, now: float) -> np.ndarray:
+        if n <= ONE_BY_ONE_EVICT:
+            return np.array(self._evict_few(n, now), dtype=np.int64)
         if n > len(self._fifos):
             raise IndexError(f"{n} victims asked for, {len(self._fifos)} evictable")
-        if n <= ONE_BY_ONE_EVICT:
-            return np.array(self._evict_one_by_one(n, now), dtype=np.int64)
         candidates = self._fifos.front(n)
         picked = self._merge(candidates, n, now)
         self._fifos.take(candidates, picked)
@@ -195,8 +194,12 @@ class ClassedLRUPolicy(EvictionPolicy):
         candidates = self._fifos.front(len(self._fifos))
         return candidates.blocks[self._merge(candidates, len(self._fifos), now)].tolist()
 
-    def _evict_one_by_one(self, n: int, now: float) -> list[int]:
+    def _evict_few(self, n: int, now: float) -> list[int]:
         """Evict ``n`` blocks by the greedy merge itself: a heap of list heads, one pop each."""
+        if n > len(self._fifos):
+            raise IndexError(f"{n} victims asked for, {len(self._fifos)} evictable")
+        if n <= 1:
+            return [self.evict(now)] if n == 1 else []  # one: decode's call, the most frequent
         key, fifos = self._key, self._fifos
         heap = [(key(cls, block, now), block, at) for cls, block, at in fifos.heads()]
         heapq.heapify(heap)
