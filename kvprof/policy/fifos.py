@@ -38,7 +38,8 @@ class ClassFifos:
     position ``q`` holding block ``b`` is live exactly when ``position[b] == q``; ``remove`` only
     clears ``position[b]``, so it is O(1), and the dead entry it leaves (``dead[c]`` counts them)
     is skipped by :meth:`front`, dropped when the head passes it, and compacted away once a row
-    fills up.
+    fills up or holds more dead entries than live ones. Memory: classes x width x 8 bytes, the
+    width at least twice the longest row.
 
     Block ids are small non-negative ints (vLLM's block ids, the simulator's slots): the per-block
     table is an array indexed by id, grown by :meth:`reserve`.
@@ -214,18 +215,24 @@ class ClassFifos:
         want = np.minimum(self.live, n)
         if not any(self.dead):  # no dead entries: the first ``want`` entries are the answer
             return self._window(want)
-        # The first ``want`` live entries lie within ``want + dead`` entries, but scanning every
-        # dead entry of a long row for a few blocks is wasteful: look a little past ``want``
-        # first, and only for the rows still short scan the whole guaranteed window.
-        room = np.array(self.tail) - np.array(self.head)
+        # Rows where hits left more dead entries than live ones are compacted first (each
+        # remove pays for its entry once); then every row has its first ``want`` live entries
+        # within ``want + dead``. Look a little past ``want`` first and widen only short rows.
         dead = np.array(self.dead)
-        window = self._window(np.minimum(room, want + np.minimum(dead, want) + 8))
-        alive = self.position[window.blocks] == window.positions
-        found = np.bincount(window.classes[alive], minlength=self.n_classes)
-        if (found < want).any():
-            window = self._window(np.minimum(room, want + dead))
+        crowded = np.flatnonzero(dead > np.maximum(self.live, 64)).tolist()
+        if crowded:
+            self._relocate(crowded, self.width)
+            dead = np.array(self.dead)
+        room = np.array(self.tail) - np.array(self.head)
+        width = np.minimum(room, want + np.minimum(dead, want) + 8)
+        while True:
+            window = self._window(width)
             alive = self.position[window.blocks] == window.positions
             found = np.bincount(window.classes[alive], minlength=self.n_classes)
+            short = found < want
+            if not short.any():
+                break
+            width = np.where(short, np.minimum(room, 2 * width), width)
         classes = window.classes[alive]
         keep = np.arange(len(classes)) - (np.cumsum(found) - found)[classes] < want[classes]
         picked = np.flatnonzero(alive)[keep]
