@@ -319,12 +319,12 @@ def test_lru_evicts_exactly_as_vllm_free_queue(ops, num_blocks):
 
 @pytest.fixture(params=["one by one", "in bulk"])
 def bulk(request):
-    """Run a test with eviction and free one block at a time in Python, then always in numpy."""
-    saved = classed.ONE_BY_ONE_EVICT, classed.ONE_BY_ONE_FREE
+    """Run a test with frees pushed one block at a time in Python, then always in numpy."""
+    saved = classed.ONE_BY_ONE_FREE
     if request.param == "in bulk":
-        classed.ONE_BY_ONE_EVICT, classed.ONE_BY_ONE_FREE = 0, 0
+        classed.ONE_BY_ONE_FREE = 0
     yield request.param
-    classed.ONE_BY_ONE_EVICT, classed.ONE_BY_ONE_FREE = saved
+    classed.ONE_BY_ONE_FREE = saved
 
 
 # --- the protocol, for every policy ----------------------------------------------------------
@@ -484,8 +484,8 @@ def test_wa_paper_ties_go_to_the_first_queue_not_the_deeper_block():
     assert wa.order(0.0) == [1, 2]
 
 
-def test_wa_evict_n_scores_each_run_once(monkeypatch):
-    """Blocks freed together share a score: a batched eviction scores each such run once."""
+def test_wa_evict_n_scores_each_head_once(monkeypatch):
+    """A batched eviction scores each block once, when it becomes its list's head."""
     wa = WorkloadAwarePolicy(np.linspace(0.1, 0.9, 20), np.full(20, 0.05), horizon=30.0)
     for t in range(100):
         freed(wa, float(t), *[(t * 20 + c, c, 0) for c in range(20)])
@@ -494,7 +494,7 @@ def test_wa_evict_n_scores_each_run_once(monkeypatch):
     monkeypatch.setattr(wa, "score", lambda c, age: calls.append(c) or score(c, age))
     victims = wa.evict_n(1000, 200.0)
     assert len(victims) == len(set(victims)) == 1000 and len(wa) == 1000
-    assert len(calls) == 2000  # 100 runs of one block in each of 20 lists: each block once
+    assert len(calls) == 1000 + 20  # the 20 first heads, then each new head once
 
 
 # --- baselines ------------------------------------------------------------------------------
@@ -610,10 +610,7 @@ class GreedyReference:
                 blocks.remove(block)
 
     def key(self, cls, block, now):
-        policy = self.policy
-        score = policy.score(cls, max(now - policy._stamp[block], 0.0))
-        ties = tuple(float(k[0]) for k in reversed(policy._tie_keys(np.array([block]))))
-        return (score, *ties, cls)
+        return self.policy._key(cls, block, now)
 
     def evict_n(self, n, now):
         victims = []
@@ -639,8 +636,8 @@ MERGE_OPS = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 10**6), st.inte
 )
 def test_batched_merge_equals_the_greedy_reference(name, ops, params, bulk):
     """Cross-class score ties (p = 0, equal classes, underflow at lam = 800), clocks that step
-    back, hits taking blocks out of the middle of lists: the order is the greedy merge's, one
-    block at a time and in bulk."""
+    back, hits taking blocks out of the middle of lists: the order is the greedy merge's, with
+    frees pushed one at a time and in bulk."""
     p, lam = [a for a, _ in params], [b for _, b in params]
     policy = WorkloadAwarePolicy(p, lam, 30.0) if name == "wa" else PublishedWorkloadAwarePolicy(p, lam)
     reference = GreedyReference(policy)
@@ -672,19 +669,29 @@ def test_batched_merge_equals_the_greedy_reference(name, ops, params, bulk):
 
 
 def test_class_fifos_compact_and_widen_under_churn():
-    """A tiny buffer: pushes, hits in the middle of rows and takes force compaction and growth."""
+    """A tiny buffer: pushes, hits in the middle of rows and merges force compaction and growth;
+    runs of one stamp survive it, and a dry merge equals the taking one."""
     from kvprof.policy.fifos import ClassFifos
 
     rng = np.random.default_rng(3)
     fifos, model = ClassFifos(3, width=4), [[], [], []]
     fifos.reserve(200)
     free = list(range(200))
-    for _ in range(3000):
+    rank = [2, 0, 1]  # row 1 first, then row 2, then row 0; one score per row: runs leave whole
+
+    def key(cls, block):
+        return (float(rank[cls]), cls)
+
+    for step in range(3000):
         op = rng.integers(3)
         if op == 0 and free:
             blocks = np.array([free.pop(rng.integers(len(free))) for _ in range(min(len(free), rng.integers(1, 9)))])
             classes = rng.integers(0, 3, len(blocks))
-            fifos.push(blocks, classes)
+            if step % 2:
+                fifos.push(blocks, classes, float(step))
+            else:
+                for block, cls in zip(blocks.tolist(), classes.tolist()):
+                    fifos.push_one(block, cls, float(step))
             for block, cls in zip(blocks.tolist(), classes.tolist()):
                 model[cls].append(block)
         elif op == 1 and len(fifos):
@@ -693,19 +700,13 @@ def test_class_fifos_compact_and_widen_under_churn():
             fifos.remove(block)
             free.append(block)
         elif len(fifos):
-            n = int(rng.integers(1, 12))
-            candidates = fifos.front(n)
-            assert candidates.blocks.tolist() == [b for rows in model for b in rows[:n]]
-            taken = [int(rng.integers(0, min(n, len(rows)) + 1)) for rows in model]  # a prefix per row
-            picked = np.concatenate([candidates.starts[c] + np.arange(k) for c, k in enumerate(taken)]).astype(int)
-            rng.shuffle(picked)  # the merge interleaves rows; each row's prefix stays in order
+            n = int(rng.integers(1, min(12, len(fifos)) + 1))
+            expected = [b for c in (1, 2, 0) for b in model[c]][:n]
+            assert list(fifos.merge(n, key, take=False)) == expected
+            assert list(fifos.merge(n, key)) == expected
             for c in range(3):
-                mine = picked[candidates.classes[picked] == c]
-                picked[candidates.classes[picked] == c] = np.sort(mine)
-            fifos.take(candidates, picked)
-            for c, k in enumerate(taken):
-                free.extend(model[c][:k])
-                del model[c][:k]
+                model[c] = [b for b in model[c] if b not in expected]
+            free.extend(expected)
         assert len(fifos) == sum(map(len, model)) and fifos.live == [len(rows) for rows in model]
         assert all(d >= 0 for d in fifos.dead)
     with pytest.raises(KeyError):

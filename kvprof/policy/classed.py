@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import heapq
 import math
 from abc import abstractmethod
 from collections.abc import Hashable, Iterable
+from functools import partial
 
 import numpy as np
 
 from kvprof.models.score import published_score
 from kvprof.policy.base import EvictionPolicy
-from kvprof.policy.fifos import Candidates, ClassFifos
+from kvprof.policy.fifos import ClassFifos
 
-#: Up to this many blocks, eviction runs the merge one head at a time and free pushes one block at
-#: a time, in Python; above, numpy's fixed cost per call pays off and both run in bulk.
-ONE_BY_ONE_EVICT = 64
+#: Up to this many blocks, free pushes them one at a time in Python; above, numpy's fixed cost per
+#: call pays off.
 ONE_BY_ONE_FREE = 24
 
 
@@ -25,23 +24,17 @@ class ClassedLRUPolicy(EvictionPolicy):
     Invariant: an evictable block sits in exactly one class list, the one its class named when it
     was freed, and each list keeps free order. Victims only ever come off a list's front, so the
     eviction order is the greedy merge of the lists: repeatedly evict the head with the lowest
-    key. Three routines compute that one merge, by cost: :meth:`evict` takes the lowest head,
-    :meth:`_evict_few` pops a heap of heads for a few victims, and :meth:`_merge` places runs of
-    blocks in bulk with numpy for many victims and for :meth:`order`; all rank on the same keys,
-    so ``evict_n(n)`` is always ``n`` calls of ``evict()`` (a property test holds them to a
+    key. :meth:`kvprof.policy.fifos.ClassFifos.merge` computes it for one victim or thousands
+    alike, so ``evict_n(n)`` is always ``n`` calls of ``evict()`` (a property test holds it to a
     one-head-at-a-time reference).
 
     Subclasses say how a block is scored and stamped and which class it keeps; that is all that
     separates ``wa`` from ``wa-paper``:
 
-    * ``score(cls, age)``: the score, lowest evicted first, non-increasing in age. Both eviction
-      paths below call this one scalar function, so they agree to the last bit (numpy's and
-      libm's ``exp`` differ in the last bit on about 5% of inputs).
+    * ``score(cls, age)``: the score, lowest evicted first, non-increasing in age.
     * ``_key(cls, block, now)``: a block's full sort key, ``(score, ..., cls)``; the class index
       last, so no two heads are equal. Ages are ``max(now - stamp, 0)``: a stamp after ``now``
       (a clock that stepped back) counts as an access just now.
-    * ``_tie_keys(blocks)``: the middle of ``_key`` as arrays, least significant first (numpy
-      ``lexsort`` order), for the batched path.
     * ``stamps_allocation``: allocation stamps the last access with ``now``; otherwise with
       ``-inf`` ("never hit"). Hits always stamp ``now``.
     * ``stamps_free``: ``free`` stamps the last access with ``now``.
@@ -66,6 +59,9 @@ class ClassedLRUPolicy(EvictionPolicy):
     stamps_allocation: bool
     stamps_free: bool
     class_follows_hits: bool
+    #: Whether ``_key`` depends on a block's class and stamp only, so that blocks freed together
+    #: have equal keys and leave together even when their score ties another list's.
+    uniform_runs: bool = False
 
     def __init__(self, p, lam, horizon: float) -> None:
         p = np.asarray(p, dtype=float)
@@ -110,10 +106,6 @@ class ClassedLRUPolicy(EvictionPolicy):
     def _key(self, cls: int, block: int, now: float) -> tuple:
         """Sort key of ``block`` at the head of class list ``cls``; ends with ``cls``."""
 
-    def _tie_keys(self, blocks: np.ndarray) -> tuple[np.ndarray, ...]:
-        """The keys between score and class in :meth:`_key`, as arrays, least significant first."""
-        return ()
-
     def _grow(self, block: int) -> None:
         have = len(self._stamp)
         size = max(block + 1, 2 * have, 64)
@@ -154,7 +146,7 @@ class ClassedLRUPolicy(EvictionPolicy):
                     self._grow(block)
                 if self.stamps_free:
                     self._stamp[block] = now
-                self._fifos.push_one(block, self._class.item(block))
+                self._fifos.push_one(block, self._class.item(block), self._stamp.item(block))
             return
         blocks = np.array(blocks, dtype=np.int64)
         top = int(blocks.max())
@@ -162,7 +154,7 @@ class ClassedLRUPolicy(EvictionPolicy):
             self._grow(top)
         if self.stamps_free:
             self._stamp[blocks] = now
-        self._fifos.push(blocks, self._class[blocks])
+        self._fifos.push(blocks, self._class[blocks], now if self.stamps_free else self._stamp[blocks])
 
     def remove(self, block: int) -> None:
         self._fifos.remove(block)
@@ -170,116 +162,20 @@ class ClassedLRUPolicy(EvictionPolicy):
     def evict(self, now: float) -> int:
         if not len(self._fifos):
             raise IndexError("no evictable block")
-        key = self._key
-        best_key, block, at = min((key(cls, block, now), block, at) for cls, block, at in self._fifos.heads())
-        self._fifos.take_prefix(best_key[-1], [block], at)
-        return block
+        return self.evict_n(1, now)[0]
 
     def evict_n(self, n: int, now: float) -> list[int]:
-        return self._evict_few(n, now) if n <= ONE_BY_ONE_EVICT else self.evict_n_array(n, now).tolist()
+        victims = self._fifos.merge(n, partial(self._key, now=now), self.uniform_runs)
+        return victims if isinstance(victims, list) else victims.tolist()
 
     def evict_n_array(self, n: int, now: float) -> np.ndarray:
-        if n <= ONE_BY_ONE_EVICT:
-            return np.array(self._evict_few(n, now), dtype=np.int64)
-        if n > len(self._fifos):
-            raise IndexError(f"{n} victims asked for, {len(self._fifos)} evictable")
-        candidates = self._fifos.front(n)
-        picked = self._merge(candidates, n, now)
-        self._fifos.take(candidates, picked)
-        return candidates.blocks[picked]
+        return np.asarray(self._fifos.merge(n, partial(self._key, now=now), self.uniform_runs), dtype=np.int64)
 
     def order(self, now: float) -> list[int]:
         if not len(self._fifos):
             return []
-        candidates = self._fifos.front(len(self._fifos))
-        return candidates.blocks[self._merge(candidates, len(self._fifos), now)].tolist()
-
-    def _evict_few(self, n: int, now: float) -> list[int]:
-        """Evict ``n`` blocks by the greedy merge itself: a heap of list heads, one pop each."""
-        if n > len(self._fifos):
-            raise IndexError(f"{n} victims asked for, {len(self._fifos)} evictable")
-        if n <= 1:
-            return [self.evict(now)] if n == 1 else []  # one: decode's call, the most frequent
-        key, fifos = self._key, self._fifos
-        heap = [(key(cls, block, now), block, at) for cls, block, at in fifos.heads()]
-        heapq.heapify(heap)
-        victims = []
-        taken: dict[int, list[int]] = {}  # class -> its victims, a prefix of its list
-        last: dict[int, int] = {}  # class -> buffer position of its last victim
-        rows = {}  # class -> the rest of its list, opened once its head is taken
-        while len(victims) < n:
-            head_key, block, at = heap[0]
-            cls = head_key[-1]
-            victims.append(block)
-            taken.setdefault(cls, []).append(block)
-            if cls not in rows:
-                rows[cls] = fifos.row_after(cls, at)
-            following = next(rows[cls], None)
-            if following is None:
-                heapq.heappop(heap)
-                rows[cls] = iter(())
-            else:
-                heapq.heapreplace(heap, (key(cls, following[0], now), *following))
-            last[cls] = at
-        for cls, blocks in taken.items():
-            fifos.take_prefix(cls, blocks, last[cls])
-        return victims
-
-    def _merge(self, candidates: Candidates, n: int, now: float):
-        """Which ``n`` candidates the greedy merge evicts, in order (indices or a slice).
-
-        Only the first ``n`` blocks of each list can be among them. Blocks freed together share
-        a stamp and so a score: the merge scores *runs* of them. When each list's scores ascend
-        and no two lists share a score (the rule: stamps follow free order), every run leaves
-        whole and the merge is the runs sorted by score. Otherwise (a list that does not ascend,
-        equal scores in two lists: p = 0, e^(-lam a) underflowing) it ranks blocks on the full key.
-        """
-        blocks, classes = candidates.blocks, candidates.classes
-        if classes[0] == classes[-1]:  # one list: its own order
-            return slice(0, n)
-        stamps = self._stamp[blocks]
-        new_run = np.empty(len(blocks), dtype=bool)
-        new_run[0] = True
-        np.not_equal(stamps[1:], stamps[:-1], out=new_run[1:])
-        new_run[1:] |= classes[1:] != classes[:-1]
-        starts = np.flatnonzero(new_run)
-        lengths = np.diff(starts, append=len(blocks))
-        run_class = classes[starts]
-        score = self.score
-        ages = np.maximum(now - stamps[starts], 0.0).tolist()
-        run_score = np.array([score(c, age) for c, age in zip(run_class.tolist(), ages)])
-        by_key = np.lexsort((run_class, run_score))
-        if self._needs_ranks(run_class, run_score, by_key):
-            return np.argsort(self._ranks(blocks, classes, np.repeat(run_score, lengths)), kind="stable")[:n]
-        ends = np.cumsum(lengths[by_key])
-        used = int(np.searchsorted(ends, n)) + 1
-        runs = by_key[:used]
-        taken = lengths[runs]
-        taken[-1] -= ends[used - 1] - n
-        return np.repeat(starts[runs] - (ends[:used] - lengths[runs]), taken) + np.arange(n)
-
-    @staticmethod
-    def _needs_ranks(run_class, run_score, by_key) -> bool:
-        """Whether sorting runs by score is not the merge: a list's scores drop, or two lists tie."""
-        same_list = run_class[1:] == run_class[:-1]
-        if (same_list & (run_score[1:] < run_score[:-1])).any():
-            return True
-        first = run_score[by_key]
-        tied = first[1:] == first[:-1]
-        return bool(tied.any() and (run_class[by_key][1:] != run_class[by_key][:-1])[tied].any())
-
-    def _ranks(self, blocks, classes, scores) -> np.ndarray:
-        """Each block's running maximum, within its list, of its rank on the full key.
-
-        A block leaves the greedy merge right after the block that set its running maximum, so
-        a stable sort on these ranks is the merge.
-        """
-        rank = np.empty(len(blocks), dtype=np.int64)
-        rank[np.lexsort((classes, *self._tie_keys(blocks), scores))] = np.arange(len(blocks))
-        # Lists are contiguous and in class order: lifting each by its class makes one running
-        # maximum restart at every list.
-        lift = classes * len(blocks)
-        return np.maximum.accumulate(rank + lift) - lift
+        victims = self._fifos.merge(len(self._fifos), partial(self._key, now=now), self.uniform_runs, take=False)
+        return victims if isinstance(victims, list) else victims.tolist()
 
     def clear(self) -> None:
         self._fifos.clear()

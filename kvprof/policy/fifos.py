@@ -1,32 +1,19 @@
-"""One FIFO of evictable blocks per workload class, operated on in bulk with numpy.
+"""Class lists of evictable blocks and their greedy merge, the engine of ``ClassedLRUPolicy``.
 
-The storage behind :class:`kvprof.policy.classed.ClassedLRUPolicy`. vLLM frees and evicts blocks
-hundreds at a time (``append_n``, ``popleft_n``), so every operation here takes or returns whole
-arrays and costs a fixed handful of numpy calls however many classes and blocks it touches; a
-Python loop per block or per class would cost more than vLLM's own free list.
+vLLM evicts one block at a time while decoding and hundreds at once for a prefill, and frees a
+finished request's blocks together; both ends must stay cheap. Blocks freed together share a
+stamp, hence a score, and leave together whenever their score is below every other list's
+head: the merge moves such *runs* as numpy slices and steps block by block only through ties.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+from collections.abc import Callable
 
 import numpy as np
 
 _NOWHERE = -1
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """The first live blocks of every row, rows in class order, as :meth:`ClassFifos.front` gives them.
-
-    ``blocks[i]`` sits at flat buffer position ``positions[i]`` in the row of ``classes[i]``; the
-    candidates of class ``c`` start at index ``starts[c]``.
-    """
-
-    blocks: np.ndarray
-    classes: np.ndarray
-    positions: np.ndarray
-    starts: np.ndarray
 
 
 class ClassFifos:
@@ -37,38 +24,33 @@ class ClassFifos:
     ``c`` and neither removed nor taken since, in push order (``live[c]`` of them). The entry at
     position ``q`` holding block ``b`` is live exactly when ``position[b] == q``; ``remove`` only
     clears ``position[b]``, so it is O(1), and the dead entry it leaves (``dead[c]`` counts them)
-    is skipped by :meth:`front`, dropped when the head passes it, and compacted away once a row
-    fills up or holds more dead entries than live ones. Memory: classes x width x 8 bytes, the
-    width at least twice the longest row.
+    is skipped by the merge, dropped when the head passes it, and compacted away when a row fills
+    up or holds more dead entries (over 64) than live ones.
+
+    ``runs[c]`` cuts row ``c`` from its head to its tail into runs ``[start, end, stamp]`` (flat
+    positions, in row order): entries pushed together with one stamp.
 
     Block ids are small non-negative ints (vLLM's block ids, the simulator's slots): the per-block
-    table is an array indexed by id, grown by :meth:`reserve`.
+    table is an array indexed by id, grown by :meth:`reserve`. Memory: classes x width x 8 bytes,
+    the width at least twice the longest row.
     """
 
     def __init__(self, n_classes: int, width: int = 256) -> None:
         self.n_classes = n_classes
         self.width = width
         self.buffer = np.zeros(n_classes * width, dtype=np.int64)
-        # Python lists: the one-block paths (remove on a hit, push_one, heads) update them one
-        # at a time; the bulk paths turn them into arrays once per call.
+        self.position = np.full(0, _NOWHERE, dtype=np.int64)
+        # Python lists: the one-block paths (remove on a hit, push_one, the merge's steps) update
+        # them one at a time; the bulk paths turn them into arrays once per call.
         self.head = [0] * n_classes
         self.tail = [0] * n_classes
         self.live = [0] * n_classes
         self.dead = [0] * n_classes
-        self.position = np.full(0, _NOWHERE, dtype=np.int64)
+        self.runs: list[list[list]] = [[] for _ in range(n_classes)]
         self.size = 0
-        self._class_ids = np.arange(n_classes)
-        self._row_start = self._class_ids * width
-        self._forget_heads()
-
-    def _forget_heads(self) -> None:
-        """Drop :meth:`heads`' memo of each row's first live entry (block, position).
-
-        A remembered head stays right while its block is still at that position: rows only grow
-        at the tail, and taking or removing the block moves it. Only moving entries (relocation,
-        clear) can put another first entry in front of a block that is still live where it was.
-        """
-        self._known_heads = [(_NOWHERE, _NOWHERE)] * self.n_classes
+        self._row_start = np.arange(n_classes) * width
+        self._known_heads: list[tuple | None] = [None] * n_classes
+        self._crowded: set[int] = set()  # rows where hits left more dead entries than live ones
 
     def __len__(self) -> int:
         return self.size
@@ -83,21 +65,27 @@ class ClassFifos:
             self.position = np.concatenate([self.position, np.full(n_blocks - have, _NOWHERE, dtype=np.int64)])
 
     # -- in ---------------------------------------------------------------------------------
-    def push(self, blocks: np.ndarray, classes: np.ndarray) -> None:
-        """Append ``blocks`` (not evictable now, ids reserved) to the rows of ``classes``, in order."""
+    def push(self, blocks: np.ndarray, classes: np.ndarray, stamps) -> None:
+        """Append ``blocks`` (not evictable now, ids reserved) to the rows of ``classes``, in order.
+
+        ``stamps``: one stamp for all (a free stamps them all with its time) or one per block.
+        """
         k = len(blocks)
+        one_stamp = np.ndim(stamps) == 0
         first = int(classes[0])
         if (classes == first).all():  # the usual free: one request's blocks, one class
+            counts = np.bincount(classes[:1], minlength=self.n_classes) * k
             if self.tail[first] + k > self.width:
-                self._make_room(np.bincount(classes, minlength=self.n_classes))
+                self._make_room(counts)
             start = first * self.width + self.tail[first]
+            positions = np.arange(start, start + k)
             self.buffer[start:start + k] = blocks
-            self.position[blocks] = np.arange(start, start + k)
             self.tail[first] += k
             self.live[first] += k
         else:
             order = np.argsort(classes.astype(np.int16), kind="stable")  # int16: a radix sort
             blocks, classes = blocks[order], classes[order]
+            stamps = stamps if one_stamp else stamps[order]
             counts = np.bincount(classes, minlength=self.n_classes)
             tail = np.array(self.tail)
             if (tail + counts > self.width).any():
@@ -105,23 +93,36 @@ class ClassFifos:
                 tail = np.array(self.tail)
             positions = np.repeat(self._row_start + tail - (np.cumsum(counts) - counts), counts) + np.arange(k)
             self.buffer[positions] = blocks
-            self.position[blocks] = positions
             self.tail = (tail + counts).tolist()
             self.live = (np.array(self.live) + counts).tolist()
+        self.position[blocks] = positions
         self.size += k
+        # A new run wherever the class or the stamp changes.
+        cuts = np.flatnonzero(classes[1:] != classes[:-1]) if one_stamp else (
+            np.flatnonzero((classes[1:] != classes[:-1]) | (stamps[1:] != stamps[:-1])))
+        starts = [0, *(cuts + 1).tolist()]
+        ends = [*starts[1:], k]
+        run_stamps = [float(stamps)] * len(starts) if one_stamp else stamps[starts].tolist()
+        run_classes = classes[starts].tolist()
+        bounds = positions[starts].tolist(), (positions[np.array(ends) - 1] + 1).tolist()
+        for cls, start, end, stamp in zip(run_classes, *bounds, run_stamps):
+            self.runs[cls].append([start, end, stamp])
 
-    def push_one(self, block: int, cls: int) -> None:
+    def push_one(self, block: int, cls: int, stamp: float) -> None:
         """:meth:`push` of one block, in scalar steps (a short free costs less this way)."""
-        tail = self.tail[cls]
-        if tail == self.width:
+        if self.tail[cls] == self.width:
             self._make_room(np.bincount([cls], minlength=self.n_classes))
-            tail = self.tail[cls]
-        at = cls * self.width + tail
+        at = cls * self.width + self.tail[cls]
         self.buffer[at] = block
         self.position[block] = at
-        self.tail[cls] = tail + 1
+        self.tail[cls] += 1
         self.live[cls] += 1
         self.size += 1
+        runs = self.runs[cls]
+        if runs and runs[-1][1] == at and runs[-1][2] == stamp:
+            runs[-1][1] = at + 1
+        else:
+            runs.append([at, at + 1, stamp])
 
     def _make_room(self, incoming: np.ndarray) -> None:
         """Compact the rows that would overflow to their live entries; widen all rows if that is
@@ -139,15 +140,25 @@ class ClassFifos:
         """Move the live entries of ``rows`` to the start of their rows in a buffer of ``width``."""
         buffer = self.buffer if width == self.width else np.zeros(self.n_classes * width, dtype=np.int64)
         for c in rows:
-            positions = np.arange(c * self.width + self.head[c], c * self.width + self.tail[c])
+            base = c * self.width + self.head[c]
+            positions = np.arange(base, c * self.width + self.tail[c])
             entries = self.buffer[positions]
-            live = entries[self.position[entries] == positions]
+            alive = self.position[entries] == positions
+            live = entries[alive]
             buffer[c * width:c * width + len(live)] = live
             self.position[live] = np.arange(c * width, c * width + len(live))
+            # Each run keeps its live entries: its bounds become counts of live entries before them.
+            before = np.concatenate([[0], np.cumsum(alive)])
+            runs = self.runs[c]
+            if runs:
+                starts = before[np.array([run[0] for run in runs]) - base] + c * width
+                ends = before[np.array([run[1] for run in runs]) - base] + c * width
+                self.runs[c] = [[s, e, run[2]] for s, e, run in zip(starts.tolist(), ends.tolist(), runs) if s < e]
             self.head[c], self.tail[c], self.dead[c] = 0, len(live), 0
         self.buffer, self.width = buffer, width
-        self._row_start = self._class_ids * width
-        self._forget_heads()
+        self._row_start = np.arange(self.n_classes) * width
+        self._known_heads = [None] * self.n_classes
+        self._crowded.difference_update(rows)
 
     # -- out --------------------------------------------------------------------------------
     def remove(self, block: int) -> None:
@@ -163,99 +174,110 @@ class ClassFifos:
         self.live[cls] -= 1
         self.dead[cls] += 1
         self.size -= 1
+        if self.dead[cls] > 64 and self.dead[cls] > self.live[cls]:
+            self._crowded.add(cls)
 
-    def heads(self) -> list[tuple[int, int, int]]:
-        """``(class, block, position)`` of the first live entry of every non-empty row.
+    def merge(self, n: int, key: Callable[[int, int], tuple], uniform_runs: bool = False,
+              take: bool = True) -> list | np.ndarray:
+        """The first ``n`` blocks of the greedy merge of the rows: repeatedly the row head with the
+        lowest ``key(class, block)``; removed from the rows if ``take``.
 
-        Scalar reads, for taking a few blocks one at a time; dead entries met at a head are
-        dropped on the way.
+        ``key`` must give every block of a run the same first element (its score) and end with the
+        class, so that no two heads tie; ``uniform_runs`` says it gives them the same key outright.
+        A head whose score is below every other head's (or any head, with ``uniform_runs``)
+        leaves with the rest of its run, in one slice; ties and single victims go block by block.
+        Returns a list for a single victim, else an array.
         """
-        buffer, position, head, dead, width = self.buffer, self.position, self.head, self.dead, self.width
-        known = self._known_heads
-        found = []
+        if n > self.size:
+            raise IndexError(f"{n} victims asked for, {self.size} evictable")
+        if n <= 0:
+            return []
+        if self._crowded:  # more dead entries than live ones: compacting beats scanning past them
+            self._relocate(sorted(self._crowded), self.width)
+        heap = [(key(cls, block), cls, run_index, at, block) for cls, run_index, at, block in self._heads()]
+        heapq.heapify(heap)
+        chunks = []
+        stop_at = {}  # class -> (run index, position after its last victim)
+        taken = {}  # class -> how many victims it gave
+        need = n
+        while need:
+            head_key, cls, run_index, at, block = heap[0]
+            runner_up = min(heap[1][0], heap[2][0]) if len(heap) > 2 else heap[1][0] if len(heap) == 2 else None
+            if need > 1 and (uniform_runs or runner_up is None or head_key[0] < runner_up[0]):
+                chunk, after = self._live_from(cls, at, self.runs[cls][run_index][1], need)
+            else:
+                chunk, after = [block], at + 1
+            chunks.append(chunk)
+            need -= len(chunk)
+            taken[cls] = taken.get(cls, 0) + len(chunk)
+            stop_at[cls] = run_index, after
+            following = self._next_live(cls, run_index, after)
+            if following is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (key(cls, following[2]), cls, *following))
+        victims = chunks[0] if len(chunks) == 1 and isinstance(chunks[0], list) else np.concatenate(chunks)
+        if take:
+            self._take(victims, stop_at, taken)
+        return victims
+
+    def _heads(self) -> list[tuple[int, int, int, int]]:
+        """``(class, run index, position, block)`` of the first live entry of every non-empty row.
+
+        Remembered between calls: a remembered head stays right while its block is still at its
+        position (rows only grow at the tail; taking or removing the block moves it), unless
+        entries moved (relocation, clear), which forgets them all.
+        """
+        known, position, found = self._known_heads, self.position, []
         for cls, live in enumerate(self.live):
             if live:
-                block, at = known[cls]
-                if at < 0 or position.item(block) != at:
-                    at = cls * width + head[cls]
-                    block = buffer.item(at)
-                    if position.item(block) != at:
-                        while position.item(block) != at:  # a dead entry: the block was removed
-                            at += 1
-                            block = buffer.item(at)
-                            dead[cls] -= 1
-                        head[cls] = at - cls * width
-                    known[cls] = (block, at)
-                found.append((cls, block, at))
+                head = known[cls]
+                if head is None or position.item(head[3]) != head[2]:
+                    head = known[cls] = (cls, *self._next_live(cls, 0, self.runs[cls][0][0]))
+                found.append(head)
         return found
 
-    def row_after(self, cls: int, after: int):
-        """Live ``(block, position)`` entries of row ``cls`` past position ``after``, one at a time."""
-        buffer, position = self.buffer, self.position
-        at, end = after + 1, cls * self.width + self.tail[cls]
-        while at < end:
-            block = buffer.item(at)
-            if position.item(block) == at:
-                yield block, at
-            at += 1
+    def _next_live(self, cls: int, run_index: int, at: int):
+        """``(run index, position, block)`` of the first live entry of row ``cls`` at or after
+        ``at`` in run ``run_index`` or a later one; None if there is none."""
+        buffer, position, runs = self.buffer, self.position, self.runs[cls]
+        while run_index < len(runs):
+            start, end, _ = runs[run_index]
+            at = max(at, start)
+            while at < end:
+                block = buffer.item(at)
+                if position.item(block) == at:
+                    return run_index, at, block
+                at += 1
+            run_index += 1
+        return None
 
-    def take_prefix(self, cls: int, blocks: list[int], last: int) -> None:
-        """Remove ``blocks``, the first live entries of row ``cls`` up to position ``last``."""
-        position = self.position
-        for block in blocks:
-            position[block] = _NOWHERE
-        head = last + 1 - cls * self.width
-        self.dead[cls] -= head - self.head[cls] - len(blocks)  # dead entries the head passed
-        self.head[cls] = head
-        self.live[cls] -= len(blocks)
-        self.size -= len(blocks)
+    def _live_from(self, cls: int, at: int, end: int, limit: int) -> tuple[np.ndarray, int]:
+        """Up to ``limit`` live blocks of row ``cls`` from position ``at`` (live) to ``end``, and
+        the position after the last of them."""
+        if not self.dead[cls]:
+            stop = min(end, at + limit)
+            return self.buffer[at:stop], stop
+        stop = min(end, at + limit + self.dead[cls])  # at most dead[cls] dead entries in between
+        entries = self.buffer[at:stop]
+        alive = np.flatnonzero(self.position[entries] == np.arange(at, stop))[:limit]
+        return entries[alive], at + int(alive[-1]) + 1
 
-    def front(self, n: int) -> Candidates:
-        """The first ``min(n, live[c])`` live blocks of every row; nothing changes until :meth:`take`."""
-        want = np.minimum(self.live, n)
-        if not any(self.dead):  # no dead entries: the first ``want`` entries are the answer
-            return self._window(want)
-        # Rows where hits left more dead entries than live ones are compacted first (each
-        # remove pays for its entry once); then every row has its first ``want`` live entries
-        # within ``want + dead``. Look a little past ``want`` first and widen only short rows.
-        dead = np.array(self.dead)
-        crowded = np.flatnonzero(dead > np.maximum(self.live, 64)).tolist()
-        if crowded:
-            self._relocate(crowded, self.width)
-            dead = np.array(self.dead)
-        room = np.array(self.tail) - np.array(self.head)
-        width = np.minimum(room, want + np.minimum(dead, want) + 8)
-        while True:
-            window = self._window(width)
-            alive = self.position[window.blocks] == window.positions
-            found = np.bincount(window.classes[alive], minlength=self.n_classes)
-            short = found < want
-            if not short.any():
-                break
-            width = np.where(short, np.minimum(room, 2 * width), width)
-        classes = window.classes[alive]
-        keep = np.arange(len(classes)) - (np.cumsum(found) - found)[classes] < want[classes]
-        picked = np.flatnonzero(alive)[keep]
-        return Candidates(window.blocks[picked], classes[keep], window.positions[picked], np.cumsum(want) - want)
-
-    def _window(self, width: np.ndarray) -> Candidates:
-        """The first ``width[c]`` entries of every row, live or not."""
-        starts = np.cumsum(width) - width
-        positions = np.repeat(self._row_start + np.array(self.head) - starts, width) + np.arange(starts[-1] + width[-1])
-        return Candidates(self.buffer[positions], np.repeat(self._class_ids, width), positions, starts)
-
-    def take(self, candidates: Candidates, picked) -> None:
-        """Remove ``candidates`` at ``picked``: from each row a prefix of its candidates."""
-        self.position[candidates.blocks[picked]] = _NOWHERE
-        counts = np.bincount(candidates.classes[picked], minlength=self.n_classes)
-        taken = np.flatnonzero(counts)
-        head, live, dead = np.array(self.head), np.array(self.live), np.array(self.dead)
-        moved = candidates.positions[candidates.starts[taken] + counts[taken] - 1] + 1 - self._row_start[taken]
-        dead[taken] -= moved - head[taken] - counts[taken]  # dead entries the head moved past
-        head[taken] = moved
-        live -= counts
-        self.head, self.live, self.dead = head.tolist(), live.tolist(), dead.tolist()
-        self.size -= int(counts.sum())
+    def _take(self, victims, stop_at, taken) -> None:
+        """Remove the merge's victims: from each row everything before its stop, live or dead."""
+        self.position[victims] = _NOWHERE
+        for cls, (run_index, after) in stop_at.items():
+            row_start = cls * self.width
+            self.dead[cls] -= after - (row_start + self.head[cls]) - taken[cls]  # dead entries passed
+            self.head[cls] = after - row_start
+            self.live[cls] -= taken[cls]
+            runs = self.runs[cls]
+            del runs[:run_index]
+            if runs[0][1] <= after:
+                del runs[0]
+            else:
+                runs[0][0] = after
+        self.size -= sum(taken.values())
 
     def clear(self) -> None:
         self.position[:] = _NOWHERE
@@ -263,5 +285,7 @@ class ClassFifos:
         self.tail = [0] * self.n_classes
         self.live = [0] * self.n_classes
         self.dead = [0] * self.n_classes
+        self.runs = [[] for _ in range(self.n_classes)]
         self.size = 0
-        self._forget_heads()
+        self._known_heads = [None] * self.n_classes
+        self._crowded.clear()

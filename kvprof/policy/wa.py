@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from kvprof.policy.classed import ClassedLRUPolicy
 
 
@@ -72,7 +70,3 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         stamp = self._stamp.item(block)
         age = now - stamp
         return (self.score(cls, age if age > 0.0 else 0.0), -self._depth.item(block), stamp, cls)
-
-    def _tie_keys(self, blocks: np.ndarray) -> tuple[np.ndarray, ...]:
-        # Equal scores: the deeper block first (a chain's tail before its head), then the older.
-        return self._stamp[blocks], -self._depth[blocks]

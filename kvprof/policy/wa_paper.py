@@ -35,6 +35,7 @@ class PublishedWorkloadAwarePolicy(ClassedLRUPolicy):
     stamps_allocation = False
     stamps_free = False
     class_follows_hits = False
+    uniform_runs = True
 
     def __init__(self, p, lam, horizon: float = PUBLISHED_HORIZON_S) -> None:
         super().__init__(p, lam, horizon)
