@@ -67,6 +67,8 @@ def test_json_output_with_given_hp_and_two_tiers(small_trace, fitted, tmp_path):
         (("--eval-window", "99999:"), 1, "holds no requests"),
         (("--block-size", "24"), 1, "multiple of the trace's block size"),
         (("--fit-window", "5000:6000"), 1, "holds no requests"),
+        (("--format", "csv"), 2, "'csv' is not one of"),
+        (("--format", "mooncake"), 1, "line 1"),
     ],
 )
 def test_bad_input_exits_with_a_message(small_trace, tmp_path, args, code, message):
@@ -76,6 +78,27 @@ def test_bad_input_exits_with_a_message(small_trace, tmp_path, args, code, messa
     assert result.exit_code == code, result.output
     assert message in " ".join(result.output.split())
     assert not (tmp_path / "results.json").exists()
+
+
+def test_trace_reading_options_as_in_fit(small_trace, fitted, tmp_path):
+    """--skip-invalid reports what it skipped and goes on; --format and --trace-block-tokens
+    reach the reader (a block size the trace's lengths contradict is refused with the line)."""
+    lines = small_trace.read_text().splitlines()
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join([lines[0], '{"timestamp": "soon"}', *lines[1:]]) + "\n")
+    args = ("--config", fitted[0] / "hp.json", "--policies", "lru", "--capacity", "64", "--json", *WINDOWS)
+    result = invoke("compare", broken, *args, "-o", tmp_path / "a")
+    assert result.exit_code == 1 and "line 2" in result.stderr
+    result = invoke("compare", broken, *args, "-o", tmp_path / "a", "--skip-invalid")
+    assert result.exit_code == 0, result.output
+    assert "skipped 1" in result.stderr
+    assert json.loads(result.stdout)["inputs"]["trace"]["n_requests"] > 0
+    args = ("--policies", "lru", "--capacity", "64", "--json", *WINDOWS, "-o", tmp_path / "b", "--format", "bailian")
+    result = invoke("compare", small_trace, *args, "--trace-block-tokens", "8")
+    assert result.exit_code == 1 and "line 1, field 'hash_ids'" in result.stderr
+    result = invoke("compare", small_trace, *args, "--trace-block-tokens", "16")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["inputs"]["trace"]["block_size"] == 16
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,14 @@ import json
 import sys
 from collections.abc import Callable
 
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
 from rich.console import Console
 
 from kvprof.errors import KvprofError
+from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
 
 #: Tables go to stdout; progress, messages and errors to stderr. Off a terminal (pipes, CI logs)
 #: rich would squeeze tables into 80 columns, so give them room.
@@ -70,14 +74,27 @@ def parse_window_option(text: str | None, option: str = "--window") -> tuple[flo
         raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
+TraceArg = Annotated[Path, typer.Argument(help="Trace file: Bailian or Mooncake JSONL, plain, .gz or .zst.")]
+FormatOpt = Annotated[
+    Optional[str], typer.Option("--format", help=f"Force the trace format ({', '.join(FORMAT_BLOCK_SIZE)}).")
+]
+SkipOpt = Annotated[
+    bool, typer.Option("--skip-invalid", help="Skip invalid lines (reported by kind) instead of stopping.")
+]
+
+
 def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=False):
     """Read a trace with a progress bar on stderr, reporting skipped lines; returns the Trace.
 
-    Skipped lines (``--skip-invalid``) are always reported, never dropped silently.
+    An unknown ``format`` is a usage error (exit 2). Skipped lines (``--skip-invalid``) are always
+    reported, never dropped silently.
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
     from kvprof.profiler.reader import read_trace
+
+    if format is not None and format not in FORMAT_BLOCK_SIZE:
+        raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMAT_BLOCK_SIZE)}", param_hint="--format")
 
     with Progress(
         "[progress.description]{task.description}",

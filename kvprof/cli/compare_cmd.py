@@ -13,7 +13,17 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from kvprof.cli.common import console, err_console, guarded, open_trace, parse_window_option, print_json
+from kvprof.cli.common import (
+    FormatOpt,
+    SkipOpt,
+    TraceArg,
+    console,
+    err_console,
+    guarded,
+    open_trace,
+    parse_window_option,
+    print_json,
+)
 from kvprof.errors import KvprofError
 from kvprof.sim.config import SimConfig, SimulationError, parse_schedule
 
@@ -28,7 +38,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the results documen
 
 @guarded
 def compare(
-    trace_path: Annotated[Path, typer.Argument(help="Trace file: Bailian or Mooncake JSONL, plain, .gz or .zst.")],
+    trace_path: TraceArg,
     config: Annotated[
         Optional[Path],
         typer.Option("--config", help="Hyperparameter file (hp.json); without it, fit one on --fit-window first."),
@@ -62,6 +72,12 @@ def compare(
     ] = 0,
     json_out: JsonOpt = False,
     output: OutputOpt = Path("results"),
+    format: FormatOpt = None,
+    trace_block_tokens: Annotated[
+        Optional[int],
+        typer.Option("--trace-block-tokens", min=1, help="Tokens per trace hash id (default: 16 Bailian, 512 Mooncake)."),
+    ] = None,
+    skip_invalid: SkipOpt = False,
 ):
     """Replay a trace through a model of vLLM's prefix cache under each policy at each capacity.
 
@@ -74,7 +90,7 @@ def compare(
     sim_config = _sim_config(block_size, cpu_capacity, schedule)
     fit_bounds = parse_window_option(fit_window, "--fit-window")
     eval_bounds = parse_window_option(eval_window, "--eval-window")
-    trace = open_trace(trace_path)
+    trace = open_trace(trace_path, format=format, block_size=trace_block_tokens, skip_invalid=skip_invalid)
     if config is not None:
         from kvprof.models.hp import load_hp
 

@@ -10,6 +10,9 @@ import typer
 from rich.table import Table
 
 from kvprof.cli.common import (
+    FormatOpt,
+    SkipOpt,
+    TraceArg,
     console,
     err_console,
     guarded,
@@ -20,20 +23,12 @@ from kvprof.cli.common import (
 )
 from kvprof.errors import KvprofError
 from kvprof.profiler.classes import CLASS_KEYS, ClassRule
-from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
 
 #: The results documents ``show`` puts side by side (docs/results-schema.md).
 RESULTS_SCHEMA = "kvprof.results/1"
 
-TraceArg = Annotated[Path, typer.Argument(help="Trace file: Bailian or Mooncake JSONL, plain, .gz or .zst.")]
-FormatOpt = Annotated[
-    Optional[str], typer.Option("--format", help=f"Force the trace format ({', '.join(FORMAT_BLOCK_SIZE)}).")
-]
 BlockSizeOpt = Annotated[
     Optional[int], typer.Option("--block-size", min=1, help="Tokens per trace block (default: 16 Bailian, 512 Mooncake).")
-]
-SkipOpt = Annotated[
-    bool, typer.Option("--skip-invalid", help="Skip invalid lines (reported by kind) instead of stopping.")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 ClassKeyOpt = Annotated[
@@ -59,8 +54,6 @@ def _class_rule(key: str, turn_cap: int, field: str | None) -> ClassRule:
 
 def _trace_and_rule(trace_path, window, format, block_size, skip_invalid, class_key, turn_cap, class_field):
     """What ``fit`` and ``inspect`` both start with: options checked (exit 2), then the trace read."""
-    if format is not None and format not in FORMAT_BLOCK_SIZE:
-        raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMAT_BLOCK_SIZE)}", param_hint="--format")
     rule = _class_rule(class_key, turn_cap, class_field)
     bounds = parse_window_option(window)
     trace = open_trace(trace_path, format=format, block_size=block_size, window=bounds, skip_invalid=skip_invalid)
