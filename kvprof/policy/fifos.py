@@ -74,14 +74,14 @@ class ClassFifos:
         one_stamp = np.ndim(stamps) == 0
         first = int(classes[0])
         if (classes == first).all():  # the usual free: one request's blocks, one class
-            counts = np.bincount(classes[:1], minlength=self.n_classes) * k
             if self.tail[first] + k > self.width:
-                self._make_room(counts)
+                self._make_room(np.bincount(classes[:1], minlength=self.n_classes) * k)
             start = first * self.width + self.tail[first]
             positions = np.arange(start, start + k)
             self.buffer[start:start + k] = blocks
             self.tail[first] += k
             self.live[first] += k
+            row_starts, counts = {first: start}, {first: k}
         else:
             order = np.argsort(classes.astype(np.int16), kind="stable")  # int16: a radix sort
             blocks, classes = blocks[order], classes[order]
@@ -91,22 +91,27 @@ class ClassFifos:
             if (tail + counts > self.width).any():
                 self._make_room(counts)
                 tail = np.array(self.tail)
-            positions = np.repeat(self._row_start + tail - (np.cumsum(counts) - counts), counts) + np.arange(k)
+            starts = self._row_start + tail
+            positions = np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(k)
             self.buffer[positions] = blocks
             self.tail = (tail + counts).tolist()
             self.live = (np.array(self.live) + counts).tolist()
+            present = np.flatnonzero(counts).tolist()
+            row_starts = dict(zip(present, starts[present].tolist()))
+            counts = dict(zip(present, counts[present].tolist()))
         self.position[blocks] = positions
         self.size += k
-        # A new run wherever the class or the stamp changes.
-        cuts = np.flatnonzero(classes[1:] != classes[:-1]) if one_stamp else (
-            np.flatnonzero((classes[1:] != classes[:-1]) | (stamps[1:] != stamps[:-1])))
-        starts = [0, *(cuts + 1).tolist()]
-        ends = [*starts[1:], k]
-        run_stamps = [float(stamps)] * len(starts) if one_stamp else stamps[starts].tolist()
-        run_classes = classes[starts].tolist()
-        bounds = positions[starts].tolist(), (positions[np.array(ends) - 1] + 1).tolist()
-        for cls, start, end, stamp in zip(run_classes, *bounds, run_stamps):
-            self.runs[cls].append([start, end, stamp])
+        if one_stamp:  # one run per class
+            stamp = float(stamps)
+            for cls, start in row_starts.items():
+                self._add_run(cls, start, start + counts[cls], stamp)
+        else:  # a run wherever the class or the stamp changes
+            cuts = np.flatnonzero((classes[1:] != classes[:-1]) | (stamps[1:] != stamps[:-1])) + 1
+            bounds = [0, *cuts.tolist(), k]
+            firsts = bounds[:-1]
+            for cls, start, end, stamp in zip(classes[firsts].tolist(), positions[firsts].tolist(),
+                                              (positions[np.array(bounds[1:]) - 1] + 1).tolist(), stamps[firsts].tolist()):
+                self._add_run(cls, start, end, stamp)
 
     def push_one(self, block: int, cls: int, stamp: float) -> None:
         """:meth:`push` of one block, in scalar steps (a short free costs less this way)."""
@@ -118,11 +123,16 @@ class ClassFifos:
         self.tail[cls] += 1
         self.live[cls] += 1
         self.size += 1
+        self._add_run(cls, at, at + 1, stamp)
+
+    def _add_run(self, cls: int, start: int, end: int, stamp: float) -> None:
+        """Record entries ``start .. end`` of row ``cls`` as a run, extending the last one if it
+        ends there with the same stamp."""
         runs = self.runs[cls]
-        if runs and runs[-1][1] == at and runs[-1][2] == stamp:
-            runs[-1][1] = at + 1
+        if runs and runs[-1][1] == start and runs[-1][2] == stamp:
+            runs[-1][1] = end
         else:
-            runs.append([at, at + 1, stamp])
+            runs.append([start, end, stamp])
 
     def _make_room(self, incoming: np.ndarray) -> None:
         """Compact the rows that would overflow to their live entries; widen all rows if that is
@@ -140,6 +150,9 @@ class ClassFifos:
         """Move the live entries of ``rows`` to the start of their rows in a buffer of ``width``."""
         buffer = self.buffer if width == self.width else np.zeros(self.n_classes * width, dtype=np.int64)
         for c in rows:
+            if not self.live[c]:  # nothing to keep: an empty row starts over
+                self.head[c], self.tail[c], self.dead[c], self.runs[c] = 0, 0, 0, []
+                continue
             base = c * self.width + self.head[c]
             positions = np.arange(base, c * self.width + self.tail[c])
             entries = self.buffer[positions]
