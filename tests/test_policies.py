@@ -610,7 +610,7 @@ class GreedyReference:
                 blocks.remove(block)
 
     def key(self, cls, block, now):
-        return self.policy._key(cls, block, now)
+        return self.policy._key(cls, block, self.policy._stamp.item(block), now)
 
     def evict_n(self, n, now):
         victims = []
@@ -679,7 +679,7 @@ def test_class_fifos_compact_and_widen_under_churn():
     free = list(range(200))
     rank = [2, 0, 1]  # row 1 first, then row 2, then row 0; one score per row: runs leave whole
 
-    def key(cls, block):
+    def key(cls, block, stamp):
         return (float(rank[cls]), cls)
 
     for step in range(3000):

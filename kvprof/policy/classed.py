@@ -32,9 +32,10 @@ class ClassedLRUPolicy(EvictionPolicy):
     separates ``wa`` from ``wa-paper``:
 
     * ``score(cls, age)``: the score, lowest evicted first, non-increasing in age.
-    * ``_key(cls, block, now)``: a block's full sort key, ``(score, ..., cls)``; the class index
-      last, so no two heads are equal. Ages are ``max(now - stamp, 0)``: a stamp after ``now``
-      (a clock that stepped back) counts as an access just now.
+    * ``_key(cls, block, stamp, now)``: a block's full sort key, ``(score, ..., cls)``, given its
+      last-access stamp; the class index last, so no two heads are equal. Ages are
+      ``max(now - stamp, 0)``: a stamp after ``now`` (a clock that stepped back) counts as an
+      access just now.
     * ``stamps_allocation``: allocation stamps the last access with ``now``; otherwise with
       ``-inf`` ("never hit"). Hits always stamp ``now``.
     * ``stamps_free``: ``free`` stamps the last access with ``now``.
@@ -103,8 +104,8 @@ class ClassedLRUPolicy(EvictionPolicy):
         """
 
     @abstractmethod
-    def _key(self, cls: int, block: int, now: float) -> tuple:
-        """Sort key of ``block`` at the head of class list ``cls``; ends with ``cls``."""
+    def _key(self, cls: int, block: int, stamp: float, now: float) -> tuple:
+        """Sort key of ``block`` (last access ``stamp``) at the head of class list ``cls``; ends with ``cls``."""
 
     def _grow(self, block: int) -> None:
         have = len(self._stamp)

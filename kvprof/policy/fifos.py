@@ -190,10 +190,11 @@ class ClassFifos:
         if self.dead[cls] > 64 and self.dead[cls] > self.live[cls]:
             self._crowded.add(cls)
 
-    def merge(self, n: int, key: Callable[[int, int], tuple], uniform_runs: bool = False,
+    def merge(self, n: int, key: Callable[[int, int, float], tuple], uniform_runs: bool = False,
               take: bool = True) -> list | np.ndarray:
         """The first ``n`` blocks of the greedy merge of the rows: repeatedly the row head with the
-        lowest ``key(class, block)``; removed from the rows if ``take``.
+        lowest ``key(class, block, stamp)`` (the stamp its run was pushed with); removed from the
+        rows if ``take``.
 
         ``key`` must give every block of a run the same first element (its score) and end with the
         class, so that no two heads tie; ``uniform_runs`` says it gives them the same key outright.
@@ -207,7 +208,9 @@ class ClassFifos:
             return []
         if self._crowded:  # more dead entries than live ones: compacting beats scanning past them
             self._relocate(sorted(self._crowded), self.width)
-        heap = [(key(cls, block), cls, run_index, at, block) for cls, run_index, at, block in self._heads()]
+        runs = self.runs
+        heap = [(key(cls, block, runs[cls][run_index][2]), cls, run_index, at, block)
+                for cls, run_index, at, block in self._heads()]
         heapq.heapify(heap)
         chunks = []
         stop_at = {}  # class -> (run index, position after its last victim)
@@ -228,7 +231,8 @@ class ClassFifos:
             if following is None:
                 heapq.heappop(heap)
             else:
-                heapq.heapreplace(heap, (key(cls, following[2]), cls, *following))
+                run_index, at, block = following
+                heapq.heapreplace(heap, (key(cls, block, runs[cls][run_index][2]), cls, *following))
         victims = chunks[0] if len(chunks) == 1 and isinstance(chunks[0], list) else np.concatenate(chunks)
         if take:
             self._take(victims, stop_at, taken)

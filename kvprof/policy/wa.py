@@ -66,7 +66,6 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             return self._span[workload] if p == 1.0 else 0.0
         return self._span[workload] * decayed / (decayed + (1.0 - p))  # 1 - p first: exact at p = 1
 
-    def _key(self, cls: int, block: int, now: float) -> tuple:
-        stamp = self._stamp.item(block)
+    def _key(self, cls: int, block: int, stamp: float, now: float) -> tuple:
         age = now - stamp
         return (self.score(cls, age if age > 0.0 else 0.0), -self._depth.item(block), stamp, cls)

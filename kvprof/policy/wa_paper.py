@@ -52,6 +52,6 @@ class PublishedWorkloadAwarePolicy(ClassedLRUPolicy):
         # lam = 0 makes the span 0; returning early also avoids 0 * inf = nan for stale stamps.
         return scale * math.exp(-self._lam[workload] * age) if scale else 0.0
 
-    def _key(self, cls: int, block: int, now: float) -> tuple:
-        age = now - self._stamp.item(block)
+    def _key(self, cls: int, block: int, stamp: float, now: float) -> tuple:
+        age = now - stamp
         return (self.score(cls, age if age > 0.0 else 0.0), cls)
