@@ -679,7 +679,7 @@ def test_class_fifos_compact_and_widen_under_churn():
     free = list(range(200))
     rank = [2, 0, 1]  # row 1 first, then row 2, then row 0; one score per row: runs leave whole
 
-    def key(cls, block, stamp):
+    def key(cls, block, stamp, now):
         return (float(rank[cls]), cls)
 
     for step in range(3000):
@@ -702,8 +702,8 @@ def test_class_fifos_compact_and_widen_under_churn():
         elif len(fifos):
             n = int(rng.integers(1, min(12, len(fifos)) + 1))
             expected = [b for c in (1, 2, 0) for b in model[c]][:n]
-            assert list(fifos.merge(n, key, take=False)) == expected
-            assert list(fifos.merge(n, key)) == expected
+            assert list(fifos.merge(n, key, 0.0, take=False)) == expected
+            assert list(fifos.merge(n, key, 0.0)) == expected
             for c in range(3):
                 model[c] = [b for b in model[c] if b not in expected]
             free.extend(expected)

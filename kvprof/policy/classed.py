@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections.abc import Hashable, Iterable
-from functools import partial
 
 import numpy as np
 
@@ -142,12 +141,16 @@ class ClassedLRUPolicy(EvictionPolicy):
     def free(self, blocks: Iterable[int], now: float) -> None:
         blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
         if len(blocks) <= ONE_BY_ONE_FREE:
+            stamp_table, class_table, push_one = self._stamp, self._class, self._fifos.push_one
             for block in blocks:
-                if block >= len(self._stamp):
+                if block >= len(stamp_table):
                     self._grow(block)
+                    stamp_table, class_table = self._stamp, self._class
                 if self.stamps_free:
-                    self._stamp[block] = now
-                self._fifos.push_one(block, self._class.item(block), self._stamp.item(block))
+                    stamp_table[block] = now
+                    push_one(block, class_table.item(block), now)
+                else:
+                    push_one(block, class_table.item(block), stamp_table.item(block))
             return
         blocks = np.array(blocks, dtype=np.int64)
         top = int(blocks.max())
@@ -166,16 +169,16 @@ class ClassedLRUPolicy(EvictionPolicy):
         return self.evict_n(1, now)[0]
 
     def evict_n(self, n: int, now: float) -> list[int]:
-        victims = self._fifos.merge(n, partial(self._key, now=now), self.uniform_runs)
+        victims = self._fifos.merge(n, self._key, now, self.uniform_runs)
         return victims if isinstance(victims, list) else victims.tolist()
 
     def evict_n_array(self, n: int, now: float) -> np.ndarray:
-        return np.asarray(self._fifos.merge(n, partial(self._key, now=now), self.uniform_runs), dtype=np.int64)
+        return np.asarray(self._fifos.merge(n, self._key, now, self.uniform_runs), dtype=np.int64)
 
     def order(self, now: float) -> list[int]:
         if not len(self._fifos):
             return []
-        victims = self._fifos.merge(len(self._fifos), partial(self._key, now=now), self.uniform_runs, take=False)
+        victims = self._fifos.merge(len(self._fifos), self._key, now, self.uniform_runs, take=False)
         return victims if isinstance(victims, list) else victims.tolist()
 
     def clear(self) -> None:

@@ -190,11 +190,11 @@ class ClassFifos:
         if self.dead[cls] > 64 and self.dead[cls] > self.live[cls]:
             self._crowded.add(cls)
 
-    def merge(self, n: int, key: Callable[[int, int, float], tuple], uniform_runs: bool = False,
+    def merge(self, n: int, key: Callable[[int, int, float, float], tuple], now: float, uniform_runs: bool = False,
               take: bool = True) -> list | np.ndarray:
         """The first ``n`` blocks of the greedy merge of the rows: repeatedly the row head with the
-        lowest ``key(class, block, stamp)`` (the stamp its run was pushed with); removed from the
-        rows if ``take``.
+        lowest ``key(class, block, stamp, now)`` (the stamp its run was pushed with); removed from
+        the rows if ``take``.
 
         ``key`` must give every block of a run the same first element (its score) and end with the
         class, so that no two heads tie; ``uniform_runs`` says it gives them the same key outright.
@@ -209,7 +209,7 @@ class ClassFifos:
         if self._crowded:  # more dead entries than live ones: compacting beats scanning past them
             self._relocate(sorted(self._crowded), self.width)
         runs = self.runs
-        heap = [(key(cls, block, runs[cls][run_index][2]), cls, run_index, at, block)
+        heap = [(key(cls, block, runs[cls][run_index][2], now), cls, run_index, at, block)
                 for cls, run_index, at, block in self._heads()]
         heapq.heapify(heap)
         chunks = []
@@ -232,7 +232,7 @@ class ClassFifos:
                 heapq.heappop(heap)
             else:
                 run_index, at, block = following
-                heapq.heapreplace(heap, (key(cls, block, runs[cls][run_index][2]), cls, *following))
+                heapq.heapreplace(heap, (key(cls, block, runs[cls][run_index][2], now), cls, *following))
         victims = chunks[0] if len(chunks) == 1 and isinstance(chunks[0], list) else np.concatenate(chunks)
         if take:
             self._take(victims, stop_at, taken)
@@ -282,7 +282,10 @@ class ClassFifos:
 
     def _take(self, victims, stop_at, taken) -> None:
         """Remove the merge's victims: from each row everything before its stop, live or dead."""
-        self.position[victims] = _NOWHERE
+        if isinstance(victims, list):  # one victim: a scalar store beats numpy's fancy indexing
+            self.position[victims[0]] = _NOWHERE
+        else:
+            self.position[victims] = _NOWHERE
         for cls, (run_index, after) in stop_at.items():
             row_start = cls * self.width
             self.dead[cls] -= after - (row_start + self.head[cls]) - taken[cls]  # dead entries passed
