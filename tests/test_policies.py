@@ -494,7 +494,7 @@ def test_wa_evict_n_scores_each_head_once(monkeypatch):
     monkeypatch.setattr(wa, "score", lambda c, age: calls.append(c) or score(c, age))
     victims = wa.evict_n(1000, 200.0)
     assert len(victims) == len(set(victims)) == 1000 and len(wa) == 1000
-    assert len(calls) == 1000 + 20  # the 20 first heads, then each new head once
+    assert len(calls) == 20 + 999  # the 20 first heads, then the head after each victim but the last
 
 
 # --- baselines ------------------------------------------------------------------------------

@@ -227,6 +227,8 @@ class ClassFifos:
             need -= len(chunk)
             taken[cls] = taken.get(cls, 0) + len(chunk)
             stop_at[cls] = run_index, after
+            if not need:
+                break
             following = self._next_live(cls, run_index, after)
             if following is None:
                 heapq.heappop(heap)
