@@ -356,6 +356,7 @@ def check_eviction_order(name: str, pool: PolicyPool, now: float):
         twin.evict(now)
     assert sorted(singles) == sorted(pool.evictable())
     assert policy.order(now) == singles
+    assert policy.order(now, len(singles) // 3) == singles[: len(singles) // 3]
     twin = copy.deepcopy(policy)
     half = len(singles) // 2
     assert twin.evict_n(half, now) == singles[:half]

@@ -132,11 +132,13 @@ class EvictionPolicy(ABC):
     def __contains__(self, block: int) -> bool:
         """Whether ``block`` is evictable now."""
 
-    def order(self, now: float) -> list[int]:
-        """Evictable blocks in eviction order at time ``now`` (first victim first), unchanged.
+    def order(self, now: float, limit: int | None = None) -> list[int]:
+        """Evictable blocks in eviction order at time ``now`` (first victim first), unchanged;
+        only the first ``limit`` when given.
 
-        Used where vLLM walks its free list (``get_all_free_blocks``, ``iter_blocks_after``).
-        The default evicts from a copy; policies with a cheaper walk override it.
+        Used where vLLM walks its free list (``get_all_free_blocks``, ``iter_blocks_after``) and
+        where its offload tier picks victims past protected blocks. The default evicts from a
+        copy; policies with a cheaper walk override it.
         """
         shadow = copy.deepcopy(self)
-        return shadow.evict_n(len(shadow), now)
+        return shadow.evict_n(len(shadow) if limit is None else min(limit, len(shadow)), now)

@@ -70,8 +70,8 @@ class BeladyPolicy(EvictionPolicy):
                 return block
         raise IndexError("no evictable block")
 
-    def order(self, now: float) -> list[int]:
-        return [entry[3] for entry in sorted(self._heap) if self._live.get(entry[3]) == entry[2]]
+    def order(self, now: float, limit: int | None = None) -> list[int]:
+        return [entry[3] for entry in sorted(self._heap) if self._live.get(entry[3]) == entry[2]][:limit]
 
     def clear(self) -> None:
         self._next_use.clear()

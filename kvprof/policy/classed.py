@@ -175,10 +175,11 @@ class ClassedLRUPolicy(EvictionPolicy):
     def evict_n_array(self, n: int, now: float) -> np.ndarray:
         return np.asarray(self._fifos.merge(n, self._key, now, self.uniform_runs), dtype=np.int64)
 
-    def order(self, now: float) -> list[int]:
-        if not len(self._fifos):
+    def order(self, now: float, limit: int | None = None) -> list[int]:
+        n = len(self._fifos) if limit is None else min(limit, len(self._fifos))
+        if not n:
             return []
-        victims = self._fifos.merge(len(self._fifos), self._key, now, self.uniform_runs, take=False)
+        victims = self._fifos.merge(n, self._key, now, self.uniform_runs, take=False)
         return victims if isinstance(victims, list) else victims.tolist()
 
     def clear(self) -> None:

@@ -67,8 +67,8 @@ class LFUPolicy(EvictionPolicy):
         del self._where[block]
         return block
 
-    def order(self, now: float) -> list[int]:
-        return [block for count in sorted(self._buckets) for block in self._buckets[count]]
+    def order(self, now: float, limit: int | None = None) -> list[int]:
+        return [block for count in sorted(self._buckets) for block in self._buckets[count]][:limit]
 
     def clear(self) -> None:
         self._count.clear()

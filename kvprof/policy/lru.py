@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from itertools import islice
 from collections.abc import Hashable, Iterable
 
 from kvprof.policy.base import EvictionPolicy
@@ -60,8 +61,8 @@ class LRUPolicy(EvictionPolicy):
         pop = self._queue.popitem
         return [pop(False)[0] for _ in range(n)]
 
-    def order(self, now: float) -> list[int]:
-        return list(self._queue)
+    def order(self, now: float, limit: int | None = None) -> list[int]:
+        return list(islice(self._queue, limit))
 
     def clear(self) -> None:
         self._queue.clear()

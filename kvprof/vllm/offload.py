@@ -80,6 +80,7 @@ class KvprofCachePolicy(CachePolicy):
         self._id: dict[Any, int] = {}
         self._key: dict[int, Any] = {}
         self._next_id = 0
+        self._spare_ids: list[int] = []  # ids of chunks gone: the policy's tables stay as large as the tier
         self._store_ctx = None
         #: Request id that stored each chunk; None until named (vLLM 0.30: by the first ``touch``).
         self._stored_by: dict[Any, str | None] = {}
@@ -99,11 +100,21 @@ class KvprofCachePolicy(CachePolicy):
     def _id_of(self, key) -> int:
         block = self._id.get(key)
         if block is None:
-            block = self._next_id
-            self._next_id += 1
+            if self._spare_ids:
+                block = self._spare_ids.pop()
+            else:
+                block = self._next_id
+                self._next_id += 1
             self._id[key] = block
             self._key[block] = key
         return block
+
+    def _forget(self, key, block: int) -> None:
+        """A chunk left the tier: drop its mappings and keep its id for the next chunk."""
+        del self._id[key]
+        del self._key[block]
+        del self._stored_by[key]
+        self._spare_ids.append(block)
 
     @staticmethod
     def _depth(key, req_context, fallback: int) -> int:
@@ -128,11 +139,9 @@ class KvprofCachePolicy(CachePolicy):
 
     def remove(self, key) -> None:
         del self.chunks[key]
-        del self._stored_by[key]
-        block = self._id.pop(key, None)
-        if block is not None:
-            self.policy.discard(block)
-            del self._key[block]
+        block = self._id[key]
+        self.policy.discard(block)
+        self._forget(key, block)
 
     def touch(self, keys: Iterable, req_context) -> None:
         # A request's own chunks are not hits; vLLM 0.30 names the storer only here (module docstring).
@@ -175,7 +184,8 @@ class KvprofCachePolicy(CachePolicy):
             return None
         now = self._clock()
         chosen = []
-        for block in self.policy.order(now):
+        # Protected chunks can only push the n victims that many places down the order.
+        for block in self.policy.order(now, n + len(protected)):
             key = self._key[block]
             if key in protected:
                 continue
@@ -187,9 +197,8 @@ class KvprofCachePolicy(CachePolicy):
         out = []
         for block in chosen:
             self.policy.remove(block)
-            key = self._key.pop(block)
-            del self._id[key]
-            del self._stored_by[key]
+            key = self._key[block]
+            self._forget(key, block)
             chunk = self.chunks.pop(key)
             assert chunk.ref_cnt == 0
             out.append((key, chunk))
@@ -201,6 +210,8 @@ class KvprofCachePolicy(CachePolicy):
         self._stored_by.clear()
         self._id.clear()
         self._key.clear()
+        self._spare_ids.clear()
+        self._next_id = 0
 
     def mark_evictable(self, key) -> None:
         self.policy.free((self._id_of(key),), self._clock())

@@ -130,6 +130,23 @@ def test_chunks_take_the_storing_requests_class_and_hits_the_loaders(tmp_path, i
     assert {last[cache_policy._id[k]] for k in hot} == {(cold_class, True)}
 
 
+def test_chunk_ids_are_reused_so_the_policy_stays_the_size_of_the_tier(tmp_path, in_vllm):
+    """A long-running server stores ever new chunks: ids of chunks gone are given to new ones."""
+    if not in_vllm:
+        return
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+
+    manager = _manager("kvprof", _spec(tmp_path))
+    cache_policy = manager._policy
+    for batch in range(50):
+        keys = [make_offload_key(bytes([batch, i]) * 8, 0) for i in range(4)]
+        out = _store(manager, keys, ReqContext(f"req-{batch}", kv_transfer_params={"workload": "cold_1"}))
+        assert len(out.keys_to_store) == 4
+        assert len(cache_policy.chunks) == min(8, 4 * (batch + 1))
+    assert cache_policy._next_id <= 8 + 4  # not 200
+    assert sorted(cache_policy._id.values()) == sorted(cache_policy._key) and len(cache_policy._id) == 8
+
+
 def test_kvprof_cache_policy_refuses_without_spec(monkeypatch, in_vllm):
     if not in_vllm:
         return
