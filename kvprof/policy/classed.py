@@ -75,10 +75,10 @@ class ClassedLRUPolicy(EvictionPolicy):
         self.p = p
         self.lam = lam
         self.horizon = float(horizon)
-        # 1 - e^(-lam H), the chance that a reuse still to come lands within H.
         # Plain float lists: the scalar score indexes them, numpy scalars would be slower.
         self._p = p.tolist()
         self._lam = lam.tolist()
+        # 1 - e^(-lam H), the chance that a reuse still to come lands within H.
         self._span = published_score(1.0, lam, 0.0, horizon).tolist()
         self._default = p.size - 1
         # The class a hit by class c gives the block (with class_follows_hits): c unless a
@@ -98,8 +98,8 @@ class ClassedLRUPolicy(EvictionPolicy):
     def score(self, workload: int, age: float) -> float:
         """Score of a block of class ``workload`` last accessed ``age`` seconds ago (lower goes first).
 
-        Non-increasing in age: with stamps in free order, a list's scores then rise towards its
-        back and the merge has only a few runs to place.
+        Non-increasing in age, as the reuse models are: an idle block only grows less likely to
+        come back.
         """
 
     @abstractmethod
