@@ -177,7 +177,7 @@ class ClassFifos:
     def remove(self, block: int) -> None:
         """Take an evictable block out (a prefix hit). Raises KeyError if it is not evictable."""
         try:
-            position = self.position.item(block)
+            position = self.position.item(block) if block >= 0 else _NOWHERE
         except IndexError:
             raise KeyError(block) from None
         if position == _NOWHERE:
