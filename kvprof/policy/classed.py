@@ -17,6 +17,11 @@ from kvprof.policy.fifos import ClassFifos
 ONE_BY_ONE_FREE = 24
 
 
+def _as_list(victims: list | np.ndarray) -> list[int]:
+    """The merge's victims as a list (it returns one victim as a list, many as an array)."""
+    return victims if isinstance(victims, list) else victims.tolist()
+
+
 class ClassedLRUPolicy(EvictionPolicy):
     """Evictable blocks in one LRU list per workload class; the lowest-keyed list head goes first.
 
@@ -169,8 +174,7 @@ class ClassedLRUPolicy(EvictionPolicy):
         return self.evict_n(1, now)[0]
 
     def evict_n(self, n: int, now: float) -> list[int]:
-        victims = self._fifos.merge(n, self._key, now, self.uniform_runs)
-        return victims if isinstance(victims, list) else victims.tolist()
+        return _as_list(self._fifos.merge(n, self._key, now, self.uniform_runs))
 
     def evict_n_array(self, n: int, now: float) -> np.ndarray:
         return np.asarray(self._fifos.merge(n, self._key, now, self.uniform_runs), dtype=np.int64)
@@ -179,8 +183,7 @@ class ClassedLRUPolicy(EvictionPolicy):
         n = len(self._fifos) if limit is None else min(limit, len(self._fifos))
         if not n:
             return []
-        victims = self._fifos.merge(n, self._key, now, self.uniform_runs, take=False)
-        return victims if isinstance(victims, list) else victims.tolist()
+        return _as_list(self._fifos.merge(n, self._key, now, self.uniform_runs, take=False))
 
     def clear(self) -> None:
         self._fifos.clear()

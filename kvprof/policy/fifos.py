@@ -220,7 +220,7 @@ class ClassFifos:
             head_key, cls, run_index, at, block = heap[0]
             runner_up = min(heap[1][0], heap[2][0]) if len(heap) > 2 else heap[1][0] if len(heap) == 2 else None
             if need > 1 and (uniform_runs or runner_up is None or head_key[0] < runner_up[0]):
-                chunk, after = self._live_from(cls, at, self.runs[cls][run_index][1], need)
+                chunk, after = self._live_from(cls, at, runs[cls][run_index][1], need)
             else:
                 chunk, after = [block], at + 1
             chunks.append(chunk)
