@@ -9,16 +9,25 @@ parsed, and only then is the offending line looked up for the message.
 Decisions worth knowing (the README documents them):
 
 * Check order. A line with several problems counts once, under the first of: ``malformed_json``,
-  ``missing_field``, ``wrong_type``, ``bad_value``, ``hash_length``, ``timestamp_backwards``,
-  ``unknown_parent``. Without ``skip_invalid`` the error is the earliest bad line of the file.
+  ``mixed_format``, ``missing_field``, ``wrong_type``, ``bad_value``, ``hash_length``,
+  ``timestamp_backwards``, ``duplicate_chat_id``, ``unknown_parent``. Without ``skip_invalid`` the
+  error is the earliest bad line of the file.
+* One format per file. When the format is detected (not forced), a later line of the other format
+  (a Mooncake line in a Bailian file: none of chat_id, type, turn; a Bailian line in a Mooncake
+  file: any of them) is a ``mixed_format`` error at that line, not a record read the wrong way.
 * Types are strict JSON types: integers must be JSON integers (``3.0`` and ``true`` are not),
   timestamps may be integers or floats, ``type`` is a string, ``hash_ids`` a list of integers.
-* Values: timestamps finite and >= 0, lengths and hash ids >= 0, ``chat_id`` >= 0,
-  ``parent_chat_id`` -1 or >= 0, ``turn`` from 1 to 2**31 - 1; integers beyond 64 bits are bad
-  values too.
+* Values: timestamps finite, >= 0 and below 2**53 (beyond it a float no longer holds whole
+  milliseconds, and one absurd timestamp would make every later line look out of order), lengths
+  and hash ids >= 0, ``chat_id`` >= 0, ``parent_chat_id`` -1 or >= 0, ``turn`` from 1 to
+  2**31 - 1; integers beyond 64 bits are bad values too. All of these are errors of their own line.
+* ``chat_id`` is unique: a later line repeating one is a ``duplicate_chat_id`` (a parent naming it
+  would be ambiguous).
 * Time order: a timestamp may fall up to ``time_tolerance`` seconds below the largest earlier one
   (logging jitter); the rows are then stably sorted by time. Further back is an error.
 * Parents: a ``parent_chat_id`` other than -1 must be the ``chat_id`` of an earlier (kept) line.
+* Streams: a FIFO or a character device is read as it arrives (no progress total); one that closes
+  without a line is an error saying nothing arrived.
 * Extra fields: any other scalar field becomes a column of ``Trace.extra``: bool, int64, float64
   (also for ints mixed with floats) or an object array of str when every request has it with one
   kind; otherwise an object array holding ``None`` where the field is missing or ``null``. List or object values are not kept; the field
@@ -38,6 +47,8 @@ import hashlib
 import json
 import math
 import operator
+import os
+import stat
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -54,11 +65,13 @@ __all__ = ["SKIP_KINDS", "ReadReport", "detect_format", "read_trace"]
 #: Kinds of invalid line, in the order they are checked; ``ReadReport.skipped`` is keyed by these.
 SKIP_KINDS = (
     "malformed_json",
+    "mixed_format",
     "missing_field",
     "wrong_type",
     "bad_value",
     "hash_length",
     "timestamp_backwards",
+    "duplicate_chat_id",
     "unknown_parent",
 )
 
@@ -84,6 +97,8 @@ _SESSION_FIELDS = ("chat_id", "type", "turn")
 _TIME_UNITS = {"bailian": 1, "mooncake": 1000}
 
 _INT64_MIN, _INT64_END = -(2**63), 2**63
+#: Timestamps stop here: floats hold every whole number (of milliseconds, for Mooncake) below it.
+_TIMESTAMP_END = 2.0**53
 _INT32_MAX = 2**31 - 1
 _MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}
 #: Bytes read at a time (zstd input is read in smaller pieces: it may expand 20-fold), and stored
@@ -177,13 +192,13 @@ def read_trace(
         parser.parse(stored.lines())
         rows = parser.rows
         if rows is None:
-            raise _trace_error(name, parser.problem) if parser.problem else _no_requests(name, report)
+            raise _trace_error(name, parser.problem) if parser.problem else _no_requests(name, report, stored.is_stream)
         size = block_size or FORMAT_BLOCK_SIZE[rows.format]
         columns = rows.arrays()
         keep = _validate(name, columns, size, time_tolerance, skip_invalid, report, parser.problem)
         sha256 = stored.sha256()
     if not keep.any():
-        raise _no_requests(name, report)
+        raise _no_requests(name, report, False)
     trace = _build_trace(rows, columns, keep, size, source=Path(path).name, sha256=sha256)
     report.ignored_fields = tuple(sorted(rows.ignored_fields))
     if window is not None:
@@ -216,8 +231,10 @@ def _trace_error(name: str, problem: _Problem) -> TraceError:
     return TraceError(name, problem.message, line=problem.line, field=problem.field)
 
 
-def _no_requests(name: str, report: ReadReport) -> TraceError:
+def _no_requests(name: str, report: ReadReport, is_stream: bool) -> TraceError:
     if not report.lines:
+        if is_stream:
+            return TraceError(name, "nothing arrived: the stream closed before its first line")
         return TraceError(name, "the file holds no requests (it is empty)")
     counts = ", ".join(f"{kind}: {n}" for kind, n in report.skipped.items())
     return TraceError(name, f"no valid requests: all {report.lines} lines were skipped ({counts})")
@@ -232,7 +249,9 @@ class _StoredFile:
     def __init__(self, path, progress: Callable[[int, int], None] | None):
         self._name = str(path)
         self._file = open(path, "rb")  # noqa: SIM115 - closed by __exit__
-        self._total = Path(path).stat().st_size
+        info = os.fstat(self._file.fileno())
+        self.is_stream = not stat.S_ISREG(info.st_mode)
+        self._total = 0 if self.is_stream else info.st_size
         head = self._file.peek(4)
         self._codec = next((codec for magic, codec in _MAGIC.items() if head.startswith(magic)), None)
         self._sha = hashlib.sha256()
@@ -332,8 +351,12 @@ class _Rows:
     stored sparsely (row numbers and values) because most lines may lack them.
     """
 
-    def __init__(self, fmt: str):
+    def __init__(self, fmt: str, first_line: int, detected: bool):
         self.format = fmt
+        self.first_line = first_line
+        #: Lines of the other format are errors only when the first line chose the format.
+        self.detected = detected
+        self._check_sessions = detected and fmt == "mooncake"
         self.required = _REQUIRED[fmt]
         self.int_fields = tuple(name for name, kind in self.required.items() if kind is _INT)
         self._get_ints = operator.itemgetter(*self.int_fields)
@@ -369,6 +392,10 @@ class _Rows:
             or type(type_name) is not str
         ):
             return self._diagnose(line_no, record)
+        if self._check_sessions and len(record) > len(self.required):
+            problem = self._other_format(line_no, record)
+            if problem is not None:
+                return problem
         n_ints, n_times = len(self.ints), len(self.timestamp)
         try:
             self.ints.extend(ints)
@@ -387,8 +414,20 @@ class _Rows:
             self._append_extra(record)
         return None
 
+    def _other_format(self, line_no: int, record: dict) -> _Problem | None:
+        """A ``mixed_format`` problem when the record is of the other format than the detected one."""
+        other = detect_format(record)
+        if not self.detected or other == self.format:
+            return None
+        message = (f"a {other} record in a file whose line {self.first_line} is {self.format} "
+                   f"(pass --format to read every line as one format)")
+        return _Problem("mixed_format", line_no, None, message)
+
     def _diagnose(self, line_no: int, record: dict) -> _Problem:
-        """Why the fast path refused a record: the first missing, mistyped or oversized field."""
+        """Why the fast path refused a record: the other format, or the first missing, mistyped or oversized field."""
+        problem = self._other_format(line_no, record)
+        if problem is not None:
+            return problem
         for name, expected in self.required.items():
             value = record.get(name, _MISSING)
             if value is _MISSING:
@@ -515,7 +554,7 @@ class _Parser:
             message = f"a record must be a JSON object, got {_describe(record)}"
             return _Problem("malformed_json", line_no, None, message)
         if self.rows is None:
-            self.rows = _Rows(self._format or detect_format(record))
+            self.rows = _Rows(self._format or detect_format(record), line_no, detected=self._format is None)
         return self.rows.append(line_no, record, has_bool=b"true" in line or b"false" in line)
 
 
@@ -553,7 +592,7 @@ def _validate(
     """
     keep = np.ones(columns["line"].shape, dtype=bool)
     first = stopped_at
-    for check in (_value_checks, _hash_length_check, _time_order_check, _parent_check):
+    for check in (_value_checks, _hash_length_check, _time_order_check, _duplicate_check, _parent_check):
         for bad in check(columns, keep, block_size=block_size, tolerance=tolerance):
             bad_rows = np.flatnonzero(bad.mask & keep)
             if not bad_rows.size:
@@ -572,8 +611,8 @@ def _validate(
 def _value_checks(columns, keep, **_) -> Iterator[_BadRows]:
     """Negative, NaN and infinite values of the required fields."""
     ts = columns["raw_timestamp"]
-    bad = ~(np.isfinite(ts) & (ts >= 0))
-    yield _BadRows("bad_value", "timestamp", bad, _range_message(ts, "a finite number >= 0"))
+    bad = ~(np.isfinite(ts) & (ts >= 0) & (ts < _TIMESTAMP_END))
+    yield _BadRows("bad_value", "timestamp", bad, _range_message(ts, "a finite number >= 0 and below 2**53"))
     ranges = (
         ("chat_id", 0, None),
         ("parent_chat_id", -1, None),
@@ -633,6 +672,22 @@ def _time_order_check(columns, keep, *, tolerance, **_) -> Iterator[_BadRows]:
         )
 
     yield _BadRows("timestamp_backwards", "timestamp", bad, message)
+
+
+def _duplicate_check(columns, keep, **_) -> Iterator[_BadRows]:
+    """No kept row repeats the chat_id of an earlier kept row (file order)."""
+    kept = np.flatnonzero(keep)
+    chat_id = columns["chat_id"]
+    _, first = np.unique(chat_id[kept], return_index=True)
+    bad = np.zeros(keep.shape, dtype=bool)
+    bad[kept] = True
+    bad[kept[first]] = False
+
+    def message(i):
+        j = kept[np.argmax(chat_id[kept] == chat_id[i])]
+        return f"chat_id {chat_id[i]} is already the chat_id of line {columns['line'][j]}"
+
+    yield _BadRows("duplicate_chat_id", "chat_id", bad, message)
 
 
 def _parent_check(columns, keep, **_) -> Iterator[_BadRows]:
