@@ -26,8 +26,8 @@ class TraceError(KvprofError):
         super().__init__(f"{where}: {message}")
 
 
-class HpFileError(KvprofError):
-    """A hyperparameter file that cannot be loaded; the message names the file and the JSON path."""
+class JsonFileError(KvprofError):
+    """A JSON file that cannot be used; the message names the file and the JSON location."""
 
     def __init__(self, path: str, message: str, where: str | None = None):
         self.path = path
@@ -35,3 +35,15 @@ class HpFileError(KvprofError):
         self.reason = message
         loc = str(path) + (f", at {where}" if where else "")
         super().__init__(f"{loc}: {message}")
+
+
+class HpFileError(JsonFileError):
+    """A hyperparameter file that cannot be loaded; the message names the file and the JSON path."""
+
+
+class ResultsFileError(JsonFileError):
+    """A results file (``kvprof.results/1``) that cannot be read; the message names the file and the JSON path."""
+
+
+class CostFileError(JsonFileError):
+    """A cost-model file (``kvprof.cost/1``) that cannot be read; the message names the file and the JSON path."""

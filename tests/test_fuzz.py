@@ -15,7 +15,8 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvprof.errors import TraceError
+from kvprof import results
+from kvprof.errors import ResultsFileError, TraceError
 from kvprof.profiler.reader import read_trace
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -74,3 +75,47 @@ def test_trace_reader_on_valid_records_with_fields_replaced(edits):
     for row, field, value in edits:
         lines[row][field] = value
     _read(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+
+
+# --- the results loader -------------------------------------------------------------------------
+
+RESULTS = {"schema": "kvprof.results/1", "complete": True, "config": {"policies": ["lru"]},
+           "runs": [{"policy": "lru", "capacity": 16, "n_requests": 3, "token_hit_ratio": 0.5,
+                     "qttft_mean_s": 1.0, "qttft_p99_s": 2.0}]}
+
+
+def _load_results(data: bytes):
+    """Load ``data`` as a results file; a ResultsFileError is an answer; a loaded one can be shown and plotted."""
+    from kvprof.cli.plots import plot_results
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "results.json"
+        path.write_bytes(data)
+        try:
+            document = results.load(path)
+        except ResultsFileError as err:
+            assert str(err).startswith(str(path))
+            return
+        plot_results(results.merge([document]), Path(tmp))
+
+
+@FUZZ
+@given(data=st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()))
+def test_results_loader_on_arbitrary_bytes_and_json(data):
+    _load_results(data)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    place=st.sampled_from(["top", "config", "run"]),
+    key=st.sampled_from(["schema", "complete", "config", "runs", "policies", "engine_block_size", "rate_scale",
+                         "policy", "capacity", "n_requests", "token_hit_ratio", "qttft_mean_s", "qttft_p99_s",
+                         "measured", "qttft_overloaded", "inputs"]),
+    value=json_values,
+)
+def test_results_loader_on_a_valid_document_with_one_value_replaced(place, key, value):
+    """Each field set to any JSON value: reaches every check, and what loads still plots (few: each plots)."""
+    document = json.loads(json.dumps(RESULTS))
+    target = {"top": document, "config": document["config"], "run": document["runs"][0]}[place]
+    target[key] = value
+    _load_results(json.dumps(document).encode())

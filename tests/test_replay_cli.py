@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kvprof.cli.plots import merge_results
+from kvprof.results import merge as merge_results
 from tests.helpers import invoke
 
 CACHE_INFO = ('vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",'
@@ -152,7 +152,8 @@ def test_show_refuses_a_run_without_capacity_and_an_hp_file_among_results(tmp_pa
     result = invoke("show", old)
     assert result.exit_code == 1 and "has no capacity" in result.stderr
     good = tmp_path / "good.json"
-    good.write_text(old.read_text().replace("null", "16"))
+    good.write_text(old.read_text().replace('"capacity": null', '"capacity": 16, "n_requests": 3, "token_hit_ratio": 0.5, '
+                                            '"qttft_mean_s": 1.0, "qttft_p99_s": 2.0'))
     hp = tmp_path / "hp.json"
     hp.write_text(json.dumps({"a": {"text_1": 0.02}, "p": {"text_1": 0.4}}))
     result = invoke("show", hp, good)

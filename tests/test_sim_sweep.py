@@ -13,7 +13,8 @@ from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.synth import generate, write_jsonl
 from kvprof.sim.config import SimConfig, SimulationError
-from kvprof.sim.sweep import SCHEMA, run_sweep
+from kvprof.results import SCHEMA
+from kvprof.sim.sweep import run_sweep
 from kvprof.sim.workload import prepare_workload
 
 CAPACITIES = (128, 512, 2048)

@@ -117,3 +117,20 @@ def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=
         detail = ", ".join(f"{count} {kind}" for kind, count in sorted(report.skipped.items()))
         err_console.print(f"[yellow]warning:[/] skipped {sum(report.skipped.values())} invalid lines of {path}: {detail}")
     return trace
+
+
+#: Marks a modelled QTTFT whose server was overloaded: the number grows with the trace's length.
+OVERLOADED = " (overloaded)"
+
+
+def qttft_cell(seconds: float | None, overloaded: bool = False) -> str:
+    """A QTTFT table cell: seconds with two decimals, ``-`` for none, marked when the server was overloaded."""
+    return ("-" if seconds is None else f"{seconds:.2f}") + (OVERLOADED if overloaded else "")
+
+
+def output_dir(path: Path) -> Path:
+    """``path`` as an existing directory (created with its parents); something else there is a usage error."""
+    if path.exists() and not path.is_dir():
+        raise typer.BadParameter(f"{path} exists and is not a directory", param_hint="-o/--output")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

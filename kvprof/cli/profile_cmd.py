@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -23,9 +22,6 @@ from kvprof.cli.common import (
 )
 from kvprof.errors import KvprofError
 from kvprof.profiler.classes import CLASS_KEYS, ClassRule
-
-#: The results documents ``show`` puts side by side (docs/results-schema.md).
-RESULTS_SCHEMA = "kvprof.results/1"
 
 BlockSizeOpt = Annotated[
     Optional[int], typer.Option("--block-size", min=1, help="Tokens per trace block (default: 16 Bailian, 512 Mooncake).")
@@ -197,52 +193,17 @@ def show(
     Results files share one table and, with --output, compare's hit-ratio and QTTFT plots: a
     simulated sweep next to a live replay at the server's capacity (policy marked "(live)").
     """
-    documents = [_results_document(path) for path in paths]
+    from kvprof.cli.show_results import show_results
+    from kvprof.results import load_if_results
+
+    documents = [load_if_results(path) for path in paths]
     if None not in documents:
-        _show_results(paths, documents, output, json_out)
+        show_results(paths, documents, output, json_out)
     elif len(paths) > 1 or output is not None:
         raise typer.BadParameter("only results.json files are shown together or plotted; give an hp file alone",
                                  param_hint="PATHS")
     else:
         _show_hp(paths[0], json_out)
-
-
-def _results_document(path: Path) -> dict | None:
-    """The ``kvprof.results/1`` document in ``path``, checked for plotting; None for anything else (an hp file)."""
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        return None
-    if not isinstance(document, dict) or document.get("schema") != RESULTS_SCHEMA:
-        return None
-    if document.get("complete") is not True:
-        raise KvprofError(f"{path}: not a finished results file (no \"complete\": true)")
-    if any(run.get("capacity") is None for run in document["runs"]):
-        raise KvprofError(f"{path}: a run has no capacity (a replay without one); replay with --capacity")
-    return document
-
-
-def _show_results(paths: list[Path], documents: list[dict], output: Path | None, json_out: bool) -> None:
-    """One table of every run, live ones marked; with ``output``, compare's plots of them together."""
-    from kvprof.cli.plots import merge_results, plot_results
-
-    merged = merge_results(documents)
-    plots = []
-    if output is not None:
-        output.mkdir(parents=True, exist_ok=True)
-        plots = plot_results(merged, output)
-    if json_out:
-        print_json(merged)
-        return
-    table = Table(title=", ".join(map(str, paths)))
-    for column in ("policy", "capacity", "requests", "hit ratio", "QTTFT mean (s)", "QTTFT p99 (s)"):
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    for run in merged["runs"]:
-        table.add_row(run["policy"], f"{run['capacity']:,}", f"{run['n_requests']:,}", _fmt(run["token_hit_ratio"], ".4f"),
-                      _fmt(run["qttft_mean_s"]), _fmt(run["qttft_p99_s"]))
-    console.print(table)
-    if plots:
-        err_console.print(f"wrote {len(plots)} plots to {output}")
 
 
 def _show_hp(hp_path: Path, json_out: bool) -> None:

@@ -6,8 +6,6 @@ its own fresh policy instances, so runs are independent and their order does not
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import math
 import os
 import time
@@ -17,15 +15,13 @@ from pathlib import Path
 
 from joblib import Parallel, delayed
 
-from kvprof.atomic import atomic_write_text
-from kvprof import __version__
+from kvprof import results as results_file
 from kvprof.policy import make_policy
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig, SimulationError
 from kvprof.sim.engine import RunMetrics, simulate
 from kvprof.sim.workload import Workload, prepare_workload
 
-SCHEMA = "kvprof.results/1"
 BASELINE = "lru"
 ORACLE = "belady"
 
@@ -78,27 +74,13 @@ class Results:
 
     def to_dict(self) -> dict:
         """The ``kvprof.results/1`` document (docs/results-schema.md); JSON-ready, no NaN."""
+        config = {**self.config.to_dict(), "policies": list(self.policies), "capacities": list(self.capacities)}
         runs = [{**run.to_dict(), **self.comparison(run.policy, run.capacity)} for run in self.runs]
-        return _json_safe(
-            {
-                "schema": SCHEMA,
-                "kvprof_version": __version__,
-                "created": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
-                "inputs": self.inputs,
-                "config": {
-                    **self.config.to_dict(),
-                    "policies": list(self.policies),
-                    "capacities": list(self.capacities),
-                },
-                "wall_s": self.wall_s,
-                "runs": runs,
-                "complete": True,
-            }
-        )
+        return results_file.build(inputs=self.inputs, config=config, runs=runs, wall_s=self.wall_s)
 
     def write(self, path: str | os.PathLike) -> Path:
         """Write the results document atomically (temporary file, then rename)."""
-        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
+        return results_file.write(path, self.to_dict())
 
 
 def run_sweep(
@@ -196,13 +178,3 @@ def _run_one(index: int, workload: Workload, hp, policy: str, capacity: int, con
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den and math.isfinite(num) and math.isfinite(den) else None
 
-
-def _json_safe(value):
-    """NaN and infinities become None (JSON has no such numbers)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
