@@ -42,3 +42,10 @@ def invoke(*args):
     from kvprof.cli.app import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks, runs of spaces and rich's panel borders collapsed, to look for a message in it."""
+    import re
+
+    return re.sub(r"[\s│╭╮╰╯─]+", " ", text)

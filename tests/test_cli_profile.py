@@ -115,6 +115,12 @@ def test_skip_invalid_reports_what_it_skipped(tmp_path):
         ["fit", "{trace}", "-o", "{out}", "--horizon", "0"],
         ["fit", "{trace}", "-o", "{out}", "--format", "csv"],
         ["synth", "-o", "{out}", "--preset", "nope"],
+        ["fit", "{trace}", "-o", "{out}", "--horizon", "inf"],
+        ["fit", "{trace}", "-o", "{out}", "--min-gap", "inf"],
+        ["fit", "{trace}", "-o", "{out}", "--min-gap", "nan"],
+        ["fit", "{trace}", "-o", "{out}", "--turn-cap", "2147483648"],
+        ["synth", "-o", "{out}", "--hours", "inf"],
+        ["synth", "-o", "{out}", "--seed", "-1"],
         ["fit", "{trace}"],
     ],
 )

@@ -10,7 +10,7 @@ import pytest
 from kvprof.models.hp import load_hp
 from kvprof.profiler.classes import ClassRule
 from kvprof.profiler.synth import generate, write_jsonl
-from tests.helpers import invoke
+from tests.helpers import invoke, one_line
 
 
 WINDOWS = ("--fit-window", "0:360", "--eval-window", "360:", "-j", "1")
@@ -116,14 +116,111 @@ def test_hp_file_that_does_not_fit_the_trace(small_trace, fitted, tmp_path, chan
     assert message in " ".join(result.output.split())
 
 
-def test_a_failed_sweep_leaves_no_results_that_look_complete(small_trace, fitted, tmp_path, monkeypatch):
-    (tmp_path / "results.json").write_text('{"complete": true}')
+@pytest.mark.parametrize("failure", ["interrupted sweep", "empty evaluation window", "failed plot"])
+def test_the_previous_outputs_stay_until_new_complete_ones_replace_them(small_trace, tmp_path, monkeypatch, failure):
+    """A failed run leaves the directory as it was; results.json is never deleted before the sweep."""
+    old = {"results.json": '{"complete": true, "old": 1}', "hp.json": '{"old": 1}'}
+    for name, text in old.items():
+        (tmp_path / name).write_text(text)
+    args = ["--policies", "lru,wa", "--capacity", "64", "-o", tmp_path, *WINDOWS]
+    if failure == "interrupted sweep":
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
+        monkeypatch.setattr("kvprof.sim.sweep.run_sweep", interrupted)
+    elif failure == "empty evaluation window":
+        args += ["--eval-window", "99999:"]
+    else:
+        def broken(*args, **kwargs):
+            raise RuntimeError("plotting failed")
 
-    monkeypatch.setattr("kvprof.sim.sweep.run_sweep", interrupted)
-    result = invoke("compare", small_trace, "--config", fitted[0] / "hp.json", "--capacity", "64", "-o", tmp_path,
-                    *WINDOWS)
+        monkeypatch.setattr("kvprof.cli.plots.plot_results", broken)
+    result = invoke("compare", small_trace, *args)
     assert result.exit_code != 0
-    assert not (tmp_path / "results.json").exists()
+    if failure == "failed plot":  # the plots come after the results they are drawn from
+        assert json.loads((tmp_path / "results.json").read_text())["complete"] is True
+        assert load_hp(tmp_path / "hp.json").provenance["window"][1] == 360
+    else:
+        assert {name: (tmp_path / name).read_text() for name in old} == old
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--capacity", "99999999999999"), "more than this machine's"),
+        (("--capacity", "9223372036854775808"), "more than this machine's"),
+        (("--cpu-capacity", "99999999999999"), "more than this machine's"),
+        (("--capacity-schedule", "0:99999999999999"), "more than this machine's"),
+        (("-j", "0"), "must not be 0"),
+        (("--seed", "-1"), "greater than or equal to 0"),
+        (("--prefill-rate", "nan"), "prefill throughput must be a finite number"),
+        (("--prefill-rate", "inf"), "prefill throughput must be a finite number"),
+        (("--step-overhead", "-1"), "finite numbers >= 0"),
+        (("--max-num-seqs", "0"), "greater than or equal to 1"),
+        (("--limit", "0"), "greater than or equal to 1"),
+        (("--block-size", "0"), "greater than or equal to 1"),
+    ],
+)
+def test_option_values_out_of_range_exit_2_before_reading_the_trace(tmp_path, args, words):
+    missing = tmp_path / "no-trace.jsonl"  # never read: the options are refused first
+    result = invoke("compare", missing, "-o", tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    assert words in one_line(result.output) and "Traceback" not in result.output
+
+
+def test_jobs_are_capped_at_the_runs_and_the_cores():
+    from joblib import cpu_count
+
+    from kvprof.sim.sweep import sweep_workers
+
+    assert sweep_workers(32, 1) == 1 and sweep_workers(1000, 64) == min(64, cpu_count())
+    assert sweep_workers(-1, 64) == cpu_count() and sweep_workers(-1000, 8) == 1
+
+
+def test_a_dollar_in_the_trace_name_is_plain_text_in_the_plots(small_trace, tmp_path):
+    trace = tmp_path / "price$_$.jsonl"
+    trace.write_bytes(small_trace.read_bytes())
+    result = invoke("compare", trace, "--policies", "lru", "--capacity", "64", "-o", tmp_path / "out", *WINDOWS)
+    assert result.exit_code == 0, result.output
+    assert {"results.json", "hit_ratio.svg", "qttft.png"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    assert "price$_$.jsonl" in (tmp_path / "out" / "hit_ratio.svg").read_text()
+
+
+def test_cost_model_options_file_and_the_overload_mark(small_trace, tmp_path):
+    """An overloaded modelled server is said once on stderr, marked in the table and in results.json;
+    --cost reads replay's file and options override it."""
+    base = ("--policies", "lru", "--capacity", "64", *WINDOWS)
+    slow = invoke("compare", small_trace, *base, "--prefill-rate", "1000", "-o", tmp_path / "slow")
+    assert slow.exit_code == 0, slow.output
+    assert "overloaded" in slow.stdout and "warning: the modelled server is overloaded in 1 of 1 runs" in slow.stderr
+    run = json.loads((tmp_path / "slow" / "results.json").read_text())["runs"][0]
+    assert run["qttft_overloaded"] is True and run["offered_load"] > 1
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"schema": "kvprof.cost/1", "prefill_tokens_per_s": 1e6, "step_overhead_s": 0.01,
+                                "provenance": {"source": "test"}}))
+    fast = invoke("compare", small_trace, *base, "--cost", cost, "--max-batched-tokens", "4096", "--json",
+                  "-o", tmp_path / "fast")
+    assert fast.exit_code == 0, fast.output
+    assert "overloaded" not in fast.stderr
+    document = json.loads(fast.stdout)
+    assert document["config"]["cost"] == {**document["config"]["cost"], "prefill_tokens_per_s": 1e6,
+                                          "step_overhead_s": 0.01, "max_batched_tokens": 4096}
+    assert document["runs"][0]["qttft_overloaded"] is False and document["runs"][0]["offered_load"] < 1
+    cost.write_text(json.dumps({"schema": "kvprof.cost/1", "prefill_tokens_per_s": "fast"}))
+    bad = invoke("compare", small_trace, *base, "--cost", cost, "-o", tmp_path / "bad")
+    assert bad.exit_code == 1 and f"{cost}, at prefill_tokens_per_s: must be a finite number" in bad.stderr
+
+
+def test_engine_block_defaults_to_a_multiple_of_the_trace_block_and_says_so(tmp_path):
+    """A Mooncake trace (512-token blocks) runs without --block-size; --limit takes the first requests."""
+    rows = [{"timestamp": 100 * i, "input_length": 1024, "output_length": 4, "hash_ids": [i % 3, 10 + i]}
+            for i in range(20)]
+    trace = tmp_path / "mooncake.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = invoke("compare", trace, "--policies", "lru,belady", "--capacity", "4", "--eval-window", ":",
+                    "--limit", "12", "-j", "1", "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    title = " ".join(result.stdout.split())
+    assert "12 requests, 512-token engine blocks (default: the smallest multiple of the trace's 512-token blocks >= 128)" in title
+    document = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert document["config"]["engine_block_size"] == 512 and document["inputs"]["limit"] == 12

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import stat
 import sys
 from collections.abc import Callable
 
@@ -56,9 +58,16 @@ def print_json(data) -> None:
 
 
 def positive(value: float) -> float:
-    """Option callback: the value must be > 0 (exit 2 otherwise)."""
-    if not value > 0:
-        raise typer.BadParameter(f"must be > 0, got {value}")
+    """Option callback: the value must be a finite number > 0 (exit 2 otherwise)."""
+    if not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"must be a finite number > 0, got {value}")
+    return value
+
+
+def non_negative(value: float) -> float:
+    """Option callback: the value must be a finite number >= 0 (exit 2 otherwise)."""
+    if not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"must be a finite number >= 0, got {value}")
     return value
 
 
@@ -81,6 +90,9 @@ FormatOpt = Annotated[
 SkipOpt = Annotated[
     bool, typer.Option("--skip-invalid", help="Skip invalid lines (reported by kind) instead of stopping.")
 ]
+LimitOpt = Annotated[
+    Optional[int], typer.Option("--limit", min=1, help="Only the first N requests (of the window).")
+]
 
 
 def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=False):
@@ -96,6 +108,8 @@ def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=
     if format is not None and format not in FORMAT_BLOCK_SIZE:
         raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMAT_BLOCK_SIZE)}", param_hint="--format")
 
+    if _is_stream(path):
+        err_console.print(f"reading {path}, a stream: waiting for its lines (until the writer closes it)")
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -134,3 +148,12 @@ def output_dir(path: Path) -> Path:
         raise typer.BadParameter(f"{path} exists and is not a directory", param_hint="-o/--output")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _is_stream(path) -> bool:
+    """Whether ``path`` is a FIFO or a character device (read as it arrives, of unknown length)."""
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError:
+        return False  # the reader reports it
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)

@@ -1,7 +1,11 @@
 """``kvprof compare`` and ``kvprof demo``: replay a trace under several policies and cache sizes.
 
 Wiring only: options are checked here, the work is :func:`kvprof.sim.sweep.run_sweep`, the
-pictures :func:`kvprof.cli.plots.plot_results`.
+document :mod:`kvprof.results`, the pictures :func:`kvprof.cli.plots.plot_results`.
+
+Outputs: a fitted ``hp.json`` and ``results.json`` are written only once the sweep has finished,
+``results.json`` last of the two, then the plots; until then the previous outputs stay as they
+were, so a failed or interrupted run never leaves a half-new directory behind.
 """
 
 from __future__ import annotations
@@ -15,25 +19,33 @@ from rich.table import Table
 
 from kvprof.cli.common import (
     FormatOpt,
+    LimitOpt,
     SkipOpt,
     TraceArg,
     console,
     err_console,
     guarded,
     open_trace,
+    output_dir,
     parse_window_option,
     print_json,
+    qttft_cell,
 )
 from kvprof.errors import KvprofError
-from kvprof.sim.config import SimConfig, SimulationError, parse_schedule
+from kvprof.sim.config import CostModel, SimConfig, SimulationError, default_engine_block, parse_schedule
 
 RESULTS_FILE = "results.json"
 DEMO_CAPACITIES = tuple(range(1024, 8193, 1024))
 DEMO_POLICIES = ("lru", "wa-paper", "wa", "belady")
 
 OutputOpt = Annotated[Path, typer.Option("-o", "--output", help="Directory for results.json, plots (PNG, SVG).")]
-JobsOpt = Annotated[int, typer.Option("-j", "--jobs", help="Parallel replays (joblib workers; -1: all cores).")]
+JobsOpt = Annotated[
+    int, typer.Option("-j", "--jobs", help="Parallel replays (joblib: -1 every core, -2 all but one); "
+                                           "capped at the runs and the cores.")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the results document as JSON instead of a table.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the synthetic trace.")]
+_COST = "Modelled server (default: the published A800 node; see --cost)"
 
 
 @guarded
@@ -48,8 +60,10 @@ def compare(
         str, typer.Option("--capacity", help="Comma-separated GPU capacities in engine blocks.")
     ] = "1024,2048,4096,8192",
     block_size: Annotated[
-        int, typer.Option("--block-size", help="Engine block size in tokens; a multiple of the trace's block size.")
-    ] = 128,
+        Optional[int],
+        typer.Option("--block-size", min=1, help="Engine block size in tokens, a multiple of the trace's block size "
+                                                 "(default: the smallest such multiple >= 128)."),
+    ] = None,
     cpu_capacity: Annotated[
         int, typer.Option("--cpu-capacity", min=0, help="Blocks in a CPU offload tier (0: none).")
     ] = 0,
@@ -65,10 +79,11 @@ def compare(
         str, typer.Option("--fit-window", help="START:END seconds to fit on when no --config is given.")
     ] = "0:3600",
     eval_window: Annotated[str, typer.Option("--eval-window", help="START:END seconds to replay.")] = "3600:",
+    limit: LimitOpt = None,
     jobs: JobsOpt = -1,
     seed: Annotated[
         int,
-        typer.Option("--seed", help="Recorded in results.json; replays are deterministic and draw no random numbers."),
+        typer.Option("--seed", min=0, help="Recorded in results.json; replays are deterministic and draw no random numbers."),
     ] = 0,
     json_out: JsonOpt = False,
     output: OutputOpt = Path("results"),
@@ -78,42 +93,85 @@ def compare(
         typer.Option("--trace-block-tokens", min=1, help="Tokens per trace hash id (default: 16 Bailian, 512 Mooncake)."),
     ] = None,
     skip_invalid: SkipOpt = False,
+    cost_file: Annotated[
+        Optional[Path],
+        typer.Option("--cost", help="Cost-model file (kvprof.cost/1), e.g. the cost.json kvprof replay "
+                                    "calibrates on a live server; options below override its values.",
+                     rich_help_panel=_COST),
+    ] = None,
+    prefill_rate: Annotated[
+        Optional[float],
+        typer.Option("--prefill-rate", help="Prefill throughput, tokens/s (default 13500).", rich_help_panel=_COST),
+    ] = None,
+    step_overhead: Annotated[
+        Optional[float],
+        typer.Option("--step-overhead", help="Fixed seconds per engine step (default 0.005).", rich_help_panel=_COST),
+    ] = None,
+    max_batched_tokens: Annotated[
+        Optional[int],
+        typer.Option("--max-batched-tokens", min=1, help="Token budget of one step (default 16384).",
+                     rich_help_panel=_COST),
+    ] = None,
+    max_num_seqs: Annotated[
+        Optional[int],
+        typer.Option("--max-num-seqs", min=1, help="Requests running at once (default 256).", rich_help_panel=_COST),
+    ] = None,
+    decode: Annotated[
+        Optional[bool],
+        typer.Option("--decode/--no-decode", help="Model decoding, blocks held until the last output token "
+                                                  "(default: off, prefill only).", rich_help_panel=_COST),
+    ] = None,
+    decode_time: Annotated[
+        Optional[float],
+        typer.Option("--decode-time", help="Seconds per output token with --decode (default 0.02).",
+                     rich_help_panel=_COST),
+    ] = None,
 ):
     """Replay a trace through a model of vLLM's prefix cache under each policy at each capacity.
 
     Prints hit ratios, gains over LRU, the share of the LRU-to-Belady gap closed and modelled
-    queued TTFT; writes results.json and hit-ratio and QTTFT plots.
+    queued TTFT (marked where the modelled server is overloaded); writes results.json and
+    hit-ratio and QTTFT plots.
     """
     names = _policy_list(policies)
     schedule = _schedule(capacity_schedule)
     capacities = (schedule[0][1],) if schedule else _capacity_list(capacity)
-    sim_config = _sim_config(block_size, cpu_capacity, schedule)
+    cost = _cost_model(cost_file, prefill_tokens_per_s=prefill_rate, step_overhead_s=step_overhead,
+                       max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs, decode=decode,
+                       time_per_output_token_s=decode_time)
+    _check_resources(capacities, schedule, cpu_capacity, jobs, len(names) * len(capacities))
     fit_bounds = parse_window_option(fit_window, "--fit-window")
     eval_bounds = parse_window_option(eval_window, "--eval-window")
+    output_dir(output)
     trace = open_trace(trace_path, format=format, block_size=trace_block_tokens, skip_invalid=skip_invalid)
-    if config is not None:
-        from kvprof.models.hp import load_hp
-
-        hp, hp_input = load_hp(config), {"path": str(config)}
-    elif _needs_hp(names, sim_config):
-        hp = _fit(trace, fit_bounds, output)
-        hp_input = {"fitted_on_window": fit_window, "path": str(output / "hp.json")}
-    else:
-        hp, hp_input = None, None
     evaluated = trace.time_window(*eval_bounds)
+    if limit is not None:
+        evaluated = evaluated.head(limit)
     if evaluated.n_requests == 0:
         raise SimulationError(
             f"the evaluation window {eval_window} holds no requests "
             f"(the trace's arrivals span {trace.timestamp[0]:g}..{trace.timestamp[-1]:g} s)"
         )
-    inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "seed": seed}
-    _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, inputs)
+    sim_config = _sim_config(block_size or default_engine_block(trace.block_size), cpu_capacity, schedule, cost)
+    fitted = None
+    if config is not None:
+        from kvprof.models.hp import load_hp
+
+        hp, hp_input = load_hp(config), {"path": str(config)}
+    elif _needs_hp(names, sim_config):
+        hp = fitted = _fit(trace, fit_bounds)
+        hp_input = {"fitted_on_window": fit_window, "path": str(output / "hp.json")}
+    else:
+        hp, hp_input = None, None
+    inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit, "seed": seed}
+    _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, inputs, fitted,
+                    default_block=block_size is None)
 
 
 @guarded
 def demo(
     output: OutputOpt = Path("results"),
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic trace.")] = 0,
+    seed: SeedOpt = 0,
     jobs: JobsOpt = -1,
     json_out: JsonOpt = False,
 ):
@@ -125,45 +183,51 @@ def demo(
     """
     from kvprof.profiler.synth import generate, write_jsonl
 
-    output.mkdir(parents=True, exist_ok=True)
-    trace_path = output / f"bailian-a-2h-seed{seed}.jsonl"
+    _check_resources(DEMO_CAPACITIES, (), 0, jobs, len(DEMO_POLICIES) * len(DEMO_CAPACITIES))
+    trace_path = output_dir(output) / f"bailian-a-2h-seed{seed}.jsonl"
     with err_console.status(f"generating {trace_path}"):
         write_jsonl(trace_path, generate("bailian-a", 2.0, seed))
     trace = open_trace(trace_path)
-    hp = _fit(trace, (0.0, 3600.0), output)
+    hp = _fit(trace, (0.0, 3600.0))
     inputs = {"trace_path": str(trace_path), "synthetic": {"preset": "bailian-a", "hours": 2.0, "seed": seed},
               "hp": {"fitted_on_window": "0:3600", "path": str(output / "hp.json")}, "eval_window": "3600:"}
     _run_and_report(trace.time_window(3600.0, None), hp, DEMO_POLICIES, DEMO_CAPACITIES, SimConfig(), jobs, output,
-                    json_out, inputs)
+                    json_out, inputs, hp)
 
 
-def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs) -> None:
-    """Sweep, then write plots and results.json (last, atomically) and print the table."""
+def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs, fitted,
+                    default_block=False) -> None:
+    """Sweep; then the fitted hp file, results.json and the plots, in that order; print the table."""
     from kvprof.cli.plots import plot_results
     from kvprof.sim.sweep import run_sweep
 
-    output.mkdir(parents=True, exist_ok=True)
-    # A stale results.json next to new plots would look complete: it goes before anything is replayed.
-    (output / RESULTS_FILE).unlink(missing_ok=True)
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=json_out) as bar:
         task = bar.add_task("replaying", total=len(policies) * len(capacities))
         results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, inputs=inputs,
                             progress=lambda done, total: bar.update(task, completed=done))
     document = results.to_dict()
-    plots = plot_results(document, output)
+    if fitted is not None:
+        fitted.save(output / "hp.json")
     results.write(output / RESULTS_FILE)
+    plots = plot_results(document, output)
+    _warn_if_overloaded(results)
     if json_out:
         print_json(document)
         return
-    console.print(_table(results))
+    console.print(_table(results, default_block))
     err_console.print(f"wrote {output / RESULTS_FILE} and {len(plots)} plots in {results.wall_s:.1f} s")
 
 
-def _table(results) -> Table:
-    two_tiers = bool(results.config.cpu_capacity)
-    table = Table(title=f"{results.inputs['trace']['n_requests']:,} requests, "
-                        f"{results.config.engine_block_size}-token blocks (QTTFT modelled)")
+def _table(results, default_block: bool) -> Table:
+    config = results.config
+    trace_facts = results.inputs["trace"]
+    block = f"{config.engine_block_size}-token engine blocks"
+    if default_block:
+        block += f" (default: the smallest multiple of the trace's {trace_facts['block_size']}-token blocks >= 128)"
+    table = Table(title=f"{trace_facts['n_requests']:,} requests, {block}; QTTFT modelled at "
+                        f"{config.cost.prefill_tokens_per_s:,.0f} prefill tokens/s")
+    two_tiers = bool(config.cpu_capacity)
     columns = ["capacity", "policy", "hit ratio", "vs lru", "belady gap closed", "QTTFT mean (s)", "QTTFT p99 (s)"]
     if two_tiers:
         columns += ["device hits", "host hits", "misses"]
@@ -178,8 +242,8 @@ def _table(results) -> Table:
                 f"{run.token_hit_ratio:.4f}",
                 _percent(gains["hit_gain_over_lru"]) if policy != "lru" else "",
                 _percent(gains["belady_gap_closed"]) if policy not in ("lru", "belady") else "",
-                f"{run.qttft_mean_s:.2f}",
-                f"{run.qttft_p99_s:.2f}",
+                qttft_cell(run.qttft_mean_s, run.qttft_overloaded),
+                qttft_cell(run.qttft_p99_s, run.qttft_overloaded),
             ]
             if two_tiers:
                 row += [f"{run.hits_device:,}", f"{run.hits_host:,}", f"{run.misses:,}"]
@@ -187,19 +251,33 @@ def _table(results) -> Table:
     return table
 
 
+def _warn_if_overloaded(results) -> None:
+    """Say once, on stderr, which runs' modelled server could not keep up, and what to do about it."""
+    overloaded = [run for run in results.runs if run.qttft_overloaded]
+    if not overloaded:
+        return
+    worst = max(overloaded, key=lambda run: run.offered_load)
+    rate = results.config.cost.prefill_tokens_per_s
+    err_console.print(
+        f"[yellow]warning:[/] the modelled server is overloaded in {len(overloaded)} of {len(results.runs)} runs: "
+        f"uncached prompt tokens arrive at up to {worst.offered_load * rate:,.0f} tokens/s ({worst.policy} at "
+        f"{worst.capacity:,} blocks) but it prefills {rate:,.0f} tokens/s, so their queued TTFT (marked overloaded) "
+        f"grows with the trace's length and compares no policies. Model the real server: --prefill-rate, or "
+        f"--cost FILE from kvprof replay.",
+        highlight=False,
+    )
+
+
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
-def _fit(trace, bounds, output: Path):
-    """Fit the reuse models on a window (the published workflow: hour one) and keep the hp file."""
+def _fit(trace, bounds):
+    """Fit the reuse models on a window (the published workflow: hour one); saved once the sweep is done."""
     from kvprof.profiler.fit import fit_trace
 
     with err_console.status("fitting reuse models"):
-        hp = fit_trace(trace.time_window(*bounds))
-    output.mkdir(parents=True, exist_ok=True)
-    hp.save(output / "hp.json")
-    return hp
+        return fit_trace(trace.time_window(*bounds))
 
 
 def _needs_hp(names, sim_config: SimConfig) -> bool:
@@ -246,8 +324,32 @@ def _schedule(text: str | None) -> tuple[tuple[float, int], ...]:
         raise typer.BadParameter(str(exc), param_hint="--capacity-schedule") from None
 
 
-def _sim_config(block_size: int, cpu_capacity: int, schedule) -> SimConfig:
+def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel) -> SimConfig:
     try:
-        return SimConfig(engine_block_size=block_size, cpu_capacity=cpu_capacity, capacity_schedule=schedule)
+        return SimConfig(engine_block_size=block_size, cpu_capacity=cpu_capacity, capacity_schedule=schedule, cost=cost)
     except KvprofError as exc:
         raise typer.BadParameter(str(exc), param_hint="--block-size/--capacity-schedule") from None
+
+
+def _cost_model(path: Path | None, **given) -> CostModel:
+    """The cost model: defaults, then ``--cost`` FILE's values, then the options given (exit 2 if out of range)."""
+    from dataclasses import replace
+
+    base = CostModel.from_file(path) if path is not None else CostModel()
+    try:
+        return replace(base, **{name: value for name, value in given.items() if value is not None})
+    except SimulationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--prefill-rate/--step-overhead/--decode-time") from None
+
+
+def _check_resources(capacities, schedule, cpu_capacity: int, jobs: int, n_runs: int) -> None:
+    """Refuse, before any work, a -j of 0 and capacities whose replays would not fit in memory (exit 2)."""
+    from kvprof.sim.config import check_memory
+    from kvprof.sim.sweep import sweep_workers
+
+    if jobs == 0:
+        raise typer.BadParameter("must not be 0 (-1: every core)", param_hint="-j/--jobs")
+    try:
+        check_memory(max([*capacities, *(blocks for _, blocks in schedule)]), cpu_capacity, sweep_workers(jobs, n_runs))
+    except SimulationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--capacity/--cpu-capacity/--capacity-schedule") from None

@@ -15,6 +15,7 @@ from kvprof.cli.common import (
     console,
     err_console,
     guarded,
+    non_negative,
     open_trace,
     parse_window_option,
     positive,
@@ -30,12 +31,14 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 ClassKeyOpt = Annotated[
     str, typer.Option("--class-key", help=f"Workload class rule: {', '.join(CLASS_KEYS)}.")
 ]
-TurnCapOpt = Annotated[int, typer.Option("--turn-cap", min=1, help="Pool turns >= this into <type>_<cap>+.")]
+TurnCapOpt = Annotated[
+    int, typer.Option("--turn-cap", min=1, max=2**31 - 1, help="Pool turns >= this into <type>_<cap>+.")
+]
 ClassFieldOpt = Annotated[
     Optional[str], typer.Option("--class-field", help="Key classes on this trace field (implies --class-key field).")
 ]
 MinGapOpt = Annotated[
-    float, typer.Option("--min-gap", min=0.0, help="Seconds under which a reuse counts as concurrent use.")
+    float, typer.Option("--min-gap", callback=non_negative, help="Seconds under which a reuse counts as concurrent use.")
 ]
 
 
@@ -245,7 +248,7 @@ def synth(
     output: Annotated[Path, typer.Option("-o", "--output", help="Trace file to write (.jsonl, .jsonl.gz, .jsonl.zst).")],
     preset: Annotated[str, typer.Option("--preset", help="Calibration preset: bailian-a or bailian-b.")] = "bailian-a",
     hours: Annotated[float, typer.Option("--hours", callback=positive, help="Trace length in hours.")] = 2.0,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed; equal seeds give equal traces.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Random seed; equal seeds give equal traces.")] = 0,
 ):
     """Write a synthetic Bailian-format trace calibrated to the published statistics."""
     from kvprof.profiler.synth import PRESETS, generate, write_jsonl

@@ -139,6 +139,12 @@ class Trace:
             extra={k: v[rows] for k, v in self.extra.items()},
         )
 
+    def head(self, n: int) -> Trace:
+        """The first ``n`` requests; the window then ends at the next request's arrival (reuse is censored there)."""
+        if n >= self.n_requests:
+            return self
+        return self.select(np.arange(n), window=(self.window[0], float(self.timestamp[n])))
+
     def time_window(self, start: float | None, end: float | None) -> Trace:
         """Requests arriving in ``[start, end)``; ``None`` leaves that side open.
 

@@ -47,6 +47,13 @@ class RunMetrics:
         Modelled queued time to first token (first token - arrival) over served requests.
     makespan_s : float
         Modelled time at which the last request finished its prefill.
+    offered_load : float
+        Prompt tokens the modelled server had to compute (uncached) per second of the trace,
+        over its prefill throughput; NaN for a trace of no duration.
+    qttft_overloaded : bool
+        ``offered_load > 1``: uncached tokens arrive faster than the server prefills, the queue
+        grows for as long as the trace lasts, and QTTFT measures the trace's length rather than
+        the policy (the README says how to calibrate the cost model).
     """
 
     policy: str
@@ -69,6 +76,8 @@ class RunMetrics:
     qttft_p90_s: float
     qttft_p99_s: float
     makespan_s: float
+    offered_load: float
+    qttft_overloaded: bool
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -199,7 +208,7 @@ class _Replay:
         waiting: deque[int] = deque()
         prefilling: deque[list[int]] = deque()  # [request, uncomputed prompt tokens]
         decoding: list[tuple[float, int]] = []  # heap of (finish time, request)
-        n_running = hits_device = hits_host = 0
+        n_running = hits_device = hits_host = computed = 0
         next_arrival = 0
         next_change = 1
         now = 0.0
@@ -236,6 +245,7 @@ class _Replay:
                 host_loads += hits[1]
                 # At least one token: vLLM recomputes the prompt's last token (n_lookup excludes it).
                 uncached = max(prompt[r] - (hits[0] + hits[1]) * ebs, 1)
+                computed += uncached
                 take = min(uncached, budget)
                 budget -= take
                 prefilling.append([r, uncached - take])
@@ -272,12 +282,13 @@ class _Replay:
                 else:
                     self.release(r, now)
                     n_running -= 1
-        return self._metrics(qttft[served], served, hits_device, hits_host, now)
+        return self._metrics(qttft[served], served, hits_device, hits_host, computed, now)
 
     def _metrics(
-        self, qttft: np.ndarray, served: np.ndarray, hits_device: int, hits_host: int, end: float
+        self, qttft: np.ndarray, served: np.ndarray, hits_device: int, hits_host: int, computed: int, end: float
     ) -> RunMetrics:
         w = self.w
+        load = computed / (self.cost.prefill_tokens_per_s * w.duration) if w.duration > 0 else math.nan
         lookups = int(w.n_lookup.sum())
         prompt_tokens = int(w.prompt_tokens.sum())
         hits = hits_device + hits_host
@@ -303,4 +314,6 @@ class _Replay:
             qttft_p90_s=float(p90),
             qttft_p99_s=float(p99),
             makespan_s=end,
+            offered_load=load,
+            qttft_overloaded=bool(load > 1),
         )

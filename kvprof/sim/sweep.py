@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from joblib import Parallel, delayed
+from joblib import Parallel, cpu_count, delayed, effective_n_jobs
 
 from kvprof import results as results_file
 from kvprof.policy import make_policy
 from kvprof.profiler.trace import Trace
-from kvprof.sim.config import SimConfig, SimulationError
+from kvprof.sim.config import SimConfig, SimulationError, check_memory
 from kvprof.sim.engine import RunMetrics, simulate
 from kvprof.sim.workload import Workload, prepare_workload
 
@@ -108,7 +108,7 @@ def run_sweep(
         GPU capacities in engine blocks; with ``config.capacity_schedule`` pass one (its start).
     config : SimConfig
     n_jobs : int
-        joblib workers (-1: all cores).
+        joblib workers (-1: all cores, -2: all but one ...), capped by :func:`sweep_workers`.
     progress : callable or None
         ``progress(done, total)`` after each run.
     inputs : dict or None
@@ -121,7 +121,8 @@ def run_sweep(
     Raises
     ------
     SimulationError
-        Unknown policy, capacity <= 0, or a workload that cannot be prepared.
+        Unknown policy, capacity <= 0, ``n_jobs`` 0, tiers beyond the machine's memory, or a
+        workload that cannot be prepared.
     """
     policies, capacities = tuple(policies), tuple(int(c) for c in capacities)
     if not policies or not capacities:
@@ -137,13 +138,15 @@ def run_sweep(
             make_policy(name, hp)  # fail here, once, rather than in every worker
         except ValueError as exc:
             raise SimulationError(str(exc)) from None
+    tasks = [(p, c) for p in policies for c in capacities]
+    workers = sweep_workers(n_jobs, len(tasks))
+    check_memory(max([*capacities, *(c for _, c in config.capacity_schedule)]), config.cpu_capacity, workers)
     started = time.perf_counter()
     workload = prepare_workload(trace, hp, config.engine_block_size)
-    tasks = [(p, c) for p in policies for c in capacities]
     # Slow policies first, LRU (the cheapest) last, so no worker is left with a long run alone.
     schedule = sorted(range(len(tasks)), key=lambda i: tasks[i][0] == BASELINE)
     runs: list[RunMetrics | None] = [None] * len(tasks)
-    parallel = Parallel(n_jobs=n_jobs, return_as="generator_unordered")
+    parallel = Parallel(n_jobs=workers, return_as="generator_unordered")
     outputs = parallel(delayed(_run_one)(i, workload, hp, *tasks[i], config) for i in schedule)
     for done, (i, metrics) in enumerate(outputs, start=1):
         runs[i] = metrics
@@ -168,6 +171,22 @@ def run_sweep(
         inputs={**(inputs or {}), **facts},
         wall_s=time.perf_counter() - started,
     )
+
+
+def sweep_workers(n_jobs: int, n_runs: int) -> int:
+    """Replays to run at once: joblib's reading of ``n_jobs``, capped at ``n_runs`` and the machine's cores.
+
+    More workers than runs idle, and more than cores only compete for them (and each holds a
+    process and its semaphores).
+
+    Raises
+    ------
+    SimulationError
+        ``n_jobs`` is 0.
+    """
+    if n_jobs == 0:
+        raise SimulationError("the number of parallel replays must not be 0 (-1: every core)")
+    return max(1, min(effective_n_jobs(n_jobs), cpu_count(), n_runs))
 
 
 def _run_one(index: int, workload: Workload, hp, policy: str, capacity: int, config: SimConfig):
