@@ -21,6 +21,8 @@ from kvprof.errors import ResultsFileError
 from kvprof.jsonfile import JsonChecks, read_json
 
 SCHEMA = "kvprof.results/1"
+#: The document's file name in an output directory.
+FILE = "results.json"
 #: Every version of the schema starts so; a file of another version is a results file all the same.
 FAMILY = "kvprof.results/"
 #: Appended to the policy name of a measured run when documents are merged.

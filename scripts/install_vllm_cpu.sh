@@ -92,8 +92,8 @@ if not (stub / "KVPROF_STUB").exists():
     print(f"[install_vllm_cpu] wrote {stub}", file=sys.stderr)
 PYEOF
 
-# 4. kvprof itself, editable, with its test extras
-if "$PY" -c 'import kvprof, pytest, sys, pathlib; sys.exit(0 if pathlib.Path(kvprof.__file__).resolve().is_relative_to(pathlib.Path(sys.argv[1]).resolve()) else 1)' "$REPO" 2>/dev/null; then
+# 4. kvprof itself, editable, with its test extras (again when an extra's package is missing)
+if "$PY" -c 'import kvprof, kvprof.replay, pytest, sys, pathlib; sys.exit(0 if pathlib.Path(kvprof.__file__).resolve().is_relative_to(pathlib.Path(sys.argv[1]).resolve()) else 1)' "$REPO" 2>/dev/null; then
     log "kvprof already installed (editable) from $REPO"
 else
     log "installing kvprof (editable) from $REPO"

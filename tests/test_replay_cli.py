@@ -1,31 +1,51 @@
-"""``kvprof replay`` against a stub server, and ``kvprof show`` of a simulated and a live run together.
+"""``kvprof replay`` end to end against a stub server, and ``kvprof show`` of a simulated and a live run together.
 
-The stub speaks the two things replay reads from vLLM: ``/metrics`` with vLLM 0.32's
-``vllm:cache_config_info`` gauge (the line below is a real server's, shortened) and streamed
-``/v1/completions`` with usage. tests/vllm/test_serve.py replays against a real server.
+The stub speaks what replay reads from vLLM: ``/metrics`` with vLLM 0.32's ``vllm:cache_config_info``
+gauge (the line below is a real server's, shortened) and streamed ``/v1/completions`` with usage.
+A test changes its answers to play a broken or hostile server. tests/vllm/test_serve.py replays
+against a real one.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kvprof.results import merge as merge_results
-from tests.helpers import invoke
+from tests.helpers import invoke, one_line
 
 CACHE_INFO = ('vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",'
               'gpu_memory_utilization="0.92",kv_cache_size_tokens="1536",num_cpu_blocks="None",num_gpu_blocks="48",'
               'num_gpu_blocks_override="48",prefix_caching_hash_algo="sha256"} 1.0\n')
 CACHED_PER_REQUEST = 16
 PLOTS = {"hit_ratio.png", "hit_ratio.svg", "qttft.png", "qttft.svg"}
+N_REQUESTS = 12
+
+
+def sse(*events) -> bytes:
+    """A stream of events (objects as JSON, strings as they are), then ``[DONE]``."""
+    return b"".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n".encode() for e in (*events, "[DONE]"))
+
+
+def good_answer(body: dict) -> bytes:
+    usage = {"prompt_tokens": len(body["prompt"]),
+             "prompt_tokens_details": {"cached_tokens": min(CACHED_PER_REQUEST, len(body["prompt"]))}}
+    return sse({"choices": [{"text": "x"}]}, {"choices": [], "usage": usage})
 
 
 class StubServer(BaseHTTPRequestHandler):
+    """Answers like vLLM. ``second_event``, when set, replaces the usage event of every completion after the
+    first ``good`` ones (the first is replay's test request), as the issue's srv.py does for all of them."""
+
     metrics: str | None = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n" + CACHE_INFO
-    completions = 0
+    second_event: object = None
+    good = 1
+    seconds_per_token = 0.0
+    bodies: list
 
     def do_GET(self):
         if self.path != "/metrics" or self.metrics is None:
@@ -35,11 +55,13 @@ class StubServer(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).completions += 1
-        usage = {"prompt_tokens": len(body["prompt"]), "prompt_tokens_details": {"cached_tokens": CACHED_PER_REQUEST}}
-        chunks = [{"choices": [{"text": "x"}]}, {"choices": [], "usage": usage}]
-        stream = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-        self._reply("text/event-stream", stream.encode())
+        cls = type(self)
+        cls.bodies.append(body)
+        time.sleep(self.seconds_per_token * len(body["prompt"]))
+        if self.second_event is None or len(cls.bodies) <= self.good:
+            self._reply("text/event-stream", good_answer(body))
+        else:
+            self._reply("text/event-stream", sse({"choices": [{"text": "x"}]}, self.second_event))
 
     def _reply(self, content_type: str, data: bytes):
         self.send_response(200)
@@ -54,8 +76,8 @@ class StubServer(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stub():
-    """A running stub server (``StubServer`` subclassed per test, so a test may change its metrics)."""
-    handler = type("Stub", (StubServer,), {})
+    """A running stub server (``StubServer`` subclassed per test, so a test may change its answers)."""
+    handler = type("Stub", (StubServer,), {"bodies": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -64,15 +86,18 @@ def stub():
     server.server_close()
 
 
-@pytest.fixture
-def trace(tmp_path):
-    """Twelve Bailian requests, 50 ms apart, half of them sharing a two-block prefix."""
-    rows = [{"chat_id": i, "parent_chat_id": -1, "timestamp": 0.05 * i, "input_length": 60, "output_length": 4,
+def trace_rows(n=N_REQUESTS):
+    """Bailian requests 50 ms apart, half of them sharing a two-block prefix."""
+    return [{"chat_id": i, "parent_chat_id": -1, "timestamp": 0.05 * i, "input_length": 60, "output_length": 4,
              "type": "text", "turn": 1,
              "hash_ids": [1, 2, 100 + i, 200 + i] if i % 2 else [300 + i, 400 + i, 500 + i, 600 + i]}
-            for i in range(12)]
+            for i in range(n)]
+
+
+@pytest.fixture
+def trace(tmp_path):
     path = tmp_path / "trace.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps(r) + "\n" for r in trace_rows()))
     return path
 
 
@@ -80,25 +105,32 @@ def replay(trace, url, out, *args):
     return invoke("replay", trace, "--url", url, "--model", "m", "--rate-scale", "10", "-o", out, *args)
 
 
+def results_of(out) -> dict:
+    return json.loads((out / "results.json").read_text())
+
+
 def test_replay_reads_capacity_from_metrics_and_writes_the_plots_of_compare(stub, trace, tmp_path):
-    url, _ = stub
+    url, handler = stub
     result = replay(trace, url, tmp_path / "live")
     assert result.exit_code == 0, result.output
-    document = json.loads((tmp_path / "live" / "results.json").read_text())
+    document = results_of(tmp_path / "live")
     run = document["runs"][0]
     assert run["capacity"] == 48 and document["config"]["capacities"] == [48]
     assert document["inputs"]["server"] == {"url": url, "model": "m", "num_gpu_blocks": 48, "block_size": 32}
     assert document["config"]["engine_block_size"] == 32
-    assert document["inputs"]["trace"]["n_requests"] == 12 and document["inputs"]["trace"]["block_size"] == 16
-    assert run["n_errors"] == 0 and run["cached_tokens"] == 12 * CACHED_PER_REQUEST
-    assert {p.name for p in (tmp_path / "live").iterdir()} == PLOTS | {"results.json", "requests.jsonl"}
+    assert document["inputs"]["trace"]["n_requests"] == N_REQUESTS and document["inputs"]["trace"]["block_size"] == 16
+    assert run["n_errors"] == 0 and run["cached_tokens"] == N_REQUESTS * CACHED_PER_REQUEST
+    assert {p.name for p in (tmp_path / "live").iterdir()} >= PLOTS | {"results.json", "requests.jsonl"}
+    # the test request first: two tokens, the lowest and highest id replay draws
+    assert len(handler.bodies) == N_REQUESTS + 1 and handler.bodies[0]["prompt"] == [4, 999]
+    assert handler.bodies[1]["vllm_xargs"] == {"type": "text", "turn": 1}
 
 
 def test_capacity_option_is_recorded_over_the_servers(stub, trace, tmp_path):
     url, _ = stub
     result = replay(trace, url, tmp_path, "--capacity", "7")
     assert result.exit_code == 0, result.output
-    document = json.loads((tmp_path / "results.json").read_text())
+    document = results_of(tmp_path)
     assert document["runs"][0]["capacity"] == 7 and document["inputs"]["server"]["num_gpu_blocks"] == 48
 
 
@@ -111,38 +143,147 @@ def test_without_a_capacity_replay_stops_before_the_first_request(stub, trace, t
     result = replay(trace, url, tmp_path)
     assert result.exit_code == 1
     assert f"{url}/metrics" in result.stderr and "pass --capacity BLOCKS" in result.stderr
-    assert handler.completions == 0 and {p.name for p in tmp_path.iterdir()} == {"results.json", "trace.jsonl"}
+    assert handler.bodies == [] and {p.name for p in tmp_path.iterdir()} == {"results.json", "trace.jsonl"}
 
 
 def test_engines_that_disagree_on_their_cache_need_a_capacity(stub, trace, tmp_path):
     url, handler = stub
     handler.metrics = CACHE_INFO + CACHE_INFO.replace('engine="0"', 'engine="1"').replace('"48"', '"40"')
     result = replay(trace, url, tmp_path)
-    assert result.exit_code == 1 and "report different caches" in result.stderr and handler.completions == 0
+    assert result.exit_code == 1 and "report different caches" in result.stderr and handler.bodies == []
 
 
-def test_show_puts_a_simulated_sweep_beside_the_live_run(stub, trace, tmp_path):
+def test_an_unreachable_server_is_said_so_not_a_missing_capacity(trace, tmp_path):
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for extra in ((), ("--capacity", "4")):
+        result = replay(trace, url, tmp_path / "out", *extra)
+        assert result.exit_code == 1, result.output
+        assert f"cannot reach the server at {url}" in result.stderr and "is it running?" in result.stderr
+        assert "--capacity" not in result.stderr and not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    "second_event, error",
+    [
+        ([1, 2], "an event that is not a JSON object: [1, 2]"),  # item 1: these were lost, exit 0
+        ({"choices": [], "usage": {"prompt_tokens": "many"}}, "usage.prompt_tokens must be a non-negative integer"),
+        ({"choices": [], "usage": {"prompt_tokens": 40}}, "start vLLM with --enable-prompt-tokens-details"),
+        ({"choices": [], "usage": {"prompt_tokens": 40, "prompt_tokens_details": None}},
+         "start vLLM with --enable-prompt-tokens-details"),
+        ({"choices": [], "usage": {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 41}}},
+         "41 cached tokens of a 40-token prompt"),
+        ({"error": {"message": "Token id 700 is out of vocabulary", "type": "BadRequestError", "code": 400}},
+         "server error: Token id 700 is out of vocabulary"),
+        ("{not json", "an event that is not JSON"),
+    ],
+    ids=["a list", "string usage", "no details", "null details", "more cached than prompt", "error event", "not json"],
+)
+def test_a_bad_answer_is_one_counted_error_never_the_run(stub, trace, tmp_path, second_event, error):
+    """Every request gets a record, the run is written in full, and replay exits 1 naming the error."""
+    url, handler = stub
+    handler.second_event = second_event
+    result = replay(trace, url, tmp_path)
+    assert result.exit_code == 1, result.output
+    run = results_of(tmp_path)["runs"][0]
+    assert run["n_requests"] == run["n_errors"] == N_REQUESTS and len(handler.bodies) == N_REQUESTS + 1
+    records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == N_REQUESTS and all(error in r["error"] for r in records)
+    assert f"{N_REQUESTS} of {N_REQUESTS} requests failed" in one_line(result.stderr) and error in one_line(result.stderr)
+    assert PLOTS <= {p.name for p in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize(
+    "second_event, words",
+    [
+        ({"error": {"message": "Token id 999 is out of vocabulary"}},
+         "Token id 999 is out of vocabulary; --vocab-size 1000 is more than the model's vocabulary"),
+        ({"choices": [], "usage": {"prompt_tokens": 2, "prompt_tokens_details": None}},
+         "start vLLM with --enable-prompt-tokens-details"),
+    ],
+)
+def test_the_test_request_stops_a_replay_that_could_only_fail(stub, trace, tmp_path, second_event, words):
+    url, handler = stub
+    handler.second_event, handler.good = second_event, 0
+    result = replay(trace, url, tmp_path)
+    assert result.exit_code == 1 and words in one_line(result.stderr)
+    assert len(handler.bodies) == 1 and not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--url", "not a url"), "is not an http:// or https:// URL"),
+        (("--url", "file:///etc/passwd"), "is not an http:// or https:// URL"),
+        (("--vocab-size", "4"), "greater than or equal to 5"),
+        (("--trace-block-tokens", "0"), "greater than or equal to 1"),
+        (("--rate-scale", "nan"), "must be a finite number > 0"),
+        (("--rate-scale", "inf"), "must be a finite number > 0"),
+        (("--limit", "-1"), "greater than or equal to 1"),
+        (("--timeout", "0"), "must be a finite number > 0"),
+        (("--max-concurrency", "0"), "greater than or equal to 1"),
+        (("--policy", "mru"), "unknown policy 'mru'"),
+        (("--window", "5:1"), "END must be greater than START"),
+    ],
+)
+def test_usage_errors_exit_2_before_anything_is_sent(stub, trace, tmp_path, args, words):
+    url, handler = stub
+    result = invoke("replay", trace, "--model", "m", "--url", url, "-o", tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    assert words in one_line(result.output) and handler.bodies == []
+
+
+def test_trace_options_replay_the_slice_compare_simulates(stub, tmp_path):
+    """--window, --limit and --skip-invalid as in compare; the run says what the server ran and the rate scale."""
     url, _ = stub
-    sim = invoke("compare", trace, "--policies", "lru,belady", "--capacity", "8,16,48", "--block-size", "32",
-                 "--eval-window", "0:", "-j", "1", "-o", tmp_path / "sim")
-    assert sim.exit_code == 0, sim.output
-    assert replay(trace, url, tmp_path / "live").exit_code == 0
-    files = (tmp_path / "sim" / "results.json", tmp_path / "live" / "results.json")
-
-    result = invoke("show", *files, "-o", tmp_path / "both")
+    lines = [json.dumps(r) for r in trace_rows(30)]
+    lines.insert(3, '{"chat_id": "bad"}')
+    trace = tmp_path / "price$_$.jsonl"  # a $ in the name stays plain text in the plots
+    trace.write_text("\n".join(lines) + "\n")
+    hp = tmp_path / "hp.json"
+    hp.write_text(json.dumps({"a": {"text_1": 0.02}, "p": {"text_1": 0.4}}))
+    result = replay(trace, url, tmp_path / "live", "--window", "0.2:", "--limit", "10", "--skip-invalid",
+                    "--config", hp)
     assert result.exit_code == 0, result.output
-    assert "lru" in result.stdout and "belady" in result.stdout and "served (live)" in result.stdout
+    assert "skipped 1 invalid lines" in one_line(result.stderr)
+    live = results_of(tmp_path / "live")
+    assert live["inputs"]["trace"]["n_requests"] == 10 and live["inputs"]["limit"] == 10
+    assert live["runs"][0]["policy"] == "wa" and live["inputs"]["hp"] == {"path": str(hp)}
+    sim = invoke("compare", trace, "--policies", "lru", "--capacity", "48", "--block-size", "32", "--eval-window",
+                 "0.2:", "--limit", "10", "--skip-invalid", "-j", "1", "-o", tmp_path / "sim")
+    assert sim.exit_code == 0, sim.output
+    simulated = results_of(tmp_path / "sim")
+    assert simulated["inputs"]["trace"]["window"] == live["inputs"]["trace"]["window"]
+    assert simulated["runs"][0]["n_requests"] == live["runs"][0]["n_requests"] == 10
+
+    shown = invoke("show", tmp_path / "sim" / "results.json", tmp_path / "live" / "results.json", "-o", tmp_path / "both")
+    assert shown.exit_code == 0, shown.output
+    table = one_line(shown.stdout)
+    assert "wa (live)" in table and "live, hp hp.json, rate x10" in table and "simulated" in table
     assert {p.name for p in (tmp_path / "both").iterdir()} == PLOTS
 
-    merged = json.loads(invoke("show", *files, "--json").stdout)
-    assert merged["config"]["policies"] == ["lru", "belady", "served (live)"]
-    assert [(r["policy"], r["capacity"]) for r in merged["runs"]][-1] == ("served (live)", 48)
 
-
-def test_merged_runs_keep_one_line_per_document():
-    live = {"config": {"policies": ["served"]}, "runs": [{"policy": "served", "capacity": 16, "measured": True}]}
-    merged = merge_results([live, live])
-    assert merged["config"]["policies"] == ["served (live)", "served (live) #2"]
+def test_replay_fits_the_servers_cost_model_for_compare(stub, tmp_path):
+    """A stub that takes 0.2 ms per prompt token: the fitted rate is near 5,000 tokens/s and compare reads it."""
+    url, handler = stub
+    handler.seconds_per_token = 2e-4
+    rows = trace_rows(24)
+    for i, row in enumerate(rows):
+        n_blocks = 4 + 6 * (i % 4)
+        row.update(input_length=16 * n_blocks, hash_ids=list(range(1000 * i, 1000 * i + n_blocks)), timestamp=0.5 * i)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = replay(trace, url, tmp_path / "live", "--max-concurrency", "1")
+    assert result.exit_code == 0, result.output
+    cost = json.loads((tmp_path / "live" / "cost.json").read_text())
+    assert cost["schema"] == "kvprof.cost/1" and 2_000 < cost["prefill_tokens_per_s"] < 10_000
+    assert cost["step_overhead_s"] >= 0 and cost["provenance"]["n_requests"] == 24
+    assert results_of(tmp_path / "live")["config"]["calibration"]["prefill_tokens_per_s"] == cost["prefill_tokens_per_s"]
+    sim = invoke("compare", trace, "--policies", "lru", "--capacity", "64", "--eval-window", ":", "-j", "1",
+                 "--cost", tmp_path / "live" / "cost.json", "--json", "-o", tmp_path / "sim")
+    assert sim.exit_code == 0, sim.output
+    assert json.loads(sim.stdout)["config"]["cost"]["prefill_tokens_per_s"] == cost["prefill_tokens_per_s"]
 
 
 def test_show_refuses_a_run_without_capacity_and_an_hp_file_among_results(tmp_path):

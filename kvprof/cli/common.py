@@ -90,6 +90,10 @@ FormatOpt = Annotated[
 SkipOpt = Annotated[
     bool, typer.Option("--skip-invalid", help="Skip invalid lines (reported by kind) instead of stopping.")
 ]
+TraceBlockTokensOpt = Annotated[
+    Optional[int],
+    typer.Option("--trace-block-tokens", min=1, help="Tokens per trace hash id (default: 16 Bailian, 512 Mooncake)."),
+]
 LimitOpt = Annotated[
     Optional[int], typer.Option("--limit", min=1, help="Only the first N requests (of the window).")
 ]

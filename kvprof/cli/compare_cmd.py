@@ -22,6 +22,7 @@ from kvprof.cli.common import (
     LimitOpt,
     SkipOpt,
     TraceArg,
+    TraceBlockTokensOpt,
     console,
     err_console,
     guarded,
@@ -31,10 +32,10 @@ from kvprof.cli.common import (
     print_json,
     qttft_cell,
 )
+from kvprof import results as results_file
 from kvprof.errors import KvprofError
 from kvprof.sim.config import CostModel, SimConfig, SimulationError, default_engine_block, parse_schedule
 
-RESULTS_FILE = "results.json"
 DEMO_CAPACITIES = tuple(range(1024, 8193, 1024))
 DEMO_POLICIES = ("lru", "wa-paper", "wa", "belady")
 
@@ -88,10 +89,7 @@ def compare(
     json_out: JsonOpt = False,
     output: OutputOpt = Path("results"),
     format: FormatOpt = None,
-    trace_block_tokens: Annotated[
-        Optional[int],
-        typer.Option("--trace-block-tokens", min=1, help="Tokens per trace hash id (default: 16 Bailian, 512 Mooncake)."),
-    ] = None,
+    trace_block_tokens: TraceBlockTokensOpt = None,
     skip_invalid: SkipOpt = False,
     cost_file: Annotated[
         Optional[Path],
@@ -209,14 +207,14 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
     document = results.to_dict()
     if fitted is not None:
         fitted.save(output / "hp.json")
-    results.write(output / RESULTS_FILE)
+    results.write(output / results_file.FILE)
     plots = plot_results(document, output)
     _warn_if_overloaded(results)
     if json_out:
         print_json(document)
         return
     console.print(_table(results, default_block))
-    err_console.print(f"wrote {output / RESULTS_FILE} and {len(plots)} plots in {results.wall_s:.1f} s")
+    err_console.print(f"wrote {output / results_file.FILE} and {len(plots)} plots in {results.wall_s:.1f} s")
 
 
 def _table(results, default_block: bool) -> Table:
