@@ -15,7 +15,7 @@ import zstandard
 from kvprof.profiler import synth
 from kvprof.profiler.synth import BLOCK_SIZE, PRESETS, generate, measure, planted, write_jsonl
 
-#: Published statistics (docs/synth.md, from /work/shared/REFERENCE.md section 2), per 2 h.
+#: Published statistics of the Bailian traces (docs/synth.md says where from), per 2 h.
 TRACE_A = {"requests": {"text": 31_700, "search": 8_200, "image": 1_600, "file": 1_500},
            "qps": 6.0, "mean_input": 2_338, "mean_output": 430, "hit_ratio": 0.58,
            "median_gap_s": {"image": 4.8, "text": 47.7, "search": 111.8, "file": 152.4},
