@@ -111,7 +111,8 @@ def merge(documents: Sequence[dict]) -> dict:
 
     A measured run's policy gets ``" (live)"`` appended; a label an earlier document already used
     gets ``" #k"`` (``k``: the document's position, from 1), so each line is one document's. Each
-    run gets ``origin``: ``simulated``, or ``live`` with the hp file and rate scale of the replay.
+    run gets ``origin``: ``simulated``, or ``live`` with the hp file the server ran, and the rate
+    scale when it is not 1.
     The title's trace and block size are the first document's.
 
     Returns
@@ -122,11 +123,10 @@ def merge(documents: Sequence[dict]) -> dict:
     runs: list[dict] = []
     for position, document in enumerate(documents, start=1):
         taken = {run["policy"] for run in runs}
-        origin = _origin(document)
         for run in document["runs"]:
             label = run["policy"] + (LIVE if run.get("measured") else "")
             runs.append({**run, "policy": label if label not in taken else f"{label} #{position}",
-                         "origin": origin if run.get("measured") else "simulated"})
+                         "origin": _origin(document, bool(run.get("measured")))})
     first = documents[0]
     return {
         "inputs": first.get("inputs", {}),
@@ -136,14 +136,14 @@ def merge(documents: Sequence[dict]) -> dict:
     }
 
 
-def _origin(document: dict) -> str:
-    """``live``, the hp file the server ran and the replay's rate scale, as far as the document says."""
-    hp = (document.get("inputs") or {}).get("hp") or {}
-    parts = ["live"]
-    if isinstance(hp, dict) and isinstance(hp.get("path"), str):
+def _origin(document: dict, measured: bool) -> str:
+    """``simulated`` or ``live`` (with the hp file the server ran), and the rate scale unless 1."""
+    parts = ["live" if measured else "simulated"]
+    hp = (document.get("inputs") or {}).get("hp")
+    if measured and isinstance(hp, dict) and isinstance(hp.get("path"), str):
         parts.append(f"hp {Path(hp['path']).name}")
-    scale = document["config"].get("rate_scale")
-    if scale is not None:
+    scale = document["config"].get("rate_scale", 1)
+    if scale != 1:
         parts.append(f"rate x{scale:g}")
     return ", ".join(parts)
 

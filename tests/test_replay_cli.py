@@ -235,7 +235,7 @@ def test_usage_errors_exit_2_before_anything_is_sent(stub, trace, tmp_path, args
 
 
 def test_trace_options_replay_the_slice_compare_simulates(stub, tmp_path):
-    """--window, --limit and --skip-invalid as in compare; the run says what the server ran and the rate scale."""
+    """--window, --limit, --skip-invalid and --rate-scale as in compare; the run says what the server ran."""
     url, _ = stub
     lines = [json.dumps(r) for r in trace_rows(30)]
     lines.insert(3, '{"chat_id": "bad"}')
@@ -251,16 +251,18 @@ def test_trace_options_replay_the_slice_compare_simulates(stub, tmp_path):
     assert live["inputs"]["trace"]["n_requests"] == 10 and live["inputs"]["limit"] == 10
     assert live["runs"][0]["policy"] == "wa" and live["inputs"]["hp"] == {"path": str(hp)}
     sim = invoke("compare", trace, "--policies", "lru", "--capacity", "48", "--block-size", "32", "--eval-window",
-                 "0.2:", "--limit", "10", "--skip-invalid", "-j", "1", "-o", tmp_path / "sim")
+                 "0.2:", "--limit", "10", "--skip-invalid", "--rate-scale", "10", "-j", "1", "-o", tmp_path / "sim")
     assert sim.exit_code == 0, sim.output
+    assert "10 requests at 10x speed" in one_line(sim.stdout)
     simulated = results_of(tmp_path / "sim")
     assert simulated["inputs"]["trace"]["window"] == live["inputs"]["trace"]["window"]
     assert simulated["runs"][0]["n_requests"] == live["runs"][0]["n_requests"] == 10
+    assert simulated["config"]["rate_scale"] == live["config"]["rate_scale"] == 10
 
     shown = invoke("show", tmp_path / "sim" / "results.json", tmp_path / "live" / "results.json", "-o", tmp_path / "both")
     assert shown.exit_code == 0, shown.output
     table = one_line(shown.stdout)
-    assert "wa (live)" in table and "live, hp hp.json, rate x10" in table and "simulated" in table
+    assert "wa (live)" in table and "live, hp hp.json, rate x10" in table and "simulated, rate x10" in table
     assert {p.name for p in (tmp_path / "both").iterdir()} == PLOTS
 
 

@@ -87,4 +87,6 @@ def test_merge_labels_live_runs_with_what_the_server_ran():
     merged = results.merge([document(), live, live])
     assert [r["policy"] for r in merged["runs"]] == ["lru", "wa (live)", "wa (live) #3"]
     assert [r["origin"] for r in merged["runs"]] == ["simulated", "live, hp hp.json, rate x10", "live, hp hp.json, rate x10"]
+    assert results.merge([document(config={"policies": ["lru"], "rate_scale": 2.5})])["runs"][0]["origin"] == \
+        "simulated, rate x2.5"
     assert merged["config"]["policies"] == ["lru", "wa (live)", "wa (live) #3"]

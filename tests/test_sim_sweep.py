@@ -7,13 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from kvprof.policy import POLICIES
+from kvprof.policy import POLICIES, make_policy
 from kvprof.profiler.classes import ClassRule
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.synth import generate, write_jsonl
 from kvprof.sim.config import SimConfig, SimulationError
 from kvprof.results import SCHEMA
+from kvprof.sim.engine import simulate
 from kvprof.sim.sweep import run_sweep
 from kvprof.sim.workload import prepare_workload
 
@@ -115,3 +116,18 @@ def test_bad_setups_are_clear_errors(half_hour):
         prepare_workload(trace, replace(hp, block_size=32))
     with pytest.raises(SimulationError, match="class rule does not fit.*tenant"):
         prepare_workload(trace, replace(hp, class_rule=ClassRule(key="field", field="tenant")))
+
+
+def test_rate_scale_speeds_arrivals_and_so_the_load(half_hour):
+    """replay --rate-scale's twin: arrivals (and the window) ten times as fast carry ten times the load."""
+    trace, hp = half_hour
+    base = run_sweep(trace, hp, ["lru"], [512]).get("lru", 512)
+    fast = run_sweep(trace, hp, ["lru"], [512], SimConfig(rate_scale=10.0)).get("lru", 512)
+    assert fast.offered_load == pytest.approx(10 * base.offered_load, rel=0.1)
+    assert fast.qttft_mean_s > base.qttft_mean_s
+    workload = prepare_workload(trace, hp, 128, rate_scale=10.0)
+    assert workload.arrival[-1] == pytest.approx((trace.timestamp[-1] - trace.window[0]) / 10)
+    with pytest.raises(SimulationError, match="rate x10"):
+        simulate(workload, make_policy("lru"), 512, SimConfig())
+    with pytest.raises(SimulationError, match="rate scale"):
+        SimConfig(rate_scale=float("nan"))

@@ -29,6 +29,7 @@ from kvprof.cli.common import (
     open_trace,
     output_dir,
     parse_window_option,
+    positive,
     print_json,
     qttft_cell,
 )
@@ -81,6 +82,10 @@ def compare(
     ] = "0:3600",
     eval_window: Annotated[str, typer.Option("--eval-window", help="START:END seconds to replay.")] = "3600:",
     limit: LimitOpt = None,
+    rate_scale: Annotated[
+        float, typer.Option("--rate-scale", callback=positive,
+                            help="Speed-up of arrivals: 2 replays twice as fast, as replay's --rate-scale.")
+    ] = 1.0,
     jobs: JobsOpt = -1,
     seed: Annotated[
         int,
@@ -150,7 +155,8 @@ def compare(
             f"the evaluation window {eval_window} holds no requests "
             f"(the trace's arrivals span {trace.timestamp[0]:g}..{trace.timestamp[-1]:g} s)"
         )
-    sim_config = _sim_config(block_size or default_engine_block(trace.block_size), cpu_capacity, schedule, cost)
+    sim_config = _sim_config(block_size or default_engine_block(trace.block_size), cpu_capacity, schedule, cost,
+                             rate_scale)
     fitted = None
     if config is not None:
         from kvprof.models.hp import load_hp
@@ -223,7 +229,8 @@ def _table(results, default_block: bool) -> Table:
     block = f"{config.engine_block_size}-token engine blocks"
     if default_block:
         block += f" (default: the smallest multiple of the trace's {trace_facts['block_size']}-token blocks >= 128)"
-    table = Table(title=f"{trace_facts['n_requests']:,} requests, {block}; QTTFT modelled at "
+    speed = f" at {config.rate_scale:g}x speed" if config.rate_scale != 1 else ""
+    table = Table(title=f"{trace_facts['n_requests']:,} requests{speed}, {block}; QTTFT modelled at "
                         f"{config.cost.prefill_tokens_per_s:,.0f} prefill tokens/s")
     two_tiers = bool(config.cpu_capacity)
     columns = ["capacity", "policy", "hit ratio", "vs lru", "belady gap closed", "QTTFT mean (s)", "QTTFT p99 (s)"]
@@ -322,9 +329,10 @@ def _schedule(text: str | None) -> tuple[tuple[float, int], ...]:
         raise typer.BadParameter(str(exc), param_hint="--capacity-schedule") from None
 
 
-def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel) -> SimConfig:
+def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, rate_scale: float) -> SimConfig:
     try:
-        return SimConfig(engine_block_size=block_size, cpu_capacity=cpu_capacity, capacity_schedule=schedule, cost=cost)
+        return SimConfig(engine_block_size=block_size, cpu_capacity=cpu_capacity, capacity_schedule=schedule, cost=cost,
+                         rate_scale=rate_scale)
     except KvprofError as exc:
         raise typer.BadParameter(str(exc), param_hint="--block-size/--capacity-schedule") from None
 

@@ -134,6 +134,9 @@ class SimConfig:
     capacity_schedule : tuple of (float, int)
         Elastic GPU capacity: ``(seconds from evaluation start, blocks)`` pairs, sorted by time.
         Empty for a fixed capacity. When given, it replaces the swept capacity.
+    rate_scale : float
+        Arrivals come this many times as fast as in the trace (``kvprof replay --rate-scale``);
+        the schedule's times are in the sped-up clock.
     """
 
     engine_block_size: int = 128
@@ -141,12 +144,15 @@ class SimConfig:
     cpu_capacity: int = 0
     cpu_policy: str = "lru"
     capacity_schedule: tuple[tuple[float, int], ...] = ()
+    rate_scale: float = 1.0
 
     def __post_init__(self):
         if self.engine_block_size < 1:
             raise SimulationError(f"engine block size must be >= 1 token, got {self.engine_block_size}")
         if self.cpu_capacity < 0:
             raise SimulationError(f"CPU capacity must be >= 0 blocks, got {self.cpu_capacity}")
+        if not (math.isfinite(self.rate_scale) and self.rate_scale > 0):
+            raise SimulationError(f"the rate scale must be a finite number > 0, got {self.rate_scale}")
         times = [t for t, _ in self.capacity_schedule]
         if times != sorted(times) or any(not math.isfinite(t) or t < 0 for t in times):
             raise SimulationError("capacity schedule times must be finite, >= 0 and increasing")

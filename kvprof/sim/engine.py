@@ -116,10 +116,10 @@ def simulate(
     -------
     RunMetrics
     """
-    if workload.engine_block_size != config.engine_block_size:
+    if (workload.engine_block_size, workload.rate_scale) != (config.engine_block_size, config.rate_scale):
         raise SimulationError(
-            f"workload was prepared for {workload.engine_block_size}-token blocks, "
-            f"config says {config.engine_block_size}"
+            f"workload was prepared for {workload.engine_block_size}-token blocks at rate x{workload.rate_scale:g}, "
+            f"config says {config.engine_block_size} at x{config.rate_scale:g}"
         )
     schedule = list(config.capacity_schedule) or [(0.0, capacity)]
     if schedule[0][1] <= 0:

@@ -142,7 +142,7 @@ def run_sweep(
     workers = sweep_workers(n_jobs, len(tasks))
     check_memory(max([*capacities, *(c for _, c in config.capacity_schedule)]), config.cpu_capacity, workers)
     started = time.perf_counter()
-    workload = prepare_workload(trace, hp, config.engine_block_size)
+    workload = prepare_workload(trace, hp, config.engine_block_size, config.rate_scale)
     # Slow policies first, LRU (the cheapest) last, so no worker is left with a long run alone.
     schedule = sorted(range(len(tasks)), key=lambda i: tasks[i][0] == BASELINE)
     runs: list[RunMetrics | None] = [None] * len(tasks)

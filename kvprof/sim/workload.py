@@ -28,7 +28,7 @@ class Workload:
     Attributes
     ----------
     arrival : float64 array, shape (n,)
-        Seconds since the evaluation window's start.
+        Seconds since the evaluation window's start, divided by ``rate_scale``.
     prompt_tokens, output_tokens : int64 arrays, shape (n,)
     n_blocks : int64 array, shape (n,)
         Engine blocks the request allocates: ``ceil(prompt / engine_block_size)`` (plus its output
@@ -50,7 +50,9 @@ class Workload:
     engine_block_size : int
         Tokens per engine block.
     duration : float
-        Length of the evaluation window, seconds.
+        Length of the evaluation window, seconds (divided by ``rate_scale``).
+    rate_scale : float
+        How many times as fast as in the trace requests arrive.
     """
 
     arrival: np.ndarray
@@ -65,6 +67,7 @@ class Workload:
     class_names: tuple[str, ...]
     engine_block_size: int
     duration: float
+    rate_scale: float = 1.0
 
     @property
     def n_requests(self) -> int:
@@ -83,7 +86,7 @@ class Workload:
         return (self.prompt_tokens + self.output_tokens + size - 1) // size
 
 
-def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128) -> Workload:
+def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128, rate_scale: float = 1.0) -> Workload:
     """Vectorised per-request arrays for replaying ``trace``.
 
     Parameters
@@ -95,6 +98,8 @@ def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128) -> Wor
         Supplies the class rule and class order; None puts every request in class 0.
     engine_block_size : int
         Tokens per engine block; must be a multiple of ``trace.block_size``.
+    rate_scale : float
+        Arrivals this many times as fast as in the trace (``replay --rate-scale``).
 
     Raises
     ------
@@ -114,7 +119,7 @@ def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128) -> Wor
         )
     group = engine_block_size // trace.block_size
     start = trace.window[0] if math.isfinite(trace.window[0]) else float(trace.timestamp[0])
-    arrival = trace.timestamp.astype(np.float64) - start
+    arrival = (trace.timestamp.astype(np.float64) - start) / rate_scale
     prompt = trace.input_length.astype(np.int64)
     # A full engine block needs its tokens and its trace hashes (guards short hash lists).
     n_full = np.minimum(prompt // engine_block_size, trace.n_blocks_per_request // group)
@@ -143,7 +148,8 @@ def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128) -> Wor
         workload=workload,
         class_names=names,
         engine_block_size=engine_block_size,
-        duration=trace.duration,
+        duration=trace.duration / rate_scale,
+        rate_scale=rate_scale,
     )
 
 
