@@ -129,7 +129,7 @@ def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=
             block_size=block_size,
             window=window,
             skip_invalid=skip_invalid,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            progress=lambda done, total: bar.update(task, completed=done, total=total or None),
         )
     if report.skipped:
         detail = ", ".join(f"{count} {kind}" for kind, count in sorted(report.skipped.items()))
