@@ -213,7 +213,7 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
     document = results.to_dict()
     if fitted is not None:
         fitted.save(output / "hp.json")
-    results.write(output / results_file.FILE)
+    results_file.write(output / results_file.FILE, document)
     plots = plot_results(document, output)
     _warn_if_overloaded(results)
     if json_out:

@@ -21,7 +21,6 @@ from kvprof.cli.common import (
     positive,
     print_json,
 )
-from kvprof.errors import KvprofError
 from kvprof.profiler.classes import CLASS_KEYS, ClassRule
 
 BlockSizeOpt = Annotated[

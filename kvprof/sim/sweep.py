@@ -196,4 +196,3 @@ def _run_one(index: int, workload: Workload, hp, policy: str, capacity: int, con
 
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den and math.isfinite(num) and math.isfinite(den) else None
-

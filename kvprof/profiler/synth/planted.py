@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from kvprof.profiler.synth.generator import Plan, Sessions, check_hours, emit
