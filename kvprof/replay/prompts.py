@@ -53,7 +53,9 @@ def requests_of(trace: Trace) -> list[ReplayRequest]:
     types = trace.types
     out = []
     for i in range(trace.n_requests):
-        workload = {"type": types[i], "turn": int(trace.turn[i])} if trace.has_types else {}
+        workload = {}
+        if trace.has_types:  # an empty type is no type: the plugin's default class
+            workload = {"type": types[i], "turn": int(trace.turn[i])} if types[i] else {"turn": int(trace.turn[i])}
         out.append(ReplayRequest(chat_id=int(trace.chat_id[i]), arrival_s=float(trace.timestamp[i]) - start,
                                  hash_ids=trace.blocks_of(i), input_length=int(trace.input_length[i]),
                                  output_length=int(trace.output_length[i]), workload=workload))
