@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from kvprof.policy.arc import ARCPolicy
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.belady import BeladyPolicy
 from kvprof.policy.lfu import LFUPolicy
@@ -15,7 +16,9 @@ from kvprof.policy.wa_paper import PublishedWorkloadAwarePolicy
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
     cls.name: cls
-    for cls in (LRUPolicy, WorkloadAwarePolicy, PublishedWorkloadAwarePolicy, LFUPolicy, S3FIFOPolicy, BeladyPolicy)
+    for cls in (
+        LRUPolicy, WorkloadAwarePolicy, PublishedWorkloadAwarePolicy, LFUPolicy, S3FIFOPolicy, ARCPolicy, BeladyPolicy
+    )
 }
 
 
@@ -50,6 +53,7 @@ def make_policy(name: str, hp=None, **kwargs) -> EvictionPolicy:
 
 __all__ = [
     "POLICIES",
+    "ARCPolicy",
     "BeladyPolicy",
     "EvictionPolicy",
     "LFUPolicy",
