@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvprof.profiler.classes import SINGLE_CLASS, ClassRule, classify_trace, workload_class
+from kvprof.classes import SINGLE_CLASS, ClassRule, workload_class
+from kvprof.profiler.classes import classify_trace
 from tests.helpers import make_trace
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from kvprof.errors import HpFileError
 from kvprof.models.hp import DEFAULT_CLASS, PUBLISHED_HORIZON_S, SCHEMA, ClassParams, HpFile, load_hp
-from kvprof.profiler.classes import ClassRule, workload_class
+from kvprof.classes import ClassRule, workload_class
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from kvprof.policy import (
     WorkloadAwarePolicy,
     make_policy,
 )
-from kvprof.profiler.classes import ClassRule
+from kvprof.classes import ClassRule
 
 # Three classes plus the default (last): short, medium and long reuse gaps.
 P = [0.6, 0.4, 0.2, 0.3]

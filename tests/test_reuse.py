@@ -2,7 +2,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvprof.profiler.classes import ClassRule, classify_trace
+from kvprof.classes import ClassRule
+from kvprof.profiler.classes import classify_trace
 from kvprof.profiler.reuse import extract_reuse, ideal_hit_ratio, next_access
 from tests.helpers import make_trace
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from kvprof.policy import POLICIES, make_policy
-from kvprof.profiler.classes import ClassRule
+from kvprof.classes import ClassRule
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.synth import generate, write_jsonl

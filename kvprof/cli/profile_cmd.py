@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from kvprof.classes import CLASS_KEYS, ClassRule
 from kvprof.cli.common import (
     FormatOpt,
     SkipOpt,
@@ -21,7 +22,6 @@ from kvprof.cli.common import (
     positive,
     print_json,
 )
-from kvprof.profiler.classes import CLASS_KEYS, ClassRule
 
 BlockSizeOpt = Annotated[
     Optional[int], typer.Option("--block-size", min=1, help="Tokens per trace block (default: 16 Bailian, 512 Mooncake).")

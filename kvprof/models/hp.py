@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from kvprof.atomic import atomic_write_text
+from kvprof.classes import ClassRule
 from kvprof.errors import HpFileError
-from kvprof.profiler.classes import ClassRule
 
 SCHEMA = "kvprof.hp/1"
 
@@ -179,7 +179,7 @@ class HpFile:
     Attributes
     ----------
     classes : dict of str to ClassParams
-        Parameters per workload class name (as :func:`kvprof.profiler.classes.workload_class` names it).
+        Parameters per workload class name (as :func:`kvprof.classes.workload_class` names it).
     default : ClassParams
         Used for every class not in ``classes`` (workloads unseen when profiling).
     horizon : float

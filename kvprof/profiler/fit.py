@@ -13,11 +13,12 @@ import datetime as dt
 import numpy as np
 
 from kvprof import __version__
+from kvprof.classes import ClassRule
 from kvprof.errors import KvprofError
 from kvprof.models.exponential import fit_classes
 from kvprof.models.hp import REUSED_SUFFIX, HpFile
 from kvprof.models.sessions import session_stats
-from kvprof.profiler.classes import ClassRule, classify_trace
+from kvprof.profiler.classes import classify_trace
 from kvprof.profiler.reuse import extract_reuse
 from kvprof.profiler.trace import Trace
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvprof.profiler.classes import ClassRule, classify_trace
+from kvprof.classes import ClassRule
+from kvprof.profiler.classes import classify_trace
 from kvprof.profiler.reuse import extract_reuse, ideal_hit_ratio
 from kvprof.profiler.trace import Trace
 

@@ -16,7 +16,7 @@ The configuration::
 Requests name their workload in ``SamplingParams.extra_args`` (the OpenAI server fills it from
 ``vllm_xargs``): either ``{"workload": "text_2"}`` or the trace fields ``{"type": "text", "turn": 2}``
 (plus the keyed field when the hp file's class rule is ``field``), classified with the hp file's
-class rule by :func:`kvprof.profiler.classes.workload_class`, exactly as the profiler did.
+class rule by :func:`kvprof.classes.workload_class`, exactly as the profiler did.
 Untagged requests get the default class.
 """
 
@@ -165,7 +165,7 @@ class PolicySpec:
             return str(name)
         if self.hp is None:
             return None
-        from kvprof.profiler.classes import workload_class
+        from kvprof.classes import workload_class
 
         rule = self.hp.class_rule
         value = extra_args.get(rule.field) if rule.field else None
