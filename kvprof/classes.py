@@ -16,6 +16,9 @@ SINGLE_CLASS = "all"
 
 CLASS_KEYS = ("type_turn", "type", "field", "none")
 
+#: Largest turn cap: a trace's turns are int32, and the vectorised classifier takes the cap as one.
+MAX_TURN_CAP = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class ClassRule:
@@ -27,9 +30,9 @@ class ClassRule:
         ``type_turn`` gives ``text_1`` ... ``text_5+`` (turns capped at ``turn_cap``), ``type``
         gives ``text``, ``field`` uses the value of ``field``, ``none`` puts everything in one class.
     turn_cap : int
-        Turns at or above this are pooled as ``<type>_<cap>+``.
+        Turns at or above this are pooled as ``<type>_<cap>+``; from 1 to :data:`MAX_TURN_CAP`.
     field : str or None
-        Trace field to key on when ``key == "field"``.
+        Trace field to key on when ``key == "field"``: a non-empty name.
     """
 
     key: str = "type_turn"
@@ -39,10 +42,12 @@ class ClassRule:
     def __post_init__(self):
         if self.key not in CLASS_KEYS:
             raise ValueError(f"class key {self.key!r} is not one of {', '.join(CLASS_KEYS)}")
-        if self.turn_cap < 1:
-            raise ValueError(f"turn cap must be >= 1, got {self.turn_cap}")
+        if not 1 <= self.turn_cap <= MAX_TURN_CAP:
+            raise ValueError(f"turn cap must be from 1 to {MAX_TURN_CAP}, got {self.turn_cap}")
         if (self.key == "field") != (self.field is not None):
             raise ValueError("a field name is given exactly when the class key is 'field'")
+        if self.field == "":
+            raise ValueError("the class field's name is empty")
 
     def to_dict(self) -> dict:
         out = {"key": self.key, "turn_cap": self.turn_cap}

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvprof.classes import SINGLE_CLASS, ClassRule, workload_class
+from kvprof.classes import MAX_TURN_CAP, SINGLE_CLASS, ClassRule, workload_class
 from kvprof.profiler.classes import classify_trace
 from tests.helpers import make_trace
 
@@ -22,7 +22,8 @@ def test_other_keys_and_untyped_requests():
     assert workload_class(ClassRule(key="field", field="tenant"), value=7) == "7"
 
 
-@pytest.mark.parametrize("kwargs", [dict(key="bogus"), dict(turn_cap=0), dict(key="field"), dict(field="x")])
+@pytest.mark.parametrize("kwargs", [dict(key="bogus"), dict(turn_cap=0), dict(turn_cap=MAX_TURN_CAP + 1), dict(key="field"),
+                                    dict(field="x"), dict(key="field", field="")])
 def test_invalid_rules_are_refused(kwargs):
     with pytest.raises(ValueError):
         ClassRule(**kwargs)
@@ -53,3 +54,10 @@ def test_field_rule_uses_extra_column_and_reports_missing_field():
     trace.extra["tenant"] = np.array(["x", "y"], dtype=object)
     codes, names = classify_trace(trace, ClassRule(key="field", field="tenant"))
     assert [names[c] for c in codes] == ["x", "y"]
+
+
+def test_the_largest_turn_cap_classifies_a_trace():
+    """The published files' cap (no int32 turn reaches it) keeps every turn its own class."""
+    trace = make_trace([(0.0, "text", 1, [1]), (1.0, "text", 7, [2]), (2.0, "text", MAX_TURN_CAP, [3])])
+    codes, names = classify_trace(trace, ClassRule(turn_cap=MAX_TURN_CAP))
+    assert [names[c] for c in codes] == ["text_1", "text_7", f"text_{MAX_TURN_CAP}+"]

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from kvprof.classes import CLASS_KEYS, ClassRule
+from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule
 from kvprof.cli.common import (
     FormatOpt,
     SkipOpt,
@@ -31,7 +31,7 @@ ClassKeyOpt = Annotated[
     str, typer.Option("--class-key", help=f"Workload class rule: {', '.join(CLASS_KEYS)}.")
 ]
 TurnCapOpt = Annotated[
-    int, typer.Option("--turn-cap", min=1, max=2**31 - 1, help="Pool turns >= this into <type>_<cap>+.")
+    int, typer.Option("--turn-cap", min=1, max=MAX_TURN_CAP, help="Pool turns >= this into <type>_<cap>+.")
 ]
 ClassFieldOpt = Annotated[
     Optional[str], typer.Option("--class-field", help="Key classes on this trace field (implies --class-key field).")
