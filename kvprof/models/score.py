@@ -87,3 +87,48 @@ def reuse_probability(p, lam, age, horizon) -> np.ndarray:
     # p = 1 makes log_odds inf - inf = NaN at infinite age; the limit is certainty of reuse.
     still_reusable = np.where(p >= 1.0, 1.0, expit(log_odds))
     return still_reusable * _within_horizon(lam, horizon)
+
+
+def mixture_reuse_probability(p, weights, rates, age, horizon) -> np.ndarray:
+    """P(reused within ``horizon`` | idle for ``age``) under a cure fraction and a mixture of exponentials.
+
+    With survival ``S(t) = 1 - p + p sum_j w_j e^(-l_j t)`` the score is ``1 - S(a + H) / S(a)``:
+
+        p sum_j w_j e^(-l_j a) (1 - e^(-l_j H)) / (1 - p + p sum_j w_j e^(-l_j a))
+
+    ``S`` is a positive combination of exponentials, so ``log S`` is convex and the score is
+    non-increasing in ``a``: a block idle for longer is ever more likely to be a slow or a
+    never-reused one. One component is :func:`reuse_probability`.
+
+    Computed relative to the slowest component (``l_min``) as
+    ``N / (e^(-(logit p - l_min a)) + D)`` with ``D = sum_j w_j e^(-(l_j - l_min) a)`` and ``N``
+    the same sum weighted by ``1 - e^(-l_j H)``: no term overflows, ``p = 1`` needs no special
+    case (the first term is 0) and infinite ages give the limit.
+
+    Parameters
+    ----------
+    p : array_like of float, in [0, 1], shape (...)
+    weights : array_like of float, shape (..., k)
+        Component weights, each row summing to 1.
+    rates : array_like of float, >= 0, 1/s, shape (..., k)
+        Components of weight 0 are ignored (they pad rows with fewer components).
+    age : array_like of float, >= 0, s, shape (...)
+    horizon : array_like of float, > 0, s, shape (...)
+
+    Returns
+    -------
+    ndarray of float64, the broadcast shape of ``p``, ``age``, ``horizon`` and the rows
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    rates = np.asarray(rates, dtype=np.float64)
+    p, age, horizon = (np.asarray(v, dtype=np.float64)[..., None] for v in (p, age, horizon))
+    # Components of weight 0 pad rows with fewer components: they must not set the slowest rate.
+    slowest = np.where(weights > 0, rates, np.inf).min(axis=-1, keepdims=True)
+    slowest = np.where(np.isfinite(slowest), slowest, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        relative = np.exp(-_decay_exponent(rates - slowest, age))
+        surviving = np.where(weights > 0, weights * relative, 0.0)
+        within = (surviving * _within_horizon(rates, horizon)).sum(axis=-1)
+        log_odds = np.log(p) - np.log1p(-p) - _decay_exponent(slowest, age)
+        never = np.where(p >= 1.0, 0.0, np.exp(-log_odds))
+        return np.nan_to_num(within / (never[..., 0] + surviving.sum(axis=-1)), nan=0.0)
