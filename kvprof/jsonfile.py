@@ -4,12 +4,18 @@ JSON as Python reads it accepts things a kvprof file must not hold: ``NaN`` and 
 duplicate keys (the last silently wins), numbers that overflow to infinity, and nesting deep
 enough to exhaust the stack. :func:`read_json` refuses each with a located error;
 :class:`JsonChecks` checks the types and ranges of a decoded document's values.
+
+Locations (``where``) are JSON paths such as ``classes.text_1.p`` or ``runs[2].capacity``, or the
+line and column of a syntax error.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import reprlib
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -20,21 +26,16 @@ from kvprof.errors import JsonFileError
 INT64_MAX = 2**63 - 1
 
 
-class _Duplicate(ValueError):
-    pass
+def member(where: str | None, key: str) -> str:
+    """The location of ``key`` in the object at ``where`` (None: the document itself)."""
+    return f"{where}.{key}" if where else key
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Duplicate(f"the key {key!r} appears twice in one object")
-        out[key] = value
-    return out
+@dataclass(frozen=True)
+class _NotANumber:
+    """Stands where the decoder met ``NaN``, ``Infinity`` or ``-Infinity``, until it is located."""
 
-
-def _no_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not a JSON number")
+    token: str
 
 
 def read_json(path: str | Path, error: type[JsonFileError]) -> object:
@@ -43,7 +44,8 @@ def read_json(path: str | Path, error: type[JsonFileError]) -> object:
     Raises
     ------
     error
-        Not UTF-8, not JSON, ``NaN``/``Infinity``, a duplicate key, or nested too deeply.
+        Not UTF-8, not JSON (located by line and column), ``NaN``/``Infinity``, a duplicate key
+        (located by its JSON path), or nested too deeply.
     OSError
         The file cannot be read.
     """
@@ -52,14 +54,54 @@ def read_json(path: str | Path, error: type[JsonFileError]) -> object:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(str(path), f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    # The decoder does not say where it is, so what it cannot refuse itself is marked while
+    # decoding and located afterwards: objects that repeat a key, and non-numbers.
+    repeated: dict[int, str] = {}  # id of an object that repeats a key -> the first repeated key
+    not_numbers: list[str] = []
+
+    def to_dict(pairs: list[tuple[str, object]]) -> dict:
+        out = {}
+        for key, value in pairs:
+            if key in out:
+                repeated.setdefault(id(out), key)
+            out[key] = value
+        return out
+
+    def not_a_number(token: str) -> _NotANumber:
+        not_numbers.append(token)
+        return _NotANumber(token)
+
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except _Duplicate as exc:
-        raise error(str(path), str(exc)) from None
+        document = json.loads(text, object_pairs_hook=to_dict, parse_constant=not_a_number)
     except RecursionError:
         raise error(str(path), "nested too deeply to be a kvprof file") from None
-    except ValueError as exc:  # JSONDecodeError, NaN and Infinity
+    except json.JSONDecodeError as exc:
+        raise error(str(path), f"not valid JSON: {exc.msg}", f"line {exc.lineno}, column {exc.colno}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
         raise error(str(path), f"not valid JSON ({exc})") from None
+    if repeated or not_numbers:
+        for where, value in _values(document):
+            if type(value) is _NotANumber:
+                raise error(str(path), f"{value.token} is not a JSON number", where)
+            if type(value) is dict and id(value) in repeated:
+                key = repeated[id(value)]
+                raise error(str(path), f"the key {key!r} appears twice in one object", member(where, key))
+    return document
+
+
+def _values(document: object) -> Iterator[tuple[str | None, object]]:
+    """Every value of a decoded document and its location, in document order (an object before its members).
+
+    Iterative, so that it works at any depth the decoder accepted.
+    """
+    pending: list[tuple[object, str | None]] = [(document, None)]
+    while pending:
+        value, where = pending.pop()
+        yield where, value
+        if type(value) is dict:
+            pending.extend((child, member(where, key)) for key, child in reversed(value.items()))
+        elif type(value) is list:
+            pending.extend((value[i], f"{where or ''}[{i}]") for i in reversed(range(len(value))))
 
 
 @dataclass(frozen=True)
@@ -82,6 +124,15 @@ class JsonChecks:
             self.fail(where, f"must be an object, got {_describe(value)}")
         return value
 
+    def fields(self, value, where: str | None, *, required=(), optional=()) -> dict:
+        """``value`` if it is an object with every key of ``required`` and no keys but those and ``optional``."""
+        self.mapping(value, where)
+        self.known_keys(value, where, (*required, *optional))
+        for key in required:
+            if key not in value:
+                self.fail(member(where, key), "is missing (a required key)")
+        return value
+
     def sequence(self, value, where: str, *, empty: bool = True) -> list:
         if type(value) is not list:
             self.fail(where, f"must be a list, got {_describe(value)}")
@@ -92,6 +143,11 @@ class JsonChecks:
     def string(self, value, where: str) -> str:
         if type(value) is not str or not value:
             self.fail(where, f"must be a non-empty string, got {_describe(value)}")
+        return value
+
+    def one_of(self, value, where: str, options: tuple[str, ...]) -> str:
+        if type(value) is not str or value not in options:
+            self.fail(where, f"must be one of {', '.join(options)}, got {_describe(value)}")
         return value
 
     def boolean(self, value, where: str) -> bool:
@@ -110,19 +166,29 @@ class JsonChecks:
     def number(self, value, where: str, *, low: float = 0.0, high: float = math.inf, null: bool = False) -> float | None:
         if value is None and null:
             return None
-        if type(value) not in (int, float) or not (math.isfinite(value) and low <= value <= high):
-            bounds = f">= {low:g}" if high == math.inf else f"from {low:g} to {high:g}"
-            self.fail(where, f"must be a finite number {bounds}{' or null' if null else ''}, got {_describe(value)}")
+        # abs(x) <= the largest float: false for NaN and infinities, and true of an int only when
+        # float() can take it (10**400 overflows), compared exactly, without converting.
+        if type(value) not in (int, float) or not (abs(value) <= sys.float_info.max and low <= value <= high):
+            self.fail(where, f"must be a finite number{_bounds(low, high)}{' or null' if null else ''}, "
+                             f"got {_describe(value)}")
         return value
 
     def known_keys(self, value: dict, where: str | None, allowed) -> None:
+        """Refuse the first key of ``value`` (sorted) that is not in ``allowed``, at that key's location."""
         unknown = sorted(set(value) - set(allowed))
         if unknown:
-            self.fail(where, f"unknown key {unknown[0]!r} (known: {', '.join(allowed)})")
+            self.fail(member(where, unknown[0]), f"unknown key {unknown[0]!r} (known: {', '.join(allowed)})")
+
+
+def _bounds(low: float, high: float) -> str:
+    """`` from 0 to 1``, `` >= 0``, `` <= 1`` or nothing for no bounds."""
+    if low == -math.inf:
+        return "" if high == math.inf else f" <= {high:g}"
+    return f" >= {low:g}" if high == math.inf else f" from {low:g} to {high:g}"
 
 
 def _describe(value) -> str:
+    """Type and a bounded repr (deep, long or huge values are abbreviated)."""
     if value is None:
         return "null"
-    text = repr(value)
-    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+    return f"{type(value).__name__} {reprlib.repr(value)}"
