@@ -9,9 +9,11 @@ import math
 import numpy as np
 import pytest
 
+from kvprof.classes import MAX_TURN_CAP, ClassRule, workload_class
 from kvprof.errors import HpFileError
 from kvprof.models.hp import DEFAULT_CLASS, PUBLISHED_HORIZON_S, SCHEMA, ClassParams, HpFile, load_hp
-from kvprof.classes import ClassRule, workload_class
+from kvprof.models.sessions import session_stats
+from tests.helpers import invoke, make_trace
 
 
 @pytest.fixture
@@ -34,8 +36,8 @@ def hp():
         min_gap=0.3,
         block_size=16,
         provenance={"trace": "a.jsonl", "window": [0, 3600], "n_requests": np.int64(21600)},
-        sessions={"text": {"n_sessions": 10, "survival": [1.0, 0.5], "p_next_turn": [0.5, 0.0],
-                           "think_time_s": None}},
+        sessions={"text": {"n_requests": 15, "n_sessions": 10, "survival": [1.0, 0.5], "p_next_turn": [0.5, 0.0],
+                           "think_time_s": {"mean": 60.0, "median": 40.0, "p90": 150.0}}},
     )
 
 
@@ -101,33 +103,89 @@ def _delete(data, dotted):
     del data[last]
 
 
+HUGE = 10**400  # a JSON integer no float holds
+TEXT_SESSION = "sessions.text"
+
 # (case, edit of the valid file's dict, JSON location the error must name, words the message must contain)
 LOADER_ERRORS = [
     ("schema v2", lambda d: _set(d, "schema", "kvprof.hp/2"), "schema",
      "schema 'kvprof.hp/2' is not supported; this kvprof reads kvprof.hp/1"),
     ("schema missing", lambda d: _delete(d, "schema"), "schema", "missing"),
-    ("p NaN", lambda d: _set(d, "classes.text_1.p", math.nan), "classes.text_1.p", "finite"),
-    ("p above 1", lambda d: _set(d, "classes.text_1.p", 1.5), "classes.text_1.p", "in [0, 1]"),
+    ("schema a number", lambda d: _set(d, "schema", 1), "schema", "schema 1 is not supported"),
+    ("p NaN", lambda d: _set(d, "classes.text_1.p", math.nan), "classes.text_1.p", "NaN is not a JSON number"),
+    ("p above 1", lambda d: _set(d, "classes.text_1.p", 1.5), "classes.text_1.p", "from 0 to 1, got float 1.5"),
     ("lambda negative", lambda d: _set(d, "classes.text_2.lambda", -0.1), "classes.text_2.lambda", ">= 0"),
-    ("lambda infinite", lambda d: _set(d, "default.lambda", math.inf), "default.lambda", "finite"),
-    ("p a string", lambda d: _set(d, "classes.text_1.p", "0.4"), "classes.text_1.p", "expected a number"),
-    ("p a bool", lambda d: _set(d, "classes.text_1.p", True), "classes.text_1.p", "expected a number"),
+    ("lambda infinite", lambda d: _set(d, "default.lambda", math.inf), "default.lambda", "Infinity is not a JSON number"),
+    ("p a string", lambda d: _set(d, "classes.text_1.p", "0.4"), "classes.text_1.p", "must be a finite number"),
+    ("p a bool", lambda d: _set(d, "classes.text_1.p", True), "classes.text_1.p", "got bool True"),
     ("horizon zero", lambda d: _set(d, "horizon_s", 0), "horizon_s", "> 0"),
     ("horizon missing", lambda d: _delete(d, "horizon_s"), "horizon_s", "missing"),
     ("unknown top-level key", lambda d: _set(d, "horizon", 60.0), "horizon", "unknown key"),
     ("typo in a class", lambda d: _set(d, "classes.text_1.lamda", 0.1), "classes.text_1.lamda", "unknown key"),
     ("class lambda missing", lambda d: _delete(d, "classes.text_1.lambda"), "classes.text_1.lambda", "missing"),
-    ("bad source", lambda d: _set(d, "classes.text_1.source", "guess"), "classes.text_1.source", "not one of"),
-    ("naive p above 1", lambda d: _set(d, "classes.text_1.naive.p", 2.0), "classes.text_1.naive.p", "in [0, 1]"),
+    ("bad source", lambda d: _set(d, "classes.text_1.source", "guess"), "classes.text_1.source",
+     "must be one of fit, shrunk, pooled, published, got str 'guess'"),
+    ("naive p above 1", lambda d: _set(d, "classes.text_1.naive.p", 2.0), "classes.text_1.naive.p", "from 0 to 1"),
     ("negative count", lambda d: _set(d, "classes.text_1.diagnostics.n_reuses", -1),
-     "classes.text_1.diagnostics.n_reuses", ">= 0"),
-    ("ks NaN", lambda d: _set(d, "classes.text_1.diagnostics.ks", math.nan), "classes.text_1.diagnostics.ks", "finite"),
-    ("classes not an object", lambda d: _set(d, "classes", []), "classes", "expected an object"),
-    ("turn cap zero", lambda d: _set(d, "class_rule.turn_cap", 0), "class_rule.turn_cap", ">= 1"),
-    ("unknown class key", lambda d: _set(d, "class_rule.key", "model"), "class_rule", "not one of"),
-    ("block size zero", lambda d: _set(d, "block_size", 0), "block_size", ">= 1"),
+     "classes.text_1.diagnostics.n_reuses", "integer from 0 to"),
+    ("ks NaN", lambda d: _set(d, "classes.text_1.diagnostics.ks", math.nan), "classes.text_1.diagnostics.ks",
+     "NaN is not a JSON number"),
+    ("classes not an object", lambda d: _set(d, "classes", []), "classes", "must be an object, got list"),
+    ("turn cap zero", lambda d: _set(d, "class_rule.turn_cap", 0), "class_rule.turn_cap", "from 1 to"),
+    ("unknown class key", lambda d: _set(d, "class_rule.key", "model"), "class_rule.key", "must be one of type_turn"),
+    ("block size zero", lambda d: _set(d, "block_size", 0), "block_size", "from 1 to"),
     ("reserved class name", lambda d: _set(d, "classes.<default>", {"p": 0.1, "lambda": 0.1}),
      "classes.<default>", "not a usable class name"),
+    # issue 9, item 7: integers beyond floats (OverflowError before)
+    ("horizon 10**400", lambda d: _set(d, "horizon_s", HUGE), "horizon_s", "finite number"),
+    ("p 10**400", lambda d: _set(d, "classes.text_1.p", HUGE), "classes.text_1.p", "finite number from 0 to 1"),
+    ("lambda 10**400", lambda d: _set(d, "classes.text_2.lambda", HUGE), "classes.text_2.lambda", "finite number"),
+    ("default lambda -10**400", lambda d: _set(d, "default.lambda", -HUGE), "default.lambda", "finite number"),
+    ("naive lambda 10**400", lambda d: _set(d, "classes.text_1.naive.lambda", HUGE), "classes.text_1.naive.lambda",
+     "finite number"),
+    ("min gap 10**400", lambda d: _set(d, "min_gap_s", HUGE), "min_gap_s", "finite number"),
+    ("ks 10**400", lambda d: _set(d, "classes.text_1.diagnostics.ks", HUGE), "classes.text_1.diagnostics.ks",
+     "finite number"),
+    ("mean gap 10**400", lambda d: _set(d, "classes.text_1.diagnostics.mean_gap_s", HUGE),
+     "classes.text_1.diagnostics.mean_gap_s", "finite number"),
+    ("count beyond 64 bits", lambda d: _set(d, "classes.text_1.diagnostics.n_accesses", 2**64),
+     "classes.text_1.diagnostics.n_accesses", "integer from 0 to"),
+    ("block size 10**400", lambda d: _set(d, "block_size", HUGE), "block_size", "integer from 1 to"),
+    # issue 9, item 7: the class rule's turn cap (show passed it, compare crashed)
+    ("turn cap 2**31", lambda d: _set(d, "class_rule.turn_cap", 2**31), "class_rule.turn_cap",
+     f"integer from 1 to {MAX_TURN_CAP}, got int {2**31}"),
+    ("turn cap a float", lambda d: _set(d, "class_rule.turn_cap", 5.0), "class_rule.turn_cap", "got float 5.0"),
+    ("field without key field", lambda d: _set(d, "class_rule.field", "tenant"), "class_rule",
+     "a field name is given exactly when the class key is 'field'"),
+    ("empty field name", lambda d: _set(d, "class_rule", {"key": "field", "field": ""}), "class_rule.field",
+     "non-empty string"),
+    # issue 9, item 7: the sessions block, field by field as session_stats writes it (show crashed)
+    ("survival a number", lambda d: _set(d, f"{TEXT_SESSION}.survival", 5), f"{TEXT_SESSION}.survival",
+     "must be a list, got int 5"),
+    ("think time a list", lambda d: _set(d, f"{TEXT_SESSION}.think_time_s", [1, 2]), f"{TEXT_SESSION}.think_time_s",
+     "must be an object, got list [1, 2]"),
+    ("n_sessions a string", lambda d: _set(d, f"{TEXT_SESSION}.n_sessions", "many"), f"{TEXT_SESSION}.n_sessions",
+     "must be an integer from 0 to 9223372036854775807, got str 'many'"),
+    ("n_requests negative", lambda d: _set(d, f"{TEXT_SESSION}.n_requests", -1), f"{TEXT_SESSION}.n_requests",
+     "integer from 0 to"),
+    ("survival above 1", lambda d: _set(d, f"{TEXT_SESSION}.survival", [1.0, 1.5]), f"{TEXT_SESSION}.survival[1]",
+     "from 0 to 1"),
+    ("p_next_turn a string", lambda d: _set(d, f"{TEXT_SESSION}.p_next_turn", [0.5, "x"]),
+     f"{TEXT_SESSION}.p_next_turn[1]", "got str 'x'"),
+    ("p_next_turn shorter", lambda d: _set(d, f"{TEXT_SESSION}.p_next_turn", [0.5]), f"{TEXT_SESSION}.p_next_turn",
+     "one entry per turn of survival (2), got 1"),
+    ("more turns than reported", lambda d: _set(d, f"{TEXT_SESSION}.survival", [0.5] * 21),
+     f"{TEXT_SESSION}.survival", "at most 20 entries"),
+    ("think time missing p90", lambda d: _delete(d, f"{TEXT_SESSION}.think_time_s.p90"),
+     f"{TEXT_SESSION}.think_time_s.p90", "missing"),
+    ("think time 10**400", lambda d: _set(d, f"{TEXT_SESSION}.think_time_s.mean", HUGE),
+     f"{TEXT_SESSION}.think_time_s.mean", "finite number"),
+    ("session missing a key", lambda d: _delete(d, f"{TEXT_SESSION}.n_requests"), f"{TEXT_SESSION}.n_requests",
+     "missing"),
+    ("session typo", lambda d: _set(d, f"{TEXT_SESSION}.n_session", 3), f"{TEXT_SESSION}.n_session", "unknown key"),
+    ("session not an object", lambda d: _set(d, TEXT_SESSION, [1]), TEXT_SESSION, "must be an object"),
+    ("sessions not an object", lambda d: _set(d, "sessions", 5), "sessions", "must be an object"),
+    ("provenance not an object", lambda d: _set(d, "provenance", "a.jsonl"), "provenance", "must be an object"),
 ]
 
 
@@ -143,6 +201,76 @@ def test_loader_errors_name_the_file_and_the_json_location(hp, tmp_path, edit, w
     error = caught.value
     assert (error.path, error.where) == (str(path), where)
     assert str(path) in str(error) and where in str(error) and words in str(error)
+
+
+MINIMAL = {"schema": SCHEMA, "horizon_s": 60.0, "class_rule": {"key": "type_turn"},
+           "classes": {"text_1": {"p": 0.4, "lambda": 0.01}}, "default": {"p": 0.3, "lambda": 0.01}}
+SESSION = {"n_requests": 1, "n_sessions": 1, "survival": [1.0], "p_next_turn": [0.0], "think_time_s": None}
+
+#: Issue 9, item 7: each crashed `show` or `compare` (or was silently taken). Case -> (text, location of the error).
+CLI_CASES = {
+    "horizon 10**400": (json.dumps({**MINIMAL, "horizon_s": HUGE}), "horizon_s"),
+    "survival a number": (json.dumps({**MINIMAL, "sessions": {"text": {**SESSION, "survival": 5}}}),
+                          "sessions.text.survival"),
+    "think time a list": (json.dumps({**MINIMAL, "sessions": {"text": {**SESSION, "think_time_s": [1, 2]}}}),
+                          "sessions.text.think_time_s"),
+    "n_sessions a string": (json.dumps({**MINIMAL, "sessions": {"text": {**SESSION, "n_sessions": "many"}}}),
+                            "sessions.text.n_sessions"),
+    "turn cap 2**31": (json.dumps({**MINIMAL, "class_rule": {"key": "type_turn", "turn_cap": 2**31}}),
+                       "class_rule.turn_cap"),
+    "schema twice": (json.dumps(MINIMAL)[:-1] + ', "schema": "kvprof.hp/0"}', "schema"),
+}
+
+
+@pytest.mark.parametrize("case", CLI_CASES)
+def test_show_and_compare_refuse_item_7_files_with_exit_1(tmp_path, case):
+    text, where = CLI_CASES[case]
+    path = tmp_path / "hp.json"
+    path.write_text(text)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(
+        json.dumps({"chat_id": i, "parent_chat_id": -1, "timestamp": float(i), "input_length": 32,
+                    "output_length": 4, "type": "text", "turn": 1, "hash_ids": [i, i + 100]}) + "\n" for i in range(4)))
+    for result in (invoke("show", path),
+                   invoke("compare", trace, "--config", path, "--policies", "lru,wa", "--capacity", "4",
+                          "--eval-window", ":", "-j", "1", "-o", tmp_path / "out")):
+        assert result.exit_code == 1, result.output
+        assert isinstance(result.exception, SystemExit)  # no traceback
+        assert f"{path}, at {where}: " in " ".join(result.stderr.split())
+
+
+def test_duplicate_keys_are_refused_where_they_are(tmp_path, hp):
+    path = tmp_path / "hp.json"
+    text = json.dumps(hp.to_dict(), default=int)
+    for duplicated, where in (
+        (text[:-1] + ', "schema": "kvprof.hp/1"}', "schema"),  # even with the same value
+        (text.replace('"p": 0.41', '"p": 0.41, "p": 0.9'), "classes.text_1.p"),
+        (text.replace('"n_sessions": 10', '"n_sessions": 10, "n_sessions": 11'), "sessions.text.n_sessions"),
+    ):
+        path.write_text(duplicated)
+        with pytest.raises(HpFileError, match="appears twice") as caught:
+            load_hp(path)
+        assert caught.value.where == where
+
+
+@pytest.mark.parametrize("depth", [100_000, 10_000])
+def test_absurd_nesting_is_refused_not_a_recursion_error(tmp_path, depth):
+    path = tmp_path / "hp.json"
+    path.write_text('{"schema": "kvprof.hp/1", "provenance": {"x": ' + "[" * depth + "]" * depth + "}}")
+    with pytest.raises(HpFileError, match="nested too deeply") as caught:
+        load_hp(path)
+    assert caught.value.path == str(path)
+
+
+def test_what_session_stats_writes_loads(tmp_path, hp):
+    """Untyped traces (type ""), no parent pairs (think time null) and 1 ms of timestamp jitter (negative think time)."""
+    trace = make_trace([(0.0, "", 1, [1]), (1.0, "text", 1, [2], 1, -1), (0.9995, "text", 2, [2, 3], 2, 1),
+                        (3.0, "text", 1, [4], 3, -1)])
+    sessions = session_stats(trace)
+    assert sessions[""]["think_time_s"] is None and sessions["text"]["think_time_s"]["mean"] < 0
+    path = tmp_path / "hp.json"
+    HpFile(hp.classes, hp.default, hp.horizon, hp.class_rule, sessions=sessions).save(path)
+    assert load_hp(path).sessions == sessions
 
 
 def test_loader_reports_where_the_json_breaks(tmp_path):

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 
 import numpy as np
 
 from kvprof.atomic import atomic_write_text
-from kvprof.classes import ClassRule
+from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule
 from kvprof.errors import HpFileError
+from kvprof.jsonfile import JsonChecks, member, read_json
+from kvprof.models.sessions import MAX_TURNS
 
 SCHEMA = "kvprof.hp/1"
 
@@ -33,71 +35,14 @@ SOURCES = ("fit", "shrunk", "pooled", "published")
 #: Look-ahead the published policy hard-codes, seconds.
 PUBLISHED_HORIZON_S = 5.0
 #: The published classes are type x turn with no cap; a cap no int32 turn reaches keeps ``text_7`` as ``text_7``.
-PUBLISHED_TURN_CAP = 2**31 - 1
+PUBLISHED_TURN_CAP = MAX_TURN_CAP
 #: The published policy's rule for classes it has no entry for: lambda 0, p 1 (scores 0).
 PUBLISHED_DEFAULT_P, PUBLISHED_DEFAULT_LAMBDA = 1.0, 0.0
 
 _DIAGNOSTIC_COUNTS = ("n_accesses", "n_reuses", "n_censored")
 _DIAGNOSTIC_STATS = ("ks", "mean_gap_s", "median_gap_s")
-
-
-class _Invalid(Exception):
-    """A validation failure at a JSON location; the loader turns it into an HpFileError."""
-
-    def __init__(self, where: str | None, message: str):
-        super().__init__(message)
-        self.where = where
-        self.message = message
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _number(value, where: str, *, low: float = 0.0, high: float = math.inf) -> float:
-    """A finite JSON number in ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Invalid(where, f"expected a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value):
-        raise _Invalid(where, f"must be finite, got {value!r}")
-    if not low <= value <= high:
-        bound = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
-        raise _Invalid(where, f"must be {bound}, got {value!r}")
-    return float(value)
-
-
-def _integer(value, where: str, *, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _Invalid(where, f"expected an integer, got {type(value).__name__} {value!r}")
-    if value < low:
-        raise _Invalid(where, f"must be >= {low}, got {value}")
-    return value
-
-
-def _object(value, where: str, *, required=(), optional=()) -> dict:
-    """A JSON object with exactly the given keys (all required ones, any optional ones)."""
-    if not isinstance(value, dict):
-        raise _Invalid(where or "(top level)", f"expected an object, got {type(value).__name__}")
-    if required or optional:
-        unknown = sorted(set(value) - set(required) - set(optional))
-        if unknown:
-            allowed = ", ".join(sorted((*required, *optional)))
-            raise _Invalid(_join(where, unknown[0]), f"unknown key {unknown[0]!r} (allowed: {allowed})")
-        missing = [key for key in required if key not in value]
-        if missing:
-            raise _Invalid(_join(where, missing[0]), f"missing required key {missing[0]!r}")
-    return value
-
-
-def _class_name(name, where: str) -> str:
-    if not name or name == DEFAULT_CLASS:
-        raise _Invalid(_join(where, name), f"{name!r} is not a usable class name")
-    return name
-
-
-def _check_params(p, lam, where: str = "") -> None:
-    _number(p, _join(where, "p"), high=1.0)
-    _number(lam, _join(where, "lambda"))
+_SESSION_COUNTS = ("n_requests", "n_sessions")
+_THINK_TIME_STATS = ("mean", "median", "p90")
 
 
 @dataclass(frozen=True)
@@ -127,10 +72,10 @@ class ClassParams:
     diagnostics: dict | None = None
 
     def __post_init__(self):
-        try:
-            _check_params(self.p, self.lam)
-        except _Invalid as err:
-            raise ValueError(f"{err.where}: {err.message}") from None
+        if not 0.0 <= self.p <= 1.0:  # NaN fails too
+            raise ValueError(f"p must be in [0, 1], got {self.p!r}")
+        if not 0.0 <= self.lam < math.inf:
+            raise ValueError(f"lambda must be a finite number >= 0, got {self.lam!r}")
         if self.source not in SOURCES:
             raise ValueError(f"source {self.source!r} is not one of {', '.join(SOURCES)}")
 
@@ -141,28 +86,6 @@ class ClassParams:
         if self.diagnostics is not None:
             out["diagnostics"] = dict(self.diagnostics)
         return out
-
-    @classmethod
-    def _from_json(cls, data, where: str) -> ClassParams:
-        data = _object(data, where, required=("p", "lambda"), optional=("source", "naive", "diagnostics"))
-        _check_params(data["p"], data["lambda"], where)
-        source = data.get("source", "fit")
-        if source not in SOURCES:
-            raise _Invalid(_join(where, "source"), f"{source!r} is not one of {', '.join(SOURCES)}")
-        naive = data.get("naive")
-        if naive is not None:
-            _object(naive, _join(where, "naive"), required=("p", "lambda"))
-            _check_params(naive["p"], naive["lambda"], _join(where, "naive"))
-        diagnostics = data.get("diagnostics")
-        if diagnostics is not None:
-            diag_where = _join(where, "diagnostics")
-            _object(diagnostics, diag_where, required=_DIAGNOSTIC_COUNTS, optional=_DIAGNOSTIC_STATS)
-            for key in _DIAGNOSTIC_COUNTS:
-                _integer(diagnostics[key], _join(diag_where, key), low=0)
-            for key in _DIAGNOSTIC_STATS:
-                if diagnostics.get(key) is not None:
-                    _number(diagnostics[key], _join(diag_where, key))
-        return cls(float(data["p"]), float(data["lambda"]), source, naive, diagnostics)
 
 
 def _json_default(value):
@@ -259,89 +182,17 @@ class HpFile:
 
     @classmethod
     def from_dict(cls, data, path: str = "<dict>") -> HpFile:
-        """Validate and build from parsed JSON (either layout).
+        """Validate and build from decoded JSON (either layout).
 
         Raises
         ------
         kvprof.errors.HpFileError
             Naming ``path`` and the JSON location of the first problem found.
         """
-        try:
-            if isinstance(data, dict) and "schema" not in data and {"a", "p"} & set(data):
-                return cls._from_published(data)
-            return cls._from_schema(data)
-        except _Invalid as err:
-            raise HpFileError(str(path), err.message, where=err.where) from None
-
-    @classmethod
-    def _from_schema(cls, data) -> HpFile:
-        # The version is checked before the keys: a newer file's new keys are not typos.
-        data = _object(data, "")
-        if "schema" not in data:
-            raise _Invalid("schema", f"missing: this kvprof reads {SCHEMA} and the published {{\"a\": ..., \"p\": ...}} format")
-        if data["schema"] != SCHEMA:
-            raise _Invalid("schema", f"schema {data['schema']!r} is not supported; this kvprof reads {SCHEMA}")
-        _object(
-            data,
-            "",
-            required=("schema", "horizon_s", "class_rule", "classes", "default"),
-            optional=("provenance", "min_gap_s", "block_size", "sessions"),
-        )
-        horizon = _number(data["horizon_s"], "horizon_s")
-        if horizon <= 0:
-            raise _Invalid("horizon_s", f"must be > 0, got {horizon!r}")
-        block_size = data.get("block_size")
-        if block_size is not None:
-            _integer(block_size, "block_size", low=1)
-        rule = _object(data["class_rule"], "class_rule", required=("key",), optional=("turn_cap", "field"))
-        if "turn_cap" in rule:
-            _integer(rule["turn_cap"], "class_rule.turn_cap", low=1)
-        if not isinstance(rule.get("field", ""), str):
-            raise _Invalid("class_rule.field", f"expected a string, got {rule['field']!r}")
-        try:
-            class_rule = ClassRule.from_dict(rule)
-        except ValueError as err:
-            raise _Invalid("class_rule", str(err)) from None
-        classes = {
-            _class_name(name, "classes"): ClassParams._from_json(entry, _join("classes", name))
-            for name, entry in _object(data["classes"], "classes").items()
-        }
-        sessions = _object(data.get("sessions", {}), "sessions")
-        for type_name, entry in sessions.items():
-            _object(entry, _join("sessions", type_name))
-        return cls(
-            classes=classes,
-            default=ClassParams._from_json(data["default"], "default"),
-            horizon=horizon,
-            class_rule=class_rule,
-            min_gap=_number(data.get("min_gap_s", 0.3), "min_gap_s"),
-            block_size=block_size,
-            provenance=_object(data.get("provenance", {}), "provenance"),
-            sessions=sessions,
-        )
-
-    @classmethod
-    def _from_published(cls, data: dict) -> HpFile:
-        """The published profiler's ``{"a": {class: lambda}, "p": {class: p}}``, taken as it is."""
-        data = _object(data, "", required=("a", "p"))
-        rates, probabilities = _object(data["a"], "a"), _object(data["p"], "p")
-        for name in sorted(set(rates) ^ set(probabilities)):
-            present, absent = ("a", "p") if name in rates else ("p", "a")
-            raise _Invalid(_join(absent, name), f"class {name!r} is in {present!r} but not in {absent!r}")
-        classes = {}
-        for name in rates:
-            _class_name(name, "a")
-            classes[name] = ClassParams(
-                p=_number(probabilities[name], _join("p", name), high=1.0),
-                lam=_number(rates[name], _join("a", name)),
-                source="published",
-            )
-        return cls(
-            classes=classes,
-            default=ClassParams(PUBLISHED_DEFAULT_P, PUBLISHED_DEFAULT_LAMBDA, source="published"),
-            horizon=PUBLISHED_HORIZON_S,
-            class_rule=ClassRule(key="type_turn", turn_cap=PUBLISHED_TURN_CAP),
-        )
+        checks = JsonChecks(str(path), HpFileError)
+        if type(data) is dict and "schema" not in data and {"a", "p"} & set(data):
+            return _read_published(checks, data)
+        return _read_v1(checks, data)
 
     def save(self, path) -> None:
         """Write the JSON atomically: a temporary file in the same directory, then ``os.replace``.
@@ -359,15 +210,163 @@ def load_hp(path) -> HpFile:
     Raises
     ------
     kvprof.errors.HpFileError
-        The file cannot be read, is not JSON, or fails validation; the message names the file
-        and the JSON location (``classes.text_1.p``) or the line and column of a syntax error.
+        The file cannot be read, is not strict JSON (:func:`kvprof.jsonfile.read_json`: also a
+        duplicate key or absurd nesting), or fails validation; the message names the file and
+        the JSON location (``classes.text_1.p``) or the line and column of a syntax error.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
+        data = read_json(path, HpFileError)
+    except OSError as err:
         raise HpFileError(str(path), f"cannot read the file: {err}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise HpFileError(str(path), f"not valid JSON: {err.msg}", where=f"line {err.lineno}, column {err.colno}") from None
     return HpFile.from_dict(data, path=str(path))
+
+
+# --- reading a document: one function per block, each given the checks and the block's location ---
+
+
+def _read_v1(checks: JsonChecks, data) -> HpFile:
+    """A ``kvprof.hp/1`` document."""
+    _check_schema(checks, data)  # before the keys: a newer file's new keys are not typos
+    checks.fields(data, None, required=("schema", "horizon_s", "class_rule", "classes", "default"),
+                  optional=("provenance", "min_gap_s", "block_size", "sessions"))
+    horizon = float(checks.number(data["horizon_s"], "horizon_s"))
+    if horizon == 0:
+        checks.fail("horizon_s", "must be > 0, got 0")
+    return HpFile(
+        classes=_read_classes(checks, data["classes"], "classes"),
+        default=_read_class_params(checks, data["default"], "default"),
+        horizon=horizon,
+        class_rule=_read_class_rule(checks, data["class_rule"], "class_rule"),
+        min_gap=float(checks.number(data.get("min_gap_s", HpFile.min_gap), "min_gap_s")),
+        block_size=checks.integer(data.get("block_size"), "block_size", low=1, null=True),
+        provenance=checks.mapping(data.get("provenance", {}), "provenance"),
+        sessions=_read_sessions(checks, data.get("sessions", {}), "sessions"),
+    )
+
+
+def _check_schema(checks: JsonChecks, data) -> None:
+    """Refuse anything but an object whose ``schema`` is :data:`SCHEMA`."""
+    checks.mapping(data, None)
+    if "schema" not in data:
+        checks.fail("schema", f'is missing: this kvprof reads {SCHEMA} and the published {{"a": ..., "p": ...}} format')
+    if data["schema"] != SCHEMA:
+        checks.fail("schema", f"schema {reprlib.repr(data['schema'])} is not supported; this kvprof reads {SCHEMA}")
+
+
+def _read_classes(checks: JsonChecks, data, where: str) -> dict[str, ClassParams]:
+    """Class name -> entry; the names are usable as classes."""
+    return {
+        _class_name(checks, name, where): _read_class_params(checks, entry, member(where, name))
+        for name, entry in checks.mapping(data, where).items()
+    }
+
+
+def _class_name(checks: JsonChecks, name: str, where: str) -> str:
+    """``name``, a key of the object at ``where``, unless it is empty or the default's name."""
+    if not name or name == DEFAULT_CLASS:
+        checks.fail(member(where, name), f"{name!r} is not a usable class name")
+    return name
+
+
+def _read_class_params(checks: JsonChecks, data, where: str) -> ClassParams:
+    """A class entry: ``p``, ``lambda`` and optionally ``source``, ``naive``, ``diagnostics``."""
+    checks.fields(data, where, required=("p", "lambda"), optional=("source", "naive", "diagnostics"))
+    p, lam = _read_p_and_lambda(checks, data, where)
+    source = checks.one_of(data.get("source", "fit"), member(where, "source"), SOURCES)
+    naive = data.get("naive")
+    if naive is not None:
+        _read_p_and_lambda(checks, checks.fields(naive, member(where, "naive"), required=("p", "lambda")),
+                           member(where, "naive"))
+    diagnostics = data.get("diagnostics")
+    if diagnostics is not None:
+        _check_diagnostics(checks, diagnostics, member(where, "diagnostics"))
+    return ClassParams(p, lam, source, naive, diagnostics)
+
+
+def _read_p_and_lambda(checks: JsonChecks, data: dict, where: str) -> tuple[float, float]:
+    """``p`` in [0, 1] and ``lambda`` >= 0 of an object that has both keys."""
+    return (float(checks.number(data["p"], member(where, "p"), high=1.0)),
+            float(checks.number(data["lambda"], member(where, "lambda"))))
+
+
+def _check_diagnostics(checks: JsonChecks, data, where: str) -> None:
+    """Counts are integers >= 0; the statistics numbers >= 0 or null."""
+    checks.fields(data, where, required=_DIAGNOSTIC_COUNTS, optional=_DIAGNOSTIC_STATS)
+    for key in _DIAGNOSTIC_COUNTS:
+        checks.integer(data[key], member(where, key))
+    for key in _DIAGNOSTIC_STATS:
+        checks.number(data.get(key), member(where, key), null=True)
+
+
+def _read_class_rule(checks: JsonChecks, data, where: str) -> ClassRule:
+    """``key``, and ``turn_cap`` (1 to :data:`~kvprof.classes.MAX_TURN_CAP`) and ``field`` where given."""
+    checks.fields(data, where, required=("key",), optional=("turn_cap", "field"))
+    checks.one_of(data["key"], member(where, "key"), CLASS_KEYS)
+    if "turn_cap" in data:
+        checks.integer(data["turn_cap"], member(where, "turn_cap"), low=1, high=MAX_TURN_CAP)
+    if "field" in data:
+        checks.string(data["field"], member(where, "field"))
+    try:
+        return ClassRule.from_dict(data)
+    except ValueError as err:  # a field without key "field", or key "field" without one
+        checks.fail(where, str(err))
+
+
+def _read_sessions(checks: JsonChecks, data, where: str) -> dict:
+    """Request type -> :func:`kvprof.models.sessions.session_stats` entry, as that function writes it."""
+    for type_name, entry in checks.mapping(data, where).items():
+        _check_session(checks, entry, member(where, type_name))
+    return data
+
+
+def _check_session(checks: JsonChecks, data, where: str) -> None:
+    """Counts; ``survival`` and ``p_next_turn``, probabilities per turn; ``think_time_s`` or null."""
+    checks.fields(data, where, required=(*_SESSION_COUNTS, "survival", "p_next_turn", "think_time_s"))
+    for key in _SESSION_COUNTS:
+        checks.integer(data[key], member(where, key))
+    survival = _check_turn_probabilities(checks, data["survival"], member(where, "survival"))
+    p_next_turn = _check_turn_probabilities(checks, data["p_next_turn"], member(where, "p_next_turn"))
+    if len(p_next_turn) != len(survival):
+        checks.fail(member(where, "p_next_turn"),
+                    f"must have one entry per turn of survival ({len(survival)}), got {len(p_next_turn)}")
+    think_time = data["think_time_s"]
+    if think_time is not None:
+        think_where = member(where, "think_time_s")
+        checks.fields(think_time, think_where, required=_THINK_TIME_STATS)
+        for key in _THINK_TIME_STATS:  # jitter in a trace's timestamps can make them slightly negative
+            checks.number(think_time[key], member(think_where, key), low=-math.inf)
+
+
+def _check_turn_probabilities(checks: JsonChecks, data, where: str) -> list:
+    """A list of at most :data:`~kvprof.models.sessions.MAX_TURNS` probabilities."""
+    checks.sequence(data, where)
+    if len(data) > MAX_TURNS:
+        checks.fail(where, f"must have at most {MAX_TURNS} entries (turns), got {len(data)}")
+    for index, value in enumerate(data):
+        checks.number(value, f"{where}[{index}]", high=1.0)
+    return data
+
+
+def _read_published(checks: JsonChecks, data: dict) -> HpFile:
+    """The published profiler's ``{"a": {class: lambda}, "p": {class: p}}``, taken as it is."""
+    checks.fields(data, None, required=("a", "p"))
+    rates, probabilities = checks.mapping(data["a"], "a"), checks.mapping(data["p"], "p")
+    unpaired = sorted(set(rates) ^ set(probabilities))
+    if unpaired:
+        name = unpaired[0]
+        present, absent = ("a", "p") if name in rates else ("p", "a")
+        checks.fail(member(absent, name), f"class {name!r} is in {present!r} but not in {absent!r}")
+    classes = {
+        _class_name(checks, name, "a"): ClassParams(
+            p=float(checks.number(probabilities[name], member("p", name), high=1.0)),
+            lam=float(checks.number(rate, member("a", name))),
+            source="published",
+        )
+        for name, rate in rates.items()
+    }
+    return HpFile(
+        classes=classes,
+        default=ClassParams(PUBLISHED_DEFAULT_P, PUBLISHED_DEFAULT_LAMBDA, source="published"),
+        horizon=PUBLISHED_HORIZON_S,
+        class_rule=ClassRule(key="type_turn", turn_cap=PUBLISHED_TURN_CAP),
+    )
