@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from kvprof.models.hp import load_hp
 from kvprof.classes import ClassRule
+from kvprof.models.hp import load_hp
 from kvprof.profiler.synth import generate, write_jsonl
 from tests.helpers import invoke, one_line
 
