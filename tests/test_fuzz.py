@@ -6,18 +6,24 @@ them locally with ``--hypothesis-seed`` and a profile if a loader changes.
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvprof import results
-from kvprof.errors import ResultsFileError, TraceError
+from kvprof.classes import MAX_TURN_CAP
+from kvprof.errors import HpFileError, ResultsFileError, TraceError
+from kvprof.models.hp import load_hp
+from kvprof.profiler.classes import classify_trace
 from kvprof.profiler.reader import read_trace
+from tests.helpers import invoke, make_trace
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -119,3 +125,104 @@ def test_results_loader_on_a_valid_document_with_one_value_replaced(place, key, 
     target = {"top": document, "config": document["config"], "run": document["runs"][0]}[place]
     target[key] = value
     _load_results(json.dumps(document).encode())
+
+
+# --- the hp loader --------------------------------------------------------------------------------
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _trimmed(document: dict, classes: tuple[str, ...], sessions: tuple[str, ...] = ()) -> dict:
+    """``document`` with only some of its classes and sessions: fewer places to mutate, faster shows."""
+    if "schema" not in document:
+        return {key: {name: document[key][name] for name in classes} for key in ("a", "p")}
+    return {**document, "classes": {name: document["classes"][name] for name in classes},
+            "sessions": {name: document["sessions"][name] for name in sessions}}
+
+
+#: Valid documents to mutate: a fitted file and a published-format one (configs/README.md).
+HP_DOCUMENTS = (
+    _trimmed(json.loads((CONFIGS / "bailian-a-hp.json").read_text()), ("text_1", "text_1@reused", "text_5+"),
+             ("text", "image")),
+    _trimmed(json.loads((CONFIGS / "bailian-a-published-format.json").read_text()), ("text_1", "text_2", "file_5+")),
+)
+
+#: Values a hand-edited or hostile file may hold where a number, count or turn cap goes.
+EDGE_VALUES = st.sampled_from([10**400, -(10**400), 2**31 - 1, 2**31, 2**63, 2**64, -1, 0, 1, 0.5, 1.5, -0.0, 1e308,
+                               True, None, "", "many", [], [1, 2], {}])
+
+
+def _places(value, path: tuple = ()) -> list[tuple]:
+    """The path (keys and indexes) of ``value`` and of every value inside it."""
+    if type(value) is dict:
+        return [path, *(p for key, child in value.items() for p in _places(child, (*path, key)))]
+    if type(value) is list:
+        return [path, *(p for index, child in enumerate(value) for p in _places(child, (*path, index)))]
+    return [path]
+
+
+HP_PLACES = tuple(_places(document) for document in HP_DOCUMENTS)
+#: A key no document holds; renamed in the text to repeat an existing key.
+REPEAT = "\x00repeat"
+
+
+def _mutated(document: dict, place: tuple, action: str, value) -> bytes:
+    """The text of ``document`` with the value at ``place`` replaced, deleted, given a new member, or its key repeated."""
+    document = copy.deepcopy(document)
+    if not place:
+        return json.dumps(value if action == "replace" else document).encode()
+    parent = document
+    for step in place[:-1]:
+        parent = parent[step]
+    last = place[-1]
+    if action == "replace":
+        parent[last] = value
+    elif action == "delete":
+        del parent[last]
+    elif action == "add" and type(parent[last]) is dict:
+        parent[last]["extra"] = value
+    elif action == "add" and type(parent[last]) is list:
+        parent[last].append(value)
+    elif action == "repeat" and type(parent) is dict:
+        parent[REPEAT] = value
+        return json.dumps(document).replace(json.dumps(REPEAT), json.dumps(last), 1).encode()
+    return json.dumps(document).encode()
+
+
+def _load_hp(data: bytes):
+    """Load ``data`` as an hp file; an HpFileError is an answer. What loads shows, saves and reads back the same, and classifies."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "hp.json"
+        path.write_bytes(data)
+        try:
+            hp = load_hp(path)
+        except HpFileError as err:
+            assert str(err).startswith(str(path))
+            return
+        shown = invoke("show", path)
+        assert shown.exit_code == 0, shown.output
+        assert len(hp.table()[0]) == len(hp.reused_rows()) == len(hp.classes) + 1
+        saved = Path(tmp) / "saved.json"
+        hp.save(saved)
+        assert load_hp(saved) == hp
+        trace = make_trace([(0.0, "text", 1, [1]), (1.0, "text", 9, [2]), (2.0, "image", MAX_TURN_CAP, [3])])
+        if hp.class_rule.field is not None:
+            trace.extra[hp.class_rule.field] = np.array(["x", "y", "x"], dtype=object)
+        classify_trace(trace, hp.class_rule)
+
+
+@FUZZ
+@given(data=st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()))
+def test_hp_loader_on_arbitrary_bytes_and_json(data):
+    _load_hp(data)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_hp_loader_on_valid_documents_mutated(data):
+    """One place of a valid file replaced by any JSON value or an edge value, deleted, extended or its key repeated."""
+    which = data.draw(st.sampled_from(range(len(HP_DOCUMENTS))), label="document")
+    place = data.draw(st.sampled_from(HP_PLACES[which]), label="place")
+    action = data.draw(st.sampled_from(["replace", "delete", "add", "repeat"]), label="action")
+    value = data.draw(EDGE_VALUES | json_values, label="value")
+    _load_hp(_mutated(HP_DOCUMENTS[which], place, action, value))
