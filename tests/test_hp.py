@@ -210,6 +210,7 @@ SESSION = {"n_requests": 1, "n_sessions": 1, "survival": [1.0], "p_next_turn": [
 #: Issue 9, item 7: each crashed `show` or `compare` (or was silently taken). Case -> (text, location of the error).
 CLI_CASES = {
     "horizon 10**400": (json.dumps({**MINIMAL, "horizon_s": HUGE}), "horizon_s"),
+    "horizon 1e400": (json.dumps(MINIMAL).replace("60.0", "1e400"), "horizon_s"),
     "survival a number": (json.dumps({**MINIMAL, "sessions": {"text": {**SESSION, "survival": 5}}}),
                           "sessions.text.survival"),
     "think time a list": (json.dumps({**MINIMAL, "sessions": {"text": {**SESSION, "think_time_s": [1, 2]}}}),
