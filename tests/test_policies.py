@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kvprof.models.hp import ClassParams, HpFile
 from kvprof.models.score import published_score, reuse_probability
+from kvprof.policy.orders import N_TIERS, ModelOrder
 from kvprof.policy import classed
 from kvprof.policy import (
     POLICIES,
@@ -30,12 +31,24 @@ from kvprof.classes import ClassRule
 # Three classes plus the default (last): short, medium and long reuse gaps.
 P = [0.6, 0.4, 0.2, 0.3]
 LAM = [0.5, 0.05, 0.01, 0.02]
+WA_ORDERS = ("s3fifo", "model", "lru", "frequency", "strict-frequency")  # the followed structure leads
+
+
+def wa_policy(p, lam, horizon=30.0, tiers=N_TIERS, **kwargs):
+    """``wa`` with one cure exponential per cell for every tier; the model order alone unless told."""
+    p, lam = np.asarray(p, dtype=float), np.asarray(lam, dtype=float)
+    kwargs = {"orders": ("model",), "safety_net": False, **kwargs}
+    return WorkloadAwarePolicy(np.repeat(p[:, None], tiers, 1), np.ones((p.size, tiers, 1)),
+                               np.repeat(lam[:, None, None], tiers, 1), horizon, **kwargs)
 
 
 def build(name: str):
-    """A fresh policy of each kind, wa and wa-paper over the four classes above."""
+    """A fresh policy of each kind, wa and wa-paper over the four classes above; "wa+shadows" is
+    ``wa`` with every candidate order and its safety net."""
     if name == "wa":
-        return WorkloadAwarePolicy(P, LAM, horizon=30.0)
+        return wa_policy(P, LAM)
+    if name == "wa+shadows":
+        return wa_policy(P, LAM, orders=WA_ORDERS, safety_net=True)
     if name == "wa-paper":
         return PublishedWorkloadAwarePolicy(P, LAM)
     return POLICIES[name]()
@@ -369,7 +382,7 @@ def check_eviction_order(name: str, pool: PolicyPool, now: float):
         assert all(a <= b + 1e-12 for a, b in zip(keys, keys[1:])), keys
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("name", [*sorted(POLICIES), "wa+shadows"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS, num_blocks=st.integers(4, 24))
 def test_policy_keeps_the_protocol(name, ops, num_blocks, bulk):
@@ -392,8 +405,8 @@ def test_policy_keeps_the_protocol(name, ops, num_blocks, bulk):
 
 @settings(max_examples=60, deadline=None)
 @given(ops=OPS, num_blocks=st.integers(4, 24))
-def test_wa_with_one_class_is_lru(ops, num_blocks):
-    lru, wa = PolicyPool(num_blocks, LRUPolicy()), PolicyPool(num_blocks, WorkloadAwarePolicy([0.4], [0.05], 30.0))
+def test_wa_with_one_cell_and_one_tier_is_lru(ops, num_blocks):
+    lru, wa = PolicyPool(num_blocks, LRUPolicy()), PolicyPool(num_blocks, wa_policy([0.4], [0.05], tiers=1))
     scenario = Scenario([lru, wa], n_classes=1)
     for op in ops:
         scenario.step(*op)  # asserts that both pools hand out the same blocks
@@ -411,6 +424,11 @@ def freed(policy, now, *blocks):
     policy.free([block for block, _, _ in blocks], now)
 
 
+def row(cell: int, tier: int = 0) -> int:
+    """The list (row) of a block of ``cell`` in reuse ``tier``."""
+    return cell * N_TIERS + tier
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     p=st.sampled_from([0.0, 1e-9, 0.3, 0.999, 1.0]) | st.floats(0, 1),
@@ -418,33 +436,33 @@ def freed(policy, now, *blocks):
     age=st.sampled_from([0.0, 1e4, 1e9]) | st.floats(0, 1e6),
 )
 def test_scalar_scores_equal_the_vectorised_models(p, lam, age):
-    wa = WorkloadAwarePolicy([p], [lam], horizon=30.0)
+    model = wa_policy([p], [lam])._order
     paper = PublishedWorkloadAwarePolicy([p], [lam])
-    assert wa.score(0, age) == pytest.approx(float(reuse_probability(p, lam, age, 30.0)), rel=1e-12, abs=1e-300)
+    assert model.score(0, age) == pytest.approx(float(reuse_probability(p, lam, age, 30.0)), rel=1e-9, abs=1e-300)
     assert paper.score(0, age) == pytest.approx(float(published_score(p, lam, age, 5.0)), rel=1e-12, abs=1e-300)
     assert paper.score(0, math.inf) == float(published_score(p, lam, math.inf, 5.0)) == 0.0
 
 
-def test_wa_evicts_the_class_with_the_lower_score_not_the_older_block():
-    wa = WorkloadAwarePolicy([0.9, 0.1, 0.3], [0.01, 0.01, 0.01], horizon=30.0)
-    freed(wa, 0.0, (1, 0, 0))  # older, but its class is usually reused
+def test_wa_evicts_the_cell_with_the_lower_score_not_the_older_block():
+    wa = wa_policy([0.9, 0.1, 0.3], [0.01, 0.01, 0.01])
+    freed(wa, 0.0, (1, 0, 0))  # older, but its cell is usually reused
     freed(wa, 10.0, (2, 1, 0))
-    assert wa.score(1, 0.0) < wa.score(0, 10.0)
+    assert wa._order.score(row(1), 0.0) < wa._order.score(row(0), 10.0)
     assert wa.order(10.0) == [2, 1]
     lru = LRUPolicy()
     lru.free([1, 2], 0.0)
     assert lru.order(10.0) == [1, 2]
 
 
-def test_wa_ties_go_to_the_deeper_block_then_the_older_access_then_the_lower_class():
-    wa = WorkloadAwarePolicy([0.5, 0.5, 0.5], [0.1, 0.1, 0.1], horizon=30.0)
+def test_wa_ties_go_to_the_deeper_block_then_the_older_access_then_the_lower_row():
+    wa = wa_policy([0.5, 0.5, 0.5], [0.1, 0.1, 0.1])
     freed(wa, 0.0, (1, 0, 2), (2, 1, 5))
-    assert wa.order(0.0) == [2, 1]  # same score: depth 5 beats class index 0
-    never = WorkloadAwarePolicy([0.5, 0.5, 0.5], [0.0, 0.0, 0.0], horizon=30.0)  # lam 0: every score is 0
+    assert wa.order(0.0) == [2, 1]  # same score: depth 5 beats cell 0
+    never = wa_policy([0.5, 0.5, 0.5], [0.0, 0.0, 0.0])  # lam 0: every score is 0
     freed(never, 1.0, (1, 0, 3))
     freed(never, 0.0, (2, 1, 3))
     freed(never, 1.0, (3, 2, 3))
-    assert never.order(1.0) == [2, 1, 3]  # older access first, then class 0 before class 2
+    assert never.order(1.0) == [2, 1, 3]  # older access first, then cell 0 before cell 2
 
 
 def test_wa_ages_blocks_from_their_free_while_wa_paper_scores_never_hit_blocks_zero():
@@ -457,13 +475,13 @@ def test_wa_ages_blocks_from_their_free_while_wa_paper_scores_never_hit_blocks_z
         return policy.order(100.0)
 
     p, lam = [0.5, 0.5, 0.5], [0.1, 0.1, 0.1]
-    assert run(WorkloadAwarePolicy(p, lam, 30.0)) == [1, 2]  # 1 is idle since 60, 2 since 100
+    assert run(wa_policy(p, lam)) == [1, 2]  # 1 is idle since 60, 2 since 100
     paper = PublishedWorkloadAwarePolicy(p, lam)
     assert run(paper) == [2, 1]
     assert paper.score(1, 100.0 - paper._stamp[2]) == 0.0  # the stale stamp
 
 
-def test_wa_moves_a_block_to_its_last_toucher_class_wa_paper_keeps_the_allocator():
+def test_wa_moves_a_block_to_its_last_toucher_cell_wa_paper_keeps_the_allocator():
     def run(policy):
         policy.access(1, 10.0, 0, 0)  # allocated by class 0 (reused soon, p 0.6)
         policy.access(1, 10.0, 2, 0, hit=True)  # hit by class 2 (rarely reused, p 0.2)
@@ -472,7 +490,7 @@ def test_wa_moves_a_block_to_its_last_toucher_class_wa_paper_keeps_the_allocator
         policy.free([2, 1], 10.0)
         return policy.order(10.0)
 
-    assert run(build("wa")) == [1, 2]  # 1 scores as class 2, the lowest
+    assert run(build("wa")) == [1, 2]  # 1 scores as cell 2, the lowest
     assert run(build("wa-paper")) == [2, 1]  # 1 still scores as class 0, the highest
 
 
@@ -480,22 +498,52 @@ def test_wa_paper_ties_go_to_the_first_queue_not_the_deeper_block():
     paper = build("wa-paper")
     freed(paper, 0.0, (1, 2, 9), (2, 0, 1))  # never hit: both score 0
     assert paper.order(0.0) == [2, 1]
-    wa = WorkloadAwarePolicy([0.5] * 4, [0.1] * 4, horizon=30.0)
+    wa = wa_policy([0.5] * 4, [0.1] * 4)
     freed(wa, 0.0, (1, 2, 9), (2, 0, 1))  # equal scores: the deeper block goes first
     assert wa.order(0.0) == [1, 2]
 
 
 def test_wa_evict_n_scores_each_head_once(monkeypatch):
     """A batched eviction scores each block once, when it becomes its list's head."""
-    wa = WorkloadAwarePolicy(np.linspace(0.1, 0.9, 20), np.full(20, 0.05), horizon=30.0)
+    wa = wa_policy(np.linspace(0.1, 0.9, 20), np.full(20, 0.05))
     for t in range(100):
         freed(wa, float(t), *[(t * 20 + c, c, 0) for c in range(20)])
     calls = []
-    score = wa.score
-    monkeypatch.setattr(wa, "score", lambda c, age: calls.append(c) or score(c, age))
+    score = wa._order.score
+    monkeypatch.setattr(wa._order, "score", lambda r, age: calls.append(r) or score(r, age))
     victims = wa.evict_n(1000, 200.0)
     assert len(victims) == len(set(victims)) == 1000 and len(wa) == 1000
     assert len(calls) == 20 + 999  # the 20 first heads, then the head after each victim but the last
+
+
+def test_hits_move_a_block_up_the_reuse_tiers_and_a_recomputed_content_keeps_its_count():
+    # Cell 0: fresh blocks rarely reused, blocks hit before almost surely (tiers 1 and up).
+    p = np.array([[0.1, 0.99, 0.99, 0.99], [0.5, 0.5, 0.5, 0.5]])
+    wa = WorkloadAwarePolicy(p, np.ones((2, N_TIERS, 1)), np.full((2, N_TIERS, 1), 0.01), 10.0,
+                             orders=("model",), safety_net=False)
+    wa.access(7, 0.0, workload=0, content="a")  # fresh block of cell 0
+    wa.access(8, 0.0, workload=0, content="b")
+    wa.access(8, 0.5, workload=0, hit=True)  # hit: tier 1
+    wa.free([8, 7], 1.0)
+    assert wa._class[7] == row(0, 0) and wa._class[8] == row(0, 1)
+    assert wa.evict_n(2, 1.0) == [7, 8]
+    wa.access(3, 2.0, workload=0, content="b")  # b's content comes back: one more than its hit count
+    assert wa._hits[3] == 2 and wa._class[3] == row(0, 2)
+
+
+def test_frequency_order_moves_beta_as_arc_moves_its_target():
+    from kvprof.policy.orders import FrequencyOrder
+
+    order = FrequencyOrder(N_TIERS, beta=1.0, adaptive=True, step=0.1)
+    order.ghost_hit(0, [10, 30, 0, 0])  # a never-hit content wanted again: recency counts more
+    assert order.beta == pytest.approx(1.0 - 0.1 * 3)
+    order.ghost_hit(2, [10, 5, 0, 0])  # a hit content wanted again: frequency counts more
+    assert order.beta == pytest.approx(0.7 + 0.1 * 2)
+    fixed = FrequencyOrder(N_TIERS, beta=4.0, adaptive=False)
+    fixed.ghost_hit(0, [1, 1, 1, 1])
+    assert fixed.beta == 4.0
+    # Tier t ages e^(beta t) times slower: a tier-1 block idle 10 s outlasts a fresh one idle 2 s.
+    assert fixed.key(row(0, 1), 0.0, 0, 10.0) > fixed.key(row(0, 0), 8.0, 0, 10.0)
 
 
 # --- baselines ------------------------------------------------------------------------------
@@ -559,8 +607,8 @@ def test_make_policy_builds_every_registered_policy_and_wa_from_the_hp_file():
         assert type(policy) is cls and policy.name == name
     wa, paper = make_policy("wa", hp), make_policy("wa-paper", hp)
     names, p, lam = hp.table()
-    assert wa.n_classes == len(names) and wa.horizon == 60.0
-    np.testing.assert_array_equal(wa.p, p)
+    assert wa.n_cells == len(hp.cell_names()) and wa.horizon == 60.0 and wa.keyed_by == "cell"
+    np.testing.assert_array_equal(wa.p[:, 0], p)
     assert paper.horizon == 5.0 and (paper.p[-1], paper.lam[-1]) == (1.0, 0.0)
     assert paper.score(hp.index_of("search_1"), 0.0) == 0.0
     assert make_policy("wa", hp, horizon=10.0).horizon == 10.0
@@ -568,23 +616,10 @@ def test_make_policy_builds_every_registered_policy_and_wa_from_the_hp_file():
 
 
 def test_make_policy_names_the_problem():
-    with pytest.raises(ValueError, match=r"unknown policy 'arc'.*lru, wa, wa-paper, lfu, s3fifo, belady"):
-        make_policy("arc")
+    with pytest.raises(ValueError, match=r"unknown policy 'clock'.*lru, wa, wa-paper, lfu, s3fifo, arc, belady"):
+        make_policy("clock")
     with pytest.raises(ValueError, match="'wa' needs an hp file"):
         make_policy("wa")
-
-
-def test_wa_scores_hit_blocks_with_their_class_reused_row():
-    from kvprof.policy.wa import WorkloadAwarePolicy
-
-    # Row 0: fresh blocks of the class, rarely reused; row 1: its reused tier, almost surely reused.
-    policy = WorkloadAwarePolicy([0.1, 0.99, 0.5], [0.01, 0.5, 0.01], 10.0, reused_row=[1, 1, 2])
-    policy.access(7, 0.0, workload=0, hit=False)  # fresh block of class 0
-    policy.access(8, 0.0, workload=0, hit=True)  # hit block of class 0: scored with row 1
-    policy.free([8, 7], 1.0)
-    assert policy.evict(1.0) == 7
-    with pytest.raises(ValueError):
-        WorkloadAwarePolicy([0.1, 0.2], [0.1, 0.1], 10.0, reused_row=[0, 5])
 
 
 # --- the batched merge of ClassedLRUPolicy against a one-head-at-a-time reference ------------
@@ -640,7 +675,7 @@ def test_batched_merge_equals_the_greedy_reference(name, ops, params, bulk):
     back, hits taking blocks out of the middle of lists: the order is the greedy merge's, with
     frees pushed one at a time and in bulk."""
     p, lam = [a for a, _ in params], [b for _, b in params]
-    policy = WorkloadAwarePolicy(p, lam, 30.0) if name == "wa" else PublishedWorkloadAwarePolicy(p, lam)
+    policy = wa_policy(p, lam) if name == "wa" else PublishedWorkloadAwarePolicy(p, lam)
     reference = GreedyReference(policy)
     held: set[int] = set(range(40))  # blocks a request holds: accessed, not evictable
     now = 0.0

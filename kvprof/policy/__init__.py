@@ -22,7 +22,7 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
 }
 
 
-def make_policy(name: str, hp=None, **kwargs) -> EvictionPolicy:
+def make_policy(name: str, hp=None, capacity: int | None = None, **kwargs) -> EvictionPolicy:
     """Build the policy registered as ``name``.
 
     Parameters
@@ -32,6 +32,9 @@ def make_policy(name: str, hp=None, **kwargs) -> EvictionPolicy:
     hp : kvprof.models.hp.HpFile or None
         The hyperparameter file; required by the policies that have ``from_hp`` (``wa``,
         ``wa-paper``), ignored by the others.
+    capacity : int or None
+        Blocks of the cache the policy will order: ``wa`` takes the hp file's tuning for the
+        nearest tuned capacity.
     **kwargs
         Passed on to ``from_hp`` or to the constructor (e.g. ``small_ratio`` for ``s3fifo``).
 
@@ -47,7 +50,7 @@ def make_policy(name: str, hp=None, **kwargs) -> EvictionPolicy:
     if hasattr(cls, "from_hp"):
         if hp is None:
             raise ValueError(f"policy {name!r} needs an hp file (write one with `kvprof fit`)")
-        return cls.from_hp(hp, **kwargs)
+        return cls.from_hp(hp, capacity=capacity, **kwargs) if getattr(cls, "tunable", False) else cls.from_hp(hp, **kwargs)
     return cls(**kwargs)
 
 

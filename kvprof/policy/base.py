@@ -51,6 +51,9 @@ class EvictionPolicy(ABC):
 
     #: Name used on the command line and in results.
     name: str = ""
+    #: What ``access``'s ``workload`` indexes: the hp file's classes (``"class"``,
+    #: ``HpFile.table()`` order) or its cells (``"cell"``, ``HpFile.cell_names()`` order).
+    keyed_by: str = "class"
 
     @abstractmethod
     def access(

@@ -8,7 +8,6 @@ from collections.abc import Hashable, Iterable
 
 import numpy as np
 
-from kvprof.models.score import published_score
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.fifos import ClassFifos
 
@@ -35,7 +34,6 @@ class ClassedLRUPolicy(EvictionPolicy):
     Subclasses say how a block is scored and stamped and which class it keeps; that is all that
     separates ``wa`` from ``wa-paper``:
 
-    * ``score(cls, age)``: the score, lowest evicted first, non-increasing in age.
     * ``_key(cls, block, stamp, now)``: a block's full sort key, ``(score, ..., cls)``, given its
       last-access stamp; the class index last, so no two heads are equal. Ages are
       ``max(now - stamp, 0)``: a stamp after ``now`` (a clock that stepped back) counts as an
@@ -48,17 +46,11 @@ class ClassedLRUPolicy(EvictionPolicy):
 
     Parameters
     ----------
-    p : array_like, shape (classes,)
-        Per-class probability that a block is ever reused, in [0, 1].
-    lam : array_like, shape (classes,)
-        Per-class reuse rate lambda, 1/s, >= 0.
-    horizon : float
-        Seconds ahead over which a reuse counts (H), > 0, may be ``inf``.
-
-    The last class is the default one (``HpFile.table()`` puts it last): a block whose class
-    index is outside the table, or that was never accessed, belongs to it. Blocks are small
-    non-negative ints (vLLM block ids, simulator slots): per-block state lives in arrays indexed
-    by block id.
+    n_rows : int
+        Number of class lists, >= 1. The last is the default one: a block whose class index is
+        outside ``[0, n_rows)``, or that was never accessed, belongs to it. Blocks are small
+        non-negative ints (vLLM block ids, simulator slots): per-block state lives in arrays
+        indexed by block id.
     """
 
     stamps_allocation: bool
@@ -68,44 +60,23 @@ class ClassedLRUPolicy(EvictionPolicy):
     #: have equal keys and leave together even when their score ties another list's.
     uniform_runs: bool = False
 
-    def __init__(self, p, lam, horizon: float) -> None:
-        p = np.asarray(p, dtype=float)
-        lam = np.asarray(lam, dtype=float)
-        if p.ndim != 1 or p.shape != lam.shape or p.size == 0:
-            raise ValueError(f"p and lam must be equal-length 1-d arrays, got shapes {p.shape} and {lam.shape}")
-        if not (np.all((p >= 0) & (p <= 1)) and np.all((lam >= 0) & np.isfinite(lam))):
-            raise ValueError("each p must lie in [0, 1] and each lam be finite and >= 0")
-        if not horizon > 0:
-            raise ValueError(f"horizon must be > 0 seconds, got {horizon}")
-        self.p = p
-        self.lam = lam
-        self.horizon = float(horizon)
-        # Plain float lists: the scalar score indexes them, numpy scalars would be slower.
-        self._p = p.tolist()
-        self._lam = lam.tolist()
-        # 1 - e^(-lam H), the chance that a reuse still to come lands within H.
-        self._span = published_score(1.0, lam, 0.0, horizon).tolist()
-        self._default = p.size - 1
+    def __init__(self, n_rows: int) -> None:
+        if n_rows < 1:
+            raise ValueError(f"a classed policy needs at least one class list, got {n_rows}")
+        self._n_rows = n_rows
+        self._default = n_rows - 1
         # The class a hit by class c gives the block (with class_follows_hits): c unless a
         # subclass keeps hit blocks in rows of their own.
-        self._hit_class = list(range(p.size))
-        self._fifos = ClassFifos(p.size)
+        self._hit_class = list(range(n_rows))
+        self._fifos = ClassFifos(n_rows)
         self._class = np.zeros(0, dtype=np.int64)
         self._stamp = np.zeros(0, dtype=np.float64)
         self._depth = np.zeros(0, dtype=np.int64)
 
     @property
     def n_classes(self) -> int:
-        """Number of classes, the default one included."""
-        return len(self.p)
-
-    @abstractmethod
-    def score(self, workload: int, age: float) -> float:
-        """Score of a block of class ``workload`` last accessed ``age`` seconds ago (lower goes first).
-
-        Non-increasing in age, as the reuse models are: an idle block only grows less likely to
-        come back.
-        """
+        """Number of class lists, the default one included."""
+        return self._n_rows
 
     @abstractmethod
     def _key(self, cls: int, block: int, stamp: float, now: float) -> tuple:

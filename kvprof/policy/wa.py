@@ -1,71 +1,310 @@
-"""kvprof's workload-aware policy: evict the block least likely to be reused within the horizon."""
+"""kvprof's workload-aware policy: the fitted reuse model, with shadows that keep it honest."""
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
 
-from kvprof.policy.classed import ClassedLRUPolicy
+import numpy as np
+
+from kvprof.policy.base import EvictionPolicy
+from kvprof.policy.classed import ClassedLRUPolicy, _as_list
+from kvprof.policy.orders import FrequencyOrder, ModelOrder, Order, RecencyOrder, tier_of
+from kvprof.policy.s3fifo import S3FIFOPolicy
+from kvprof.policy.shadow import ShadowCache
+
+#: Candidate orders over the row lists (see :mod:`kvprof.policy.orders`).
+ROW_ORDERS = ("model", "lru", "frequency", "strict-frequency")
+#: Candidate policies with a structure of their own, kept in step with the real cache's blocks.
+FOLLOWED_POLICIES: dict[str, type[EvictionPolicy]] = {"s3fifo": S3FIFOPolicy}
+ORDER_NAMES = ROW_ORDERS + tuple(FOLLOWED_POLICIES)
+#: The candidates by default, LRU (vLLM's own order) first: followed until a shadow beats it.
+DEFAULT_ORDERS = ("lru", "model", "frequency", "strict-frequency", "s3fifo")
+#: Shadows compare their hits over about this many capacities' worth of accesses (a half-life).
+WINDOW_CAPACITIES = 8.0
+#: A shadow must beat the leader's hits by this share before ``wa`` switches to its order.
+SWITCH_MARGIN = 0.002
 
 
 class WorkloadAwarePolicy(ClassedLRUPolicy):
-    """Per-class LRU lists scored by the probability of a reuse within the next ``horizon`` seconds.
+    """Per-row LRU lists ordered by the fitted reuse model, or by the candidate whose shadow hits most.
 
-    A block of class ``c`` last accessed ``a`` seconds ago scores
+    Rows are request cells times reuse tiers: a block belongs to the cell of the request that
+    touched it last (the hp file's workload cells; the last cell is the default one) and to the
+    tier of its hit count (:func:`~kvprof.policy.orders.tier_of`; a block recomputed from a
+    remembered content keeps its count). Every access stamps the block (allocation, each hit,
+    the free), so a block ages from its last use.
 
-        p_c e^(-lam_c a) (1 - e^(-lam_c H)) / (p_c e^(-lam_c a) + 1 - p_c)
+    The *model* order scores a list head by P(reused within H | row, idle age) under the row's
+    cure-fraction mixture of exponentials; ties go to the deeper block, then the older access.
+    The other candidates (:data:`ORDER_NAMES`) are LRU, frequency tiers with an ARC-like
+    adaptive weight and strict frequency tiers, all over the same lists, and S3-FIFO, whose
+    queues are kept in step with the real cache's blocks. With the safety net on, a
+    :class:`~kvprof.policy.shadow.ShadowCache` per candidate replays the same accesses and frees
+    on contents alone, at the real cache's size (the most blocks it has held), and counts the
+    hits that candidate would have had. Every ``capacity / 16`` accesses ``wa`` follows the
+    candidate whose shadow has the most hits over the last ``WINDOW_CAPACITIES`` capacities of
+    accesses (exponentially weighted), switching only for a lead above ``SWITCH_MARGIN``. So
+    when the profile is wrong or the traffic drifts, ``wa`` ends up on the best simple order by
+    itself; where the model is right it stays on the model. Shadows need block contents
+    (``access(content=...)``); without them ``wa`` keeps its first candidate.
 
-    (:func:`kvprof.models.score.reuse_probability`): the cure-fraction model's chance that it is
-    reused within ``H``, given that it has not been reused for ``a`` seconds. The lowest-scoring
-    class head goes first; ties go to the deeper block (a chain's tail before its head), then to
-    the older last access, then to the lower class index.
+    Invariants (on top of :class:`ClassedLRUPolicy`'s): every followed policy holds exactly the
+    evictable blocks the lists hold; ``_pinned[b]`` is true exactly for blocks accessed and not
+    freed since, ``_held`` counts them; the ghost remembers the hit counts of at most as many
+    evicted contents as the most blocks seen.
 
-    Unlike the published policy (``wa-paper``) every access counts: allocation, each hit and the
-    free stamp the last access, so a block computed and never hit ages from its last use instead
-    of scoring 0, and a block takes the class of the request that touched it last.
-
-    A block whose last access was a prefix hit is scored with its class's reused row
-    (``reused_row[c]``, the hp file's ``<class>@reused`` entry): blocks that requests already
-    share (system prompts, documents asked about again) come back far sooner than fresh ones,
-    and one set of parameters for both made the policy evict shared prefixes before stale tails.
+    Cost: eviction scores the list heads (O(rows)); each access, free and removal is repeated
+    in each followed policy and each shadow; memory is the per-block tables, the ghost, and
+    each shadow's table of contents (at most the cache's size).
 
     Parameters
     ----------
-    p, lam, horizon
-        As :class:`~kvprof.policy.classed.ClassedLRUPolicy`.
-    reused_row : array_like of int, shape (classes,), optional
-        Row used for a block of class ``c`` after a hit; default: ``c`` itself.
+    p : array_like, shape (cells, tiers)
+        Probability that a block of the row is ever reused.
+    weights, rates : array_like, shape (cells, tiers, k)
+        Mixture components of each row (weight 0 pads rows with fewer components).
+    horizon : float
+        H, seconds, > 0.
+    orders : sequence of str
+        Candidates (:data:`ORDER_NAMES`), the first followed from the start.
+    safety_net : bool
+        Run shadows and follow the best candidate; without it the first is used throughout.
     """
 
     name = "wa"
+    keyed_by = "cell"
+    tunable = True
     stamps_allocation = True
     stamps_free = True
     class_follows_hits = True
 
+    def __init__(self, p, weights, rates, horizon: float, *, orders=DEFAULT_ORDERS, safety_net: bool = True) -> None:
+        p = np.asarray(p, dtype=np.float64)
+        weights = np.asarray(weights, dtype=np.float64)
+        rates = np.asarray(rates, dtype=np.float64)
+        if p.ndim != 2 or weights.ndim != 3 or weights.shape[:2] != p.shape or weights.shape != rates.shape:
+            raise ValueError(f"p must be (cells, tiers) and weights, rates (cells, tiers, k); got {p.shape}, "
+                             f"{weights.shape}, {rates.shape}")
+        if not (np.all((p >= 0) & (p <= 1)) and np.all(weights >= 0) and np.all((rates >= 0) & np.isfinite(rates))):
+            raise ValueError("p must lie in [0, 1], weights and rates be finite and >= 0")
+        unknown = [name for name in orders if name not in ORDER_NAMES]
+        if not orders or unknown or len(set(orders)) != len(orders):
+            raise ValueError(f"orders must name distinct candidates of {', '.join(ORDER_NAMES)}; got {list(orders)}")
+        if not horizon > 0:
+            raise ValueError(f"horizon must be > 0 seconds, got {horizon}")
+        self.n_cells, self.n_tiers = p.shape
+        super().__init__(p.size)
+        self._default = (self.n_cells - 1) * self.n_tiers  # the default cell's first tier
+        self.p, self.weights, self.rates, self.horizon = p, weights, rates, float(horizon)
+        self.order_names = tuple(orders)
+        self._orders: list[Order | None] = [self._row_order(name) for name in orders]
+        self._followed = {i: FOLLOWED_POLICIES[name]() for i, name in enumerate(orders) if name in FOLLOWED_POLICIES}
+        self._hits = np.zeros(0, dtype=np.int64)
+        self._pinned = np.zeros(0, dtype=bool)
+        self._content: dict[int, Hashable] = {}
+        self._held = 0
+        self._most = 0  # the most blocks held or evictable at once: the cache's size, as seen
+        self._ghost: OrderedDict[Hashable, int] = OrderedDict()
+        self._ghosts_by_tier = [0] * self.n_tiers
+        self._shadows = []
+        if safety_net and len(orders) > 1:
+            self._shadows = [ShadowCache(FOLLOWED_POLICIES[name]() if name in FOLLOWED_POLICIES else
+                                         WorkloadAwarePolicy(p, weights, rates, horizon, orders=(name,), safety_net=False))
+                             for name in orders]
+            # Adaptive orders learn in their shadows; the real cache borrows the leader's.
+            self._orders = [None if name in FOLLOWED_POLICIES else shadow.policy._orders[0]
+                            for name, shadow in zip(orders, self._shadows)]
+        self._shadow_score = [0.0] * len(self._shadows)
+        self._shadow_seen = [0] * len(self._shadows)
+        self._accesses = 0
+        self._lead(0)
+
+    def _row_order(self, name: str) -> Order | None:
+        if name == "model":
+            cells = self.p.size
+            return ModelOrder(self.p.reshape(-1), self.weights.reshape(cells, -1), self.rates.reshape(cells, -1),
+                              self.horizon)
+        if name == "lru":
+            return RecencyOrder()
+        if name == "frequency":
+            return FrequencyOrder(self.n_tiers, beta=1.0, adaptive=True)
+        if name == "strict-frequency":
+            return FrequencyOrder(self.n_tiers, beta=4.0, adaptive=False)
+        return None  # a followed policy
+
+    def _lead(self, index: int) -> None:
+        self.leader = index
+        self._order = self._orders[index]
+        self._leading_policy = self._followed.get(index)
+
     @classmethod
-    def from_hp(cls, hp, horizon: float | None = None) -> WorkloadAwarePolicy:
-        """Build from a :class:`kvprof.models.hp.HpFile`: its classes, default class and horizon.
+    def from_hp(cls, hp, horizon: float | None = None, capacity: int | None = None, **kwargs) -> WorkloadAwarePolicy:
+        """Build from a :class:`kvprof.models.hp.HpFile`: its cells, tiers, models and horizon.
 
-        ``horizon`` (seconds) overrides the file's, e.g. for a sweep over H.
+        With ``capacity`` (blocks), the file's tuning for the nearest tuned capacity sets the
+        horizon and the candidate to start on (:meth:`~kvprof.models.hp.HpFile.tuned`).
+        ``horizon`` (seconds) overrides both, e.g. for a sweep over H; other keywords go to the
+        constructor.
         """
-        _, p, lam = hp.table()
-        return cls(p, lam, hp.horizon if horizon is None else horizon, reused_row=hp.reused_rows())
+        tuned = hp.tuned(capacity)
+        if horizon is None:
+            horizon = tuned.get("horizon_s", hp.horizon)
+        if "orders" not in kwargs and "start" in tuned:
+            kwargs["orders"] = (tuned["start"], *(name for name in DEFAULT_ORDERS if name != tuned["start"]))
+        p, weights, rates = hp.reuse_rows()
+        return cls(p, weights, rates, horizon, **kwargs)
 
-    def __init__(self, p, lam, horizon: float, reused_row=None) -> None:
-        super().__init__(p, lam, horizon)
-        rows = range(self.n_classes) if reused_row is None else [int(r) for r in reused_row]
-        if len(rows) != self.n_classes or not all(0 <= r < self.n_classes for r in rows):
-            raise ValueError(f"reused_row must give a row in [0, {self.n_classes}) for each of the {self.n_classes} classes")
-        self._hit_class = list(rows)
+    @property
+    def order_name(self) -> str:
+        """Name of the candidate eviction follows now."""
+        return self.order_names[self.leader]
 
-    def score(self, workload: int, age: float) -> float:
-        p = self._p[workload]
-        decayed = p * math.exp(-self._lam[workload] * age)
-        if decayed == 0.0:
-            # p = 0, or e^(-lam a) underflowed: the limit is the span when p = 1 (the block is
-            # sure to be reused, and the exponential is memoryless), else 0.
-            return self._span[workload] if p == 1.0 else 0.0
-        return self._span[workload] * decayed / (decayed + (1.0 - p))  # 1 - p first: exact at p = 1
+    # -- per-block state -------------------------------------------------------------------
+    def _grow(self, block: int) -> None:
+        have = len(self._hits)
+        super()._grow(block)
+        size = len(self._stamp)
+        self._hits = np.concatenate([self._hits, np.zeros(size - have, dtype=np.int64)])
+        self._pinned = np.concatenate([self._pinned, np.zeros(size - have, dtype=bool)])
 
-    def _key(self, cls: int, block: int, stamp: float, now: float) -> tuple:
-        age = now - stamp
-        return (self.score(cls, age if age > 0.0 else 0.0), -self._depth.item(block), stamp, cls)
+    def access(
+        self,
+        block: int,
+        now: float,
+        workload: int = 0,
+        depth: int = 0,
+        *,
+        hit: bool = False,
+        next_use: float = math.inf,
+        content: Hashable | None = None,
+    ) -> None:
+        if block >= len(self._stamp):
+            self._grow(block)
+        if not 0 <= workload < self.n_cells:
+            workload = self.n_cells - 1
+        if hit:
+            hits = self._hits.item(block) + 1
+        else:
+            hits = self._recall(content) if content is not None else 0
+            if content is not None:
+                self._content[block] = content
+        self._hits[block] = hits
+        self._class[block] = workload * self.n_tiers + self._tier(hits)
+        self._stamp[block] = now
+        self._depth[block] = depth
+        if not self._pinned.item(block):
+            self._pinned[block] = True
+            self._held += 1
+        for policy in self._followed.values():
+            policy.access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
+        if content is not None and self._shadows:
+            self._follow(content, now, workload, depth)
+
+    def _tier(self, hits: int) -> int:
+        return min(tier_of(hits), self.n_tiers - 1)
+
+    def _recall(self, content: Hashable) -> int:
+        """Hit count of newly allocated content: one more than when it was evicted, if remembered."""
+        evicted = self._ghost.pop(content, None)
+        if evicted is None:
+            return 0
+        tier = self._tier(evicted)
+        self._ghosts_by_tier[tier] -= 1
+        if not self._shadows and self._order is not None:  # with shadows, each learns from its own ghost
+            self._order.ghost_hit(tier, self._ghosts_by_tier)
+        return evicted + 1
+
+    def free(self, blocks: Iterable[int], now: float) -> None:
+        blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+        super().free(blocks, now)
+        for policy in self._followed.values():
+            policy.free(blocks, now)
+        pinned = self._pinned
+        for block in blocks:
+            if pinned.item(block):
+                pinned[block] = False
+                self._held -= 1
+        self._most = max(self._most, self._held + len(self))
+        if self._shadows:
+            contents = [self._content.get(block) for block in blocks]
+            for shadow in self._shadows:
+                shadow.release(contents, now)
+
+    def remove(self, block: int) -> None:
+        super().remove(block)
+        for policy in self._followed.values():
+            policy.remove(block)
+
+    # -- eviction --------------------------------------------------------------------------
+    def _key(self, row: int, block: int, stamp: float, now: float) -> tuple:
+        return self._order.key(row, stamp, self._depth.item(block), now)
+
+    def evict_n(self, n: int, now: float) -> list[int]:
+        if self._leading_policy is None:
+            victims = _as_list(self._fifos.merge(n, self._key, now, self.uniform_runs))
+        else:
+            victims = self._leading_policy.evict_n(n, now)
+            for block in victims:
+                self._fifos.remove(block)
+        for index, policy in self._followed.items():
+            if policy is not self._leading_policy:
+                for block in victims:
+                    policy.remove(block)
+        self._remember(victims)
+        return victims
+
+    def evict_n_array(self, n: int, now: float) -> np.ndarray:
+        return np.asarray(self.evict_n(n, now), dtype=np.int64)
+
+    def order(self, now: float, limit: int | None = None) -> list[int]:
+        if self._leading_policy is not None:
+            return self._leading_policy.order(now, limit)
+        return super().order(now, limit)
+
+    def _remember(self, victims: list[int]) -> None:
+        """Put the victims' contents in the ghost with their hit counts, oldest forgotten first."""
+        ghost, by_tier, content_of, hits = self._ghost, self._ghosts_by_tier, self._content, self._hits
+        for block in victims:
+            content = content_of.pop(block, None)
+            if content is None:
+                continue
+            count = hits.item(block)
+            previous = ghost.pop(content, None)
+            if previous is not None:
+                by_tier[self._tier(previous)] -= 1
+            ghost[content] = count
+            by_tier[self._tier(count)] += 1
+        while len(ghost) > self._most:
+            by_tier[self._tier(ghost.popitem(last=False)[1])] -= 1
+
+    # -- the safety net --------------------------------------------------------------------
+    def _follow(self, content: Hashable, now: float, workload: int, depth: int) -> None:
+        """Feed the shadows one access; now and then follow the candidate whose shadow hits most."""
+        for shadow in self._shadows:
+            if shadow.capacity < self._most:
+                shadow.capacity = self._most
+            shadow.access(content, now, workload, depth)
+        self._accesses += 1
+        period = max(64, self._most // 16)
+        if self._accesses % period:
+            return
+        keep = 0.5 ** (period / max(WINDOW_CAPACITIES * self._most, 1.0))
+        for i, shadow in enumerate(self._shadows):
+            self._shadow_score[i] = self._shadow_score[i] * keep + (shadow.hits - self._shadow_seen[i])
+            self._shadow_seen[i] = shadow.hits
+        best = max(range(len(self._shadows)), key=self._shadow_score.__getitem__)
+        if self._shadow_score[best] > self._shadow_score[self.leader] * (1.0 + SWITCH_MARGIN):
+            self._lead(best)
+
+    def clear(self) -> None:
+        super().clear()
+        for policy in self._followed.values():
+            policy.clear()
+        self._hits[:] = 0
+        self._pinned[:] = False
+        self._held = 0
+        self._content.clear()
+        self._ghost.clear()
+        self._ghosts_by_tier = [0] * self.n_tiers
