@@ -108,8 +108,8 @@ TEXT_SESSION = "sessions.text"
 
 # (case, edit of the valid file's dict, JSON location the error must name, words the message must contain)
 LOADER_ERRORS = [
-    ("schema v2", lambda d: _set(d, "schema", "kvprof.hp/2"), "schema",
-     "schema 'kvprof.hp/2' is not supported; this kvprof reads kvprof.hp/1"),
+    ("schema v3", lambda d: _set(d, "schema", "kvprof.hp/3"), "schema",
+     "schema 'kvprof.hp/3' is not supported; this kvprof reads kvprof.hp/1 and kvprof.hp/2"),
     ("schema missing", lambda d: _delete(d, "schema"), "schema", "missing"),
     ("schema a number", lambda d: _set(d, "schema", 1), "schema", "schema 1 is not supported"),
     ("p NaN", lambda d: _set(d, "classes.text_1.p", math.nan), "classes.text_1.p", "NaN is not a JSON number"),

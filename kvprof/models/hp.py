@@ -1,6 +1,10 @@
-"""The hyperparameter file: per-class reuse parameters, schema ``kvprof.hp/1``.
+"""The hyperparameter file: per-cell reuse models and per-class parameters, schema ``kvprof.hp/2``.
 
-The profiler writes it; the simulator and the vLLM plugin read it. The loader is strict (unknown
+The profiler writes it; the simulator and the vLLM plugin read it. Version 2 adds, for the
+``wa`` policy, workload *cells* (the classes, or cells a learned :class:`~kvprof.cells.CellRule`
+draws), each with one cure-fraction mixture of exponentials per reuse tier, and the choices a
+profile-driven tuning made; ``kvprof.hp/1`` files still load (each class becomes a cell with
+one-component rows). The loader is strict (unknown
 keys, NaN, out-of-range values are errors naming the file and the JSON location) because a typo
 in a hand-edited file would otherwise silently fall back to defaults in production. It also reads
 the published profiler's ``{"a": {class: lambda}, "p": {class: p}}`` files unchanged. The layout
@@ -18,12 +22,15 @@ from functools import cached_property
 import numpy as np
 
 from kvprof.atomic import atomic_write_text
+from kvprof.cells import TIER_EDGES, CellRule
 from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule
 from kvprof.errors import HpFileError
 from kvprof.jsonfile import JsonChecks, member, read_json
 from kvprof.models.sessions import MAX_TURNS
 
-SCHEMA = "kvprof.hp/1"
+SCHEMA = "kvprof.hp/2"
+#: Versions this kvprof reads.
+SCHEMAS = ("kvprof.hp/1", SCHEMA)
 
 #: Name of the default class in :meth:`HpFile.table`; not a valid class name in a file.
 DEFAULT_CLASS = "<default>"
@@ -38,6 +45,9 @@ PUBLISHED_HORIZON_S = 5.0
 PUBLISHED_TURN_CAP = MAX_TURN_CAP
 #: The published policy's rule for classes it has no entry for: lambda 0, p 1 (scores 0).
 PUBLISHED_DEFAULT_P, PUBLISHED_DEFAULT_LAMBDA = 1.0, 0.0
+
+#: Candidate orders a tuned file may start the ``wa`` policy on (:mod:`kvprof.policy.wa`).
+CANDIDATES = ("lru", "model", "frequency", "strict-frequency", "s3fifo")
 
 _DIAGNOSTIC_COUNTS = ("n_accesses", "n_reuses", "n_censored")
 _DIAGNOSTIC_STATS = ("ks", "mean_gap_s", "median_gap_s")
@@ -88,6 +98,57 @@ class ClassParams:
         return out
 
 
+@dataclass(frozen=True)
+class ReuseRow:
+    """The reuse model of one tier of one cell: a cure fraction and a mixture of exponentials.
+
+    Attributes
+    ----------
+    p : float
+        Probability that a block access of the row is ever reused, in [0, 1].
+    weights, rates : tuple of float
+        Mixture components, fastest first: weights summing to 1 and rates in 1/s, >= 0.
+    source : {"fit", "shrunk", "pooled", "published"}
+        The row's own fit, one shrunk toward its cell's or the pooled data (few accesses), the
+        pooled fit (none), or a published-format class.
+    diagnostics : dict or None
+        Counts, the KS statistic of the gaps against the mixture, gap mean and median, and the
+        score's held-out log-loss and Brier score next to one exponential's
+        (:func:`kvprof.profiler.fit.fit_trace`).
+    """
+
+    p: float
+    weights: tuple[float, ...]
+    rates: tuple[float, ...]
+    source: str = "fit"
+    diagnostics: dict | None = None
+
+    def __post_init__(self):
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"p must be in [0, 1], got {self.p!r}")
+        if not self.weights or len(self.weights) != len(self.rates):
+            raise ValueError("a reuse row needs at least one component and one rate per weight")
+        if not all(w >= 0.0 for w in self.weights) or abs(sum(self.weights) - 1.0) > 1e-6:
+            raise ValueError(f"component weights must be >= 0 and sum to 1, got {self.weights}")
+        if not all(0.0 <= r < math.inf for r in self.rates):
+            raise ValueError(f"component rates must be finite numbers >= 0, got {self.rates}")
+        if self.source not in SOURCES:
+            raise ValueError(f"source {self.source!r} is not one of {', '.join(SOURCES)}")
+
+    @classmethod
+    def exponential(cls, params: ClassParams) -> ReuseRow:
+        """A one-component row from a class's cure exponential (``kvprof.hp/1``)."""
+        return cls(params.p, (1.0,), (params.lam,), params.source, None)
+
+    def to_dict(self) -> dict:
+        out = {"p": float(self.p),
+               "components": [{"weight": float(w), "rate": float(r)} for w, r in zip(self.weights, self.rates)],
+               "source": self.source}
+        if self.diagnostics is not None:
+            out["diagnostics"] = dict(self.diagnostics)
+        return out
+
+
 def _json_default(value):
     """numpy scalars and arrays (e.g. counts in provenance) as plain JSON values."""
     if isinstance(value, (np.generic, np.ndarray)):
@@ -117,6 +178,17 @@ class HpFile:
         Where the fit came from: trace, sha256, format, window, counts, kvprof_version, created.
     sessions : dict
         :func:`kvprof.models.sessions.session_stats` of the profiled trace.
+    cells : dict of str to tuple of ReuseRow
+        The ``wa`` policy's cells, one row per reuse tier (:data:`~kvprof.cells.TIER_EDGES`).
+        Empty in a ``kvprof.hp/1`` or published file: each class is then a cell whose tiers
+        are its own cure exponential (tier 0) and its ``@reused`` entry (the others).
+    default_cell : tuple of ReuseRow or None
+        Rows of requests in no cell (an unknown class); None: the default class's.
+    cell_rule : CellRule or None
+        How requests map to cells; None: each class is a cell.
+    tuning : list of dict
+        Choices of ``kvprof fit --capacity``: per capacity (blocks), ``horizon_s`` and the
+        candidate order to ``start`` on; a policy takes the entry nearest its capacity.
     """
 
     classes: dict[str, ClassParams]
@@ -127,6 +199,17 @@ class HpFile:
     block_size: int | None = None
     provenance: dict = field(default_factory=dict)
     sessions: dict = field(default_factory=dict)
+    cells: dict[str, tuple[ReuseRow, ...]] = field(default_factory=dict)
+    default_cell: tuple[ReuseRow, ...] | None = None
+    cell_rule: CellRule | None = None
+    tuning: tuple[dict, ...] = ()
+
+    def __post_init__(self):
+        rows = [*self.cells.values(), *([self.default_cell] if self.default_cell is not None else [])]
+        if any(len(tiers) != len(TIER_EDGES) for tiers in rows):
+            raise ValueError(f"every cell needs one reuse row per tier ({len(TIER_EDGES)})")
+        if self.cell_rule is not None and set(self.cell_rule.names) != set(self.cells):
+            raise ValueError("the cell rule's leaves must name exactly the cells")
 
     @cached_property
     def _table(self) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
@@ -166,9 +249,70 @@ class HpFile:
         """Row of ``name`` in :meth:`table`; the default's row (the last) for unknown classes."""
         return self._index.get(name, len(self.classes))
 
+    def naive_table(self) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+        """:meth:`table` with the published profiler's naive estimates where a class has them."""
+        names, p, lam = self.table()
+        rows = [self.classes.get(name, self.default) for name in names]
+        for i, row in enumerate(rows):
+            if row.naive is not None:
+                p[i], lam[i] = row.naive["p"], row.naive["lambda"]
+        return names, p, lam
+
+    @cached_property
+    def _cells(self) -> tuple[tuple[str, ...], list[tuple[ReuseRow, ...]]]:
+        if self.cells:
+            names = tuple(self.cell_rule.names if self.cell_rule is not None else sorted(self.cells))
+            default = self.default_cell or self.cells[names[0]]
+            return (*names, DEFAULT_CLASS), [self.cells[name] for name in names] + [default]
+        # Version 1: each class is a cell, its @reused entry (if any) the tiers of hit blocks.
+        names = tuple(name for name in sorted(self.classes) if not name.endswith(REUSED_SUFFIX))
+
+        def tiers_of(params: ClassParams, reused: ClassParams | None) -> tuple[ReuseRow, ...]:
+            fresh = ReuseRow.exponential(params)
+            return (fresh,) + (ReuseRow.exponential(reused) if reused else fresh,) * (len(TIER_EDGES) - 1)
+
+        tiers = [tiers_of(self.classes[name], self.classes.get(name + REUSED_SUFFIX)) for name in names]
+        tiers.append(tiers_of(self.default, None))
+        return (*names, DEFAULT_CLASS), tiers
+
+    def cell_names(self) -> tuple[str, ...]:
+        """The ``wa`` policy's cells in index order, ``"<default>"`` last."""
+        return self._cells[0]
+
+    def cell_index(self, name: str) -> int:
+        """Index of cell ``name`` in :meth:`cell_names`; the default's (the last) for unknown cells."""
+        names = self._cells[0]
+        return names.index(name) if name in names[:-1] else len(names) - 1
+
+    def reuse_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The cells' models as arrays, in :meth:`cell_names` order.
+
+        Returns
+        -------
+        p : float64 array, shape (cells, tiers)
+        weights, rates : float64 arrays, shape (cells, tiers, k)
+            Rows with fewer than ``k`` components are padded with weight 0.
+        """
+        rows = self._cells[1]
+        k = max(len(row.weights) for tiers in rows for row in tiers)
+        p = np.array([[row.p for row in tiers] for tiers in rows])
+        weights = np.zeros(p.shape + (k,))
+        rates = np.zeros(p.shape + (k,))
+        for c, tiers in enumerate(rows):
+            for t, row in enumerate(tiers):
+                weights[c, t, :len(row.weights)] = row.weights
+                rates[c, t, :len(row.rates)] = row.rates
+        return p, weights, rates
+
+    def tuned(self, capacity: int | None) -> dict:
+        """The tuning entry of the tuned capacity nearest ``capacity`` (relative distance), or {}."""
+        if not self.tuning or capacity is None:
+            return {}
+        return min(self.tuning, key=lambda entry: abs(math.log(entry["capacity"] / max(capacity, 1))))
+
     def to_dict(self) -> dict:
         """The JSON layout of ``docs/hp-schema.md``."""
-        return {
+        out = {
             "schema": SCHEMA,
             "provenance": dict(self.provenance),
             "horizon_s": float(self.horizon),
@@ -179,6 +323,16 @@ class HpFile:
             "default": self.default.to_dict(),
             "sessions": dict(self.sessions),
         }
+        if self.cells:
+            out["tier_edges"] = list(TIER_EDGES)
+            out["cells"] = {name: [row.to_dict() for row in tiers] for name, tiers in self.cells.items()}
+            if self.default_cell is not None:
+                out["default_cell"] = [row.to_dict() for row in self.default_cell]
+            if self.cell_rule is not None:
+                out["cell_rule"] = self.cell_rule.to_dict()
+        if self.tuning:
+            out["tuning"] = [dict(entry) for entry in self.tuning]
+        return out
 
     @classmethod
     def from_dict(cls, data, path: str = "<dict>") -> HpFile:
@@ -192,7 +346,7 @@ class HpFile:
         checks = JsonChecks(str(path), HpFileError)
         if type(data) is dict and "schema" not in data and {"a", "p"} & set(data):
             return _read_published(checks, data)
-        return _read_v1(checks, data)
+        return _read_schema(checks, data)
 
     def save(self, path) -> None:
         """Write the JSON atomically: a temporary file in the same directory, then ``os.replace``.
@@ -224,14 +378,18 @@ def load_hp(path) -> HpFile:
 # --- reading a document: one function per block, each given the checks and the block's location ---
 
 
-def _read_v1(checks: JsonChecks, data) -> HpFile:
-    """A ``kvprof.hp/1`` document."""
-    _check_schema(checks, data)  # before the keys: a newer file's new keys are not typos
+_V2_KEYS = ("tier_edges", "cells", "default_cell", "cell_rule", "tuning")
+
+
+def _read_schema(checks: JsonChecks, data) -> HpFile:
+    """A ``kvprof.hp/1`` or ``kvprof.hp/2`` document (version 2: version 1 plus cells and tuning)."""
+    version = _check_schema(checks, data)  # before the keys: a newer file's new keys are not typos
     checks.fields(data, None, required=("schema", "horizon_s", "class_rule", "classes", "default"),
-                  optional=("provenance", "min_gap_s", "block_size", "sessions"))
+                  optional=("provenance", "min_gap_s", "block_size", "sessions", *(_V2_KEYS if version == SCHEMA else ())))
     horizon = float(checks.number(data["horizon_s"], "horizon_s"))
     if horizon == 0:
         checks.fail("horizon_s", "must be > 0, got 0")
+    cells = _read_cells(checks, data)
     return HpFile(
         classes=_read_classes(checks, data["classes"], "classes"),
         default=_read_class_params(checks, data["default"], "default"),
@@ -241,16 +399,114 @@ def _read_v1(checks: JsonChecks, data) -> HpFile:
         block_size=checks.integer(data.get("block_size"), "block_size", low=1, null=True),
         provenance=checks.mapping(data.get("provenance", {}), "provenance"),
         sessions=_read_sessions(checks, data.get("sessions", {}), "sessions"),
+        **cells,
+        tuning=_read_tuning(checks, data.get("tuning", []), "tuning"),
     )
 
 
-def _check_schema(checks: JsonChecks, data) -> None:
-    """Refuse anything but an object whose ``schema`` is :data:`SCHEMA`."""
+def _check_schema(checks: JsonChecks, data) -> str:
+    """The version of an object whose ``schema`` is one of :data:`SCHEMAS`; refuse anything else."""
     checks.mapping(data, None)
+    readable = " and ".join(SCHEMAS)
     if "schema" not in data:
-        checks.fail("schema", f'is missing: this kvprof reads {SCHEMA} and the published {{"a": ..., "p": ...}} format')
-    if data["schema"] != SCHEMA:
-        checks.fail("schema", f"schema {reprlib.repr(data['schema'])} is not supported; this kvprof reads {SCHEMA}")
+        checks.fail("schema", f'is missing: this kvprof reads {readable} and the published {{"a": ..., "p": ...}} format')
+    if data["schema"] not in SCHEMAS:
+        checks.fail("schema", f"schema {reprlib.repr(data['schema'])} is not supported; this kvprof reads {readable}")
+    return data["schema"]
+
+
+def _read_cells(checks: JsonChecks, data: dict) -> dict:
+    """``cells``, ``default_cell`` and ``cell_rule`` as HpFile keywords (all empty in version 1)."""
+    if "cells" not in data:
+        for key in ("tier_edges", "default_cell", "cell_rule"):
+            if key in data:
+                checks.fail(key, "needs a 'cells' block beside it")
+        return {}
+    edges = checks.sequence(data.get("tier_edges", list(TIER_EDGES)), "tier_edges")
+    if edges != list(TIER_EDGES):
+        checks.fail("tier_edges", f"this kvprof keeps the reuse tiers {list(TIER_EDGES)}, got {reprlib.repr(edges)}")
+    cells = {
+        _class_name(checks, name, "cells"): _read_tiers(checks, tiers, member("cells", name))
+        for name, tiers in checks.mapping(data["cells"], "cells").items()
+    }
+    if not cells:
+        checks.fail("cells", "must name at least one cell")
+    default = _read_tiers(checks, data["default_cell"], "default_cell") if "default_cell" in data else None
+    rule = _read_cell_rule(checks, data["cell_rule"], "cell_rule") if "cell_rule" in data else None
+    if rule is not None and set(rule.names) != set(cells):
+        missing = sorted(set(cells) ^ set(rule.names))[0]
+        checks.fail("cell_rule", f"its leaves and the cells block must name the same cells ({missing!r} is in one only)")
+    return {"cells": cells, "default_cell": default, "cell_rule": rule}
+
+
+def _read_tiers(checks: JsonChecks, data, where: str) -> tuple[ReuseRow, ...]:
+    """One reuse row per tier."""
+    checks.sequence(data, where)
+    if len(data) != len(TIER_EDGES):
+        checks.fail(where, f"must hold one reuse row per tier ({len(TIER_EDGES)}), got {len(data)}")
+    return tuple(_read_reuse_row(checks, row, f"{where}[{t}]") for t, row in enumerate(data))
+
+
+def _read_reuse_row(checks: JsonChecks, data, where: str) -> ReuseRow:
+    """``p``, ``components`` (weight, rate), and optionally ``source`` and ``diagnostics``."""
+    checks.fields(data, where, required=("p", "components"), optional=("source", "diagnostics"))
+    p = float(checks.number(data["p"], member(where, "p"), high=1.0))
+    components = checks.sequence(data["components"], member(where, "components"), empty=False)
+    weights, rates = [], []
+    for i, component in enumerate(components):
+        at = f"{member(where, 'components')}[{i}]"
+        checks.fields(component, at, required=("weight", "rate"))
+        weights.append(float(checks.number(component["weight"], member(at, "weight"), high=1.0)))
+        rates.append(float(checks.number(component["rate"], member(at, "rate"))))
+    if abs(sum(weights) - 1.0) > 1e-6:
+        checks.fail(member(where, "components"), f"weights must sum to 1, got {sum(weights)!r}")
+    source = checks.one_of(data.get("source", "fit"), member(where, "source"), SOURCES)
+    diagnostics = checks.mapping(data["diagnostics"], member(where, "diagnostics")) if "diagnostics" in data else None
+    return ReuseRow(p, tuple(weights), tuple(rates), source, diagnostics)
+
+
+def _read_cell_rule(checks: JsonChecks, data, where: str) -> CellRule:
+    """``features``, ``fields`` and ``nodes`` (a leaf ``{"cell"}`` or a test ``{"feature", "threshold", "left", "right"}``)."""
+    checks.fields(data, where, required=("features", "fields", "nodes"))
+    features = [checks.string(f, f"{where}.features[{i}]") for i, f in enumerate(checks.sequence(data["features"], member(where, "features")))]
+    fields = [checks.string(f, f"{where}.fields[{i}]") for i, f in enumerate(checks.sequence(data["fields"], member(where, "fields")))]
+    nodes = checks.sequence(data["nodes"], member(where, "nodes"), empty=False)
+    columns = {"feature": [], "threshold": [], "left": [], "right": [], "cell": []}
+    names: list[str] = []
+    for i, node in enumerate(nodes):
+        at = f"{where}.nodes[{i}]"
+        if type(node) is dict and "cell" in node:
+            checks.fields(node, at, required=("cell",))
+            names.append(checks.string(node["cell"], member(at, "cell")))
+            values = (-1, 0.0, -1, -1, len(names) - 1)
+        else:
+            checks.fields(node, at, required=("feature", "threshold", "left", "right"))
+            name = checks.one_of(node["feature"], member(at, "feature"), tuple(features))
+            values = (features.index(name), float(checks.number(node["threshold"], member(at, "threshold"), low=-math.inf)),
+                      checks.integer(node["left"], member(at, "left")), checks.integer(node["right"], member(at, "right")), -1)
+        for column, value in zip(columns.values(), values):
+            column.append(value)
+    try:
+        return CellRule(tuple(features), tuple(fields), *(tuple(columns[c]) for c in ("feature", "threshold", "left", "right", "cell")),
+                        tuple(names))
+    except ValueError as err:
+        checks.fail(where, str(err))
+
+
+def _read_tuning(checks: JsonChecks, data, where: str) -> tuple[dict, ...]:
+    """Entries of ``capacity`` (blocks), ``horizon_s`` and ``start`` (a candidate order), plus free-form ``measured``."""
+    entries = []
+    for i, entry in enumerate(checks.sequence(data, where)):
+        at = f"{where}[{i}]"
+        checks.fields(entry, at, required=("capacity", "horizon_s", "start"), optional=("measured",))
+        checks.integer(entry["capacity"], member(at, "capacity"), low=1)
+        if not checks.number(entry["horizon_s"], member(at, "horizon_s")) > 0:
+            checks.fail(member(at, "horizon_s"), "must be > 0")
+        checks.one_of(entry["start"], member(at, "start"), CANDIDATES)
+        if "measured" in entry:
+            checks.mapping(entry["measured"], member(at, "measured"))
+        entries.append(entry)
+    return tuple(entries)
 
 
 def _read_classes(checks: JsonChecks, data, where: str) -> dict[str, ClassParams]:

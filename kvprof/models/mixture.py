@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import stats
 
 from kvprof.models.exponential import GAP_RESOLUTION_S, _validate
 from kvprof.models.score import mixture_reuse_probability
@@ -198,3 +199,18 @@ class CureMixture:
         """P(reused within ``horizon`` s | idle for ``age`` s); see :func:`~kvprof.models.score.mixture_reuse_probability`."""
         self._check_fitted()
         return mixture_reuse_probability(self.p_, self.weights_, self.rates_, age, horizon)
+
+
+def diagnose_mixture(time, censored, model: CureMixture) -> dict:
+    """Goodness-of-fit summary of one row, JSON-ready: counts, the KS statistic of the reuse gaps
+    against the mixture's gap distribution given reuse, mean and median gap (None without reuse)."""
+    time, censored, _ = _validate(time, censored)
+    gaps = time[~censored]
+    summary = {"n_accesses": int(time.size), "n_reuses": int(gaps.size), "n_censored": int(censored.sum()),
+               "components": model.n_components_}
+    if gaps.size == 0:
+        return summary | {"ks": None, "mean_gap_s": None, "median_gap_s": None}
+    weights, rates = model.weights_, model.rates_
+    ks = stats.kstest(gaps, lambda t: -np.expm1(-np.multiply.outer(t, rates)) @ weights, method="asymp").statistic \
+        if rates.max() > 0 else 1.0
+    return summary | {"ks": float(ks), "mean_gap_s": float(gaps.mean()), "median_gap_s": float(np.median(gaps))}

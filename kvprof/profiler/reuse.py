@@ -37,10 +37,14 @@ class ReuseSamples:
         True when no later access of the block falls inside the window.
     workload : int32 array, shape (m,)
         Class code of the accessing request.
-    repeat : bool array, shape (m,)
-        True when an earlier request already accessed the block: with an infinite cache this
-        access is a prefix hit. Such blocks (shared system prompts, documents asked about again)
-        come back far sooner than fresh ones, so the fit models them apart.
+    request : int64 array, shape (m,)
+        Row of the accessing request in the trace.
+    prior : int64 array, shape (m,)
+        How many earlier requests accessed the block (concurrent ones too, as a cache counts its
+        hits): with
+        an infinite cache this access is a prefix hit when > 0. Such blocks (shared system
+        prompts, documents asked about again) come back far sooner than fresh ones, so the fit
+        models them apart, by reuse tier.
     n_merged : int
         Accesses merged into a concurrent later access (gap below ``min_gap``).
     """
@@ -48,11 +52,17 @@ class ReuseSamples:
     time: np.ndarray
     censored: np.ndarray
     workload: np.ndarray
-    repeat: np.ndarray
+    request: np.ndarray
+    prior: np.ndarray
     n_merged: int
 
     def __len__(self) -> int:
         return int(self.time.shape[0])
+
+    @property
+    def repeat(self) -> np.ndarray:
+        """True where an earlier request already accessed the block, shape (m,)."""
+        return self.prior > 0
 
 
 def access_request_index(trace: Trace) -> np.ndarray:
@@ -159,11 +169,15 @@ def extract_reuse(trace: Trace, codes: np.ndarray, *, min_gap: float = 0.3) -> R
     keep = ~concurrent
     exposure = np.maximum(trace.censor_time - access_time, 0.0)
     time = np.where(reused, gap, exposure)[keep]
+    # Earlier requests of the same block, concurrent ones included: a live cache counts them as hits.
+    position = np.arange(starts_block.shape[0])
+    prior = (position - np.maximum.accumulate(np.where(starts_block, position, 0)))[keep]
     return ReuseSamples(
         time=time.astype(np.float64),
         censored=~reused[keep],
         workload=np.asarray(codes, dtype=np.int32)[request[keep]],
-        repeat=~starts_block[keep],
+        request=request[keep],
+        prior=prior.astype(np.int64),
         n_merged=int(concurrent.sum()),
     )
 

@@ -154,7 +154,9 @@ class _Replay:
         self.offsets = workload.offsets.tolist()
         self.n_lookup = workload.n_lookup.tolist()
         self.n_total = workload.blocks_needed(config.cost.decode).tolist()
-        self.classes = workload.workload.tolist()
+        # What each tier's policy is told a request's workload is (its class or its cell).
+        self.classes = workload.codes_for(gpu.policy).tolist()
+        self.host_classes = workload.codes_for(host.policy).tolist() if host else None
         self.prompt = workload.prompt_tokens.tolist()
         self.held: dict[int, list[int]] = {}
 
@@ -179,7 +181,7 @@ class _Replay:
         gpu.pin_hits(slots, now, workload, self.next_use, start)
         gpu.allocate(self.blocks, self.next_use, start, n_device, stop - start, self.n_total[r], now, workload, slots)
         if n_host:
-            host.load(self.blocks, self.next_use, start, n_device, n_device + n_host, now, workload)
+            host.load(self.blocks, self.next_use, start, n_device, n_device + n_host, now, self.host_classes[r])
         self.held[r] = slots
         if self.observer:
             self.observer(gpu, host)
@@ -189,7 +191,7 @@ class _Replay:
         """Request ``r`` computed its prompt: the connector offloads its full blocks to the CPU tier."""
         if self.host:
             start, stop = self.offsets[r], self.offsets[r + 1]
-            self.host.store(self.blocks, self.next_use, start, range(stop - start), now, self.classes[r])
+            self.host.store(self.blocks, self.next_use, start, range(stop - start), now, self.host_classes[r])
 
     def release(self, r: int, now: float) -> None:
         self.gpu.release(self.held.pop(r), now)

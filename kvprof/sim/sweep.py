@@ -190,8 +190,8 @@ def sweep_workers(n_jobs: int, n_runs: int) -> int:
 
 
 def _run_one(index: int, workload: Workload, hp, policy: str, capacity: int, config: SimConfig):
-    host = make_policy(config.cpu_policy, hp) if config.cpu_capacity else None
-    return index, simulate(workload, make_policy(policy, hp), capacity, config, host_policy=host)
+    host = make_policy(config.cpu_policy, hp, config.cpu_capacity) if config.cpu_capacity else None
+    return index, simulate(workload, make_policy(policy, hp, capacity), capacity, config, host_policy=host)
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvprof.profiler.classes import classify_trace
+from kvprof.profiler.cells import cells_of_trace
 from kvprof.profiler.reuse import next_access
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimulationError
@@ -46,6 +47,9 @@ class Workload:
         block, ``inf`` if none in the window. Belady reads it.
     workload : int32 array, shape (n,)
         Class index of each request into ``class_names`` (the hp file's ``table()`` order).
+    cell : int32 array, shape (n,)
+        Cell index of each request (the hp file's ``cell_names()`` order): what policies keyed
+        by cells (``keyed_by == "cell"``) are told instead of the class.
     class_names : tuple of str
     engine_block_size : int
         Tokens per engine block.
@@ -64,6 +68,7 @@ class Workload:
     block: np.ndarray
     next_use: np.ndarray
     workload: np.ndarray
+    cell: np.ndarray
     class_names: tuple[str, ...]
     engine_block_size: int
     duration: float
@@ -77,6 +82,10 @@ class Workload:
     def n_accesses(self) -> int:
         """Full engine-block accesses (the blocks a request looks up or caches)."""
         return int(self.block.shape[0])
+
+    def codes_for(self, policy) -> np.ndarray:
+        """What ``policy.access`` is told a request's workload is: its cell or its class."""
+        return self.cell if policy.keyed_by == "cell" else self.workload
 
     def blocks_needed(self, decode: bool) -> np.ndarray:
         """Engine blocks each request holds while running, int64 (n,)."""
@@ -136,6 +145,7 @@ def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128, rate_s
     reused = nxt >= 0
     next_use[reused] = arrival[owner[nxt[reused]]]
     workload, names = _classes(trace, hp)
+    cell = _cells(trace, hp)
     return Workload(
         arrival=arrival,
         prompt_tokens=prompt,
@@ -146,11 +156,28 @@ def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128, rate_s
         block=block,
         next_use=next_use,
         workload=workload,
+        cell=cell,
         class_names=names,
         engine_block_size=engine_block_size,
         duration=trace.duration / rate_scale,
         rate_scale=rate_scale,
     )
+
+
+def _cells(trace: Trace, hp) -> np.ndarray:
+    """Cell index of every request in the hp file's ``cell_names()`` order (all 0 without a file)."""
+    if hp is None:
+        return np.zeros(trace.n_requests, dtype=np.int32)
+    codes, names = classify_trace(trace, hp.class_rule)
+    if hp.cell_rule is None:
+        to_cells = np.array([hp.cell_index(name) for name in names], dtype=np.int32)
+        return to_cells[codes]
+    try:
+        cells = cells_of_trace(hp.cell_rule, trace, codes, names)
+    except KeyError as exc:
+        raise SimulationError(f"the hp file's cell rule reads field {exc} that the trace lacks") from None
+    to_cells = np.array([hp.cell_index(name) for name in hp.cell_rule.names], dtype=np.int32)
+    return to_cells[cells]
 
 
 def _classes(trace: Trace, hp) -> tuple[np.ndarray, tuple[str, ...]]:
