@@ -10,6 +10,8 @@ were, so a failed or interrupted run never leaves a half-new directory behind.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -163,7 +165,7 @@ def compare(
 
         hp, hp_input = load_hp(config), {"path": str(config)}
     elif _needs_hp(names, sim_config):
-        hp = fitted = _fit(trace, fit_bounds)
+        hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs)
         hp_input = {"fitted_on_window": fit_window, "path": str(output / "hp.json")}
     else:
         hp, hp_input = None, None
@@ -192,7 +194,7 @@ def demo(
     with err_console.status(f"generating {trace_path}"):
         write_jsonl(trace_path, generate("bailian-a", 2.0, seed))
     trace = open_trace(trace_path)
-    hp = _fit(trace, (0.0, 3600.0))
+    hp = _fit(trace, (0.0, 3600.0), DEMO_CAPACITIES, SimConfig(), jobs)
     inputs = {"trace_path": str(trace_path), "synthetic": {"preset": "bailian-a", "hours": 2.0, "seed": seed},
               "hp": {"fitted_on_window": "0:3600", "path": str(output / "hp.json")}, "eval_window": "3600:"}
     _run_and_report(trace.time_window(3600.0, None), hp, DEMO_POLICIES, DEMO_CAPACITIES, SimConfig(), jobs, output,
@@ -277,12 +279,18 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
-def _fit(trace, bounds):
-    """Fit the reuse models on a window (the published workflow: hour one); saved once the sweep is done."""
+def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int):
+    """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
+    capacities on it (``kvprof fit --capacity``); saved once the sweep is done."""
     from kvprof.profiler.fit import fit_trace
+    from kvprof.sim.tune import tune
 
+    window = trace.time_window(*bounds)
     with err_console.status("fitting reuse models"):
-        return fit_trace(trace.time_window(*bounds))
+        hp = fit_trace(window)
+    with err_console.status(f"tuning wa on the fit window for {len(capacities)} capacities"):
+        return tune(hp, window, capacities, dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()),
+                    n_jobs=jobs)
 
 
 def _needs_hp(names, sim_config: SimConfig) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -9,6 +10,7 @@ import typer
 from rich.table import Table
 
 from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule
+from kvprof.errors import KvprofError
 from kvprof.cli.common import (
     FormatOpt,
     SkipOpt,
@@ -39,6 +41,9 @@ ClassFieldOpt = Annotated[
 MinGapOpt = Annotated[
     float, typer.Option("--min-gap", callback=non_negative, help="Seconds under which a reuse counts as concurrent use.")
 ]
+HorizonOpt = Annotated[
+    float, typer.Option("--horizon", callback=positive, help="H in seconds: score = P(reuse within H | idle age).")
+]
 
 
 def _class_rule(key: str, turn_cap: int, field: str | None) -> ClassRule:
@@ -65,32 +70,95 @@ def fit(
     window: Annotated[
         str, typer.Option("--window", help="Fit window START:END in seconds; the published workflow fits hour one.")
     ] = "0:3600",
-    horizon: Annotated[
-        float, typer.Option("--horizon", callback=positive, help="H in seconds: score = P(reuse within H).")
-    ] = 60.0,
+    horizon: HorizonOpt = 60.0,
     class_key: ClassKeyOpt = "type_turn",
     turn_cap: TurnCapOpt = 5,
     class_field: ClassFieldOpt = None,
+    max_cells: Annotated[
+        int, typer.Option("--max-cells", min=0, max=256,
+                          help="Most workload cells a learned tree may draw for wa; 0: each class is a cell.")
+    ] = 16,
+    cell_fields: Annotated[
+        Optional[str], typer.Option("--cell-fields", help="Comma-separated trace fields clients tag (vllm_xargs) "
+                                                         "that may split cells, e.g. model.")
+    ] = None,
+    max_components: Annotated[
+        int, typer.Option("--max-components", min=1, max=5, help="Most exponentials per reuse model (chosen by BIC).")
+    ] = 3,
     min_samples: Annotated[
-        int, typer.Option("--min-samples", min=1, help="Classes with fewer block accesses shrink toward the pooled fit.")
+        int, typer.Option("--min-samples", min=1, help="Classes and cells with fewer block accesses shrink toward more data.")
     ] = 200,
     min_gap: MinGapOpt = 0.3,
+    capacity: Annotated[
+        Optional[str], typer.Option("--capacity", help="Comma-separated GPU capacities (engine blocks) to tune wa "
+                                                       "for, by replaying the fit window; without it, defaults.")
+    ] = None,
+    engine_block_size: Annotated[
+        Optional[int], typer.Option("--engine-block-size", min=1, help="Engine block of the tuning replays "
+                                                                       "(default: the smallest multiple of the "
+                                                                       "trace's block >= 128).")
+    ] = None,
+    jobs: Annotated[int, typer.Option("-j", "--jobs", help="Parallel tuning replays (joblib; -1: all cores).")] = -1,
     format: FormatOpt = None,
     block_size: BlockSizeOpt = None,
     skip_invalid: SkipOpt = False,
     json_out: JsonOpt = False,
 ):
-    """Fit per-workload reuse models on a trace window and write the hp file."""
+    """Fit per-workload reuse models on a trace window and write the hp file.
+
+    Also learns wa's cells, fits a mixture per cell and reuse tier, reports each one's held-out
+    quality on the window after the fit window (when the trace has it) next to one exponential's,
+    and with --capacity tunes wa's horizon and starting order for those cache sizes.
+    """
     from kvprof.profiler.fit import fit_trace
 
-    trace, rule = _trace_and_rule(trace_path, window, format, block_size, skip_invalid, class_key, turn_cap, class_field)
-    hp = fit_trace(trace, rule, horizon=horizon, min_gap=min_gap, min_samples=min_samples)
+    rule = _class_rule(class_key, turn_cap, class_field)
+    bounds = parse_window_option(window)
+    capacities = _capacities(capacity)
+    fields = tuple(f.strip() for f in (cell_fields or "").split(",") if f.strip())
+    trace = open_trace(trace_path, format=format, block_size=block_size, skip_invalid=skip_invalid)
+    fitted = trace.time_window(*bounds)
+    if fitted.n_requests == 0:
+        raise KvprofError(f"{trace_path}: the fit window {window} holds no requests")
+    hp = fit_trace(fitted, rule, horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
+                   cell_fields=fields, max_components=max_components, holdout=_holdout(trace, fitted))
+    if capacities:
+        from kvprof.sim.config import SimConfig, default_engine_block
+        from kvprof.sim.tune import tune
+
+        with err_console.status(f"tuning wa for {len(capacities)} capacities on the fit window"):
+            hp = tune(hp, fitted, capacities, SimConfig(engine_block_size=engine_block_size or
+                                                        default_engine_block(trace.block_size)), n_jobs=jobs)
     hp.save(output)
     if json_out:
         print_json(hp.to_dict())
         return
-    console.print(_classes_table(hp, title=f"{trace_path.name} {window}: {trace.n_requests} requests"))
-    err_console.print(f"wrote {output} ({len(hp.classes)} classes, horizon {hp.horizon:g} s)")
+    console.print(_cells_table(hp, title=f"{trace_path.name} {window}: {fitted.n_requests} requests"))
+    if hp.tuning:
+        console.print(_tuning_table(hp))
+    err_console.print(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, "
+                      f"horizon {hp.horizon:g} s)")
+
+
+def _holdout(trace, fitted):
+    """The window after the fit window, as long as it (None when the fit window is open-ended)."""
+    start, end = fitted.window
+    if not (math.isfinite(start) and math.isfinite(end)):
+        return None
+    later = trace.time_window(end, end + (end - start))
+    return later if later.n_requests else None
+
+
+def _capacities(text: str | None) -> tuple[int, ...]:
+    if text is None:
+        return ()
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} must be comma-separated whole numbers of blocks", param_hint="--capacity") from None
+    if any(not 0 < value <= 2**40 for value in values):
+        raise typer.BadParameter(f"capacities must be from 1 to 2**40 blocks, got {text}", param_hint="--capacity")
+    return values
 
 
 def _fmt(value, spec: str = ".3g") -> str:
@@ -100,6 +168,52 @@ def _fmt(value, spec: str = ".3g") -> str:
 def _mean_time(lam: float | None) -> float | None:
     """1/λ, the mean reuse time in seconds, which reads better than a rate."""
     return 1 / lam if lam else None
+
+
+def _components(row) -> str:
+    """Mixture components as mean gap (weight): ``2.1 s (62%), 140 s (38%)``."""
+    return ", ".join(f"{1 / rate:.3g} s ({weight:.0%})" if rate > 0 else f"never ({weight:.0%})"
+                     for weight, rate in zip(row.weights, row.rates))
+
+
+def _cells_table(hp, title: str) -> Table:
+    """Per cell and reuse tier: data, the mixture, KS, and held-out quality beside one exponential's."""
+    from kvprof.cells import TIER_EDGES
+
+    table = Table(title=f"{title}: wa's cells x reuse tiers (held-out log-loss / Brier: mixture vs one exponential)")
+    for column in ("cell", "tier", "accesses", "reuses", "p", "components", "KS", "log-loss", "Brier", "source"):
+        table.add_column(column, justify="left" if column in ("cell", "components", "source") else "right")
+    labels = [f"{edge}" if i + 1 == len(TIER_EDGES) or TIER_EDGES[i + 1] == edge + 1 else f"{edge}-{TIER_EDGES[i + 1] - 1}"
+              for i, edge in enumerate(TIER_EDGES)]
+    labels[-1] += "+"
+    for name, tiers in zip(hp.cell_names(), hp.cell_models()):
+        for tier, row in enumerate(tiers):
+            diag = row.diagnostics or {}
+            held = diag.get("holdout") or {}
+            single = held.get("single") or {}
+            table.add_row(
+                name if tier == 0 else "", f"{labels[tier]} hits",
+                _fmt(diag.get("n_accesses"), ",d"), _fmt(diag.get("n_reuses"), ",d"),
+                _fmt(row.p, ".3f"), _components(row), _fmt(diag.get("ks"), ".3f"),
+                f"{_fmt(held.get('log_loss'), '.3f')} / {_fmt(single.get('log_loss'), '.3f')}" if held else "-",
+                f"{_fmt(held.get('brier'), '.3f')} / {_fmt(single.get('brier'), '.3f')}" if held else "-",
+                row.source,
+                end_section=tier == len(tiers) - 1,
+            )
+    return table
+
+
+def _tuning_table(hp) -> Table:
+    table = Table(title="tuned on the fit window (wa's token hit ratio per horizon; start: best shadow)")
+    table.add_column("capacity", justify="right")
+    table.add_column("hit ratio by H", justify="left")
+    table.add_column("horizon (s)", justify="right")
+    table.add_column("start", justify="left")
+    for entry in hp.tuning:
+        tried = entry.get("measured", {}).get("hit_ratio_by_horizon_s", {})
+        table.add_row(f"{entry['capacity']:,}", ", ".join(f"{h} s: {r:.4f}" for h, r in tried.items()),
+                      f"{entry['horizon_s']:g}", entry["start"])
+    return table
 
 
 def _classes_table(hp, title: str) -> Table:
@@ -131,6 +245,7 @@ def _classes_table(hp, title: str) -> Table:
 def inspect(
     trace_path: TraceArg,
     window: Annotated[Optional[str], typer.Option("--window", help="Only requests in START:END seconds.")] = None,
+    horizon: HorizonOpt = 60.0,
     class_key: ClassKeyOpt = "type_turn",
     turn_cap: TurnCapOpt = 5,
     class_field: ClassFieldOpt = None,
@@ -140,7 +255,10 @@ def inspect(
     skip_invalid: SkipOpt = False,
     json_out: JsonOpt = False,
 ):
-    """Print trace statistics: requests, sessions, types, turns, block reuse, ideal hit ratio, reuse gaps."""
+    """Print trace statistics: requests, sessions, types, turns, block reuse, ideal hit ratio, reuse gaps,
+    and per class how a mixture of exponentials and one exponential predict reuse (KS, held-out log-loss
+    and Brier score of P(reuse within --horizon | idle age), fitted on the first half, scored on the second)."""
+    from kvprof.profiler.quality import class_models
     from kvprof.profiler.stats import trace_summary
 
     trace, rule = _trace_and_rule(trace_path, window, format, block_size, skip_invalid, class_key, turn_cap, class_field)
@@ -149,7 +267,7 @@ def inspect(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--class-field") from None
     if json_out:
-        print_json(summary)
+        print_json({**summary, "reuse_models": class_models(trace, rule, horizon, min_gap)})
         return
     overview = Table(title=f"{trace_path.name} ({summary['format']}, {summary['block_size']}-token blocks)",
                      show_header=False)
@@ -176,6 +294,29 @@ def inspect(
         gaps.add_row(name, f"{row['requests']:,}", f"{row['accesses']:,}", f"{row['reuse_share']:.1%}",
                      *(_fmt(q.get(k)) for k in ("p10", "p50", "p90", "p99")))
     console.print(gaps)
+    models = class_models(trace, rule, horizon, min_gap)
+    if models:
+        console.print(_class_models_table(models, horizon))
+
+
+def _class_models_table(models: dict, horizon: float) -> Table:
+    """Per class: a mixture of exponentials against one exponential, fitted on the window's first half."""
+    table = Table(title=f"reuse models per class, fitted on the first half, scored on the second "
+                        f"(P(reuse within {horizon:g} s | idle age); mixture / one exponential)")
+    for column in ("class", "p", "components (mean gap s)", "KS", "log-loss", "Brier", "questions"):
+        table.add_column(column, justify="left" if column in ("class", "components (mean gap s)") else "right")
+    for name, row in models.items():
+        mix, single = row["mixture"], row["single"]
+        held, held_single = mix["holdout"] or {}, single["holdout"] or {}
+        table.add_row(
+            name, f"{mix['p']:.3f} / {single['p']:.3f}",
+            ", ".join(_fmt(g) for g in mix["mean_gaps_s"]) + " / " + _fmt(single["mean_gaps_s"][0]),
+            f"{_fmt(mix['ks'], '.3f')} / {_fmt(single['ks'], '.3f')}",
+            f"{_fmt(held.get('log_loss'), '.3f')} / {_fmt(held_single.get('log_loss'), '.3f')}",
+            f"{_fmt(held.get('brier'), '.3f')} / {_fmt(held_single.get('brier'), '.3f')}",
+            _fmt(held.get("n"), ",d"),
+        )
+    return table
 
 
 @guarded
@@ -219,7 +360,7 @@ def _show_hp(hp_path: Path, json_out: bool) -> None:
     prov = hp.provenance or {}
     rule = hp.class_rule
     console.print(
-        f"[bold]{hp_path}[/]  {'schema kvprof.hp/1' if prov else 'published profiler format'}  horizon {hp.horizon:g} s  concurrency floor {hp.min_gap:g} s\n"
+        f"[bold]{hp_path}[/]  {'schema ' + hp.schema if prov else 'published profiler format'}  horizon {hp.horizon:g} s  concurrency floor {hp.min_gap:g} s\n"
         f"class rule: {rule.key}" + (f" (turns capped at {rule.turn_cap})" if rule.key == "type_turn" else "")
         + (f" on field {rule.field}" if rule.field else "") + "\n"
         + (f"fitted on {prov.get('trace')} window {prov.get('window')} ({prov.get('n_requests')} requests, "
@@ -227,7 +368,10 @@ def _show_hp(hp_path: Path, json_out: bool) -> None:
            if prov else "no provenance (published profiler format)"),
         highlight=False,
     )
-    console.print(_classes_table(hp, title="classes"))
+    console.print(_classes_table(hp, title="classes: one cure exponential each (wa-paper's naive estimates beside)"))
+    console.print(_cells_table(hp, title="cells" if hp.cells else "cells (the classes, from a kvprof.hp/1 file)"))
+    if hp.tuning:
+        console.print(_tuning_table(hp))
     if hp.sessions:
         sessions = Table(title="sessions per type")
         for column in ("type", "sessions", "P(turn>=2)", "P(turn>=3)", "think mean (s)", "think median (s)"):

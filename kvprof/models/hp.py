@@ -203,6 +203,8 @@ class HpFile:
     default_cell: tuple[ReuseRow, ...] | None = None
     cell_rule: CellRule | None = None
     tuning: tuple[dict, ...] = ()
+    #: The schema of the file this was read from (what ``to_dict`` writes is always :data:`SCHEMA`).
+    schema: str = SCHEMA
 
     def __post_init__(self):
         rows = [*self.cells.values(), *([self.default_cell] if self.default_cell is not None else [])]
@@ -278,6 +280,10 @@ class HpFile:
     def cell_names(self) -> tuple[str, ...]:
         """The ``wa`` policy's cells in index order, ``"<default>"`` last."""
         return self._cells[0]
+
+    def cell_models(self) -> list[tuple[ReuseRow, ...]]:
+        """Each cell's rows, one per reuse tier, in :meth:`cell_names` order (the default last)."""
+        return list(self._cells[1])
 
     def cell_index(self, name: str) -> int:
         """Index of cell ``name`` in :meth:`cell_names`; the default's (the last) for unknown cells."""
@@ -401,6 +407,7 @@ def _read_schema(checks: JsonChecks, data) -> HpFile:
         sessions=_read_sessions(checks, data.get("sessions", {}), "sessions"),
         **cells,
         tuning=_read_tuning(checks, data.get("tuning", []), "tuning"),
+        schema=version,
     )
 
 

@@ -22,7 +22,7 @@ ORDER_NAMES = ROW_ORDERS + tuple(FOLLOWED_POLICIES)
 #: The candidates by default, LRU (vLLM's own order) first: followed until a shadow beats it.
 DEFAULT_ORDERS = ("lru", "model", "frequency", "strict-frequency", "s3fifo")
 #: Shadows compare their hits over about this many capacities' worth of accesses (a half-life).
-WINDOW_CAPACITIES = 8.0
+WINDOW_CAPACITIES = 16.0
 #: A shadow must beat the leader's hits by this share before ``wa`` switches to its order.
 SWITCH_MARGIN = 0.002
 
@@ -160,6 +160,10 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     def order_name(self) -> str:
         """Name of the candidate eviction follows now."""
         return self.order_names[self.leader]
+
+    def shadow_hits(self) -> dict[str, int]:
+        """Hits each candidate's shadow has counted so far (empty without the safety net)."""
+        return {name: shadow.hits for name, shadow in zip(self.order_names, self._shadows)}
 
     # -- per-block state -------------------------------------------------------------------
     def _grow(self, block: int) -> None:

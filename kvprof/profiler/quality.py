@@ -83,3 +83,59 @@ def _metrics(answer: np.ndarray, prediction: np.ndarray) -> dict:
     return {"log_loss": float(log_loss(answer, prediction, labels=[False, True])),
             "brier": float(brier_score_loss(answer, prediction, pos_label=True)),
             "n": int(answer.size)}
+
+
+def class_models(trace, rule, horizon: float, min_gap: float, max_components: int = 3) -> dict:
+    """Per class, a mixture and one cure exponential fitted on the window's first half, and how
+    each does: KS of the gaps, held-out log-loss and Brier on the second half (``inspect``).
+
+    Returns
+    -------
+    dict of class name to ``{"mixture": {...}, "single": {...}}``, each with ``p``, ``mean_gaps_s``
+    (per component), ``ks`` and ``holdout`` (log_loss, brier, n; None without questions).
+    """
+    from kvprof.models.mixture import CureMixture, diagnose_mixture
+    from kvprof.profiler.classes import classify_trace
+    from kvprof.profiler.reuse import extract_reuse
+
+    start = float(trace.timestamp[0]) if trace.n_requests else trace.window[0]
+    middle = (start + trace.censor_time) / 2
+    first, second = trace.time_window(None, middle), trace.time_window(middle, None)
+    if not (first.n_requests and second.n_requests):
+        return {}
+    report = {}
+    fitted = {}
+    codes, names = classify_trace(first, rule)
+    samples = extract_reuse(first, codes, min_gap=min_gap)
+    for code, name in enumerate(names):
+        rows = samples.workload == code
+        if not rows.any():
+            continue
+        fitted[name] = {kind: CureMixture(k).fit(samples.time[rows], samples.censored[rows])
+                        for kind, k in (("mixture", max_components), ("single", 1))}
+        report[name] = {kind: {"p": model.p_, "mean_gaps_s": [1 / r if r > 0 else None for r in model.rates_],
+                               "ks": diagnose_mixture(samples.time[rows], samples.censored[rows], model)["ks"],
+                               "holdout": None}
+                        for kind, model in fitted[name].items()}
+    codes, held_names = classify_trace(second, rule)
+    held = extract_reuse(second, codes, min_gap=min_gap)
+    index = {name: i for i, name in enumerate(fitted)}
+    to_row = np.array([index.get(name, -1) for name in held_names])
+    row = to_row[held.workload]
+    known = row >= 0
+    held = ReuseSamples(*(getattr(held, f)[known] for f in ("time", "censored", "workload", "request", "prior")),
+                        n_merged=held.n_merged)
+
+    def arrays(kind):
+        models = [fitted[name][kind] for name in fitted]
+        k = max(m.n_components_ for m in models)
+        pad = lambda v: np.pad(v, (0, k - v.size))  # noqa: E731
+        return (np.array([m.p_ for m in models]), np.array([pad(m.weights_) for m in models]),
+                np.array([pad(m.rates_) for m in models]))
+
+    quality = score_quality(held, row[known], {kind: arrays(kind) for kind in ("mixture", "single")}, horizon)["rows"]
+    for name, i in index.items():
+        for kind in ("mixture", "single"):
+            if i in quality:
+                report[name][kind]["holdout"] = quality[i][kind]
+    return report

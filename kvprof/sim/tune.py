@@ -1,0 +1,76 @@
+"""Profile-driven tuning: the profiler's own window, replayed, chooses the ``wa`` policy's knobs.
+
+For each capacity the user will run at, :func:`tune` replays the fit window through the
+simulator under ``wa`` at a few horizons around the fitted one and keeps the horizon with the
+highest token hit ratio, and, as the candidate order to start on, the one whose shadow cache
+hit most in that replay (so the policy starts where the safety net would have ended). The
+choices go into the hp file's ``tuning`` block; a policy built for a capacity takes the entry of
+the nearest tuned one (:meth:`kvprof.models.hp.HpFile.tuned`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from joblib import Parallel, delayed
+
+from kvprof.models.hp import HpFile
+from kvprof.policy import make_policy
+from kvprof.profiler.trace import Trace
+from kvprof.sim.config import SimConfig
+from kvprof.sim.engine import simulate
+from kvprof.sim.workload import Workload, prepare_workload
+
+#: Horizons tried, as multiples of the fitted one.
+HORIZON_FACTORS = (0.25, 1.0, 4.0)
+
+
+def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig = SimConfig(), *,
+         n_jobs: int = 1) -> HpFile:
+    """``hp`` with a tuning entry per capacity, chosen by replaying ``trace`` (the fit window).
+
+    Parameters
+    ----------
+    hp : HpFile
+        Fitted on ``trace``.
+    trace : Trace
+        The window to replay.
+    capacities : sequence of int
+        GPU capacities in engine blocks.
+    config : SimConfig
+        Engine block size and cost model of the replays (those the policy will meet).
+    n_jobs : int
+        joblib workers for the replays (capacities x horizons).
+
+    Returns
+    -------
+    HpFile
+        With ``tuning``: per capacity ``capacity``, ``horizon_s``, ``start`` and what was
+        ``measured`` (hit ratio per horizon tried, shadow hits per candidate at the best one).
+    """
+    workload = prepare_workload(trace, hp, config.engine_block_size)
+    horizons = [hp.horizon * factor for factor in HORIZON_FACTORS]
+    tasks = [(capacity, horizon) for capacity in capacities for horizon in horizons]
+    replays = Parallel(n_jobs=min(n_jobs, len(tasks)) if n_jobs > 0 else n_jobs)(
+        delayed(_replay)(workload, hp, capacity, horizon, config) for capacity, horizon in tasks)
+    entries = []
+    for capacity in capacities:
+        tried = {horizon: replay for (c, horizon), replay in zip(tasks, replays) if c == capacity}
+        best = max(tried, key=lambda horizon: tried[horizon][0])
+        shadow_hits = tried[best][1]
+        entries.append({
+            "capacity": int(capacity),
+            "horizon_s": float(best),
+            "start": max(shadow_hits, key=shadow_hits.get),
+            "measured": {"hit_ratio_by_horizon_s": {f"{h:g}": ratio for h, (ratio, _) in tried.items()},
+                         "shadow_hits": shadow_hits},
+        })
+    return dataclasses.replace(hp, tuning=tuple(entries))
+
+
+def _replay(workload: Workload, hp: HpFile, capacity: int, horizon: float, config: SimConfig) -> tuple[float, dict]:
+    """Token hit ratio of ``wa`` at ``horizon`` and its shadows' hits by candidate."""
+    policy = make_policy("wa", hp, horizon=horizon)
+    metrics = simulate(workload, policy, capacity, config)
+    return metrics.token_hit_ratio, policy.shadow_hits()
