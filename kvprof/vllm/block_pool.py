@@ -184,7 +184,7 @@ class KvprofBlockPool(BlockPool):
     def __init__(self, *args, kvprof_spec: PolicySpec, clock=time.monotonic, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.kvprof_spec = kvprof_spec
-        self.policy = kvprof_spec.make_policy()
+        self.policy = kvprof_spec.make_policy(capacity=self.num_gpu_blocks)
         self.current_request = None
         self._clock = clock
         # vLLM's queue has popped the null block already; keep its order for the rest.
@@ -193,7 +193,7 @@ class KvprofBlockPool(BlockPool):
         self.free_block_queue._front = deque(free)
 
     def _class_of(self, request) -> int:
-        return self.kvprof_spec.class_index(request_extra_args(request))
+        return self.kvprof_spec.class_index(request_extra_args(request), request.num_prompt_tokens)
 
     def touch(self, blocks, *args, **kwargs) -> None:
         super().touch(blocks, *args, **kwargs)  # takes free hit blocks out of the queue (policy.remove)
@@ -203,7 +203,7 @@ class KvprofBlockPool(BlockPool):
         access = self.policy.access
         for depth, block in enumerate(blocks):
             if not block.is_null:
-                access(block.block_id, now, cls, depth, hit=True)
+                access(block.block_id, now, cls, depth, hit=True, content=block.block_hash)
 
     def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs) -> None:
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
@@ -215,7 +215,7 @@ class KvprofBlockPool(BlockPool):
         for depth in range(num_cached_blocks, num_full_blocks):
             block = blocks[depth]
             if not block.is_null and block.block_hash is not None:
-                access(block.block_id, now, cls, depth, hit=False)
+                access(block.block_id, now, cls, depth, hit=False, content=block.block_hash)
 
     def reset_prefix_cache(self) -> bool:
         ok = super().reset_prefix_cache()

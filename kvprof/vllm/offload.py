@@ -74,7 +74,7 @@ class KvprofCachePolicy(CachePolicy):
                 "(or set KVPROF_KV_POLICY_CONFIG)"
             )
         self.spec = spec
-        self.policy = spec.make_policy()
+        self.policy = spec.make_policy(capacity=cache_capacity)
         self._clock = clock
         self.chunks: dict[Any, Any] = {}
         self._id: dict[Any, int] = {}
@@ -133,7 +133,8 @@ class KvprofCachePolicy(CachePolicy):
         self._stored_by[key] = getattr(req_context, "req_id", None)
         block = self._id_of(key)
         now = self._clock()
-        self.policy.access(block, now, self._class_of(req_context), self._depth(key, req_context, 0), hit=False)
+        self.policy.access(block, now, self._class_of(req_context), self._depth(key, req_context, 0), hit=False,
+                           content=key)
         if chunk.ref_cnt == 0:
             self.policy.free((block,), now)
 
@@ -175,7 +176,7 @@ class KvprofCachePolicy(CachePolicy):
             block = self._id.get(key)
             if block is None or key not in self.chunks:
                 continue
-            access(block, now, cls, self._depth(key, req_context, i), hit=key in reused)
+            access(block, now, cls, self._depth(key, req_context, i), hit=key in reused, content=key)
 
     def evict(self, n: int, protected: set):
         if n == 0:

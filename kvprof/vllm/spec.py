@@ -15,9 +15,11 @@ The configuration::
 
 Requests name their workload in ``SamplingParams.extra_args`` (the OpenAI server fills it from
 ``vllm_xargs``): either ``{"workload": "text_2"}`` or the trace fields ``{"type": "text", "turn": 2}``
-(plus the keyed field when the hp file's class rule is ``field``), classified with the hp file's
-class rule by :func:`kvprof.classes.workload_class`, exactly as the profiler did.
-Untagged requests get the default class.
+(plus the keyed field when the hp file's class rule is ``field``, and the fields its cell rule
+reads), classified with the hp file's class rule by :func:`kvprof.classes.workload_class` and,
+for policies keyed by cells (``wa``), placed in a cell by its cell rule with the prompt's length,
+exactly as the profiler did. Untagged requests get the default class (and the cell the rule
+gives a request of no class).
 """
 
 from __future__ import annotations
@@ -77,12 +79,15 @@ class PolicySpec:
     hp : kvprof.models.hp.HpFile or None
     class_names : tuple of str
         Class names in the policy's index order, the default last (``HpFile.table()``).
+    keyed_by : {"class", "cell"}
+        What the policy's ``access`` is told (its class ``keyed_by``).
     """
 
     policy: str
     config: str | None
     hp: Any = None
     class_names: tuple[str, ...] = ("<default>",)
+    keyed_by: str = "class"
     _cache: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -127,23 +132,26 @@ class PolicySpec:
                 f"policy {name!r} needs an hp file: pass --kv-policy-config PATH "
                 f"(or additional_config={{'kv_policy': {{'config': PATH}}}})"
             )
-        spec = cls(policy=name, config=None if path is None else str(path), hp=hp)
+        spec = cls(policy=name, config=None if path is None else str(path), hp=hp, keyed_by=POLICIES[name].keyed_by)
         if hp is not None:
             spec.class_names = tuple(hp.table()[0])
         spec.make_policy()  # fail here, not in the engine core, if the hp file does not fit the policy
         return spec
 
-    def make_policy(self):
-        """A fresh policy instance for one cache tier."""
+    def make_policy(self, capacity: int | None = None):
+        """A fresh policy instance for one cache tier of ``capacity`` blocks (for ``wa``'s tuning)."""
         from kvprof.policy import make_policy
 
         try:
-            return make_policy(self.policy, hp=self.hp)
+            return make_policy(self.policy, hp=self.hp, capacity=capacity)
         except (ValueError, TypeError) as err:
             raise KvPolicyConfigError(f"cannot build policy {self.policy!r} from {self.config}: {err}") from None
 
     @property
     def default_index(self) -> int:
+        """The default class's index, or the default cell's for a policy keyed by cells."""
+        if self.keyed_by == "cell" and self.hp is not None:
+            return len(self.hp.cell_names()) - 1
         return len(self.class_names) - 1
 
     def describe(self) -> str:
@@ -151,8 +159,9 @@ class PolicySpec:
         src = self.config or "no hp file"
         n = len(self.class_names) - 1
         rule = self.hp.class_rule.to_dict() if self.hp is not None else None
+        cells = f", {len(self.hp.cell_names()) - 1} cells" if self.keyed_by == "cell" and self.hp is not None else ""
         return (
-            f"kvprof eviction policy '{self.policy}' in force from {src}: {n} fitted classes + default"
+            f"kvprof eviction policy '{self.policy}' in force from {src}: {n} fitted classes + default{cells}"
             + (f", class rule {rule}, horizon {self.hp.horizon:g} s" if rule else "")
         )
 
@@ -179,24 +188,51 @@ class PolicySpec:
             turn = None
         return workload_class(rule, None if type_name is None else str(type_name), turn, value)
 
-    def class_index(self, extra_args: dict | None) -> int:
-        """Index of the request's class in the policy's table; the default class when untagged/unknown."""
-        if not extra_args or self.hp is None:
-            return self.default_index if self.hp is not None else 0
-        key = (extra_args.get("workload"), extra_args.get("type"), extra_args.get("turn"),
-               extra_args.get(self.hp.class_rule.field) if self.hp.class_rule.field else None)
+    def class_index(self, extra_args: dict | None, prompt_tokens: int = 0) -> int:
+        """What the policy is told a request's workload is: the index of its class in the policy's
+        table, or for a policy keyed by cells its cell's; the default when untagged or unknown."""
+        if self.hp is None:
+            return 0
+        by_rule = self.keyed_by == "cell" and self.hp.cell_rule is not None  # the prompt's length matters
+        args = extra_args or {}
+        key = (args.get("workload"), args.get("type"), args.get("turn"),
+               args.get(self.hp.class_rule.field) if self.hp.class_rule.field else None,
+               *(args.get(name) for name in (self.hp.cell_rule.fields if by_rule else ())),
+               prompt_tokens if by_rule else 0)
         try:
             return self._cache[key]
         except (KeyError, TypeError):
             pass
         name = self.class_name(extra_args)
-        index = self.default_index if name is None else self.hp.index_of(name)
+        if self.keyed_by == "cell":
+            index = self._cell_index(name, args, prompt_tokens)
+        else:
+            index = self.default_index if name is None else self.hp.index_of(name)
         try:
             if len(self._cache) < 4096:
                 self._cache[key] = index
         except TypeError:
             pass
         return index
+
+    def _cell_index(self, class_name: str | None, extra_args: dict, prompt_tokens: int) -> int:
+        """The cell of a request of ``class_name`` (None: untagged) under the hp file's cell rule."""
+        hp = self.hp
+        if class_name in hp.cell_names()[:-1]:  # a tag may name a cell directly
+            return hp.cell_index(class_name)
+        rule = hp.cell_rule
+        if rule is None:  # each class is a cell
+            return self.default_index if class_name is None else hp.cell_index(class_name)
+        from kvprof.cells import request_features
+
+        turn = extra_args.get("turn")
+        try:
+            turn = None if turn is None else int(turn)
+        except (TypeError, ValueError):
+            turn = None
+        features = request_features(class_name or "", turn, prompt_tokens,
+                                    {name: extra_args.get(name) for name in rule.fields})
+        return hp.cell_index(rule.names[rule.cell_of(features)])
 
 
 def request_extra_args(request) -> dict | None:
