@@ -324,3 +324,113 @@ def test_class_params_refuse_impossible_values():
         ClassParams(0.5, math.nan)
     with pytest.raises(ValueError, match="source"):
         ClassParams(0.5, 0.1, source="magic")
+
+
+# --- version 2: cells, mixtures, the cell rule, tuning ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fitted_v2(tmp_path_factory):
+    """A kvprof.hp/2 file as fit writes it: learned cells, tiers, held-out quality and a tuning entry."""
+    from kvprof.profiler.fit import fit_trace
+    from kvprof.profiler.reader import read_trace
+    from kvprof.profiler.synth import generate, write_jsonl
+
+    path = tmp_path_factory.mktemp("v2") / "trace.jsonl"
+    write_jsonl(path, generate("bailian-a", 0.3, 1))
+    trace, _ = read_trace(path)
+    hp = fit_trace(trace.time_window(0, 540), max_cells=4, holdout=trace.time_window(540, 1080))
+    tuning = ({"capacity": 512, "horizon_s": 15.0, "start": "frequency", "measured": {"x": 1}},
+              {"capacity": 4096, "horizon_s": 60.0, "start": "model"})
+    import dataclasses
+
+    return dataclasses.replace(hp, tuning=tuning)
+
+
+def test_a_fitted_version_2_file_round_trips(fitted_v2, tmp_path):
+    path = tmp_path / "hp.json"
+    fitted_v2.save(path)
+    loaded = load_hp(path)
+    assert loaded.to_dict() == fitted_v2.to_dict() and loaded.schema == "kvprof.hp/2"
+    assert loaded.cell_rule == fitted_v2.cell_rule and loaded.cell_names() == fitted_v2.cell_names()
+    p, weights, rates = loaded.reuse_rows()
+    assert p.shape == (len(loaded.cell_names()), 4) and weights.shape == rates.shape == p.shape + (weights.shape[2],)
+    np.testing.assert_allclose(weights.sum(axis=2), 1.0)
+    held = [row.diagnostics["holdout"] for tiers in loaded.cells.values() for row in tiers
+            if row.diagnostics and "holdout" in row.diagnostics]
+    assert held and all({"log_loss", "brier", "n", "single"} <= set(h) for h in held)
+
+
+def test_tuning_is_taken_from_the_nearest_capacity_by_ratio(fitted_v2):
+    assert fitted_v2.tuned(None) == {} and fitted_v2.tuned(100)["start"] == "frequency"
+    assert fitted_v2.tuned(1440)["capacity"] == 512 and fitted_v2.tuned(1460)["capacity"] == 4096  # ratio midpoint 1448
+    from kvprof.policy import make_policy
+
+    policy = make_policy("wa", fitted_v2, 500)
+    assert policy.order_name == "frequency" and policy.horizon == 15.0
+    assert make_policy("wa", fitted_v2, 500, horizon=7.0).horizon == 7.0
+
+
+def test_a_version_1_file_reads_its_classes_as_cells(hp):
+    with_reused = HpFile({**hp.classes, "text_1@reused": ClassParams(0.9, 0.2)}, hp.default, hp.horizon,
+                         hp.class_rule)
+    assert with_reused.cell_names() == ("text_1", "text_2", DEFAULT_CLASS)
+    p, weights, rates = with_reused.reuse_rows()
+    np.testing.assert_array_equal(p[0], [0.41, 0.9, 0.9, 0.9])  # tier 0 the class, hit tiers its @reused entry
+    np.testing.assert_array_equal(p[1], [0.6] * 4)
+    np.testing.assert_array_equal(rates[:, :, 0][2], [0.01] * 4) and np.testing.assert_array_equal(weights, 1.0)
+    assert with_reused.cell_index("text_2") == 1 and with_reused.cell_index("nope") == 2
+
+
+V2_ERRORS = [
+    ("weights not summing to 1", lambda d: _first_row(d)["components"][0].update(weight=0.5),
+     "components", "weights must sum to 1"),
+    ("a rate 1e400", lambda d: _first_row(d)["components"][0].update(rate=HUGE), "components[0].rate", "finite number"),
+    ("no component", lambda d: _first_row(d).update(components=[]), "components", "must not be empty"),
+    ("three tiers", lambda d: d["cells"][_first_cell(d)].pop(), None, "one reuse row per tier (4), got 3"),
+    ("other tier edges", lambda d: d.update(tier_edges=[0, 1, 3]), "tier_edges", "reuse tiers [0, 1, 2, 4]"),
+    ("a row typo", lambda d: _first_row(d).update(pp=1), "pp", "unknown key"),
+    ("tuning start unknown", lambda d: d["tuning"][0].update(start="mru"), "tuning[0].start", "must be one of lru"),
+    ("tuning capacity 0", lambda d: d["tuning"][0].update(capacity=0), "tuning[0].capacity", "integer from 1"),
+    ("rule leaf names another cell", lambda d: _first_leaf(d).update(cell="elsewhere"), "cell_rule",
+     "must name the same cells"),
+    ("rule node test unknown feature", lambda d: _first_test(d).update(feature="nope"), "feature", "must be one of"),
+    ("rule child before parent", lambda d: _first_test(d).update(left=0), "cell_rule", "children come after"),
+]
+
+
+def _first_cell(d):
+    return next(iter(d["cells"]))
+
+
+def _first_row(d):
+    return d["cells"][_first_cell(d)][0]
+
+
+def _first_leaf(d):
+    return next(n for n in d["cell_rule"]["nodes"] if "cell" in n)
+
+
+def _first_test(d):
+    return next(n for n in d["cell_rule"]["nodes"] if "feature" in n)
+
+
+@pytest.mark.parametrize("edit, where_ends, words", [c[1:] for c in V2_ERRORS], ids=[c[0] for c in V2_ERRORS])
+def test_version_2_errors_are_located(fitted_v2, tmp_path, edit, where_ends, words):
+    data = json.loads(json.dumps(fitted_v2.to_dict()))
+    edit(data)
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(HpFileError) as caught:
+        load_hp(path)
+    assert words in str(caught.value)
+    if where_ends is not None:
+        assert caught.value.where.endswith(where_ends), caught.value.where
+
+
+def test_version_2_keys_in_a_version_1_file_are_unknown(fitted_v2, tmp_path):
+    data = {**fitted_v2.to_dict(), "schema": "kvprof.hp/1"}
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(HpFileError, match="unknown key"):
+        load_hp(path)

@@ -8,6 +8,7 @@ from collections.abc import Hashable, Iterable
 
 import numpy as np
 
+from kvprof.models.hp import CANDIDATES
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.classed import ClassedLRUPolicy, _as_list
 from kvprof.policy.orders import FrequencyOrder, ModelOrder, Order, RecencyOrder, tier_of
@@ -19,12 +20,18 @@ ROW_ORDERS = ("model", "lru", "frequency", "strict-frequency")
 #: Candidate policies with a structure of their own, kept in step with the real cache's blocks.
 FOLLOWED_POLICIES: dict[str, type[EvictionPolicy]] = {"s3fifo": S3FIFOPolicy}
 ORDER_NAMES = ROW_ORDERS + tuple(FOLLOWED_POLICIES)
-#: The candidates by default, LRU (vLLM's own order) first: followed until a shadow beats it.
-DEFAULT_ORDERS = ("lru", "model", "frequency", "strict-frequency", "s3fifo")
+if set(ORDER_NAMES) != set(CANDIDATES):  # the hp loader checks tuned start orders against CANDIDATES
+    raise ImportError(f"wa's candidate orders {ORDER_NAMES} differ from kvprof.models.hp.CANDIDATES {CANDIDATES}")
+#: The candidates by default, the fitted model first: followed until a shadow beats it (a file
+#: tuned for the capacity names the order to start on instead).
+DEFAULT_ORDERS = ("model", "lru", "frequency", "strict-frequency", "s3fifo")
 #: Shadows compare their hits over about this many capacities' worth of accesses (a half-life).
 WINDOW_CAPACITIES = 16.0
 #: A shadow must beat the leader's hits by this share before ``wa`` switches to its order.
 SWITCH_MARGIN = 0.002
+#: ``wa`` compares its shadows every ``max(FOLLOW_PERIOD_MIN, capacity // FOLLOW_PERIOD_SHARE)`` accesses.
+FOLLOW_PERIOD_MIN = 64
+FOLLOW_PERIOD_SHARE = 16
 
 
 class WorkloadAwarePolicy(ClassedLRUPolicy):
@@ -291,7 +298,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
                 shadow.capacity = self._most
             shadow.access(content, now, workload, depth)
         self._accesses += 1
-        period = max(64, self._most // 16)
+        period = max(FOLLOW_PERIOD_MIN, self._most // FOLLOW_PERIOD_SHARE)
         if self._accesses % period:
             return
         keep = 0.5 ** (period / max(WINDOW_CAPACITIES * self._most, 1.0))

@@ -115,9 +115,10 @@ def test_wa_pool_prefers_cold_class(in_vllm):
     spec = PolicySpec.from_additional_config({"kv_policy": {"config": fh.name}})
     pool = KvprofBlockPool(num_gpu_blocks=9, enable_caching=True, hash_block_size=16, kvprof_spec=spec)
 
-    class FakeReq:  # only what the pool reads: sampling_params.extra_args
+    class FakeReq:  # only what the pool reads: sampling_params.extra_args and the prompt's length
         def __init__(self, xargs):
             self.sampling_params = type("SP", (), {"extra_args": xargs})()
+            self.num_prompt_tokens = 128
 
     hot, cold = pool.get_new_blocks(4), pool.get_new_blocks(4)
     for reqx, blocks, base in ((FakeReq({"type": "hot", "turn": 1}), hot, 0), (FakeReq({"workload": "cold_1"}), cold, 10)):

@@ -217,7 +217,7 @@ def predict_cached_tokens(policy, requests: list[Req], num_blocks: int, block_si
         for depth, block in enumerate(hits):
             if block in policy:
                 policy.remove(block)
-            policy.access(block, now, req.workload, depth, hit=True)
+            policy.access(block, now, req.workload, depth, hit=True, content=keys[depth])
         need = -(-n_computed // block_size) - len(hits)
         new = [front.popleft() for _ in range(min(need, len(front)))]
         if len(new) < need:
@@ -230,7 +230,7 @@ def predict_cached_tokens(policy, requests: list[Req], num_blocks: int, block_si
         for depth in range(len(hits), n_full):
             cache[keys[depth]] = blocks[depth]
             key_of[blocks[depth]] = keys[depth]
-            policy.access(blocks[depth], now, req.workload, depth, hit=False)
+            policy.access(blocks[depth], now, req.workload, depth, hit=False, content=keys[depth])
         out.append(len(hits) * block_size)
         freed_cached, freed_plain = [], []
         for block in reversed(blocks):

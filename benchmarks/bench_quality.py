@@ -1,0 +1,163 @@
+"""The policy-quality suite: every policy on real and synthetic traces, four cache sizes each.
+
+    python benchmarks/bench_quality.py [-j N] [--traces weka,mooncake,...] [-o quality.json]
+
+For each trace the published workflow runs as `kvprof compare` runs it without --config: fit
+on the fit window (and tune wa for the suite's capacities on it), replay the evaluation window
+under every policy at four capacities, from small (LRU's token hit ratio near 0.1) to large.
+The table gives, per trace and capacity, each policy's token hit ratio, wa's gain over the best
+baseline (the most of lru, lfu, s3fifo, arc and wa-paper) and wa's share of the gap from that
+baseline to Belady; then the issue's targets, each met or missed. The JSON file holds the same.
+
+Traces: ../shared/traces/weka-agents-dev (fit 0:3600, compare 3600:, 64-token blocks) and
+mooncake-synthetic (fit 0:400, compare 400:, 512-token blocks) from the directory in
+KVPROF_TRACES (default: ../shared/traces next to the repository), skipped with a message when
+absent; `kvprof synth` bailian-a seeds 0, 1, 2 and bailian-b seed 0 (2 h; fit hour one,
+compare hour two; 128-token blocks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvprof.atomic import atomic_write_text
+from kvprof.profiler.fit import fit_trace
+from kvprof.profiler.reader import read_trace
+from kvprof.profiler.synth import generate, write_jsonl
+from kvprof.sim.config import SimConfig
+from kvprof.sim.sweep import run_sweep
+from kvprof.sim.tune import tune
+
+BASELINES = ("lru", "lfu", "s3fifo", "arc", "wa-paper")
+POLICIES = (*BASELINES, "wa", "belady")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Case:
+    """One trace of the suite and how it is read, split and sized."""
+
+    name: str
+    source: str  # a file name in the traces directory, or "synth:<preset>:<seed>"
+    fit: tuple[float, float]
+    evaluate: tuple[float, float | None]
+    trace_block: int | None
+    engine_block: int
+    capacities: tuple[int, ...]
+
+
+CASES = (
+    Case("weka-agents-dev", "weka-agents-dev.jsonl.zst", (0, 3600), (3600, None), 64, 64, (3000, 6000, 10000, 16000)),
+    Case("mooncake-synthetic", "mooncake-synthetic.jsonl.zst", (0, 400), (400, None), None, 512, (1000, 2000, 4000, 8000)),
+    *(Case(f"bailian-a seed {seed}", f"synth:bailian-a:{seed}", (0, 3600), (3600, None), None, 128,
+           (256, 1024, 4096, 16384)) for seed in (0, 1, 2)),
+    Case("bailian-b seed 0", "synth:bailian-b:0", (0, 3600), (3600, None), None, 128, (128, 512, 2048, 8192)),
+)
+
+
+def load(case: Case, traces_dir: Path, scratch: Path):
+    if case.source.startswith("synth:"):
+        _, preset, seed = case.source.split(":")
+        path = scratch / f"{preset}-{seed}.jsonl"
+        write_jsonl(path, generate(preset, 2.0, int(seed)))
+    else:
+        path = traces_dir / case.source
+        if not path.exists():
+            return None
+    return read_trace(path, block_size=case.trace_block)[0]
+
+
+def run_case(case: Case, trace, jobs: int) -> dict:
+    """Fit and tune on the fit window, sweep every policy on the evaluation window."""
+    started = time.perf_counter()
+    config = SimConfig(engine_block_size=case.engine_block)
+    fitted = trace.time_window(*case.fit)
+    hp = tune(fit_trace(fitted), fitted, case.capacities, config, n_jobs=jobs)
+    results = run_sweep(trace.time_window(*case.evaluate), hp, POLICIES, case.capacities, config, n_jobs=jobs)
+    rows = []
+    for capacity in case.capacities:
+        ratio = {policy: results.get(policy, capacity).token_hit_ratio for policy in POLICIES}
+        best = max(BASELINES, key=ratio.get)
+        gap = ratio["belady"] - ratio[best]
+        rows.append({
+            "capacity": capacity,
+            "token_hit_ratio": ratio,
+            "best_baseline": best,
+            "wa_gain_over_best": (ratio["wa"] - ratio[best]) / ratio[best] if ratio[best] else None,
+            "wa_gain_over_lru": (ratio["wa"] - ratio["lru"]) / ratio["lru"] if ratio["lru"] else None,
+            "wa_gap_closed": (ratio["wa"] - ratio[best]) / gap if gap > 0 else None,
+        })
+    return {"trace": case.name, "fit_window": list(case.fit), "eval_window": [case.evaluate[0], case.evaluate[1]],
+            "engine_block": case.engine_block, "tuning": [dict(entry) for entry in hp.tuning], "rows": rows,
+            "wall_s": time.perf_counter() - started}
+
+
+def targets(cases: list[dict]) -> list[dict]:
+    """The issue's three targets over the cases run."""
+    every = [row["wa_gain_over_best"] for case in cases for row in case["rows"] if row["wa_gain_over_best"] is not None]
+    small = [row["wa_gap_closed"] for case in cases for row in case["rows"][:2] if row["wa_gap_closed"] is not None]
+    bailian = [case["rows"][0]["wa_gain_over_lru"] for case in cases if case["trace"].startswith("bailian-a")]
+    out = [{"target": "wa >= best baseline - 1 % on every trace and capacity",
+            "measured": f"worst {min(every):+.1%}" if every else "-", "met": bool(every) and min(every) >= -0.01}]
+    if small:
+        mean = sum(small) / len(small)
+        out.append({"target": "wa closes >= 15 % of the best-baseline-to-Belady gap at the two smallest capacities, "
+                              "on average", "measured": f"{mean:.1%}", "met": mean >= 0.15})
+    if bailian:
+        out.append({"target": "bailian-a seeds 0-2, smallest capacity: wa >= +10 % over lru",
+                    "measured": ", ".join(f"{g:+.1%}" for g in bailian), "met": min(bailian) >= 0.10})
+    return out
+
+
+def print_table(cases: list[dict], checks: list[dict]) -> None:
+    header = ["trace", "capacity", *POLICIES, "wa vs best", "gap closed"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for case in cases:
+        for row in case["rows"]:
+            ratio = row["token_hit_ratio"]
+            cells = [f"**{ratio[p]:.4f}**" if p == row["best_baseline"] else f"{ratio[p]:.4f}" for p in POLICIES]
+            gain, closed = row["wa_gain_over_best"], row["wa_gap_closed"]
+            print(f"| {case['trace']} | {row['capacity']:,} | " + " | ".join(cells)
+                  + f" | {'-' if gain is None else f'{gain:+.1%}'} | {'-' if closed is None else f'{closed:+.1%}'} |")
+    print()
+    for check in checks:
+        print(f"- {'met' if check['met'] else 'MISSED'}: {check['target']}: {check['measured']}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-j", "--jobs", type=int, default=-1, help="joblib workers (-1: all cores)")
+    parser.add_argument("--traces", help="comma-separated case names to run (default: all)")
+    parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "quality.json")
+    args = parser.parse_args()
+    traces_dir = Path(os.environ.get("KVPROF_TRACES", REPO.parent / "shared" / "traces"))
+    chosen = [c for c in CASES if not args.traces or any(c.name.startswith(t) for t in args.traces.split(","))]
+    done = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        for case in chosen:
+            trace = load(case, traces_dir, Path(scratch))
+            if trace is None:
+                print(f"skipped {case.name}: {traces_dir / case.source} not found", file=sys.stderr)
+                continue
+            done.append(run_case(case, trace, args.jobs))
+            print(f"{case.name}: {done[-1]['wall_s']:.0f} s", file=sys.stderr)
+    checks = targets(done)
+    document = {"policies": list(POLICIES), "baselines": list(BASELINES), "cases": done, "targets": checks,
+                "wall_s": time.perf_counter() - started}
+    atomic_write_text(args.output, json.dumps(document, indent=2) + "\n")
+    print_table(done, checks)
+    print(f"\nwrote {args.output} in {document['wall_s']:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
