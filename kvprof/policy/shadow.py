@@ -12,6 +12,9 @@ from collections.abc import Hashable, Iterable
 
 from kvprof.policy.base import EvictionPolicy
 
+#: Contents beyond the capacity are evicted in batches, once they exceed it by ``capacity // BATCH_SHARE``.
+BATCH_SHARE = 64
+
 
 class ShadowCache:
     """Contents cached under ``policy``, pinned while the real cache holds them, up to ``capacity``.
@@ -77,7 +80,7 @@ class ShadowCache:
 
     def _take_slot(self, now: float) -> int:
         excess = len(self.slot_of) + 1 - self.capacity
-        if excess > self.capacity // 64 and len(self.policy):
+        if excess > self.capacity // BATCH_SHARE and len(self.policy):
             victims = self.policy.evict_n(min(excess, len(self.policy)), now)
             for slot in victims:
                 del self.slot_of[self.content_of[slot]]

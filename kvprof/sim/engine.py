@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from kvprof.core import has_twin
 from kvprof.policy.base import EvictionPolicy
 from kvprof.sim.cache import HostCache, PrefixCache
 from kvprof.sim.config import SimConfig, SimulationError
@@ -95,6 +96,7 @@ def simulate(
     *,
     host_policy: EvictionPolicy | None = None,
     observer: Observer | None = None,
+    engine: str | None = None,
 ) -> RunMetrics:
     """Replay ``workload`` through a prefix cache of ``capacity`` engine blocks under ``policy``.
 
@@ -110,11 +112,23 @@ def simulate(
     host_policy : EvictionPolicy or None
         Fresh policy for the CPU tier; required when ``config.cpu_capacity > 0``.
     observer : callable or None
-        ``observer(gpu, host)`` after every admission and release.
+        ``observer(gpu, host)`` after every admission and release (Python engine only).
+    engine : {"compiled", "python"} or None
+        ``"compiled"`` runs the whole replay in :mod:`kvprof.core` on the compiled twins of the
+        policies (built from the instances given, which are then not driven; ``wa``'s leader and
+        shadow hits are written back to them); ``"python"`` drives the instances themselves, one
+        call per block, and is the reference the compiled engine is tested against. None: compiled
+        when every policy given has a twin and no observer is given.
 
     Returns
     -------
     RunMetrics
+
+    Raises
+    ------
+    SimulationError
+        Mismatched workload and config, a capacity <= 0, a CPU tier without a policy, or
+        ``engine="compiled"`` for a policy without a twin or with an observer.
     """
     if (workload.engine_block_size, workload.rate_scale) != (config.engine_block_size, config.rate_scale):
         raise SimulationError(
@@ -126,6 +140,19 @@ def simulate(
         raise SimulationError(f"capacity must be > 0 blocks, got {schedule[0][1]}")
     if config.cpu_capacity and host_policy is None:
         raise SimulationError("a CPU tier needs its own policy instance")
+    policies = [policy, host_policy] if config.cpu_capacity else [policy]
+    compiled = all(map(has_twin, policies)) and observer is None
+    if engine is None:
+        engine = "compiled" if compiled else "python"
+    if engine not in ("compiled", "python"):
+        raise SimulationError(f"engine must be 'compiled' or 'python', got {engine!r}")
+    if engine == "compiled":
+        if not compiled:
+            raise SimulationError("the compiled engine needs policies with compiled twins and no observer")
+        from kvprof.core.engine import run  # numba is imported only when a compiled replay runs
+
+        outcome = run(workload, policy, host_policy, config, schedule)
+        return _metrics(workload, config.cost, policy.name, schedule[0][1], **outcome)
     gpu = PrefixCache(policy, schedule[0][1])
     host = HostCache(host_policy, config.cpu_capacity) if config.cpu_capacity else None
     return _Replay(workload, gpu, host, config, schedule, observer).run()
@@ -284,38 +311,43 @@ class _Replay:
                 else:
                     self.release(r, now)
                     n_running -= 1
-        return self._metrics(qttft[served], served, hits_device, hits_host, computed, now)
+        host_evictions = self.host.evictions if self.host else 0
+        return _metrics(self.w, cost, gpu.policy.name, self.schedule[0][1], qttft[served], served, hits_device,
+                        hits_host, computed, now, gpu.evictions, gpu.dropped, host_evictions)
 
-    def _metrics(
-        self, qttft: np.ndarray, served: np.ndarray, hits_device: int, hits_host: int, computed: int, end: float
-    ) -> RunMetrics:
-        w = self.w
-        load = computed / (self.cost.prefill_tokens_per_s * w.duration) if w.duration > 0 else math.nan
-        lookups = int(w.n_lookup.sum())
-        prompt_tokens = int(w.prompt_tokens.sum())
-        hits = hits_device + hits_host
-        p50, p90, p99 = np.percentile(qttft, [50, 90, 99]) if qttft.size else (math.nan,) * 3
-        return RunMetrics(
-            policy=self.gpu.policy.name,
-            capacity=self.schedule[0][1],
-            n_requests=w.n_requests,
-            n_rejected=int(w.n_requests - served.sum()),
-            prompt_tokens=prompt_tokens,
-            cached_tokens=hits * self.ebs,
-            token_hit_ratio=hits * self.ebs / prompt_tokens if prompt_tokens else 0.0,
-            block_lookups=lookups,
-            hits_device=hits_device,
-            hits_host=hits_host,
-            misses=lookups - hits,
-            block_hit_ratio=hits / lookups if lookups else 0.0,
-            evictions=self.gpu.evictions,
-            dropped=self.gpu.dropped,
-            host_evictions=self.host.evictions if self.host else 0,
-            qttft_mean_s=float(qttft.mean()) if qttft.size else math.nan,
-            qttft_p50_s=float(p50),
-            qttft_p90_s=float(p90),
-            qttft_p99_s=float(p99),
-            makespan_s=end,
-            offered_load=load,
-            qttft_overloaded=bool(load > 1),
-        )
+
+def _metrics(
+    w: Workload, cost, policy: str, capacity: int, qttft: np.ndarray, served: np.ndarray, hits_device: int,
+    hits_host: int, computed: int, end: float, evictions: int, dropped: int, host_evictions: int,
+) -> RunMetrics:
+    """The metrics of a finished replay (either engine): ``qttft`` of the served requests."""
+    load = computed / (cost.prefill_tokens_per_s * w.duration) if w.duration > 0 else math.nan
+    lookups = int(w.n_lookup.sum())
+    prompt_tokens = int(w.prompt_tokens.sum())
+    hits = hits_device + hits_host
+    ebs = w.engine_block_size
+    p50, p90, p99 = np.percentile(qttft, [50, 90, 99]) if qttft.size else (math.nan,) * 3
+    return RunMetrics(
+        policy=policy,
+        capacity=capacity,
+        n_requests=w.n_requests,
+        n_rejected=int(w.n_requests - served.sum()),
+        prompt_tokens=prompt_tokens,
+        cached_tokens=hits * ebs,
+        token_hit_ratio=hits * ebs / prompt_tokens if prompt_tokens else 0.0,
+        block_lookups=lookups,
+        hits_device=hits_device,
+        hits_host=hits_host,
+        misses=lookups - hits,
+        block_hit_ratio=hits / lookups if lookups else 0.0,
+        evictions=evictions,
+        dropped=dropped,
+        host_evictions=host_evictions,
+        qttft_mean_s=float(qttft.mean()) if qttft.size else math.nan,
+        qttft_p50_s=float(p50),
+        qttft_p90_s=float(p90),
+        qttft_p99_s=float(p99),
+        makespan_s=end,
+        offered_load=load,
+        qttft_overloaded=bool(load > 1),
+    )

@@ -1,0 +1,248 @@
+"""Compiled containers the policies are built from: intrusive linked lists and a binary heap.
+
+Both live in numpy arrays inside numba structrefs, so compiled code updates them in place and
+Python holds them as opaque handles. Ids are small non-negative ints (block slots, content ids,
+request indices); ``-1`` means none.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.experimental import structref
+
+NONE = -1
+
+
+class StructType(types.StructRef):
+    """A numba structref type whose fields keep no literal types (an int field takes any int)."""
+
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(typ)) for name, typ in fields)
+
+
+def struct(type_class: type, proxy_class: type, fields: list[tuple[str, types.Type]]):
+    """Register ``type_class`` (a :class:`StructType` subclass) with Python handle ``proxy_class``;
+    return its instance type with ``fields``."""
+    structref.register(type_class)
+    structref.define_boxing(type_class, proxy_class)
+    return type_class(fields)
+
+
+class ListsType(StructType):
+    pass
+
+
+class Lists(structref.StructRefProxy):
+    """Python handle of compiled lists."""
+
+
+class HeapType(StructType):
+    pass
+
+
+class Heap(structref.StructRefProxy):
+    """Python handle of a compiled heap."""
+
+
+#: Several disjoint FIFO lists over one id space, each id in at most one list.
+lists_type = struct(ListsType, Lists, [
+    ("nxt", types.int64[:]), ("prv", types.int64[:]), ("where", types.int64[:]),
+    ("head", types.int64[:]), ("tail", types.int64[:]), ("count", types.int64[:]),
+])
+
+#: A binary min-heap of entries ``(a, b, seq)`` (floats, floats, int; compared in that order), each
+#: carrying an ``item``.
+heap_type = struct(HeapType, Heap, [
+    ("a", types.float64[:]), ("b", types.float64[:]), ("seq", types.int64[:]), ("item", types.int64[:]),
+    ("n", types.int64),
+])
+
+
+def grown(array: np.ndarray, size: int, fill) -> np.ndarray:
+    """``array`` extended to at least ``size`` entries (doubling), new entries ``fill``."""
+    out = np.full(max(size, 2 * len(array), 16), fill, dtype=array.dtype)
+    out[: len(array)] = array
+    return out
+
+
+grown = njit(cache=True)(grown)
+
+
+# -- lists --------------------------------------------------------------------------------------
+@njit(cache=True)
+def new_lists(n_ids, n_lists):
+    """Empty lists: ``n_lists`` of them over ids ``0 .. n_ids - 1`` (both grow on demand).
+
+    Invariant: ``where[x]`` is the list holding ``x`` or -1; each list is linked through
+    ``nxt``/``prv`` from ``head`` to ``tail`` and holds ``count`` ids.
+    """
+    lists = structref.new(lists_type)
+    lists.nxt = np.full(n_ids, NONE, np.int64)
+    lists.prv = np.full(n_ids, NONE, np.int64)
+    lists.where = np.full(n_ids, NONE, np.int64)
+    lists.head = np.full(n_lists, NONE, np.int64)
+    lists.tail = np.full(n_lists, NONE, np.int64)
+    lists.count = np.zeros(n_lists, np.int64)
+    return lists
+
+
+@njit(cache=True)
+def reserve_ids(lists, n_ids):
+    """Make the lists cover ids ``0 .. n_ids - 1``."""
+    if n_ids > len(lists.where):
+        lists.nxt = grown(lists.nxt, n_ids, NONE)
+        lists.prv = grown(lists.prv, n_ids, NONE)
+        lists.where = grown(lists.where, n_ids, NONE)
+
+
+@njit(cache=True)
+def reserve_lists(lists, n_lists):
+    """Make lists ``0 .. n_lists - 1`` exist."""
+    if n_lists > len(lists.head):
+        lists.head = grown(lists.head, n_lists, NONE)
+        lists.tail = grown(lists.tail, n_lists, NONE)
+        lists.count = grown(lists.count, n_lists, 0)
+
+
+@njit(cache=True)
+def push_back(lists, which, x):
+    """Append ``x`` (in no list) to the back of list ``which``."""
+    last = lists.tail[which]
+    lists.prv[x] = last
+    lists.nxt[x] = NONE
+    if last == NONE:
+        lists.head[which] = x
+    else:
+        lists.nxt[last] = x
+    lists.tail[which] = x
+    lists.where[x] = which
+    lists.count[which] += 1
+
+
+@njit(cache=True)
+def unlink(lists, x):
+    """Take ``x`` out of its list."""
+    which = lists.where[x]
+    before, after = lists.prv[x], lists.nxt[x]
+    if before == NONE:
+        lists.head[which] = after
+    else:
+        lists.nxt[before] = after
+    if after == NONE:
+        lists.tail[which] = before
+    else:
+        lists.prv[after] = before
+    lists.where[x] = NONE
+    lists.count[which] -= 1
+
+
+@njit(cache=True)
+def pop_front(lists, which):
+    """Take and return the front of list ``which`` (not empty)."""
+    x = lists.head[which]
+    unlink(lists, x)
+    return x
+
+
+@njit(cache=True)
+def holds(lists, x):
+    """Whether ``x`` is in some list."""
+    return 0 <= x < len(lists.where) and lists.where[x] != NONE
+
+
+@njit(cache=True)
+def clear_lists(lists):
+    lists.nxt[:] = NONE
+    lists.prv[:] = NONE
+    lists.where[:] = NONE
+    lists.head[:] = NONE
+    lists.tail[:] = NONE
+    lists.count[:] = 0
+
+
+# -- heap ---------------------------------------------------------------------------------------
+@njit(cache=True)
+def new_heap(capacity):
+    heap = structref.new(heap_type)
+    capacity = max(capacity, 16)
+    heap.a = np.empty(capacity, np.float64)
+    heap.b = np.empty(capacity, np.float64)
+    heap.seq = np.empty(capacity, np.int64)
+    heap.item = np.empty(capacity, np.int64)
+    heap.n = 0
+    return heap
+
+
+@njit(cache=True)
+def _below(heap, i, j):
+    """Entry ``i`` sorts before entry ``j``."""
+    if heap.a[i] != heap.a[j]:
+        return heap.a[i] < heap.a[j]
+    if heap.b[i] != heap.b[j]:
+        return heap.b[i] < heap.b[j]
+    return heap.seq[i] < heap.seq[j]
+
+
+@njit(cache=True)
+def _swap(heap, i, j):
+    heap.a[i], heap.a[j] = heap.a[j], heap.a[i]
+    heap.b[i], heap.b[j] = heap.b[j], heap.b[i]
+    heap.seq[i], heap.seq[j] = heap.seq[j], heap.seq[i]
+    heap.item[i], heap.item[j] = heap.item[j], heap.item[i]
+
+
+@njit(cache=True)
+def _sift_down(heap, i):
+    while True:
+        child = 2 * i + 1
+        if child >= heap.n:
+            return
+        if child + 1 < heap.n and _below(heap, child + 1, child):
+            child += 1
+        if not _below(heap, child, i):
+            return
+        _swap(heap, i, child)
+        i = child
+
+
+@njit(cache=True)
+def heap_push(heap, a, b, seq, item):
+    if heap.n == len(heap.a):
+        heap.a = grown(heap.a, heap.n + 1, 0.0)
+        heap.b = grown(heap.b, heap.n + 1, 0.0)
+        heap.seq = grown(heap.seq, heap.n + 1, 0)
+        heap.item = grown(heap.item, heap.n + 1, 0)
+    i = heap.n
+    heap.a[i], heap.b[i], heap.seq[i], heap.item[i] = a, b, seq, item
+    heap.n += 1
+    while i:
+        parent = (i - 1) // 2
+        if not _below(heap, i, parent):
+            break
+        _swap(heap, i, parent)
+        i = parent
+
+
+@njit(cache=True)
+def heap_pop(heap):
+    """Remove the lowest entry; return its item."""
+    item = heap.item[0]
+    heap.n -= 1
+    if heap.n:
+        _swap(heap, 0, heap.n)
+        _sift_down(heap, 0)
+    return item
+
+
+@njit(cache=True)
+def heap_keep(heap, keep):
+    """Keep only the entries whose ``keep[k]`` is true (``k`` their current index), reordered as a heap."""
+    n = 0
+    for k in range(heap.n):
+        if keep[k]:
+            heap.a[n], heap.b[n], heap.seq[n], heap.item[n] = heap.a[k], heap.b[k], heap.seq[k], heap.item[k]
+            n += 1
+    heap.n = n
+    for i in range(n // 2 - 1, -1, -1):
+        _sift_down(heap, i)
