@@ -1,0 +1,102 @@
+"""The compiled twins against the reference policies: same operations, same victims, same order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvprof.core.twin import CompiledTwin
+from kvprof.policy import POLICIES, make_policy
+from kvprof.policy.wa import DEFAULT_ORDERS
+from kvprof.profiler.fit import fit_trace
+from kvprof.profiler.reader import read_trace
+from kvprof.profiler.synth import generate, write_jsonl
+from tests.test_policies import LAM, OPS, P, PolicyPool, Scenario, build, wa_policy
+
+#: wa in each configuration the twin must follow: every candidate order alone (adaptive
+#: frequency learning from its own ghost), the followed S3-FIFO leading, and the safety net.
+WA_VARIANTS = {
+    "wa model": lambda: wa_policy(P, LAM),
+    "wa lru": lambda: wa_policy(P, LAM, orders=("lru",)),
+    "wa frequency": lambda: wa_policy(P, LAM, orders=("frequency",)),
+    "wa strict-frequency": lambda: wa_policy(P, LAM, orders=("strict-frequency",)),
+    "wa s3fifo leads": lambda: wa_policy(P, LAM, orders=("s3fifo", "model")),
+    "wa+shadows": lambda: build("wa+shadows"),
+    "wa default orders": lambda: wa_policy(P, LAM, safety_net=True, orders=DEFAULT_ORDERS),
+}
+BUILDERS = {**{name: (lambda name=name: build(name)) for name in sorted(POLICIES) if name != "wa"}, **WA_VARIANTS}
+
+
+def run_side_by_side(reference, twin, ops, num_blocks, n_classes=4):
+    """Drive both through the same requests; the scenario asserts they hand out the same blocks."""
+    ref_pool, twin_pool = PolicyPool(num_blocks, reference), PolicyPool(num_blocks, twin)
+    scenario = Scenario([ref_pool, twin_pool], n_classes=n_classes)
+    for op in ops:
+        scenario.step(*op)
+        assert twin_pool.evicted == ref_pool.evicted
+        assert len(twin) == len(reference)
+        assert [b in twin for b in range(-1, num_blocks + 1)] == [b in reference for b in range(-1, num_blocks + 1)]
+    # Whatever is left leaves in the same order.
+    assert twin.evict_n(len(twin), scenario.now + 1) == reference.evict_n(len(reference), scenario.now + 1)
+    return ref_pool
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+@settings(max_examples=40, deadline=None)
+@given(ops=OPS, num_blocks=st.integers(4, 24))
+def test_the_twin_evicts_what_the_reference_evicts(name, ops, num_blocks):
+    run_side_by_side(BUILDERS[name](), CompiledTwin(BUILDERS[name]()), ops, num_blocks)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    """wa's parameters as the profiler fits them: cells, reuse tiers, mixtures of exponentials."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.jsonl"
+        write_jsonl(path, generate("bailian-a", 0.25, 5))
+        trace, _ = read_trace(path)
+    return fit_trace(trace)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ops=OPS, num_blocks=st.integers(4, 40), capacity=st.sampled_from([None, 64, 4096]))
+def test_the_twin_of_a_fitted_wa_evicts_what_it_evicts(fitted, ops, num_blocks, capacity):
+    n_cells = len(fitted.cell_names())
+    reference = make_policy("wa", fitted, capacity)
+    run_side_by_side(reference, CompiledTwin(make_policy("wa", fitted, capacity)), ops, num_blocks, n_classes=n_cells)
+
+
+def test_the_twin_refuses_what_the_reference_refuses():
+    twin = CompiledTwin(build("lru"))
+    with pytest.raises(KeyError):
+        twin.remove(3)
+    with pytest.raises(IndexError):
+        twin.evict(0.0)
+    twin.access(0, 0.0)
+    twin.free([0], 0.0)
+    with pytest.raises(IndexError):
+        twin.evict_n(2, 1.0)
+    assert twin.evict_n_array(1, 1.0).tolist() == [0]
+    with pytest.raises(ValueError, match="fresh"):
+        reference = build("lru")
+        reference.free([1], 0.0)
+        CompiledTwin(reference)
+
+
+def test_the_twin_grows_past_the_blocks_and_contents_it_was_sized_for():
+    reference, twin = build("wa+shadows"), CompiledTwin(build("wa+shadows"))
+    rng = np.random.default_rng(0)
+    for step in range(300):
+        blocks = [int(b) for b in rng.choice(5000, size=3, replace=False) if b not in reference]
+        for depth, block in enumerate(blocks):
+            for policy in (reference, twin):
+                policy.access(block, float(step), depth % 4, depth, content=f"c{block % 997}")
+        for policy in (reference, twin):
+            policy.free(reversed(blocks), float(step))
+        k = min(2, len(reference))
+        assert twin.evict_n(k, float(step)) == reference.evict_n(k, float(step))
