@@ -481,12 +481,12 @@ def model_score(core, row, age):
     surviving = 0.0
     within = 0.0
     for j in range(k):
-        share = weights[j] * math.exp(-(rates[j] - slowest) * age)
+        share = weights[j] * math.exp(-(rates[j] - slowest) * age) if rates[j] > slowest else weights[j]
         surviving += share
         within += share * within_h[j]
     if p >= 1.0:
         return within / surviving
-    exponent = slowest * age - math.log(p) + math.log1p(-p)
+    exponent = (slowest * age if slowest > 0.0 else 0.0) - math.log(p) + math.log1p(-p)
     return within / (math.exp(exponent) + surviving) if exponent < 700.0 else 0.0
 
 

@@ -203,8 +203,9 @@ class HpFile:
     default_cell: tuple[ReuseRow, ...] | None = None
     cell_rule: CellRule | None = None
     tuning: tuple[dict, ...] = ()
-    #: The schema of the file this was read from (what ``to_dict`` writes is always :data:`SCHEMA`).
-    schema: str = SCHEMA
+    #: The schema of the file this was read from (what ``to_dict`` writes is always :data:`SCHEMA`);
+    #: not part of equality, so a v1 file saved again as v2 still equals what was read.
+    schema: str = field(default=SCHEMA, compare=False)
 
     def __post_init__(self):
         rows = [*self.cells.values(), *([self.default_cell] if self.default_cell is not None else [])]

@@ -148,12 +148,12 @@ class ModelOrder(Order):
         slowest = min(rate for _, rate, _ in components)
         surviving = within = 0.0
         for weight, rate, span in components:
-            share = weight * math.exp(-(rate - slowest) * age)
+            share = weight * math.exp(-(rate - slowest) * age) if rate > slowest else weight  # no 0 * inf
             surviving += share
             within += share * span
         if p >= 1.0:
             return within / surviving
-        exponent = slowest * age - math.log(p) + math.log1p(-p)
+        exponent = (slowest * age if slowest > 0.0 else 0.0) - math.log(p) + math.log1p(-p)
         return within / (math.exp(exponent) + surviving) if exponent < 700.0 else 0.0
 
     def key(self, row: int, stamp: float, depth: int, now: float) -> tuple:
