@@ -180,7 +180,7 @@ def run(workload, policy, host_policy, config, schedule, check: bool = False) ->
         ``end``, ``evictions``, ``dropped``, ``host_evictions``.
     """
     cost = config.cost
-    n_contents = int(workload.block.max()) + 1 if workload.n_accesses else 0
+    blocks, n_contents = _by_first_use(workload.block)
     peak = max(c for _, c in schedule)
     gpu_policy = compile_policy(policy, peak)
     gpu = tiers.new_device(gpu_policy, schedule[0][1], n_contents)
@@ -193,7 +193,7 @@ def run(workload, policy, host_policy, config, schedule, check: bool = False) ->
     host_classes = workload.codes_for(host_reference).astype(np.int64)
     qttft, served, hits_device, hits_host, computed, end = replay(
         gpu, host, has_host, workload.arrival, workload.output_tokens, workload.prompt_tokens, workload.offsets,
-        workload.block, workload.next_use, workload.n_lookup, workload.blocks_needed(cost.decode).astype(np.int64),
+        blocks, workload.next_use, workload.n_lookup, workload.blocks_needed(cost.decode).astype(np.int64),
         classes, host_classes, np.array([t for t, _ in schedule], dtype=np.float64),
         np.array([c for _, c in schedule], dtype=np.int64), workload.engine_block_size, cost.step_overhead_s,
         cost.prefill_tokens_per_s, cost.max_batched_tokens, cost.max_num_seqs, cost.decode,
@@ -206,3 +206,25 @@ def run(workload, policy, host_policy, config, schedule, check: bool = False) ->
     return {"qttft": qttft[served], "served": served, "hits_device": int(hits_device), "hits_host": int(hits_host),
             "computed": int(computed), "end": float(end), "evictions": int(evictions), "dropped": int(dropped),
             "host_evictions": int(host_evictions)}
+
+
+@njit(cache=True)
+def _by_first_use(blocks):
+    """``blocks`` renumbered in order of first use, and how many distinct ones there are.
+
+    Policies compare contents only for equality, so any renumbering gives the same decisions;
+    this one keeps the tables indexed by content (the tiers' maps, ghosts, shadows) dense where
+    the replay is: new contents take the next free numbers instead of random ones.
+    """
+    top = 0
+    for b in blocks:
+        top = max(top, b + 1)
+    rank = np.full(top, -1, np.int64)
+    out = np.empty(len(blocks), np.int64)
+    n = 0
+    for j in range(len(blocks)):
+        if rank[blocks[j]] < 0:
+            rank[blocks[j]] = n
+            n += 1
+        out[j] = rank[blocks[j]]
+    return out, n
