@@ -133,16 +133,24 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def _trimmed(document: dict, classes: tuple[str, ...], sessions: tuple[str, ...] = ()) -> dict:
-    """``document`` with only some of its classes and sessions: fewer places to mutate, faster shows."""
+    """``document`` with only some of its classes and sessions, and of a v2 file's cells only the
+    first under a one-leaf rule: fewer places to mutate, faster shows."""
     if "schema" not in document:
         return {key: {name: document[key][name] for name in classes} for key in ("a", "p")}
-    return {**document, "classes": {name: document["classes"][name] for name in classes},
-            "sessions": {name: document["sessions"][name] for name in sessions}}
+    trimmed = {**document, "classes": {name: document["classes"][name] for name in classes},
+               "sessions": {name: document["sessions"][name] for name in sessions}}
+    if "cells" in document:
+        first = next(iter(document["cells"]))
+        trimmed["cells"] = {first: document["cells"][first]}
+        trimmed["cell_rule"] = {"features": [], "fields": [], "nodes": [{"cell": first}]}
+    return trimmed
 
 
-#: Valid documents to mutate: a fitted file and a published-format one (configs/README.md).
+#: Valid documents to mutate: fitted files of both schema versions and a published-format one (configs/README.md).
 HP_DOCUMENTS = (
     _trimmed(json.loads((CONFIGS / "bailian-a-hp.json").read_text()), ("text_1", "text_1@reused", "text_5+"),
+             ("text", "image")),
+    _trimmed(json.loads((CONFIGS / "bailian-a-hp-v1.json").read_text()), ("text_1", "text_1@reused", "text_5+"),
              ("text", "image")),
     _trimmed(json.loads((CONFIGS / "bailian-a-published-format.json").read_text()), ("text_1", "text_2", "file_5+")),
 )
