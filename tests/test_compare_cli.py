@@ -224,3 +224,13 @@ def test_engine_block_defaults_to_a_multiple_of_the_trace_block_and_says_so(tmp_
     assert "12 requests, 512-token engine blocks (default: the smallest multiple of the trace's 512-token blocks >= 128)" in title
     document = json.loads((tmp_path / "out" / "results.json").read_text())
     assert document["config"]["engine_block_size"] == 512 and document["inputs"]["limit"] == 12
+
+
+def test_a_rate_scale_reaches_the_tuning_replays_too(small_trace, tmp_path):
+    """compare without --config tunes wa on the fit window under the same rate scale as the sweep."""
+    result = invoke("compare", small_trace, "--policies", "lru,wa", "--capacity", "64", "--rate-scale", "2",
+                    "--json", "-o", tmp_path, *WINDOWS)
+    assert result.exit_code == 0, result.output
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert document["config"]["rate_scale"] == 2
+    assert {run["policy"] for run in document["runs"]} == {"lru", "wa"}

@@ -13,7 +13,7 @@ functions below run its protocol (``core_access``, ``core_free``, ``core_remove`
   and 1 (B2);
 * ``BELADY`` -- :class:`kvprof.policy.belady.BeladyPolicy`: a heap with lazy deletion;
 * ``CLASSED`` -- :class:`kvprof.policy.classed.ClassedLRUPolicy` (``wa-paper``, and ``wa``'s
-  rows, hit counts and ghost: :mod:`kvprof.core.rows`).
+  rows, hit counts and ghost, below in this module).
 
 Invariant of every kind: ``size`` counts the evictable blocks, exactly those the driver freed
 and neither removed nor evicted since. Per-block tables grow on demand (``reserve_blocks``);

@@ -1,11 +1,13 @@
-"""Eviction scores of an idle block from its class's cure-exponential reuse model.
+"""Eviction scores of an idle block from its class's or cell's reuse model.
 
 A class ``w`` has reuse probability ``p`` and reuse rate ``lam``: a block accessed by the class is
-reused with probability ``p``, after a gap ~ Exp(``lam``). Both functions below score a block that
-has been idle for ``age`` seconds by its chance of reuse within the next ``horizon`` seconds; the
-lowest score is evicted first.
+reused with probability ``p``, after a gap ~ Exp(``lam``) (a cell's gap is a mixture of
+exponentials instead, :func:`mixture_reuse_probability`). The functions below score a block that
+has been idle for ``age`` seconds by its chance of reuse within the next ``horizon`` seconds (the
+published policy's unconditional variant, :func:`published_score`, as published); the lowest
+score is evicted first.
 
-Both are pure, vectorised and broadcast over all four arguments, so a policy can score the heads of
+All are pure, vectorised and broadcast over all four arguments, so a policy can score the heads of
 all its class queues in one call. They are finite for every ``p`` in [0, 1], ``lam >= 0``,
 ``age >= 0`` (including ``inf``) and ``horizon > 0`` (including ``inf``), and non-increasing in
 ``age`` within a class, which is what lets a policy score only the head of each class's LRU list.

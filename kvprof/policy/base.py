@@ -75,8 +75,9 @@ class EvictionPolicy(ABC):
         now : float
             Seconds (trace time in the simulator, monotonic time in vLLM).
         workload : int
-            Class index of the accessing request. Policies with classes map an index outside
-            their table (e.g. -1) to their default class.
+            Index of the accessing request's class, or its cell for a policy whose ``keyed_by``
+            is ``"cell"``. Policies with classes map an index outside their table (e.g. -1) to
+            their default one.
         depth : int
             0-based position of the block in the request's chain.
         hit : bool

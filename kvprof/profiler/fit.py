@@ -9,9 +9,8 @@ classify requests -> extract reuse gaps (censored at the window's end) -> sessio
   the classes) and, per cell and reuse tier, a cure fraction with a mixture of exponentials
   (``cells``), shrunk toward the cell's data where a tier's data is thin;
 
--> :class:`~kvprof.models.hp.HpFile` with provenance. Given a later window, each row's diagnostics
-say how well
-the scores predict reuse on a later window (:mod:`kvprof.profiler.quality`).
+-> :class:`~kvprof.models.hp.HpFile` with provenance. Given a later window (``holdout``), each
+cell's diagnostics also say how well its scores predict reuse there (:mod:`kvprof.profiler.quality`).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
         With ``tuning``: per capacity ``capacity``, ``horizon_s``, ``start`` and what was
         ``measured`` (hit ratio per horizon tried, shadow hits per candidate at the best one).
     """
-    workload = prepare_workload(trace, hp, config.engine_block_size)
+    workload = prepare_workload(trace, hp, config.engine_block_size, config.rate_scale)
     horizons = [hp.horizon * factor for factor in HORIZON_FACTORS]
     tasks = [(capacity, horizon) for capacity in capacities for horizon in horizons]
     replays = Parallel(n_jobs=min(n_jobs, len(tasks)) if n_jobs > 0 else n_jobs)(
