@@ -246,3 +246,31 @@ def heap_keep(heap, keep):
     heap.n = n
     for i in range(n // 2 - 1, -1, -1):
         _sift_down(heap, i)
+
+
+# -- copies -------------------------------------------------------------------------------------
+def deep_copier(struct_type, nested: dict):
+    """A compiled function returning a deep copy of a struct of ``struct_type``.
+
+    Every array field is copied, every field of a type in ``nested`` (struct type -> its own
+    copier) is copied by that copier, scalars are assigned. The source is generated from the
+    field list, so a field added to the struct is copied without an edit here; being generated,
+    it is compiled on first use in each process (numba caches only functions from files).
+    """
+    lines = ["def copy(s):", "    c = structref.new(struct_type)"]
+    scope = {"structref": structref, "struct_type": struct_type}
+    for name, typ in struct_type.field_dict.items():
+        if typ in nested:
+            scope[f"copy_{name}"] = nested[typ]
+            lines.append(f"    c.{name} = copy_{name}(s.{name})")
+        elif isinstance(typ, types.Array):
+            lines.append(f"    c.{name} = s.{name}.copy()")
+        else:
+            lines.append(f"    c.{name} = s.{name}")
+    lines.append("    return c")
+    exec("\n".join(lines), scope)  # noqa: S102 - source built from the struct's own field names
+    return njit(scope["copy"])
+
+
+copy_lists = deep_copier(lists_type, {})
+copy_heap = deep_copier(heap_type, {})
