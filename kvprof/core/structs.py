@@ -105,7 +105,7 @@ def reserve_lists(lists, n_lists):
         lists.count = grown(lists.count, n_lists, 0)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def push_back(lists, which, x):
     """Append ``x`` (in no list) to the back of list ``which``."""
     last = lists.tail[which]
@@ -120,7 +120,7 @@ def push_back(lists, which, x):
     lists.count[which] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def unlink(lists, x):
     """Take ``x`` out of its list."""
     which = lists.where[x]
@@ -137,7 +137,7 @@ def unlink(lists, x):
     lists.count[which] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def pop_front(lists, which):
     """Take and return the front of list ``which`` (not empty)."""
     x = lists.head[which]
@@ -145,7 +145,7 @@ def pop_front(lists, which):
     return x
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def holds(lists, x):
     """Whether ``x`` is in some list."""
     return 0 <= x < len(lists.where) and lists.where[x] != NONE

@@ -24,14 +24,16 @@ class CompiledTwin(EvictionPolicy):
     Invariants: ``_content_id`` numbers the contents seen so far densely (the core keys its
     ghosts and shadows by content number), so two contents are equal here exactly when they
     are equal for the reference; ``_taken`` lists blocks taken back with :meth:`take` that the
-    core still holds as evictable, and every other method hands them to the core first, so
-    the core sees the same operations in the same order as the reference would.
+    core still holds as evictable, and every method that reaches the core hands them to it
+    first, so the core sees the same operations in the same order as the reference would;
+    ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
+    because every change of it passes through this class.
 
     Parameters
     ----------
     reference : EvictionPolicy
-        A fresh instance of a class with a twin (:data:`kvprof.core.build.TWINS`); only read
-        (:meth:`clear` compiles it again).
+        A fresh instance of a class with a twin (:data:`kvprof.core.build.TWINS`); kept as
+        :attr:`reference`, only read (:meth:`clear` compiles it again).
     n_blocks : int
         Block ids expected, to size the tables once (they grow past it if needed).
     """
@@ -39,19 +41,28 @@ class CompiledTwin(EvictionPolicy):
     def __init__(self, reference: EvictionPolicy, n_blocks: int = 0) -> None:
         self.name = reference.name
         self.keyed_by = reference.keyed_by
-        self._reference = reference
+        self.reference = reference
         self._n_blocks = n_blocks
         self._content_id: dict[Hashable, int] = {}
         self._taken: list[int] = []
+        #: ``take(block)``: :meth:`remove` of a block the caller knows is evictable, applied
+        #: before the next call that reaches the core (vLLM takes back a free block on every
+        #: prefix hit: one list append here instead of a compiled call each). A block that was
+        #: not evictable raises KeyError at that next call. Bound to the list, so no Python frame.
+        self.take = self._taken.append
+        self._out = np.empty(max(n_blocks, 16), dtype=np.int64)
         self._build()
 
     def _build(self) -> None:
-        self.handle = compile_policy(self._reference, self._n_blocks)
+        self.handle = compile_policy(self.reference, self._n_blocks)
         self._address = handle.address_of(self.handle)  # valid while self.handle lives
+        self._size = 0
 
     def _apply_taken(self) -> None:
-        taken, self._taken = self._taken, []
-        first_absent = handle.remove_n(self._address, np.array(taken, dtype=np.int64), len(taken))
+        taken = np.array(self._taken, dtype=np.int64)
+        self._taken.clear()
+        first_absent = handle.remove_n(self._address, taken, len(taken))
+        self._size = handle.size(self._address)
         if first_absent >= 0:
             raise KeyError(f"block {taken[first_absent]} was taken back but was not evictable")
 
@@ -97,34 +108,39 @@ class CompiledTwin(EvictionPolicy):
             handle.free_one(self._address, blocks[0], float(now))
         elif n:
             handle.free(self._address, np.asarray(blocks, dtype=np.int64), n, float(now))
+        self._size += n
 
     def remove(self, block: int) -> None:
         if self._taken:
             self._apply_taken()
         if not handle.remove(self._address, block):
             raise KeyError(block)
-
-    def take(self, block: int) -> None:
-        """:meth:`remove` of a block the caller knows is evictable, applied before the next call
-        (vLLM takes back a free block on every prefix hit; one list append here instead of a
-        compiled call each). A block that was not evictable raises KeyError at that next call."""
-        self._taken.append(block)
+        self._size -= 1
 
     def evict(self, now: float) -> int:
         return self.evict_n(1, now)[0]
 
     def evict_n(self, n: int, now: float) -> list[int]:
-        return self.evict_n_array(n, now).tolist()
+        if n > len(self._out):
+            self._out = np.empty(max(n, 2 * len(self._out)), dtype=np.int64)
+        return self._evict_into(self._out, n, now)[:n].tolist()
 
     def evict_n_array(self, n: int, now: float) -> np.ndarray:
+        return self._evict_into(np.empty(n, dtype=np.int64), n, now)
+
+    def _evict_into(self, out: np.ndarray, n: int, now: float) -> np.ndarray:
         if n > len(self):
             raise IndexError(f"{n} victims asked for, {len(self)} evictable")
-        out = np.empty(n, dtype=np.int64)
         if n:
+            if self._taken:
+                self._apply_taken()
             handle.evict_n(self._address, n, float(now), out)
+            self._size -= n
         return out
 
     def order(self, now: float, limit: int | None = None) -> list[int]:
+        if self._taken:
+            self._apply_taken()
         n = len(self) if limit is None else min(limit, len(self))
         out = np.empty(n, dtype=np.int64)
         if n:
@@ -137,9 +153,7 @@ class CompiledTwin(EvictionPolicy):
         self._build()
 
     def __len__(self) -> int:
-        if self._taken:
-            self._apply_taken()
-        return handle.size(self._address)
+        return self._size - len(self._taken)
 
     def __contains__(self, block: int) -> bool:
         if self._taken:
