@@ -10,9 +10,9 @@ For n in 512, 2048, 8192 blocks and 4 / 20 workload classes it times, per block:
   kvprof every pop is a policy eviction and every append a policy free);
 * ``remove`` -- taking blocks back on a prefix hit (``remove`` of every free block, then re-append);
 
-for vLLM's native queue, kvprof's ``PolicyFreeQueue`` with ``lru`` and with ``wa`` (through the
-policy's ``evict_n``), and a reference queue built the published way: per-class LRU lists, every pop
-scans all class heads and computes an exponential per head. Prints ns/block and the ratio to native.
+for vLLM's native queue, kvprof's ``PolicyFreeQueue`` with ``lru`` and with ``wa`` (the compiled
+twins the plugin serves with, :class:`kvprof.core.twin.CompiledTwin`), and a reference queue built
+the published way: per-class LRU lists, every pop scans all class heads and computes an exponential per head. Prints ns/block and the ratio to native.
 
 Then, per call, ``popleft_n(n)`` + ``append_n`` for small n (1, 16, 64, 256) in a pool freed
 request by request, as a serving vLLM sees it (:func:`bench_calls`): the shape of decode (one
@@ -29,6 +29,7 @@ from collections import OrderedDict
 import numpy as np
 from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock, make_block_hash_with_group_id
 
+from kvprof.core.twin import CompiledTwin
 from kvprof.policy import make_policy
 from kvprof.vllm.block_pool import PolicyFreeQueue
 
@@ -107,7 +108,7 @@ def bench(n, k, repeat):
                       _time(lambda: ([native.remove(b) for b in blocks], native.append_n(blocks)), repeat))
 
     for name in ("lru", "wa"):
-        policy = make_policy(name, hp=hp)
+        policy = CompiledTwin(make_policy(name, hp=hp), n)
         q = PolicyFreeQueue(blocks, policy)
         q._front.clear()
         for b, c in zip(blocks, classes):
@@ -153,7 +154,7 @@ def bench_calls(k, pool, sizes, repeat):
             tick[0] += 0.01
             return tick[0]
 
-        policy = make_policy(name, hp=hp)
+        policy = CompiledTwin(make_policy(name, hp=hp), pool)
         q = PolicyFreeQueue(blocks, policy, clock=clock)
         q._front.clear()
         for request, c in zip(requests, classes):

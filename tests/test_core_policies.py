@@ -38,7 +38,9 @@ def run_side_by_side(reference, twin, ops, num_blocks, n_classes=4):
         assert twin_pool.evicted == ref_pool.evicted
         assert len(twin) == len(reference)
         assert [b in twin for b in range(-1, num_blocks + 1)] == [b in reference for b in range(-1, num_blocks + 1)]
-    # Whatever is left leaves in the same order.
+    # Whatever is left leaves in the same order, which both can tell without evicting.
+    assert twin.order(scenario.now + 1) == reference.order(scenario.now + 1)
+    assert twin.order(scenario.now + 1, 3) == reference.order(scenario.now + 1, 3)
     assert twin.evict_n(len(twin), scenario.now + 1) == reference.evict_n(len(reference), scenario.now + 1)
     return ref_pool
 
@@ -100,3 +102,38 @@ def test_the_twin_grows_past_the_blocks_and_contents_it_was_sized_for():
             policy.free(reversed(blocks), float(step))
         k = min(2, len(reference))
         assert twin.evict_n(k, float(step)) == reference.evict_n(k, float(step))
+
+
+@pytest.mark.parametrize("name", ["lru", "wa+shadows"])
+def test_taken_blocks_reach_the_core_before_anything_else(name):
+    """``take`` is ``remove`` deferred: the same victims, sizes and orders as removing at once."""
+    reference, twin = build(name), CompiledTwin(build(name), n_blocks=64)
+    rng = np.random.default_rng(1)
+    for step in range(200):
+        blocks = [int(b) for b in rng.choice(64, size=3, replace=False) if b not in reference]
+        for policy in (reference, twin):
+            for depth, block in enumerate(blocks):
+                policy.access(block, float(step), depth % 4, depth, hit=step % 2 == 0, content=block % 13)
+            policy.free(blocks[::-1], float(step))
+        for block in rng.choice(reference.order(float(step)), size=min(2, len(reference)), replace=False).tolist():
+            reference.remove(block)
+            twin.take(block)
+            assert len(twin) == len(reference)
+        if step % 3 == 0:
+            assert twin.order(float(step)) == reference.order(float(step))
+        k = min(step % 4, len(reference))
+        assert twin.evict_n(k, float(step)) == reference.evict_n(k, float(step))
+    twin.take(-5)  # never a block
+    with pytest.raises(KeyError, match="not evictable"):
+        twin.order(1e9)
+
+
+def test_a_cleared_twin_starts_over():
+    twin = CompiledTwin(build("lru"))
+    twin.access(0, 0.0, content="x")
+    twin.free([0], 0.0)
+    twin.clear()
+    assert len(twin) == 0 and 0 not in twin and twin.order(1.0) == []
+    twin.access(1, 1.0)
+    twin.free([1], 1.0)
+    assert twin.evict_n(1, 2.0) == [1]

@@ -233,27 +233,51 @@ def policy_contains(policy, block):
 
 
 @njit(cache=True)
+def evicting_core(policy):
+    """The core victims are taken from and its index among the followed cores (-1: ``main``).
+
+    For ``main`` under a frequency order learned in the shadows, ``main`` takes the leading
+    shadow's beta first, as every eviction does.
+    """
+    main = policy.main
+    if not main.wa:
+        return main, NONE
+    leading = policy.order_followed[policy.leader]
+    if leading != NONE:
+        return policy.followed[leading], leading
+    if len(policy.shadows) and main.order == ORDER_FREQUENCY:  # adaptive orders learn in their shadows
+        main.beta = policy.shadows[policy.leader].core.beta
+    return main, NONE
+
+
+@njit(cache=True)
 def policy_evict_n(policy, n, now, out, at):
     """``EvictionPolicy.evict_n`` into ``out[at:at + n]``."""
     main = policy.main
+    source, leading = evicting_core(policy)
+    core_evict_n(source, n, now, out, at)
     if not main.wa:
-        core_evict_n(main, n, now, out, at)
         return
-    leading = policy.order_followed[policy.leader]
     if leading != NONE:
-        core_evict_n(policy.followed[leading], n, now, out, at)
         for i in range(at, at + n):
             core_remove(main, out[i])
         remember(main, out, at, n)
-    else:
-        if len(policy.shadows) and main.order == ORDER_FREQUENCY:  # adaptive orders learn in their shadows
-            main.beta = policy.shadows[policy.leader].core.beta
-        core_evict_n(main, n, now, out, at)
     for j in range(len(policy.followed)):
         if j != leading:
             core = policy.followed[j]
             for i in range(at, at + n):
                 core_remove(core, out[i])
+
+
+copy_core = structs.deep_copier(core_type, {structs.lists_type: structs.copy_lists, structs.heap_type: structs.copy_heap})
+
+
+@njit
+def policy_order(policy, n, now, out):
+    """The first ``n`` victims ``policy_evict_n`` would take at ``now``, into ``out[:n]``; the
+    policy is unchanged (they are evicted from a copy of the core eviction takes them from)."""
+    source, _ = evicting_core(policy)
+    core_evict_n(copy_core(source), n, now, out, 0)
 
 
 @njit(cache=True)

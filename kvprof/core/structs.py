@@ -105,7 +105,7 @@ def reserve_lists(lists, n_lists):
         lists.count = grown(lists.count, n_lists, 0)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def push_back(lists, which, x):
     """Append ``x`` (in no list) to the back of list ``which``."""
     last = lists.tail[which]
@@ -120,7 +120,7 @@ def push_back(lists, which, x):
     lists.count[which] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def unlink(lists, x):
     """Take ``x`` out of its list."""
     which = lists.where[x]
@@ -137,7 +137,7 @@ def unlink(lists, x):
     lists.count[which] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def pop_front(lists, which):
     """Take and return the front of list ``which`` (not empty)."""
     x = lists.head[which]
@@ -145,7 +145,7 @@ def pop_front(lists, which):
     return x
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def holds(lists, x):
     """Whether ``x`` is in some list."""
     return 0 <= x < len(lists.where) and lists.where[x] != NONE
@@ -246,3 +246,31 @@ def heap_keep(heap, keep):
     heap.n = n
     for i in range(n // 2 - 1, -1, -1):
         _sift_down(heap, i)
+
+
+# -- copies -------------------------------------------------------------------------------------
+def deep_copier(struct_type, nested: dict):
+    """A compiled function returning a deep copy of a struct of ``struct_type``.
+
+    Every array field is copied, every field of a type in ``nested`` (struct type -> its own
+    copier) is copied by that copier, scalars are assigned. The source is generated from the
+    field list, so a field added to the struct is copied without an edit here; being generated,
+    it is compiled on first use in each process (numba caches only functions from files).
+    """
+    lines = ["def copy(s):", "    c = structref.new(struct_type)"]
+    scope = {"structref": structref, "struct_type": struct_type}
+    for name, typ in struct_type.field_dict.items():
+        if typ in nested:
+            scope[f"copy_{name}"] = nested[typ]
+            lines.append(f"    c.{name} = copy_{name}(s.{name})")
+        elif isinstance(typ, types.Array):
+            lines.append(f"    c.{name} = s.{name}.copy()")
+        else:
+            lines.append(f"    c.{name} = s.{name}")
+    lines.append("    return c")
+    exec("\n".join(lines), scope)  # noqa: S102 - source built from the struct's own field names
+    return njit(scope["copy"])
+
+
+copy_lists = deep_copier(lists_type, {})
+copy_heap = deep_copier(heap_type, {})

@@ -6,26 +6,31 @@ replacement with the same methods, split in three parts that are always consumed
 
 1. **front** -- blocks that hold no cached content (never cached, or freed without a hash):
    handed out first, as vLLM does with ``prepend_n``. A deque; initially every block by id.
-2. **policy** -- cached blocks (they have a block hash), ordered by a
-   :class:`kvprof.policy.base.EvictionPolicy`. They enter with ``append``/``append_n`` when a
-   request frees them (vLLM passes them tail-first), leave with ``remove`` on a prefix hit
-   (``BlockPool.touch``) or ``popleft``/``popleft_n`` when evicted.
+2. **policy** -- cached blocks (they have a block hash), ordered by the compiled twin of a
+   kvprof policy (:class:`kvprof.core.twin.CompiledTwin`: the same compiled core the simulator
+   runs, on block ids). They enter with ``append``/``append_n`` when a request frees them (vLLM
+   passes them tail-first), leave with ``remove`` on a prefix hit (``BlockPool.touch``) or
+   ``popleft``/``popleft_n`` when evicted.
 3. **back** -- hash-less blocks appended as last-resort candidates (``BlockPool.unpin_blocks``).
 
 The policy sees block ids only, never vLLM objects; per-block state (class of the last toucher,
-depth, last access) lives in the policy's side tables because ``KVCacheBlock`` has ``__slots__``.
+depth, last access) lives in the compiled core's tables, indexed by block id.
 All ordering logic is the policy's; this module only feeds it vLLM's events:
 
-* ``access(hit=False)`` when :meth:`KvprofBlockPool.cache_full_blocks` caches a newly computed block
-  (the block's content, depth and owning request are known only there),
-* ``access(hit=True)`` for each block a request hits (:meth:`KvprofBlockPool.touch`),
+* ``access(hit=False)`` when :meth:`KvprofBlockPool.cache_full_blocks` caches newly computed blocks
+  (the blocks' contents, depths and owning request are known only there),
+* ``access(hit=True)`` for the blocks a request hits (:meth:`KvprofBlockPool.touch`); both as one
+  compiled call per chain (``access_chain``),
 * ``free`` when the request frees its blocks, ``remove`` on a hit of a free block, ``evict_n`` when
   blocks are needed, ``clear`` on ``reset_prefix_cache``.
 
 Invariants kept from vLLM: the null block (id 0) is popped once at construction and never enters
 the queue; blocks owned by other pools are routed by ``BlockPool.free_blocks`` itself (unchanged);
 ``get_all_free_blocks`` and ``iter_blocks_after`` walk the blocks in eviction order at the time of
-the call; ``num_free_blocks`` counts all three parts.
+the call; ``num_free_blocks`` counts all three parts. And one of this queue: a free block with a
+block hash is in the policy part (hash-less blocks enter the front or the back, and a free block
+gains no hash), so ``remove`` of such a block is a ``take`` of the policy, deferred to its next
+call, without asking the core whether it holds it.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ class PolicyFreeQueue:
     ----------
     blocks : list of KVCacheBlock
         All blocks of the pool, ``blocks[i].block_id == i``; all start free, in id order.
-    policy : EvictionPolicy
+    policy : CompiledTwin
         Orders the cached free blocks; must be empty.
     clock : callable
         Seconds, monotonic (the policy's ``now``).
@@ -67,6 +72,7 @@ class PolicyFreeQueue:
         self._block_array = np.empty(len(blocks), dtype=object)
         self._block_array[:] = blocks
         self.policy = policy
+        self._take = policy.take
         self._clock = clock
         self._front: deque[KVCacheBlock] = deque(blocks)
         self._back: deque[KVCacheBlock] = deque()
@@ -110,18 +116,19 @@ class PolicyFreeQueue:
         return out
 
     def remove(self, block: KVCacheBlock) -> None:
-        try:
-            self.policy.remove(block.block_id)  # the usual case: a prefix hit on a cached block
+        if block._block_hash is not None:  # the usual case: a prefix hit on a cached block
+            self._take(block.block_id)
             return
-        except KeyError:
-            pass
         try:
             self._front.remove(block)  # rare: a hash-less free block taken back
         except ValueError:
             try:
                 self._back.remove(block)
             except ValueError:
-                raise ValueError(f"block {block.block_id} is not free") from None
+                try:  # a cached block whose hash vLLM dropped while it was free (evict_blocks)
+                    self.policy.remove(block.block_id)
+                except KeyError:
+                    raise ValueError(f"block {block.block_id} is not free") from None
 
     # -- putting blocks back ---------------------------------------------------------------
     def append(self, block: KVCacheBlock) -> None:
@@ -184,7 +191,7 @@ class KvprofBlockPool(BlockPool):
     def __init__(self, *args, kvprof_spec: PolicySpec, clock=time.monotonic, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.kvprof_spec = kvprof_spec
-        self.policy = kvprof_spec.make_policy(capacity=self.num_gpu_blocks)
+        self.policy = kvprof_spec.make_policy(capacity=self.num_gpu_blocks, n_blocks=self.num_gpu_blocks)
         self.current_request = None
         self._clock = clock
         # vLLM's queue has popped the null block already; keep its order for the rest.
@@ -199,23 +206,19 @@ class KvprofBlockPool(BlockPool):
         super().touch(blocks, *args, **kwargs)  # takes free hit blocks out of the queue (policy.remove)
         request = self.current_request
         cls = self._class_of(request) if request is not None else self.kvprof_spec.default_index
-        now = self._clock()
-        access = self.policy.access
-        for depth, block in enumerate(blocks):
-            if not block.is_null:
-                access(block.block_id, now, cls, depth, hit=True, content=block.block_hash)
+        hits = [(depth, block) for depth, block in enumerate(blocks) if not block.is_null]
+        self.policy.access_chain([block.block_id for _, block in hits], [depth for depth, _ in hits],
+                                 [block.block_hash for _, block in hits], self._clock(), cls, hit=True)
 
     def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs) -> None:
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
         if num_cached_blocks >= num_full_blocks:
             return
-        cls = self._class_of(request)
-        now = self._clock()
-        access = self.policy.access
-        for depth in range(num_cached_blocks, num_full_blocks):
-            block = blocks[depth]
-            if not block.is_null and block.block_hash is not None:
-                access(block.block_id, now, cls, depth, hit=False, content=block.block_hash)
+        cached = [(depth, blocks[depth]) for depth in range(num_cached_blocks, num_full_blocks)
+                  if not blocks[depth].is_null and blocks[depth].block_hash is not None]
+        self.policy.access_chain([block.block_id for _, block in cached], [depth for depth, _ in cached],
+                                 [block.block_hash for _, block in cached], self._clock(), self._class_of(request),
+                                 hit=False)
 
     def reset_prefix_cache(self) -> bool:
         ok = super().reset_prefix_cache()

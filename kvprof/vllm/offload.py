@@ -74,7 +74,7 @@ class KvprofCachePolicy(CachePolicy):
                 "(or set KVPROF_KV_POLICY_CONFIG)"
             )
         self.spec = spec
-        self.policy = spec.make_policy(capacity=cache_capacity)
+        self.policy = spec.make_policy(capacity=cache_capacity, n_blocks=cache_capacity)
         self._clock = clock
         self.chunks: dict[Any, Any] = {}
         self._id: dict[Any, int] = {}

@@ -243,7 +243,8 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
         )
     track_requests(manager, pool)
     _logger().info(
-        "%s; GPU tier: %d blocks, policy %s", spec.describe(), pool.num_gpu_blocks, type(pool.policy).__name__
+        "%s; GPU tier: %d blocks, policy %s (compiled)", spec.describe(), pool.num_gpu_blocks,
+        type(pool.policy.reference).__name__,
     )
 
 

@@ -135,17 +135,25 @@ class PolicySpec:
         spec = cls(policy=name, config=None if path is None else str(path), hp=hp, keyed_by=POLICIES[name].keyed_by)
         if hp is not None:
             spec.class_names = tuple(hp.table()[0])
-        spec.make_policy()  # fail here, not in the engine core, if the hp file does not fit the policy
+        spec.reference_policy()  # fail here, not in the engine core, if the hp file does not fit the policy
         return spec
 
-    def make_policy(self, capacity: int | None = None):
-        """A fresh policy instance for one cache tier of ``capacity`` blocks (for ``wa``'s tuning)."""
+    def reference_policy(self, capacity: int | None = None):
+        """A fresh instance of the policy's Python reference for a tier of ``capacity`` blocks
+        (for ``wa``'s tuning)."""
         from kvprof.policy import make_policy
 
         try:
             return make_policy(self.policy, hp=self.hp, capacity=capacity)
         except (ValueError, TypeError) as err:
             raise KvPolicyConfigError(f"cannot build policy {self.policy!r} from {self.config}: {err}") from None
+
+    def make_policy(self, capacity: int | None = None, n_blocks: int = 0):
+        """The policy a tier serves with: the compiled twin of :meth:`reference_policy`, its
+        tables sized for block ids below ``n_blocks``."""
+        from kvprof.core.twin import CompiledTwin
+
+        return CompiledTwin(self.reference_policy(capacity), n_blocks)
 
     @property
     def default_index(self) -> int:

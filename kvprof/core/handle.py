@@ -1,0 +1,119 @@
+"""The compiled policy's protocol called from Python by address: the fast way in for per-call drivers.
+
+numba types a structref argument in Python code (~0.5 us a call, more than the operation itself),
+an int in C. So a driver that calls the core once per vLLM event (the vLLM adaptor, through
+:class:`kvprof.core.twin.CompiledTwin`) passes the policy's address, an int from
+:func:`address_of`, and each function here turns it back into the policy with :func:`policy_at`.
+The address stays valid while the Python handle (:class:`kvprof.core.policy.Policy`) lives;
+whoever holds the address must hold the handle.
+
+Every function is the :mod:`kvprof.core.policy` function of the same name with the policy behind
+an address, plus batch forms vLLM's events come in (a chain of accesses, a batch of removals).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from kvprof.core import policy as core
+from kvprof.core.policy import policy_type
+
+
+@intrinsic
+def _address(typingctx, policy):
+    def codegen(context, builder, sig, args):
+        struct = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=args[0])
+        return builder.ptrtoint(struct.meminfo, ir.IntType(64))
+
+    return types.int64(policy), codegen
+
+
+@intrinsic
+def policy_at(typingctx, address):
+    """The policy whose meminfo is at ``address`` (a new reference)."""
+
+    def codegen(context, builder, sig, args):
+        struct = cgutils.create_struct_proxy(policy_type)(context, builder)
+        struct.meminfo = builder.inttoptr(args[0], struct.meminfo.type)
+        policy = struct._getvalue()
+        context.nrt.incref(builder, policy_type, policy)
+        return policy
+
+    return policy_type(types.int64), codegen
+
+
+@njit(cache=True)
+def address_of(policy):
+    """The address :func:`policy_at` takes (valid while ``policy``'s Python handle lives)."""
+    return _address(policy)
+
+
+@njit(cache=True)
+def access(address, block, now, workload, depth, hit, next_use, content):
+    core.policy_access(policy_at(address), block, now, workload, depth, hit, next_use, content)
+
+
+@njit(cache=True)
+def access_n(address, blocks, depths, contents, n, now, workload, hit):
+    """``access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for ``i < n``, in order."""
+    policy = policy_at(address)
+    for i in range(n):
+        core.policy_access(policy, blocks[i], now, workload, depths[i], hit, np.inf, contents[i])
+
+
+@njit(cache=True)
+def free(address, blocks, n, now):
+    core.policy_free(policy_at(address), blocks, n, now)
+
+
+@njit(cache=True)
+def free_one(address, block, now):
+    blocks = np.empty(1, np.int64)
+    blocks[0] = block
+    core.policy_free(policy_at(address), blocks, 1, now)
+
+
+@njit(cache=True)
+def remove(address, block):
+    """``remove`` if ``block`` is evictable; whether it was."""
+    policy = policy_at(address)
+    if not core.policy_contains(policy, block):
+        return False
+    core.policy_remove(policy, block)
+    return True
+
+
+@njit(cache=True)
+def remove_n(address, blocks, n):
+    """``remove`` of ``blocks[:n]`` in order, stopping at the first that is not evictable;
+    its index, or -1 when all were removed."""
+    policy = policy_at(address)
+    for i in range(n):
+        if not core.policy_contains(policy, blocks[i]):
+            return i
+        core.policy_remove(policy, blocks[i])
+    return -1
+
+
+@njit(cache=True)
+def evict_n(address, n, now, out):
+    core.policy_evict_n(policy_at(address), n, now, out, 0)
+
+
+@njit
+def order(address, n, now, out):
+    core.policy_order(policy_at(address), n, now, out)
+
+
+@njit(cache=True)
+def size(address):
+    return core.policy_size(policy_at(address))
+
+
+@njit(cache=True)
+def contains(address, block):
+    return core.policy_contains(policy_at(address), block)
