@@ -20,6 +20,7 @@ from tests.test_policies import LAM, OPS, P, PolicyPool, Scenario, build, wa_pol
 WA_VARIANTS = {
     "wa model": lambda: wa_policy(P, LAM),
     "wa lru": lambda: wa_policy(P, LAM, orders=("lru",)),
+    "wa segmented": lambda: wa_policy(P, LAM, orders=("segmented",)),
     "wa frequency": lambda: wa_policy(P, LAM, orders=("frequency",)),
     "wa strict-frequency": lambda: wa_policy(P, LAM, orders=("strict-frequency",)),
     "wa s3fifo leads": lambda: wa_policy(P, LAM, orders=("s3fifo", "model")),

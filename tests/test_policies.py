@@ -31,7 +31,7 @@ from kvprof.classes import ClassRule
 # Three classes plus the default (last): short, medium and long reuse gaps.
 P = [0.6, 0.4, 0.2, 0.3]
 LAM = [0.5, 0.05, 0.01, 0.02]
-WA_ORDERS = ("s3fifo", "model", "lru", "frequency", "strict-frequency")  # the followed structure leads
+WA_ORDERS = ("s3fifo", "model", "lru", "segmented", "frequency", "strict-frequency")  # the followed structure leads
 
 
 def wa_policy(p, lam, horizon=30.0, tiers=N_TIERS, **kwargs):

@@ -84,6 +84,8 @@ def _order_kind(order) -> int:
         return kinds.ORDER_MODEL
     if isinstance(order, orders.RecencyOrder):
         return kinds.ORDER_RECENCY
+    if isinstance(order, orders.SegmentedOrder):
+        return kinds.ORDER_SEGMENTED
     if isinstance(order, orders.FrequencyOrder):
         return kinds.ORDER_FREQUENCY
     raise TypeError(f"no compiled row order for {type(order).__name__}")

@@ -34,7 +34,7 @@ from kvprof.core.structs import NONE, grown, heap_pop, heap_push, holds, pop_fro
 LRU, LFU, S3FIFO, ARC, BELADY, CLASSED = range(6)
 
 #: Row orders of a ``CLASSED`` core (:mod:`kvprof.policy.orders`, and wa-paper's published score).
-ORDER_MODEL, ORDER_RECENCY, ORDER_FREQUENCY, ORDER_PAPER = range(4)
+ORDER_MODEL, ORDER_RECENCY, ORDER_FREQUENCY, ORDER_PAPER, ORDER_SEGMENTED = range(5)
 
 class CoreType(structs.StructType):
     pass
@@ -496,6 +496,8 @@ def _score(core, row, stamp, now):
     order = core.order
     if order == ORDER_RECENCY:
         return stamp
+    if order == ORDER_SEGMENTED:
+        return 1.0 if row % core.n_tiers else 0.0
     age = now - stamp
     if order == ORDER_FREQUENCY:
         return core.beta * (row % core.n_tiers) - math.log(age + 1e-3 if age > 0.0 else 1e-3)
@@ -513,6 +515,9 @@ def _set_key(core, row, block, score):
     if core.order == ORDER_PAPER:  # (score, row): blocks freed together leave together
         core.key1[row] = 0.0
         core.key2[row] = 0.0
+    elif core.order == ORDER_SEGMENTED:  # (segment, stamp, -depth, row)
+        core.key1[row] = core.pushed[block]
+        core.key2[row] = -float(core.depth[block])
     else:  # (score, -depth, stamp, row): the deeper block, then the older access
         core.key1[row] = -float(core.depth[block])
         core.key2[row] = core.pushed[block]

@@ -47,7 +47,7 @@ PUBLISHED_TURN_CAP = MAX_TURN_CAP
 PUBLISHED_DEFAULT_P, PUBLISHED_DEFAULT_LAMBDA = 1.0, 0.0
 
 #: Candidate orders a tuned file may start the ``wa`` policy on (:mod:`kvprof.policy.wa`).
-CANDIDATES = ("lru", "model", "frequency", "strict-frequency", "s3fifo")
+CANDIDATES = ("lru", "model", "segmented", "frequency", "strict-frequency", "s3fifo")
 
 _DIAGNOSTIC_COUNTS = ("n_accesses", "n_reuses", "n_censored")
 _DIAGNOSTIC_STATS = ("ks", "mean_gap_s", "median_gap_s")

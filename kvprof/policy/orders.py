@@ -6,6 +6,7 @@ picks its victim among the heads of those lists, so any of them can run on the s
 ``wa`` can switch between them at once:
 
 * :class:`RecencyOrder` -- plain LRU: the head freed longest ago (vLLM's order);
+* :class:`SegmentedOrder` -- segmented LRU: blocks never hit go first, LRU within each segment;
 * :class:`FrequencyOrder` -- LRU within tiers, a block of tier ``t`` ageing ``e^(beta t)`` times
   slower; with ``adaptive`` beta moves on ghost hits as ARC moves its target (a block evicted
   unhit and wanted again lowers it, one evicted after hits raises it);
@@ -60,6 +61,29 @@ class RecencyOrder(Order):
 
     def key(self, row: int, stamp: float, depth: int, now: float) -> tuple:
         return (stamp, -depth, row)
+
+
+class SegmentedOrder(Order):
+    """Segmented LRU (Karedla et al., IEEE Computer 1994) without a size limit on the protected
+    segment: a block never hit (tier 0) goes before any block hit at least once, the one freed
+    longest ago first within each segment; then the deeper block.
+
+    On agent traffic, whose sessions come back within seconds and re-read their whole context,
+    this keeps every prefix that was ever shared and spends the cache's churn on one-off tails.
+
+    Parameters
+    ----------
+    n_tiers : int
+        Tiers per request cell (rows are ``cell * n_tiers + tier``).
+    """
+
+    name = "segmented"
+
+    def __init__(self, n_tiers: int = N_TIERS) -> None:
+        self.n_tiers = n_tiers
+
+    def key(self, row: int, stamp: float, depth: int, now: float) -> tuple:
+        return (1.0 if row % self.n_tiers else 0.0, stamp, -depth, row)
 
 
 class FrequencyOrder(Order):

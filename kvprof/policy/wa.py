@@ -11,12 +11,12 @@ import numpy as np
 from kvprof.models.hp import CANDIDATES
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.classed import ClassedLRUPolicy, _as_list
-from kvprof.policy.orders import FrequencyOrder, ModelOrder, Order, RecencyOrder, tier_of
+from kvprof.policy.orders import FrequencyOrder, ModelOrder, Order, RecencyOrder, SegmentedOrder, tier_of
 from kvprof.policy.s3fifo import S3FIFOPolicy
 from kvprof.policy.shadow import ShadowCache
 
 #: Candidate orders over the row lists (see :mod:`kvprof.policy.orders`).
-ROW_ORDERS = ("model", "lru", "frequency", "strict-frequency")
+ROW_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency")
 #: Candidate policies with a structure of their own, kept in step with the real cache's blocks.
 FOLLOWED_POLICIES: dict[str, type[EvictionPolicy]] = {"s3fifo": S3FIFOPolicy}
 ORDER_NAMES = ROW_ORDERS + tuple(FOLLOWED_POLICIES)
@@ -24,7 +24,7 @@ if set(ORDER_NAMES) != set(CANDIDATES):  # the hp loader checks tuned start orde
     raise ImportError(f"wa's candidate orders {ORDER_NAMES} differ from kvprof.models.hp.CANDIDATES {CANDIDATES}")
 #: The candidates by default, the fitted model first: followed until a shadow beats it (a file
 #: tuned for the capacity names the order to start on instead).
-DEFAULT_ORDERS = ("model", "lru", "frequency", "strict-frequency", "s3fifo")
+DEFAULT_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency", "s3fifo")
 #: Shadows compare their hits over about this many capacities' worth of accesses (a half-life).
 WINDOW_CAPACITIES = 16.0
 #: A shadow must beat the leader's hits by this share before ``wa`` switches to its order.
@@ -135,6 +135,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
                               self.horizon)
         if name == "lru":
             return RecencyOrder()
+        if name == "segmented":
+            return SegmentedOrder(self.n_tiers)
         if name == "frequency":
             return FrequencyOrder(self.n_tiers, beta=1.0, adaptive=True)
         if name == "strict-frequency":
