@@ -1,9 +1,11 @@
 """Profile-driven tuning: the profiler's own window, replayed, chooses the ``wa`` policy's knobs.
 
-For each capacity the user will run at, :func:`tune` replays the fit window through the
-simulator under ``wa`` at a few horizons around the fitted one and keeps the horizon with the
-highest token hit ratio, and, as the candidate order to start on, the one whose shadow cache
-hit most in that replay (so the policy starts where the safety net would have ended). The
+For each capacity the user will run at, :func:`tune` replays the last part of the fit window
+(:data:`REPLAYED_SHARE`: the traffic closest to what the policy will meet, and a third of the
+cost of the whole window) through the simulator under ``wa`` at a few horizons around the
+fitted one and keeps the horizon with the highest token hit ratio, and, as the candidate order
+to start on, the one whose shadow cache hit most in that replay (so the policy starts where the
+safety net would have ended). The
 choices go into the hp file's ``tuning`` block; a policy built for a capacity takes the entry of
 the nearest tuned one (:meth:`kvprof.models.hp.HpFile.tuned`).
 """
@@ -24,18 +26,20 @@ from kvprof.sim.workload import Workload, prepare_workload
 
 #: Horizons tried, as multiples of the fitted one.
 HORIZON_FACTORS = (0.25, 1.0, 4.0)
+#: The share of the fit window, its end, that the tuning replays.
+REPLAYED_SHARE = 1 / 3
 
 
 def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig = SimConfig(), *,
          n_jobs: int = 1) -> HpFile:
-    """``hp`` with a tuning entry per capacity, chosen by replaying ``trace`` (the fit window).
+    """``hp`` with a tuning entry per capacity, chosen by replaying the end of ``trace`` (the fit window).
 
     Parameters
     ----------
     hp : HpFile
         Fitted on ``trace``.
     trace : Trace
-        The window to replay.
+        The fit window; its last :data:`REPLAYED_SHARE` is replayed (all of it if that part is empty).
     capacities : sequence of int
         GPU capacities in engine blocks.
     config : SimConfig
@@ -49,7 +53,10 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
         With ``tuning``: per capacity ``capacity``, ``horizon_s``, ``start`` and what was
         ``measured`` (hit ratio per horizon tried, shadow hits per candidate at the best one).
     """
-    workload = prepare_workload(trace, hp, config.engine_block_size, config.rate_scale)
+    start = float(trace.timestamp[0]) if trace.n_requests else trace.window[0]
+    replayed = trace.time_window(trace.censor_time - (trace.censor_time - start) * REPLAYED_SHARE, None)
+    workload = prepare_workload(replayed if replayed.n_requests else trace, hp, config.engine_block_size,
+                                config.rate_scale)
     horizons = [hp.horizon * factor for factor in HORIZON_FACTORS]
     tasks = [(capacity, horizon) for capacity in capacities for horizon in horizons]
     replays = Parallel(n_jobs=min(n_jobs, len(tasks)) if n_jobs > 0 else n_jobs)(
