@@ -138,3 +138,20 @@ def test_a_cleared_twin_starts_over():
     twin.access(1, 1.0)
     twin.free([1], 1.0)
     assert twin.evict_n(1, 2.0) == [1]
+
+
+@pytest.mark.parametrize("name", ["lru", "wa+shadows"])
+def test_content_numbers_stay_bounded_in_a_long_run(name):
+    """A server sees new block hashes forever: the twin recycles the oldest content numbers past
+    ``max_contents``, and still hands out only evictable blocks, each once, within the pool."""
+    twin = CompiledTwin(build(name), n_blocks=16, max_contents=40)
+    for step in range(3000):  # 3 new contents a step: 9,000 in all
+        if len(twin) > 8:
+            victims = twin.evict_n(len(twin) - 8, float(step))
+            assert len(set(victims)) == len(victims) and all(0 <= b < 16 for b in victims)
+            assert len(twin) == 8 and not any(b in twin for b in victims)
+        blocks = [b for b in range(16) if b not in twin][:3]
+        for depth, block in enumerate(blocks):
+            twin.access(block, float(step), depth, depth, content=f"hash{step}-{depth}")
+        twin.free(blocks[::-1], float(step))
+    assert len(twin._content_id) == 40 and sorted(twin._content_id.values()) == list(range(40))

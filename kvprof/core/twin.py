@@ -9,6 +9,7 @@ simulator's compiled engine drives the core directly instead.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
@@ -17,13 +18,22 @@ from kvprof.core import handle
 from kvprof.core.build import compile_policy
 from kvprof.policy.base import EvictionPolicy
 
+#: Content numbers kept per block of the pool (and at least :data:`MIN_CONTENTS`); see :class:`CompiledTwin`.
+CONTENTS_PER_BLOCK = 16
+MIN_CONTENTS = 1 << 16
+
 
 class CompiledTwin(EvictionPolicy):
     """The compiled twin of a fresh reference policy, same name, same decisions.
 
-    Invariants: ``_content_id`` numbers the contents seen so far densely (the core keys its
-    ghosts and shadows by content number), so two contents are equal here exactly when they
-    are equal for the reference; ``_taken`` lists blocks taken back with :meth:`take` that the
+    Invariants: ``_content_id`` numbers contents densely, below ``max_contents`` (the core keys
+    its ghosts and shadows by content number), so two contents are equal here exactly when they
+    are equal for the reference, as long as no more than ``max_contents`` distinct contents were
+    seen. Past that, the number of the content seen first is given to the new one: memory stays
+    bounded in a server that runs for weeks, at the price that a content first seen
+    ``max_contents`` contents ago may be taken for another in a ghost or shadow (all of them
+    together hold about 9 times the pool's blocks, so with the default this is rare and only
+    shifts the safety net's statistics; the cache itself never depends on it). ``_taken`` lists blocks taken back with :meth:`take` that the
     core still holds as evictable, and every method that reaches the core hands them to it
     first, so the core sees the same operations in the same order as the reference would;
     ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
@@ -36,14 +46,17 @@ class CompiledTwin(EvictionPolicy):
         :attr:`reference`, only read (:meth:`clear` compiles it again).
     n_blocks : int
         Block ids expected, to size the tables once (they grow past it if needed).
+    max_contents : int, optional
+        Content numbers in use at most; default ``max(16 n_blocks, 65536)``.
     """
 
-    def __init__(self, reference: EvictionPolicy, n_blocks: int = 0) -> None:
+    def __init__(self, reference: EvictionPolicy, n_blocks: int = 0, max_contents: int | None = None) -> None:
         self.name = reference.name
         self.keyed_by = reference.keyed_by
         self.reference = reference
         self._n_blocks = n_blocks
-        self._content_id: dict[Hashable, int] = {}
+        self.max_contents = max_contents or max(CONTENTS_PER_BLOCK * n_blocks, MIN_CONTENTS)
+        self._content_id: OrderedDict[Hashable, int] = OrderedDict()
         self._taken: list[int] = []
         #: ``take(block)``: :meth:`remove` of a block the caller knows is evictable, applied
         #: before the next call that reaches the core (vLLM takes back a free block on every
@@ -68,7 +81,14 @@ class CompiledTwin(EvictionPolicy):
 
     def _contents(self, contents: Iterable[Hashable | None]) -> list[int]:
         ids = self._content_id
-        return [-1 if c is None else ids.setdefault(c, len(ids)) for c in contents]
+        return [-1 if c is None else ids[c] if c in ids else self._number(c) for c in contents]
+
+    def _number(self, content: Hashable) -> int:
+        """A number for a content not seen yet: the next one, or the oldest one's past ``max_contents``."""
+        ids = self._content_id
+        number = len(ids) if len(ids) < self.max_contents else ids.popitem(last=False)[1]
+        ids[content] = number
+        return number
 
     # -- the protocol ----------------------------------------------------------------------
     def access(
@@ -84,7 +104,8 @@ class CompiledTwin(EvictionPolicy):
     ) -> None:
         if self._taken:
             self._apply_taken()
-        content_id = -1 if content is None else self._content_id.setdefault(content, len(self._content_id))
+        ids = self._content_id
+        content_id = -1 if content is None else ids[content] if content in ids else self._number(content)
         handle.access(self._address, block, float(now), workload, depth, hit, float(next_use), content_id)
 
     def access_chain(self, blocks: Sequence[int], depths: Sequence[int], contents: Sequence[Hashable | None],
