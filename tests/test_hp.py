@@ -6,6 +6,7 @@ import copy
 import json
 import math
 
+from pathlib import Path
 import numpy as np
 import pytest
 
@@ -433,4 +434,16 @@ def test_version_2_keys_in_a_version_1_file_are_unknown(fitted_v2, tmp_path):
     path = tmp_path / "hp.json"
     path.write_text(json.dumps(data))
     with pytest.raises(HpFileError, match="unknown key"):
+        load_hp(path)
+
+
+def test_a_cells_diagnostics_are_checked_like_a_class_s(tmp_path):
+    """A hand-edited hold-out score in a cell's row is a located error, not a crash in ``show``."""
+    data = json.loads((Path(__file__).resolve().parent.parent / "configs" / "bailian-a-hp.json").read_text())
+    name = next(iter(data["cells"]))
+    row = next(r for r in data["cells"][name] if (r.get("diagnostics") or {}).get("holdout"))
+    row["diagnostics"]["holdout"] = 10**400
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(HpFileError, match=r"diagnostics\.holdout.*must be an object"):
         load_hp(path)

@@ -469,7 +469,9 @@ def _read_reuse_row(checks: JsonChecks, data, where: str) -> ReuseRow:
     if abs(sum(weights) - 1.0) > 1e-6:
         checks.fail(member(where, "components"), f"weights must sum to 1, got {sum(weights)!r}")
     source = checks.one_of(data.get("source", "fit"), member(where, "source"), SOURCES)
-    diagnostics = checks.mapping(data["diagnostics"], member(where, "diagnostics")) if "diagnostics" in data else None
+    diagnostics = data.get("diagnostics")
+    if diagnostics is not None:
+        _check_diagnostics(checks, diagnostics, member(where, "diagnostics"), row=True)
     return ReuseRow(p, tuple(weights), tuple(rates), source, diagnostics)
 
 
@@ -553,13 +555,28 @@ def _read_p_and_lambda(checks: JsonChecks, data: dict, where: str) -> tuple[floa
             float(checks.number(data["lambda"], member(where, "lambda"))))
 
 
-def _check_diagnostics(checks: JsonChecks, data, where: str) -> None:
-    """Counts are integers >= 0; the statistics numbers >= 0 or null."""
-    checks.fields(data, where, required=_DIAGNOSTIC_COUNTS, optional=_DIAGNOSTIC_STATS)
+def _check_diagnostics(checks: JsonChecks, data, where: str, row: bool = False) -> None:
+    """Counts are integers >= 0; the statistics numbers >= 0 or null. A cell's row may also give
+    its ``components`` (an integer >= 1) and its ``holdout`` quality (null, or ``log_loss``,
+    ``brier``, ``n`` and the same for one exponential under ``single``)."""
+    optional = _DIAGNOSTIC_STATS + (("components", "holdout") if row else ())
+    checks.fields(data, where, required=_DIAGNOSTIC_COUNTS, optional=optional)
     for key in _DIAGNOSTIC_COUNTS:
         checks.integer(data[key], member(where, key))
     for key in _DIAGNOSTIC_STATS:
         checks.number(data.get(key), member(where, key), null=True)
+    if "components" in data:
+        checks.integer(data["components"], member(where, "components"), low=1)
+    held = data.get("holdout")
+    if held is not None:
+        at = member(where, "holdout")
+        checks.fields(held, at, required=("log_loss", "brier", "n", "single"))
+        checks.integer(held["n"], member(at, "n"))
+        single = member(at, "single")
+        checks.fields(held["single"], single, required=("log_loss", "brier"))
+        for scores, place in ((held, at), (held["single"], single)):
+            for key in ("log_loss", "brier"):
+                checks.number(scores[key], member(place, key), null=True)
 
 
 def _read_class_rule(checks: JsonChecks, data, where: str) -> ClassRule:
