@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import json
 import math
-
 from pathlib import Path
+
 import numpy as np
 import pytest
 
