@@ -54,10 +54,9 @@ class ShadowCache:
         slot = self.slot_of.get(content)
         chained = depth == 0 or depth == self._chain_depth + 1
         if slot is not None:
-            if not chained:
-                return  # behind this shadow's first miss: recomputed, its cached copy left alone, as the real cache does
-            self.hits += 1
-            self._chain_depth = depth
+            if chained:
+                self.hits += 1
+                self._chain_depth = depth
             if slot not in self.pinned:
                 policy.remove(slot)
             policy.access(slot, now, workload, depth, hit=True, content=content)
