@@ -66,6 +66,10 @@ policy_type = structs.struct(PolicyType, Policy, [
     ("shadow_score", types.float64[:]),
     ("shadow_seen", types.int64[:]),
     ("accesses", types.int64),
+    ("real_hits", types.int64),
+    ("real_seen", types.int64),
+    ("real_led", types.float64[:]),
+    ("shadow_led", types.float64[:]),
     ("window_capacities", types.float64),
     ("switch_margin", types.float64),
     ("period_min", types.int64),
@@ -180,6 +184,10 @@ def new_policy(main, followed, order_kind, order_followed, shadows, leader):
     policy.shadow_score = np.zeros(len(shadows))
     policy.shadow_seen = np.zeros(len(shadows), np.int64)
     policy.accesses = 0
+    policy.real_hits = 0
+    policy.real_seen = 0
+    policy.real_led = np.zeros(len(shadows))
+    policy.shadow_led = np.zeros(len(shadows))
     policy.window_capacities = 1.0
     policy.switch_margin = 0.0
     policy.period_min = 1
@@ -195,6 +203,8 @@ def policy_access(policy, block, now, workload, depth, hit, next_use, content):
     core_access(main, block, now, workload, depth, hit, next_use, content)
     if not main.wa:
         return
+    if hit:
+        policy.real_hits += 1
     if not 0 <= workload < main.n_cells:
         workload = main.n_cells - 1
     for core in policy.followed:
@@ -294,14 +304,27 @@ def _follow(policy, content, now, workload, depth):
     if policy.accesses % period:
         return
     keep = 0.5 ** (period / max(policy.window_capacities * most, 1.0))
-    score, seen = policy.shadow_score, policy.shadow_seen
+    real_gained = policy.real_hits - policy.real_seen
+    policy.real_seen = policy.real_hits
+    prior = float(max(most, 1))
+    score, seen, real_led, shadow_led = policy.shadow_score, policy.shadow_seen, policy.real_led, policy.shadow_led
     best = 0
+    best_corrected = leader_corrected = 0.0
     for i in range(len(shadows)):
-        score[i] = score[i] * keep + (shadows[i].hits - seen[i])
+        gained = shadows[i].hits - seen[i]
         seen[i] = shadows[i].hits
-        if score[i] > score[best]:
-            best = i
-    if score[best] > score[policy.leader] * (1.0 + policy.switch_margin):
+        score[i] = score[i] * keep + gained
+        real_led[i] *= keep
+        shadow_led[i] *= keep
+        if i == policy.leader:
+            real_led[i] += real_gained
+            shadow_led[i] += gained
+        corrected = score[i] * (real_led[i] + prior) / (shadow_led[i] + prior)
+        if i == 0 or corrected > best_corrected:
+            best, best_corrected = i, corrected
+        if i == policy.leader:
+            leader_corrected = corrected
+    if best_corrected > leader_corrected * (1.0 + policy.switch_margin):
         lead(policy, best)
 
 

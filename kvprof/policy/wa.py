@@ -45,14 +45,22 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
 
     The *model* order scores a list head by P(reused within H | row, idle age) under the row's
     cure-fraction mixture of exponentials; ties go to the deeper block, then the older access.
-    The other candidates (:data:`ORDER_NAMES`) are LRU, frequency tiers with an ARC-like
-    adaptive weight and strict frequency tiers, all over the same lists, and S3-FIFO, whose
+    The other candidates (:data:`ORDER_NAMES`) are LRU, segmented LRU (never-hit blocks first),
+    frequency tiers with an ARC-like adaptive weight and strict frequency tiers, all over the
+    same lists, and S3-FIFO, whose
     queues are kept in step with the real cache's blocks. With the safety net on, a
     :class:`~kvprof.policy.shadow.ShadowCache` per candidate replays the same accesses and frees
     on contents alone, at the real cache's size (the most blocks it has held), and counts the
     hits that candidate would have had. Every ``capacity / 16`` accesses ``wa`` follows the
     candidate whose shadow has the most hits over the last ``WINDOW_CAPACITIES`` capacities of
-    accesses (exponentially weighted), switching only for a lead above ``SWITCH_MARGIN``. So
+    accesses (exponentially weighted), switching only for a lead above ``SWITCH_MARGIN``.
+    A shadow is not the real cache: it only hears of the contents the real cache touches, and
+    a switch costs the real cache a transition its shadow never pays. So each shadow's score is
+    calibrated by what following it was worth: times (real hits + C) / (its shadow's hits + C)
+    over the accesses its candidate led (same weighting, ``C`` = the cache's size in hits, so
+    an untried candidate counts at face value). On the agent trace this is what keeps ``wa``
+    on segmented LRU, whose shadow undercounts it by 2-4 %, against strict frequency, whose
+    shadow overcounts it by 3-4 %. So
     when the profile is wrong or the traffic drifts, ``wa`` ends up on the best simple order by
     itself; where the model is right it stays on the model. Shadows need block contents
     (``access(content=...)``); without them ``wa`` keeps its first candidate.
@@ -126,6 +134,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         self._shadow_score = [0.0] * len(self._shadows)
         self._shadow_seen = [0] * len(self._shadows)
         self._accesses = 0
+        self._real_hits = self._real_seen = 0
+        self._real_led = [0.0] * len(self._shadows)  # the real cache's hits while each candidate led ...
+        self._shadow_led = [0.0] * len(self._shadows)  # ... and its shadow's over the same accesses
         self._lead(0)
 
     def _row_order(self, name: str) -> Order | None:
@@ -199,6 +210,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             workload = self.n_cells - 1
         if hit:
             hits = self._hits.item(block) + 1
+            self._real_hits += 1
         else:
             hits = self._recall(content) if content is not None else 0
             if content is not None:
@@ -304,11 +316,22 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         if self._accesses % period:
             return
         keep = 0.5 ** (period / max(WINDOW_CAPACITIES * self._most, 1.0))
+        real_gained = self._real_hits - self._real_seen
+        self._real_seen = self._real_hits
+        prior = float(max(self._most, 1))
+        corrected = []
         for i, shadow in enumerate(self._shadows):
-            self._shadow_score[i] = self._shadow_score[i] * keep + (shadow.hits - self._shadow_seen[i])
+            gained = shadow.hits - self._shadow_seen[i]
             self._shadow_seen[i] = shadow.hits
-        best = max(range(len(self._shadows)), key=self._shadow_score.__getitem__)
-        if self._shadow_score[best] > self._shadow_score[self.leader] * (1.0 + SWITCH_MARGIN):
+            self._shadow_score[i] = self._shadow_score[i] * keep + gained
+            self._real_led[i] *= keep
+            self._shadow_led[i] *= keep
+            if i == self.leader:
+                self._real_led[i] += real_gained
+                self._shadow_led[i] += gained
+            corrected.append(self._shadow_score[i] * (self._real_led[i] + prior) / (self._shadow_led[i] + prior))
+        best = max(range(len(corrected)), key=corrected.__getitem__)
+        if corrected[best] > corrected[self.leader] * (1.0 + SWITCH_MARGIN):
             self._lead(best)
 
     def clear(self) -> None:
