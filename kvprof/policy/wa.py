@@ -47,22 +47,22 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     cure-fraction mixture of exponentials; ties go to the deeper block, then the older access.
     The other candidates (:data:`ORDER_NAMES`) are LRU, segmented LRU (never-hit blocks first),
     frequency tiers with an ARC-like adaptive weight and strict frequency tiers, all over the
-    same lists, and S3-FIFO, whose
-    queues are kept in step with the real cache's blocks. With the safety net on, a
-    :class:`~kvprof.policy.shadow.ShadowCache` per candidate replays the same accesses and frees
-    on contents alone, at the real cache's size (the most blocks it has held), and counts the
-    hits that candidate would have had. Every ``capacity / 16`` accesses ``wa`` follows the
-    candidate whose shadow has the most hits over the last ``WINDOW_CAPACITIES`` capacities of
-    accesses (exponentially weighted), switching only for a lead above ``SWITCH_MARGIN``.
-    A shadow is not the real cache: it only hears of the contents the real cache touches, and
-    a switch costs the real cache a transition its shadow never pays. So each shadow's score is
-    calibrated by what following it was worth: times (real hits + C) / (its shadow's hits + C)
-    over the accesses its candidate led (same weighting, ``C`` = the cache's size in hits, so
-    an untried candidate counts at face value). On the agent trace this is what keeps ``wa``
-    on segmented LRU, whose shadow undercounts it by 2-4 %, against strict frequency, whose
-    shadow overcounts it by 3-4 %. So
-    when the profile is wrong or the traffic drifts, ``wa`` ends up on the best simple order by
-    itself; where the model is right it stays on the model. Shadows need block contents
+    same lists, and S3-FIFO, whose queues are kept in step with the real cache's blocks.
+
+    With the safety net on, a :class:`~kvprof.policy.shadow.ShadowCache` per candidate replays
+    the same accesses and frees on contents alone, at the real cache's size (the most blocks it
+    has held), and counts the hits that candidate would have had. Every ``capacity / 16``
+    accesses ``wa`` follows the candidate whose shadow has the most hits over the last
+    ``WINDOW_CAPACITIES`` capacities of accesses (exponentially weighted), switching only for a
+    lead above ``SWITCH_MARGIN``. A shadow is not the real cache: it only hears of the contents
+    the real cache touches, and a switch costs the real cache a transition its shadow never
+    pays. So each shadow's score is calibrated by what following it was worth: times
+    (real hits + C) / (its shadow's hits + C) over the accesses its candidate led (same
+    weighting; ``C`` = the cache's size in hits, so an untried candidate counts at face value).
+    On the agent trace this is what keeps ``wa`` on segmented LRU, whose shadow undercounts it
+    by 2-4 %, against strict frequency, whose shadow overcounts it by 3-4 %. So when the
+    profile is wrong or the traffic drifts, ``wa`` ends up on the best simple order by itself;
+    where the model is right it stays on the model. Shadows need block contents
     (``access(content=...)``); without them ``wa`` keeps its first candidate.
 
     Invariants (on top of :class:`ClassedLRUPolicy`'s): every followed policy holds exactly the
