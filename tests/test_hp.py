@@ -447,3 +447,12 @@ def test_a_cells_diagnostics_are_checked_like_a_class_s(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(HpFileError, match=r"diagnostics\.holdout.*must be an object"):
         load_hp(path)
+
+
+def test_a_v1_file_saved_again_equals_what_was_read(tmp_path):
+    """Saving writes kvprof.hp/2; the schema read from is not part of equality (a fuzz find)."""
+    v1 = load_hp(Path(__file__).resolve().parent.parent / "configs" / "bailian-a-hp-v1.json")
+    assert v1.schema == "kvprof.hp/1"
+    v1.save(tmp_path / "again.json")
+    again = load_hp(tmp_path / "again.json")
+    assert again.schema == SCHEMA and again == v1

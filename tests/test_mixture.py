@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvprof.models.exponential import CureExponential
@@ -97,6 +99,7 @@ def test_mixture_score_is_a_probability_that_never_rises_with_age(p, components,
 
 @settings(max_examples=300, deadline=None)
 @given(probability, mixture, age, st.floats(1e-3, 1e5))
+@example(p=1.0, components=[(1.0, 0.0)], a=math.inf, h=1.0)  # a zero rate at infinite age once gave NaN
 def test_scalar_model_order_scores_equal_the_vectorised_function(p, components, a, h):
     weights, rates = _rows(components)
     order = ModelOrder([p], weights[None, :], rates[None, :], h)
