@@ -13,10 +13,15 @@ and leader around a core), :mod:`~kvprof.core.build` (twins from reference insta
 
 Compiled code is cached on disk beside these modules (numba's ``cache=True``): the first use
 after installing compiles it once (about a minute on two cores), later processes load it.
-This module imports no numba, so asking :func:`has_twin` costs nothing.
+numba checks a cached function against its own file only, while these functions share struct
+types across files, so importing this package drops every cached function older than the
+newest of its sources (:func:`drop_stale_caches`). This module imports no numba, so asking
+:func:`has_twin` costs nothing.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from kvprof.policy import (
     ARCPolicy, BeladyPolicy, LFUPolicy, LRUPolicy, PublishedWorkloadAwarePolicy, S3FIFOPolicy, WorkloadAwarePolicy,
@@ -30,3 +35,22 @@ TWIN_CLASSES = (LRUPolicy, LFUPolicy, S3FIFOPolicy, ARCPolicy, BeladyPolicy, Pub
 def has_twin(policy) -> bool:
     """Whether ``policy`` (an instance) can run compiled."""
     return type(policy) in TWIN_CLASSES
+
+
+def drop_stale_caches(package: Path = Path(__file__).parent) -> None:
+    """Delete numba's cache files in ``package/__pycache__`` older than the newest ``package/*.py``.
+
+    After an edit or a ``git pull`` that changes one module (a struct's fields, say), functions
+    of the other modules cached against the old layout would otherwise load and misbehave.
+    A cache directory that cannot be written is left alone.
+    """
+    newest = max((source.stat().st_mtime for source in package.glob("*.py")), default=0.0)
+    for cached in (package / "__pycache__").glob("*.nb[ic]"):
+        try:
+            if cached.stat().st_mtime < newest:
+                cached.unlink()
+        except OSError:
+            pass  # gone already (another process), or read-only
+
+
+drop_stale_caches()
