@@ -341,7 +341,7 @@ def fitted_v2(tmp_path_factory):
     write_jsonl(path, generate("bailian-a", 0.3, 1))
     trace, _ = read_trace(path)
     hp = fit_trace(trace.time_window(0, 540), max_cells=4, holdout=trace.time_window(540, 1080))
-    tuning = ({"capacity": 512, "horizon_s": 15.0, "start": "frequency", "measured": {"x": 1}},
+    tuning = ({"capacity": 512, "horizon_s": 15.0, "start": "frequency", "measured": {"shadow_hits": {"frequency": 1}}},
               {"capacity": 4096, "horizon_s": 60.0, "start": "model"})
     import dataclasses
 
@@ -446,6 +446,26 @@ def test_a_cells_diagnostics_are_checked_like_a_class_s(tmp_path):
     path = tmp_path / "hp.json"
     path.write_text(json.dumps(data))
     with pytest.raises(HpFileError, match=r"diagnostics\.holdout.*must be an object"):
+        load_hp(path)
+
+
+@pytest.mark.parametrize("place, value, message", [
+    (("hit_ratio_by_horizon_s",), 10**400, r"measured\.hit_ratio_by_horizon_s.*must be an object"),  # a CI fuzz find
+    (("hit_ratio_by_horizon_s", "15"), 1.5, r"hit_ratio_by_horizon_s\.15.*from 0 to 1"),
+    (("shadow_hits", "model"), "many", r"shadow_hits\.model.*must be an integer"),
+    (("shadow_hits", "mru"), 3, r"shadow_hits\.mru.*must be one of"),
+    (("extra",), 1, r"measured\.extra.*unknown key"),
+])
+def test_what_tuning_measured_is_checked(tmp_path, place, value, message):
+    """``show`` prints a tuning entry's measurements, so a hand-edited one is a located error."""
+    data = json.loads((Path(__file__).resolve().parent.parent / "configs" / "bailian-a-hp.json").read_text())
+    target = data["tuning"][0]["measured"]
+    for key in place[:-1]:
+        target = target[key]
+    target[place[-1]] = value
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(HpFileError, match=message):
         load_hp(path)
 
 

@@ -504,7 +504,7 @@ def _read_cell_rule(checks: JsonChecks, data, where: str) -> CellRule:
 
 
 def _read_tuning(checks: JsonChecks, data, where: str) -> tuple[dict, ...]:
-    """Entries of ``capacity`` (blocks), ``horizon_s`` and ``start`` (a candidate order), plus free-form ``measured``."""
+    """Entries of ``capacity`` (blocks), ``horizon_s`` and ``start`` (a candidate order), plus what tuning ``measured``."""
     entries = []
     for i, entry in enumerate(checks.sequence(data, where)):
         at = f"{where}[{i}]"
@@ -514,9 +514,22 @@ def _read_tuning(checks: JsonChecks, data, where: str) -> tuple[dict, ...]:
             checks.fail(member(at, "horizon_s"), "must be > 0")
         checks.one_of(entry["start"], member(at, "start"), CANDIDATES)
         if "measured" in entry:
-            checks.mapping(entry["measured"], member(at, "measured"))
+            _check_measured(checks, entry["measured"], member(at, "measured"))
         entries.append(entry)
     return tuple(entries)
+
+
+def _check_measured(checks: JsonChecks, data, where: str) -> None:
+    """What tuning measured: ``hit_ratio_by_horizon_s`` (horizon -> hit ratio in [0, 1]) and
+    ``shadow_hits`` (candidate order -> hits), either optional."""
+    checks.fields(data, where, optional=("hit_ratio_by_horizon_s", "shadow_hits"))
+    ratios = member(where, "hit_ratio_by_horizon_s")
+    for horizon, ratio in checks.mapping(data.get("hit_ratio_by_horizon_s", {}), ratios).items():
+        checks.number(ratio, member(ratios, horizon), high=1.0)
+    hits = member(where, "shadow_hits")
+    for order, count in checks.mapping(data.get("shadow_hits", {}), hits).items():
+        checks.one_of(order, member(hits, order), CANDIDATES)
+        checks.integer(count, member(hits, order))
 
 
 def _read_classes(checks: JsonChecks, data, where: str) -> dict[str, ClassParams]:
