@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -78,6 +79,18 @@ def test_bad_input_exits_with_a_message(small_trace, tmp_path, args, code, messa
     assert result.exit_code == code, result.output
     assert message in " ".join(result.output.split())
     assert not (tmp_path / "results.json").exists()
+
+
+def test_a_trace_shorter_than_the_default_windows_gets_windows_that_work(small_trace, tmp_path):
+    """The default windows (fit the first hour, replay the rest) leave a short trace nothing to
+    replay; the error suggests windows, and they run."""
+    result = invoke("compare", small_trace, "--policies", "lru", "--capacity", "64", "-o", tmp_path / "a")
+    assert result.exit_code == 1
+    suggested = re.search(r"--fit-window (\S+) --eval-window (\S+)", " ".join(result.output.split()))
+    assert suggested, result.output
+    result = invoke("compare", small_trace, "--policies", "lru,wa", "--capacity", "64", "--fit-window",
+                    suggested[1], "--eval-window", suggested[2], "-o", tmp_path / "b")
+    assert result.exit_code == 0, result.output
 
 
 def test_trace_reading_options_as_in_fit(small_trace, fitted, tmp_path):

@@ -153,9 +153,12 @@ def compare(
     if limit is not None:
         evaluated = evaluated.head(limit)
     if evaluated.n_requests == 0:
+        first, last = float(trace.timestamp[0]), float(trace.timestamp[-1])
+        split = f"{first + 0.4 * (last - first):.0f}"  # fit on about 40 %, replay the rest
         raise SimulationError(
             f"the evaluation window {eval_window} holds no requests "
-            f"(the trace's arrivals span {trace.timestamp[0]:g}..{trace.timestamp[-1]:g} s)"
+            f"(the trace's arrivals span {first:g}..{last:g} s); for a trace this short pass e.g. "
+            f"--fit-window {first:.0f}:{split} --eval-window {split}:"
         )
     sim_config = _sim_config(block_size or default_engine_block(trace.block_size), cpu_capacity, schedule, cost,
                              rate_scale)
