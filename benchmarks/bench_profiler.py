@@ -17,7 +17,7 @@ import tempfile
 import time
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.fit import fit_trace
 
@@ -33,7 +33,9 @@ if step == "fit":
     out["fit_s"] = time.perf_counter() - start
     out["classes"] = len(hp.classes)
     out["fit_block_ids"] = first_hour.n_blocks
-out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, this process's own peak: ru_maxrss keeps the forking parent's across exec
+with open("/proc/self/status") as status:
+    out["peak_rss_mb"] = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
 print(json.dumps(out))
 """
 
