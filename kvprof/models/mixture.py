@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import njit
 from scipy import stats
 
 from kvprof.models.exponential import GAP_RESOLUTION_S, _validate
@@ -146,38 +147,8 @@ class CureMixture:
         rates = np.clip(math.log(2.0) / np.maximum(quantiles, GAP_RESOLUTION_S), *_RATE_BOUNDS)
         weights = np.full(k, 1.0 / k)
         p = float(np.clip(n_reused / total, *_P_BOUNDS))
-        previous = -math.inf
-        for _ in range(self.max_iter):
-            # E-step, reused: responsibility of each component for each gap.
-            log_density = np.log(weights) + np.log(rates) - np.outer(gaps, rates)
-            top = log_density.max(axis=1, keepdims=True)
-            density = np.exp(log_density - top)
-            mass = density.sum(axis=1, keepdims=True)
-            resp = density / mass
-            loglik = float(gap_weight @ (math.log(p) + top[:, 0] + np.log(mass[:, 0])))
-            # E-step, censored: the components and, last, the never-reused class.
-            if exposures.size:
-                log_survival = np.concatenate(
-                    [math.log(p) + np.log(weights) - np.outer(exposures, rates),
-                     np.full((exposures.size, 1), math.log1p(-p) if p < 1.0 else -math.inf)], axis=1)
-                top_c = log_survival.max(axis=1, keepdims=True)
-                survival = np.exp(log_survival - top_c)
-                mass_c = survival.sum(axis=1, keepdims=True)
-                share = survival[:, :k] / mass_c
-                loglik += float(exposure_weight @ (top_c[:, 0] + np.log(mass_c[:, 0])))
-            else:
-                share = np.zeros((0, k))
-            # M-step.
-            events = gap_weight @ resp
-            censored_in = exposure_weight @ share
-            time_in = (gap_weight * gaps) @ resp + (exposure_weight * exposures) @ share
-            p = float(np.clip((n_reused + censored_in.sum()) / total, *_P_BOUNDS))
-            weights = np.maximum(events + censored_in, 1e-300)
-            weights /= weights.sum()
-            rates = np.clip(events / np.maximum(time_in, 1e-300), *_RATE_BOUNDS)
-            if loglik - previous < self.tol * max(1.0, abs(loglik)):
-                break
-            previous = loglik
+        p, weights, rates, loglik = _em_iterations(gaps, gap_weight, exposures, exposure_weight, p, weights, rates,
+                                                   self.max_iter, self.tol)
         order = np.argsort(-rates)
         return p, weights[order], rates[order], loglik
 
@@ -199,6 +170,73 @@ class CureMixture:
         """P(reused within ``horizon`` s | idle for ``age`` s); see :func:`~kvprof.models.score.mixture_reuse_probability`."""
         self._check_fitted()
         return mixture_reuse_probability(self.p_, self.weights_, self.rates_, age, horizon)
+
+
+@njit(cache=True)
+def _em_iterations(gaps, gap_weight, exposures, exposure_weight, p, weights, rates, max_iter, tol):
+    """EM from ``(p, weights, rates)`` until the log-likelihood gains less than ``tol`` (relative);
+    returns ``(p, weights, rates, loglik)``. Compiled: the binned data are small (<= 2 x 240
+    values) and the loop runs hundreds of times per row, so numpy's per-call cost was all of it.
+
+    E-step: each reuse gap's responsibilities over the components; each censored exposure's over
+    the components and, last, the never-reused class. M-step: ``p`` from the reused share, the
+    weights from each component's events and censored share, the rates from its events over its
+    time at risk.
+    """
+    k = rates.size
+    n_reused = gap_weight.sum()
+    total = n_reused + exposure_weight.sum()
+    share = np.empty(k)
+    events = np.empty(k)
+    censored_in = np.empty(k)
+    time_in = np.empty(k)
+    previous = -np.inf
+    loglik = -np.inf
+    for _ in range(max_iter):
+        log_p = math.log(p)
+        log_never = math.log1p(-p) if p < 1.0 else -np.inf
+        log_weights = np.log(weights)
+        log_rates = np.log(rates)
+        events[:] = 0.0
+        censored_in[:] = 0.0
+        time_in[:] = 0.0
+        loglik = 0.0
+        for i in range(gaps.size):
+            top = -np.inf
+            for j in range(k):
+                share[j] = log_weights[j] + log_rates[j] - gaps[i] * rates[j]
+                top = max(top, share[j])
+            mass = 0.0
+            for j in range(k):
+                share[j] = math.exp(share[j] - top)
+                mass += share[j]
+            loglik += gap_weight[i] * (log_p + top + math.log(mass))
+            for j in range(k):
+                responsibility = gap_weight[i] * share[j] / mass
+                events[j] += responsibility
+                time_in[j] += responsibility * gaps[i]
+        for i in range(exposures.size):
+            top = log_never
+            for j in range(k):
+                share[j] = log_p + log_weights[j] - exposures[i] * rates[j]
+                top = max(top, share[j])
+            mass = math.exp(log_never - top)
+            for j in range(k):
+                share[j] = math.exp(share[j] - top)
+                mass += share[j]
+            loglik += exposure_weight[i] * (top + math.log(mass))
+            for j in range(k):
+                responsibility = exposure_weight[i] * share[j] / mass
+                censored_in[j] += responsibility
+                time_in[j] += responsibility * exposures[i]
+        p = min(max((n_reused + censored_in.sum()) / total, _P_BOUNDS[0]), _P_BOUNDS[1])
+        weights = np.maximum(events + censored_in, 1e-300)
+        weights /= weights.sum()
+        rates = np.minimum(np.maximum(events / np.maximum(time_in, 1e-300), _RATE_BOUNDS[0]), _RATE_BOUNDS[1])
+        if loglik - previous < tol * max(1.0, abs(loglik)):
+            break
+        previous = loglik
+    return p, weights, rates, loglik
 
 
 def diagnose_mixture(time, censored, model: CureMixture) -> dict:
