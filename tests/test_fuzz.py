@@ -1,7 +1,8 @@
 """Standing guard: arbitrary bytes and JSON values either load or raise kvprof's own located error.
 
-Never another exception (a traceback is a bug). Example counts are bounded so CI stays fast; raise
-them locally with ``--hypothesis-seed`` and a profile if a loader changes.
+Never another exception (a traceback is a bug). Example counts are bounded so CI stays fast; before
+changing a loader, run the exhaustive sweeps at the end (``KVPROF_FUZZ_EXHAUSTIVE=1``, minutes):
+CI's random draws found the hp loader's last three crashes one run at a time.
 """
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -234,3 +237,34 @@ def test_hp_loader_on_valid_documents_mutated(data):
     action = data.draw(st.sampled_from(["replace", "delete", "add", "repeat"]), label="action")
     value = data.draw(EDGE_VALUES | json_values, label="value")
     _load_hp(_mutated(HP_DOCUMENTS[which], place, action, value))
+
+
+# --- exhaustive sweeps (opt-in) -------------------------------------------------------------------
+
+EXHAUSTIVE = os.environ.get("KVPROF_FUZZ_EXHAUSTIVE") == "1"
+#: Every kind of value a hand-edited or hostile file may hold; NaN is written as JSON's ``NaN``.
+SWEEP_VALUES = (10**400, -(10**400), 2**31, 2**63, 2**64, -1, 0, 1, 0.5, 1.5, -0.0, 1e308, float("nan"), True,
+                None, "", "many", [], [1, 2], {}, {"a": 1}, ["x"])
+SWEEP_ACTIONS = (("replace", SWEEP_VALUES), ("delete", (None,)), ("add", (1, {})), ("repeat", (1, {})))
+
+
+def _sweep(document: dict, load) -> None:
+    """``load`` every mutation of ``document``: each place, action and value."""
+    for place in _places(document):
+        for action, values in SWEEP_ACTIONS:
+            for value in values:
+                try:
+                    load(_mutated(document, place, action, value))
+                except Exception as err:
+                    raise AssertionError(f"{action} at {place} with {value!r}") from err
+
+
+@pytest.mark.skipif(not EXHAUSTIVE, reason="exhaustive sweep (minutes): set KVPROF_FUZZ_EXHAUSTIVE=1")
+@pytest.mark.parametrize("which", range(len(HP_DOCUMENTS)))
+def test_hp_loader_on_every_mutation(which):
+    _sweep(HP_DOCUMENTS[which], _load_hp)
+
+
+@pytest.mark.skipif(not EXHAUSTIVE, reason="exhaustive sweep (minutes): set KVPROF_FUZZ_EXHAUSTIVE=1")
+def test_results_loader_on_every_mutation():
+    _sweep(RESULTS, _load_results)
