@@ -148,7 +148,7 @@ class CureMixture:
         weights = np.full(k, 1.0 / k)
         p = float(np.clip(n_reused / total, *_P_BOUNDS))
         p, weights, rates, loglik = _em_iterations(gaps, gap_weight, exposures, exposure_weight, p, weights, rates,
-                                                   self.max_iter, self.tol)
+                                                   self.max_iter, self.tol, _P_BOUNDS, _RATE_BOUNDS)
         order = np.argsort(-rates)
         return p, weights[order], rates[order], loglik
 
@@ -173,10 +173,13 @@ class CureMixture:
 
 
 @njit(cache=True)
-def _em_iterations(gaps, gap_weight, exposures, exposure_weight, p, weights, rates, max_iter, tol):
-    """EM from ``(p, weights, rates)`` until the log-likelihood gains less than ``tol`` (relative);
-    returns ``(p, weights, rates, loglik)``. Compiled: the binned data are small (<= 2 x 240
-    values) and the loop runs hundreds of times per row, so numpy's per-call cost was all of it.
+def _em_iterations(gaps, gap_weight, exposures, exposure_weight, p, weights, rates, max_iter, tol, p_bounds,
+                   rate_bounds):
+    """EM from ``(p, weights, rates)`` until the log-likelihood gains less than ``tol`` (relative),
+    ``p`` and the rates kept within their ``(low, high)`` bounds (arguments, not globals: numba's
+    cache would not see a change to them in another module); returns ``(p, weights, rates, loglik)``.
+    Compiled: the binned data are small (<= 2 x 240 values) and the loop runs hundreds of times
+    per row, so numpy's per-call cost was all of it.
 
     E-step: each reuse gap's responsibilities over the components; each censored exposure's over
     the components and, last, the never-reused class. M-step: ``p`` from the reused share, the
@@ -229,10 +232,10 @@ def _em_iterations(gaps, gap_weight, exposures, exposure_weight, p, weights, rat
                 responsibility = exposure_weight[i] * share[j] / mass
                 censored_in[j] += responsibility
                 time_in[j] += responsibility * exposures[i]
-        p = min(max((n_reused + censored_in.sum()) / total, _P_BOUNDS[0]), _P_BOUNDS[1])
+        p = min(max((n_reused + censored_in.sum()) / total, p_bounds[0]), p_bounds[1])
         weights = np.maximum(events + censored_in, 1e-300)
         weights /= weights.sum()
-        rates = np.minimum(np.maximum(events / np.maximum(time_in, 1e-300), _RATE_BOUNDS[0]), _RATE_BOUNDS[1])
+        rates = np.minimum(np.maximum(events / np.maximum(time_in, 1e-300), rate_bounds[0]), rate_bounds[1])
         if loglik - previous < tol * max(1.0, abs(loglik)):
             break
         previous = loglik
