@@ -98,8 +98,7 @@ def class_models(trace, rule, horizon: float, min_gap: float, max_components: in
     from kvprof.profiler.classes import classify_trace
     from kvprof.profiler.reuse import extract_reuse
 
-    start = float(trace.timestamp[0]) if trace.n_requests else trace.window[0]
-    middle = (start + trace.censor_time) / 2
+    middle = (trace.first_arrival + trace.censor_time) / 2
     first, second = trace.time_window(None, middle), trace.time_window(middle, None)
     if not (first.n_requests and second.n_requests):
         return {}

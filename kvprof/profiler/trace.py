@@ -112,6 +112,11 @@ class Trace:
         """Where reuse observation stops: the window's end, or the last arrival if open-ended."""
         return self.window[1] if math.isfinite(self.window[1]) else self._last_timestamp()
 
+    @property
+    def first_arrival(self) -> float:
+        """The first request's arrival, or the window's start when there is none."""
+        return float(self.timestamp[0]) if self.n_requests else self.window[0]
+
     def _last_timestamp(self) -> float:
         return float(self.timestamp[-1]) if self.n_requests else self.window[0]
 

@@ -22,6 +22,7 @@ from kvprof.policy import make_policy
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig
 from kvprof.sim.engine import simulate
+from kvprof.sim.sweep import sweep_workers
 from kvprof.sim.workload import Workload, prepare_workload
 
 #: Horizons tried, as multiples of the fitted one.
@@ -45,7 +46,8 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     config : SimConfig
         Engine block size and cost model of the replays (those the policy will meet).
     n_jobs : int
-        joblib workers for the replays (capacities x horizons).
+        joblib workers for the replays (capacities x horizons), capped as a sweep's
+        (:func:`~kvprof.sim.sweep.sweep_workers`).
 
     Returns
     -------
@@ -53,13 +55,13 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
         With ``tuning``: per capacity ``capacity``, ``horizon_s``, ``start`` and what was
         ``measured`` (hit ratio per horizon tried, shadow hits per candidate at the best one).
     """
-    start = float(trace.timestamp[0]) if trace.n_requests else trace.window[0]
-    replayed = trace.time_window(trace.censor_time - (trace.censor_time - start) * REPLAYED_SHARE, None)
+    end = trace.censor_time
+    replayed = trace.time_window(end - (end - trace.first_arrival) * REPLAYED_SHARE, None)
     workload = prepare_workload(replayed if replayed.n_requests else trace, hp, config.engine_block_size,
                                 config.rate_scale)
     horizons = [hp.horizon * factor for factor in HORIZON_FACTORS]
     tasks = [(capacity, horizon) for capacity in capacities for horizon in horizons]
-    replays = Parallel(n_jobs=min(n_jobs, len(tasks)) if n_jobs > 0 else n_jobs)(
+    replays = Parallel(n_jobs=sweep_workers(n_jobs, len(tasks)))(
         delayed(_replay)(workload, hp, capacity, horizon, config) for capacity, horizon in tasks)
     entries = []
     for capacity in capacities:
