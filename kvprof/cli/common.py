@@ -71,6 +71,19 @@ def non_negative(value: float) -> float:
     return value
 
 
+def capacity_list(text: str) -> tuple[int, ...]:
+    """``--capacity``'s comma-separated whole numbers of blocks, each > 0 (a usage error otherwise)."""
+    try:
+        capacities = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} must be comma-separated whole numbers of blocks", param_hint="--capacity"
+        ) from None
+    if any(c <= 0 for c in capacities):
+        raise typer.BadParameter(f"capacities must be > 0 blocks, got {text}", param_hint="--capacity")
+    return capacities
+
+
 def parse_window_option(text: str | None, option: str = "--window") -> tuple[float | None, float | None] | None:
     """``START:END`` from the command line, or a usage error (exit 2) naming the option."""
     if text is None:

@@ -11,7 +11,6 @@ were, so a failed or interrupted run never leaves a half-new directory behind.
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,6 +24,7 @@ from kvprof.cli.common import (
     SkipOpt,
     TraceArg,
     TraceBlockTokensOpt,
+    capacity_list,
     console,
     err_console,
     guarded,
@@ -318,14 +318,7 @@ def _policy_list(text: str) -> tuple[str, ...]:
 
 
 def _capacity_list(text: str) -> tuple[int, ...]:
-    try:
-        capacities = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise typer.BadParameter(
-            f"{text!r} must be comma-separated whole numbers of blocks", param_hint="--capacity"
-        ) from None
-    if any(c <= 0 for c in capacities):
-        raise typer.BadParameter(f"capacities must be > 0 blocks, got {text}", param_hint="--capacity")
+    capacities = capacity_list(text)
     if len(set(capacities)) != len(capacities):
         raise typer.BadParameter("a capacity is given twice", param_hint="--capacity")
     return capacities

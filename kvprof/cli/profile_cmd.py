@@ -10,11 +10,11 @@ import typer
 from rich.table import Table
 
 from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule
-from kvprof.errors import KvprofError
 from kvprof.cli.common import (
     FormatOpt,
     SkipOpt,
     TraceArg,
+    capacity_list,
     console,
     err_console,
     guarded,
@@ -24,6 +24,7 @@ from kvprof.cli.common import (
     positive,
     print_json,
 )
+from kvprof.errors import KvprofError
 
 BlockSizeOpt = Annotated[
     Optional[int], typer.Option("--block-size", min=1, help="Tokens per trace block (default: 16 Bailian, 512 Mooncake).")
@@ -152,11 +153,8 @@ def _holdout(trace, fitted):
 def _capacities(text: str | None) -> tuple[int, ...]:
     if text is None:
         return ()
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise typer.BadParameter(f"{text!r} must be comma-separated whole numbers of blocks", param_hint="--capacity") from None
-    if any(not 0 < value <= 2**40 for value in values):
+    values = capacity_list(text)
+    if any(value > 2**40 for value in values):
         raise typer.BadParameter(f"capacities must be from 1 to 2**40 blocks, got {text}", param_hint="--capacity")
     return values
 
