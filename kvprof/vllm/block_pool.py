@@ -206,9 +206,7 @@ class KvprofBlockPool(BlockPool):
         super().touch(blocks, *args, **kwargs)  # takes free hit blocks out of the queue (policy.remove)
         request = self.current_request
         cls = self._class_of(request) if request is not None else self.kvprof_spec.default_index
-        hits = [(depth, block) for depth, block in enumerate(blocks) if not block.is_null]
-        self.policy.access_chain([block.block_id for _, block in hits], [depth for depth, _ in hits],
-                                 [block.block_hash for _, block in hits], self._clock(), cls, hit=True)
+        self._access_chain([(depth, block) for depth, block in enumerate(blocks) if not block.is_null], cls, hit=True)
 
     def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs) -> None:
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
@@ -216,9 +214,12 @@ class KvprofBlockPool(BlockPool):
             return
         cached = [(depth, blocks[depth]) for depth in range(num_cached_blocks, num_full_blocks)
                   if not blocks[depth].is_null and blocks[depth].block_hash is not None]
-        self.policy.access_chain([block.block_id for _, block in cached], [depth for depth, _ in cached],
-                                 [block.block_hash for _, block in cached], self._clock(), self._class_of(request),
-                                 hit=False)
+        self._access_chain(cached, self._class_of(request), hit=False)
+
+    def _access_chain(self, chain: list, cls: int, hit: bool) -> None:
+        """One compiled call for a request's ``(depth, block)`` pairs, shallowest first."""
+        self.policy.access_chain([block.block_id for _, block in chain], [depth for depth, _ in chain],
+                                 [block.block_hash for _, block in chain], self._clock(), cls, hit=hit)
 
     def reset_prefix_cache(self) -> bool:
         ok = super().reset_prefix_cache()
