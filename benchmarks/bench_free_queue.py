@@ -12,7 +12,8 @@ For n in 512, 2048, 8192 blocks and 4 / 20 workload classes it times, per block:
 
 for vLLM's native queue, kvprof's ``PolicyFreeQueue`` with ``lru`` and with ``wa`` (the compiled
 twins the plugin serves with, :class:`kvprof.core.twin.CompiledTwin`), and a reference queue built
-the published way: per-class LRU lists, every pop scans all class heads and computes an exponential per head. Prints ns/block and the ratio to native.
+the published way: per-class LRU lists, every pop scans all class heads and computes an
+exponential per head. Prints ns/block and the ratio to native.
 
 Then, per call, ``popleft_n(n)`` + ``append_n`` for small n (1, 16, 64, 256) in a pool freed
 request by request, as a serving vLLM sees it (:func:`bench_calls`): the shape of decode (one
