@@ -33,9 +33,10 @@ class CompiledTwin(EvictionPolicy):
     bounded in a server that runs for weeks, at the price that a content first seen
     ``max_contents`` contents ago may be taken for another in a ghost or shadow (all of them
     together hold about 9 times the pool's blocks, so with the default this is rare and only
-    shifts the safety net's statistics; the cache itself never depends on it). ``_taken`` lists blocks taken back with :meth:`take` that the
-    core still holds as evictable, and every method that reaches the core hands them to it
-    first, so the core sees the same operations in the same order as the reference would;
+    shifts the safety net's statistics; the cache itself never depends on it). ``_taken`` lists
+    blocks taken back with :meth:`take` that the core still holds as evictable, and every method
+    that reaches the core hands them to it first, so the core sees the same operations in the
+    same order as the reference would;
     ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
     because every change of it passes through this class.
 
