@@ -137,6 +137,12 @@ class ReplicaBlockPool:
     def note_access(self, *access):
         """vLLM has no policy to tell."""
 
+    def admit(self, *request):
+        """Nor whole requests."""
+
+    def finish(self, *request):
+        pass
+
     def cache(self, block_id: int, content: int):
         self.blocks[block_id].block_hash = content
         self.cached[content] = self.blocks[block_id]
@@ -212,6 +218,12 @@ class PolicyPool:
                 self.policy.remove(block)
             self.refs[block] += 1
 
+    def admit(self, request, contents, now, workload, n_lookup, n_blocks):
+        self.policy.admit(request, contents, now, workload, n_lookup=n_lookup, n_blocks=n_blocks)
+
+    def finish(self, request, now):
+        self.policy.finish(request, now)
+
     def note_access(self, block, now, workload, depth, hit, next_use, content):
         self.policy.access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
         self.workload[block] = workload
@@ -245,14 +257,17 @@ class Scenario:
 
     Each op is ``(kind, a, b)``: kinds 0-1 start a request, 2 finishes one, 3 evicts under
     pressure (only with ``pressure=True``, else it finishes one too). New contents are fresh, or
-    evicted contents being recomputed. Every pool given sees the same requests in the same order.
+    evicted contents being recomputed. Every pool given sees the same requests in the same order,
+    each request announced whole after its blocks (``admit``, its hit and new contents as its
+    chain, some of them not hittable) and ``finish`` before its free.
     """
 
     def __init__(self, pools, n_classes: int = 4, pressure: bool = True):
         self.pools = pools
         self.n_classes = n_classes
         self.pressure = pressure
-        self.running: list[list[int]] = []
+        self.running: list[tuple[int, list[int]]] = []  # (request, its blocks)
+        self.requests = 0
         self.depth_of: dict[int, int] = {}  # content -> its fixed position in the chain
         self.gone: set[int] = set()  # contents evicted at least once
         self.fresh = 0
@@ -285,6 +300,10 @@ class Scenario:
             self.depth_of.setdefault(content, len(hits) + len(self.depth_of) % 3)
         next_uses = [math.inf if rng.random() < 0.2 else self.now + rng.uniform(0, 50) for _ in hits + contents]
         cache_last = b // 20 % 2 == 0  # a partial last block is never cached
+        chain = hits + (contents if cache_last else contents[:-1])
+        n_lookup = max(len(chain) - b // 40 % 2, 0)  # the last block may not be hittable (vLLM's last token)
+        request = self.requests
+        self.requests += 1
 
         chains = []
         for pool in self.pools:
@@ -298,14 +317,16 @@ class Scenario:
                 pool.note_access(block, self.now, workload, self.depth_of[content], hit, next_uses[i], content)
                 if not hit and (i < len(hits) + n_new - 1 or cache_last):
                     pool.cache(block, content)
+            pool.admit(request, chain, self.now, workload, n_lookup, len(hits) + n_new)
             chains.append(hit_blocks + new)
         assert all(chain == chains[0] for chain in chains), "pools handed out different blocks"
-        self.running.append(chains[0])
+        self.running.append((request, chains[0]))
 
     def finish(self, a: int):
         if self.running:
-            blocks = self.running.pop(a % len(self.running))
+            request, blocks = self.running.pop(a % len(self.running))
             for pool in self.pools:
+                pool.finish(request, self.now)
                 pool.free_blocks(reversed(blocks), self.now)  # vLLM frees a chain tail-first
 
     def evict(self, k: int):

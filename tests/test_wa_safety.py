@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from kvprof.models.hp import ReuseRow
 from kvprof.policy import LRUPolicy, make_policy
 from kvprof.policy.shadow import ShadowCache
+from kvprof.policy.wa import DEFAULT_ORDERS
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.synth import generate, write_jsonl
@@ -21,31 +23,53 @@ from tests.test_policies import OPS, WA_ORDERS, PolicyPool, Scenario, wa_policy
 
 
 def test_a_shadow_counts_the_hits_a_prefix_cache_would_find():
-    shadow = ShadowCache(LRUPolicy())
-    shadow.capacity = 3
-    for depth, content in enumerate("abc"):  # a request computes a, b, c
-        shadow.access(content, 0.0, 0, depth)
-    assert shadow.hits == 0 and shadow.pinned == {0, 1, 2}
-    shadow.release(["c", "b", "a"], 1.0)  # freed tail first
-    shadow.access("a", 2.0, 0, 0)  # the next request hits a, misses x, then finds c behind the miss
-    shadow.access("x", 2.0, 0, 1)
-    shadow.access("c", 2.0, 0, 2)
-    assert shadow.hits == 1, "c sits behind a miss: a prefix cache would not find it"
-    # x needed a slot in a full cache (3 held, 0 pinned of the old ones but a): LRU gave b's.
-    assert set(shadow.slot_of) == {"a", "x", "c"}
+    shadow = ShadowCache(LRUPolicy(), capacity=4)
+    assert shadow.admit("r1", "abc", 0.0, 0, 3, 4) == 0  # a request computes a, b, c and a partial tail
+    assert shadow.held["r1"] == [0, 1, 2, 3] and len(shadow.block_slot) == 3
+    shadow.finish("r1", 1.0)  # freed tail first; the tail, never cached, goes back empty
+    assert shadow.admit("r2", "axc", 2.0, 0, 3, 3) == 1, "c sits behind a miss: a prefix cache would not find it"
+    assert set(shadow.block_slot) == {"a", "b", "c", "x"}  # the copy of c behind the miss stays uncached
+    shadow.finish("r2", 3.0)
+    assert shadow.admit("r3", "ab", 4.0, 0, 1, 3) == 1, "only n_lookup blocks may hit (vLLM recomputes the last token)"
+    assert shadow.hits == 2
 
 
-def test_a_shadow_never_evicts_what_the_real_cache_holds_and_evicts_in_batches():
-    shadow = ShadowCache(LRUPolicy())
-    shadow.capacity = 128
-    for i in range(128):
-        shadow.access(i, 0.0, 0, 0)
-    shadow.access(999, 1.0, 0, 0)  # every slot pinned: the shadow grows past its size
-    assert len(shadow) == 129
-    shadow.release(range(129), 2.0)
-    for i in range(1000, 1003):  # at most capacity / 64 beyond the size, then back to it
-        shadow.access(i, 3.0, 0, 0)
-    assert len(shadow) <= 128 + 128 // 64 + 1
+def test_a_shadow_admits_what_the_real_cache_admitted_and_shrinks_back():
+    shadow = ShadowCache(LRUPolicy(), capacity=4)
+    shadow.admit(0, [0, 1, 2, 3], 0.0, 0, 4, 4)
+    shadow.admit(1, [9], 1.0, 0, 1, 2)  # every slot pinned: the shadow grows past its size
+    assert shadow.n_live == 6
+    shadow.check()
+    shadow.finish(0, 2.0)
+    shadow.finish(1, 2.0)
+    assert shadow.n_live == 4 and set(shadow.block_slot) == {0, 1, 9}  # back to its size, the chain's tail dropped
+    shadow.check()
+    assert shadow.admit(2, [9], 3.0, 0, 1, 1) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.lists(st.integers(0, 12), max_size=6)), max_size=60),
+       capacity=st.integers(0, 10))
+def test_a_shadow_keeps_the_prefix_cache_invariant(ops, capacity):
+    """Whatever requests come, every slot is in one place and hits never exceed the lookups."""
+    shadow = ShadowCache(LRUPolicy(), capacity)
+    running, lookups, request = [], 0, 0
+    for start, extra, chain in ops:
+        if start or not running:
+            chain = list(dict.fromkeys(chain))  # a chain names each prefix once
+            n_lookup = max(len(chain) - extra % 2, 0)
+            shadow.admit(request, chain, float(request), 0, n_lookup, len(chain) + extra % 3)
+            running.append(request)
+            lookups += n_lookup
+            request += 1
+        else:
+            shadow.finish(running.pop(extra % len(running)), float(request))
+        shadow.check()
+        assert shadow.hits <= lookups
+    for request in running:
+        shadow.finish(request, 1e9)
+    assert shadow.n_live == capacity
+    shadow.check()
 
 
 @settings(max_examples=60, deadline=None)
@@ -58,6 +82,30 @@ def test_the_followed_s3fifo_holds_exactly_the_evictable_blocks(ops, num_blocks)
         scenario.step(*op)
         followed = pool.policy._followed[0]
         assert sorted(b for b in range(num_blocks) if b in followed) == sorted(pool.evictable())
+
+
+@pytest.fixture(scope="module")
+def short_trace(tmp_path_factory):
+    """Six minutes of synthetic bailian-a, fitted on the first three."""
+    path = tmp_path_factory.mktemp("short") / "trace.jsonl"
+    write_jsonl(path, generate("bailian-a", 0.1, 7))
+    trace, _ = read_trace(path)
+    hp = fit_trace(trace.time_window(0, 180), max_cells=4)
+    return prepare_workload(trace.time_window(180, None), hp, 128), hp
+
+
+@pytest.mark.parametrize("candidate", DEFAULT_ORDERS)
+@pytest.mark.parametrize("capacity", [48, 400])
+def test_the_shadow_of_the_candidate_in_force_counts_the_real_hits(short_trace, candidate, capacity):
+    """Faithful shadows: fed whole requests, the leader's shadow is the real cache, hit for hit."""
+    workload, hp = short_trace
+    orders = (candidate, *(name for name in DEFAULT_ORDERS if name != candidate))
+    engines = ("compiled", "python") if capacity == 48 else ("compiled",)
+    for engine in engines:
+        policy = make_policy("wa", hp, capacity, orders=orders, switch_margin=math.inf)
+        metrics = simulate(workload, policy, capacity, SimConfig(), engine=engine)
+        assert policy.order_name == candidate
+        assert policy.shadow_hits()[candidate] == metrics.hits_device > 0
 
 
 @pytest.fixture(scope="module")

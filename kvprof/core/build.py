@@ -11,7 +11,7 @@ import numpy as np
 
 from kvprof.core import has_twin, policies as kinds
 from kvprof.core.policy import empty_cores, empty_shadows, lead, new_policy, new_shadow, outcome, set_safety_net
-from kvprof.policy import orders, shadow as shadow_module, wa as wa_module
+from kvprof.policy import orders, wa as wa_module
 from kvprof.policy.arc import ARCPolicy
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.belady import BeladyPolicy
@@ -67,16 +67,13 @@ def compile_policy(policy: EvictionPolicy, n_blocks: int = 0):
             order_kind[i] = _order_kind(policy._row_order(name))
     shadows = empty_shadows()
     for reference in policy._shadows:
-        shadows.append(new_shadow(_core(reference.policy, 0), _shadow_batch_share()))
+        shadows.append(new_shadow(_core(reference.policy, 0), reference.limit))
     compiled = new_policy(main, followed, order_kind, order_followed, shadows, 0)
-    set_safety_net(compiled, wa_module.WINDOW_CAPACITIES, wa_module.SWITCH_MARGIN, wa_module.FOLLOW_PERIOD_MIN,
-                   wa_module.FOLLOW_PERIOD_SHARE)
+    set_safety_net(compiled, wa_module.WINDOW_CAPACITIES, policy.switch_margin, wa_module.FOLLOW_PERIOD_MIN,
+                   wa_module.FOLLOW_PERIOD_SHARE, policy.capacity, wa_module.CALIBRATED,
+                   getattr(wa_module, "CUSUM", False), getattr(wa_module, "THRESHOLD", 0.0))
     lead(compiled, policy.leader)
     return compiled
-
-
-def _shadow_batch_share() -> int:
-    return shadow_module.BATCH_SHARE
 
 
 def _order_kind(order) -> int:

@@ -12,13 +12,15 @@ from numba import njit
 
 from kvprof.core import structs, tiers
 from kvprof.core.build import compile_policy, write_back
+from kvprof.core.policy import policy_admit, policy_finish
 
 
 @njit(cache=True)
 def replay(gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_use, n_lookup, n_total,
            classes, host_classes, schedule_t, schedule_c, ebs, step_overhead, prefill_rate, max_batched,
            max_seqs, decode, time_per_token, host_load_s, check):
-    """Replay every request; return ``(qttft, served, hits_device, hits_host, computed, end)``.
+    """Replay every request; return ``(qttft, served, hits_device, hits_host, computed, end, request_hits)``
+    (``request_hits``: each request's device hits, the length of the prefix it found).
 
     Parameters are the workload's arrays and the cost model's numbers as ``_Replay`` reads them;
     ``schedule_t``/``schedule_c`` the capacity schedule (its first entry already applied to
@@ -27,6 +29,7 @@ def replay(gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_u
     n = len(arrival)
     qttft = np.full(n, np.nan)
     served = np.zeros(n, np.bool_)
+    request_hits = np.zeros(n, np.int64)
     seat_of = np.full(n, -1, np.int64)
     seats = [np.zeros(0, np.int64) for _ in range(0)]
     free_seats = np.zeros(16, np.int64)
@@ -46,7 +49,7 @@ def replay(gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_u
             next_change += 1
         while decoding.n and decoding.a[0] <= now:
             r = structs.heap_pop(decoding)
-            _release(gpu, host, has_host, seats[seat_of[r]], n_total[r], now, check)
+            _release(gpu, host, has_host, seats, seat_of[r], n_total[r], now, check)
             free_seats, n_free_seats = _give_back(free_seats, n_free_seats, seat_of[r])
             n_running -= 1
         while next_arrival < n and arrival[next_arrival] <= now:
@@ -84,12 +87,14 @@ def replay(gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_u
             seat_of[r] = seat
             tiers.pin_hits(gpu, slots, n_device, now, classes[r], next_use, start)
             tiers.allocate(gpu, blocks, next_use, start, n_device, stop - start, n_total[r], now, classes[r], slots)
+            policy_admit(gpu.policy, seat, blocks[start:stop], n_lookup[r], n_total[r], now, classes[r])
             if n_host:
                 tiers.load(host, blocks, next_use, start, n_device, n_device + n_host, now, host_classes[r])
             if check:
                 _check(gpu, host, has_host)
             waiting_head += 1
             served[r] = True
+            request_hits[r] = n_device
             n_running += 1
             hits_device += n_device
             hits_host += n_host
@@ -130,15 +135,16 @@ def replay(gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_u
             if decode:
                 structs.heap_push(decoding, now + output[r] * time_per_token, 0.0, r, r)
             else:
-                _release(gpu, host, has_host, seats[seat_of[r]], n_total[r], now, check)
+                _release(gpu, host, has_host, seats, seat_of[r], n_total[r], now, check)
                 free_seats, n_free_seats = _give_back(free_seats, n_free_seats, seat_of[r])
                 n_running -= 1
-    return qttft, served, hits_device, hits_host, computed, now
+    return qttft, served, hits_device, hits_host, computed, now, request_hits
 
 
 @njit(cache=True)
-def _release(gpu, host, has_host, slots, n, now, check):
-    tiers.release(gpu, slots, n, now)
+def _release(gpu, host, has_host, seats, seat, n, now, check):
+    policy_finish(gpu.policy, seat, now)
+    tiers.release(gpu, seats[seat], n, now)
     if check:
         _check(gpu, host, has_host)
 
@@ -158,7 +164,7 @@ def _check(gpu, host, has_host):
         tiers.check_host(host)
 
 
-def run(workload, policy, host_policy, config, schedule, check: bool = False) -> dict:
+def run(workload, policy, host_policy, config, schedule, check: bool = False, per_request: bool = False) -> dict:
     """Replay ``workload`` with the compiled twins of ``policy`` (and ``host_policy``).
 
     Parameters
@@ -172,12 +178,14 @@ def run(workload, policy, host_policy, config, schedule, check: bool = False) ->
         The capacity schedule, its first entry the starting capacity.
     check : bool
         Verify both tiers' invariants after every admission and release (raises AssertionError).
+    per_request : bool
+        Also return ``request_hits``: each request's device hits (int64, 0 if never served).
 
     Returns
     -------
     dict
         ``qttft`` (served requests), ``served``, ``hits_device``, ``hits_host``, ``computed``,
-        ``end``, ``evictions``, ``dropped``, ``host_evictions``.
+        ``end``, ``evictions``, ``dropped``, ``host_evictions`` (and ``request_hits``).
     """
     cost = config.cost
     blocks, n_contents = _by_first_use(workload.block)
@@ -191,7 +199,7 @@ def run(workload, policy, host_policy, config, schedule, check: bool = False) ->
     host = tiers.new_host(host_compiled, config.cpu_capacity, n_contents if has_host else 0)
     classes = workload.codes_for(policy).astype(np.int64)
     host_classes = workload.codes_for(host_reference).astype(np.int64)
-    qttft, served, hits_device, hits_host, computed, end = replay(
+    qttft, served, hits_device, hits_host, computed, end, request_hits = replay(
         gpu, host, has_host, workload.arrival, workload.output_tokens, workload.prompt_tokens, workload.offsets,
         blocks, workload.next_use, workload.n_lookup, workload.blocks_needed(cost.decode).astype(np.int64),
         classes, host_classes, np.array([t for t, _ in schedule], dtype=np.float64),
@@ -203,9 +211,12 @@ def run(workload, policy, host_policy, config, schedule, check: bool = False) ->
         write_back(host_policy, host_compiled)
     evictions, dropped = tiers.counts(gpu)
     host_evictions = tiers.counts_host(host) if has_host else 0
-    return {"qttft": qttft[served], "served": served, "hits_device": int(hits_device), "hits_host": int(hits_host),
-            "computed": int(computed), "end": float(end), "evictions": int(evictions), "dropped": int(dropped),
-            "host_evictions": int(host_evictions)}
+    outcome = {"qttft": qttft[served], "served": served, "hits_device": int(hits_device),
+               "hits_host": int(hits_host), "computed": int(computed), "end": float(end), "evictions": int(evictions),
+               "dropped": int(dropped), "host_evictions": int(host_evictions)}
+    if per_request:
+        outcome["request_hits"] = request_hits
+    return outcome
 
 
 @njit(cache=True)

@@ -66,6 +66,16 @@ def access_n(address, blocks, depths, contents, n, now, workload, hit):
 
 
 @njit(cache=True)
+def admit(address, seat, contents, n_lookup, n_blocks, now, workload):
+    core.policy_admit(policy_at(address), seat, contents, n_lookup, n_blocks, now, workload)
+
+
+@njit(cache=True)
+def finish(address, seat, now):
+    core.policy_finish(policy_at(address), seat, now)
+
+
+@njit(cache=True)
 def free(address, blocks, n, now):
     core.policy_free(policy_at(address), blocks, n, now)
 

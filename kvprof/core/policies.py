@@ -29,6 +29,7 @@ from numba import njit, types
 from numba.experimental import structref
 
 from kvprof.core import structs
+from kvprof.core.prefix_cache import register_pool_protocol
 from kvprof.core.structs import NONE, grown, heap_pop, heap_push, holds, pop_front, push_back, unlink
 
 LRU, LFU, S3FIFO, ARC, BELADY, CLASSED = range(6)
@@ -610,3 +611,11 @@ def set_order(core, order, learns, beta, adaptive, step, beta_max):
     """The row order eviction follows, and whether it learns from this core's own ghost."""
     core.order, core.learns = order, learns
     core.beta, core.adaptive, core.step, core.beta_max = beta, adaptive, step, beta_max
+
+
+@njit(cache=True)
+def core_size(core):
+    return core.size
+
+
+register_pool_protocol(CoreType, core_access, core_free, core_remove, core_evict_n, core_contains, core_size)

@@ -3,8 +3,9 @@
 ``Policy`` wraps the core that orders the real cache's blocks (``main``). For every policy but
 ``wa`` that is all. For ``wa`` (:class:`kvprof.policy.wa.WorkloadAwarePolicy`) it adds what
 the reference keeps beside its rows: the followed policies (cores over the same blocks, kept in
-step; one of them may lead eviction), one :class:`Shadow` per candidate order, the shadows'
-windowed hit scores and the leader.
+step; one of them may lead eviction), one :class:`Shadow` per candidate order (a pool of
+:mod:`kvprof.core.prefix_cache` over that candidate's core, fed whole requests:
+:class:`kvprof.policy.shadow.ShadowCache`), the shadows' windowed hit scores and the leader.
 
 Invariants: every followed core holds exactly the blocks ``main`` holds; ``order_kind[i]`` is
 candidate ``i``'s row order, or -1 when ``order_followed[i]`` names the followed core it is;
@@ -22,6 +23,10 @@ from kvprof.core import structs
 from kvprof.core.policies import (
     ORDER_FREQUENCY, core_access, core_contains, core_evict_n, core_free, core_remove, core_type, remember,
 )
+from kvprof.core.prefix_cache import (
+    allocate, cached_prefix, init_pool, make_room, n_free, pin_hits, pool_fields, register_pool_protocol, release,
+    reserve_contents, set_limit,
+)
 from kvprof.core.structs import NONE, grown
 
 class ShadowType(structs.StructType):
@@ -32,20 +37,13 @@ class Shadow(structref.StructRefProxy):
     """Python handle of a compiled shadow cache."""
 
 
-shadow_type = structs.struct(ShadowType, Shadow, [
-    ("core", core_type),
-    ("slot_of", types.int64[:]),  # content -> slot, -1: not held
-    ("content_of", types.int64[:]),  # slot -> content it holds or held last
-    ("n_slots", types.int64),
-    ("free_slots", types.int64[:]),  # stack of slots whose content was evicted
-    ("n_free", types.int64),
-    ("pinned", types.boolean[:]),
-    ("n_held", types.int64),  # contents held
+#: Slots a shadow holds per running request: ``seats[seat][:seat_n[seat]]`` (``seat_n`` 0: none).
+SLOT_LIST = types.int64[:]
+
+shadow_type = structs.struct(ShadowType, Shadow, pool_fields(core_type) + [
     ("hits", types.int64),
-    ("capacity", types.int64),
-    ("chain_depth", types.int64),
-    ("batch_share", types.int64),
-    ("victims", types.int64[:]),
+    ("seats", types.ListType(SLOT_LIST)),
+    ("seat_n", types.int64[:]),
 ])
 
 class PolicyType(structs.StructType):
@@ -65,7 +63,7 @@ policy_type = structs.struct(PolicyType, Policy, [
     ("leader", types.int64),
     ("shadow_score", types.float64[:]),
     ("shadow_seen", types.int64[:]),
-    ("accesses", types.int64),
+    ("unweighed", types.int64),  # blocks looked up since the shadows were last compared
     ("real_hits", types.int64),
     ("real_seen", types.int64),
     ("real_led", types.float64[:]),
@@ -74,100 +72,63 @@ policy_type = structs.struct(PolicyType, Policy, [
     ("switch_margin", types.float64),
     ("period_min", types.int64),
     ("period_share", types.int64),
-    ("contents", types.int64[:]),  # scratch: contents of the blocks being freed
+    ("capacity", types.int64),  # the real cache's size (0: the most blocks seen)
+    ("calibrated", types.boolean),
+    ("cusum", types.boolean),  # experiment
+    ("threshold", types.float64),
+    ("advantage", types.float64[:]),
+    ("never", types.float64[:]),  # next uses of shadow blocks: inf (only Belady reads them)
 ])
 
 
 # -- shadows ------------------------------------------------------------------------------------
 @njit(cache=True)
-def new_shadow(core, batch_share):
-    """:class:`kvprof.policy.shadow.ShadowCache` over ``core`` (a fresh core; it sees slot numbers).
+def new_shadow(core, capacity):
+    """:class:`kvprof.policy.shadow.ShadowCache` over ``core`` (a fresh core; it sees slot numbers),
+    ``capacity`` slots (0: none until :func:`~kvprof.core.prefix_cache.set_limit` raises it).
 
-    Invariant: every content with a slot (``slot_of``) is pinned or evictable in ``core``.
+    Invariant: the pool's, and ``seats[s][:seat_n[s]]`` are the slots of the running request
+    admitted as seat ``s``, chain order.
     """
     shadow = structref.new(shadow_type)
-    shadow.core = core
-    shadow.slot_of = np.full(0, NONE, np.int64)
-    shadow.content_of = np.full(0, NONE, np.int64)
-    shadow.n_slots = 0
-    shadow.free_slots = np.zeros(16, np.int64)
-    shadow.n_free = 0
-    shadow.pinned = np.zeros(0, np.bool_)
-    shadow.n_held = 0
+    init_pool(shadow, core, capacity, 0)
     shadow.hits = 0
-    shadow.capacity = 0
-    shadow.chain_depth = -1
-    shadow.batch_share = batch_share
-    shadow.victims = np.zeros(16, np.int64)
+    shadow.seats = List.empty_list(SLOT_LIST)
+    shadow.seat_n = np.zeros(16, np.int64)
     return shadow
 
 
 @njit(cache=True)
-def shadow_access(shadow, content, now, workload, depth):
-    """``ShadowCache.access``: a request of the real cache uses ``content`` at ``depth``, pinning it."""
-    if content >= len(shadow.slot_of):
-        shadow.slot_of = grown(shadow.slot_of, content + 1, NONE)
-    slot = shadow.slot_of[content]
-    chained = depth == 0 or depth == shadow.chain_depth + 1
-    if slot != NONE:
-        if chained:
-            shadow.hits += 1
-            shadow.chain_depth = depth
-        if not shadow.pinned[slot]:
-            core_remove(shadow.core, slot)
-        core_access(shadow.core, slot, now, workload, depth, True, np.inf, content)
-    else:
-        slot = _take_slot(shadow, now)
-        shadow.slot_of[content] = slot
-        shadow.content_of[slot] = content
-        shadow.n_held += 1
-        core_access(shadow.core, slot, now, workload, depth, False, np.inf, content)
-    shadow.pinned[slot] = True
+def shadow_admit(shadow, seat, contents, n_lookup, n_blocks, now, workload, never):
+    """``ShadowCache.admit``: the real cache admits the request of ``seat`` with chain ``contents``."""
+    top = -1
+    for content in contents:
+        top = max(top, content)
+    reserve_contents(shadow, top + 1)
+    if seat >= len(shadow.seat_n):
+        shadow.seat_n = grown(shadow.seat_n, seat + 1, 0)
+    while len(shadow.seats) <= seat:
+        shadow.seats.append(np.zeros(16, np.int64))
+    slots = shadow.seats[seat]
+    if len(slots) < n_blocks:
+        slots = np.zeros(max(n_blocks, 2 * len(slots)), np.int64)
+        shadow.seats[seat] = slots
+    n_hits, n_hit_evictable = cached_prefix(shadow, contents, 0, n_lookup, slots)
+    short = n_blocks - n_hits - (n_free(shadow) - n_hit_evictable)
+    if short > 0:
+        make_room(shadow, short, now)
+    pin_hits(shadow, slots, n_hits, now, workload, never, 0)
+    allocate(shadow, contents, never, 0, n_hits, len(contents), n_blocks, now, workload, slots)
+    shadow.seat_n[seat] = n_blocks
+    shadow.hits += n_hits
 
 
 @njit(cache=True)
-def _take_slot(shadow, now):
-    core = shadow.core
-    excess = shadow.n_held + 1 - shadow.capacity
-    if excess > shadow.capacity // shadow.batch_share and core.size:
-        n = min(excess, core.size)
-        if n > len(shadow.victims):
-            shadow.victims = np.zeros(max(n, 2 * len(shadow.victims)), np.int64)
-        core_evict_n(core, n, now, shadow.victims, 0)
-        if shadow.n_free + n > len(shadow.free_slots):
-            shadow.free_slots = grown(shadow.free_slots, shadow.n_free + n, 0)
-        for i in range(n):
-            slot = shadow.victims[i]
-            shadow.slot_of[shadow.content_of[slot]] = NONE
-            shadow.n_held -= 1
-            shadow.free_slots[shadow.n_free] = slot
-            shadow.n_free += 1
-    if shadow.n_free:
-        shadow.n_free -= 1
-        return shadow.free_slots[shadow.n_free]
-    slot = shadow.n_slots
-    if slot >= len(shadow.content_of):
-        shadow.content_of = grown(shadow.content_of, slot + 1, NONE)
-        shadow.pinned = grown(shadow.pinned, slot + 1, False)
-    shadow.n_slots += 1
-    return slot
-
-
-@njit(cache=True)
-def shadow_release(shadow, contents, n, now):
-    """``ShadowCache.release``: the real cache freed blocks holding ``contents[:n]`` (tail first)."""
-    freed = np.empty(n, np.int64)
-    k = 0
-    for i in range(n):
-        content = contents[i]
-        if 0 <= content < len(shadow.slot_of):
-            slot = shadow.slot_of[content]
-            if slot != NONE and shadow.pinned[slot]:
-                shadow.pinned[slot] = False
-                freed[k] = slot
-                k += 1
-    if k:
-        core_free(shadow.core, freed, k, now)
+def shadow_finish(shadow, seat, now):
+    """``ShadowCache.finish``: the request of ``seat`` frees its slots tail-first."""
+    if seat < len(shadow.seat_n) and shadow.seat_n[seat]:
+        release(shadow, shadow.seats[seat], shadow.seat_n[seat], now)
+        shadow.seat_n[seat] = 0
 
 
 # -- the policy ---------------------------------------------------------------------------------
@@ -183,7 +144,7 @@ def new_policy(main, followed, order_kind, order_followed, shadows, leader):
     policy.leader = leader
     policy.shadow_score = np.zeros(len(shadows))
     policy.shadow_seen = np.zeros(len(shadows), np.int64)
-    policy.accesses = 0
+    policy.unweighed = 0
     policy.real_hits = 0
     policy.real_seen = 0
     policy.real_led = np.zeros(len(shadows))
@@ -192,7 +153,12 @@ def new_policy(main, followed, order_kind, order_followed, shadows, leader):
     policy.switch_margin = 0.0
     policy.period_min = 1
     policy.period_share = 1
-    policy.contents = np.zeros(16, np.int64)
+    policy.capacity = 0
+    policy.calibrated = False
+    policy.cusum = False
+    policy.threshold = 0.0
+    policy.advantage = np.zeros(len(shadows))
+    policy.never = np.full(16, np.inf)
     return policy
 
 
@@ -209,8 +175,6 @@ def policy_access(policy, block, now, workload, depth, hit, next_use, content):
         workload = main.n_cells - 1
     for core in policy.followed:
         core_access(core, block, now, workload, depth, hit, next_use, content)
-    if content >= 0 and len(policy.shadows):
-        _follow(policy, content, now, workload, depth)
 
 
 @njit(cache=True)
@@ -220,13 +184,6 @@ def policy_free(policy, blocks, n, now):
     core_free(main, blocks, n, now)
     for core in policy.followed:
         core_free(core, blocks, n, now)
-    if len(policy.shadows):
-        if n > len(policy.contents):
-            policy.contents = np.zeros(max(n, 2 * len(policy.contents)), np.int64)
-        for i in range(n):
-            policy.contents[i] = main.content[blocks[i]]
-        for shadow in policy.shadows:
-            shadow_release(shadow, policy.contents, n, now)
 
 
 @njit(cache=True)
@@ -256,7 +213,7 @@ def evicting_core(policy):
     if leading != NONE:
         return policy.followed[leading], leading
     if len(policy.shadows) and main.order == ORDER_FREQUENCY:  # adaptive orders learn in their shadows
-        main.beta = policy.shadows[policy.leader].core.beta
+        main.beta = policy.shadows[policy.leader].policy.beta
     return main, NONE
 
 
@@ -291,22 +248,58 @@ def policy_order(policy, n, now, out):
 
 
 @njit(cache=True)
-def _follow(policy, content, now, workload, depth):
-    """Feed the shadows one access; now and then follow the candidate whose shadow hits most."""
-    most = policy.main.most
+def policy_admit(policy, seat, contents, n_lookup, n_blocks, now, workload):
+    """``EvictionPolicy.admit`` of the request numbered ``seat`` (unique among running requests)
+    with chain ``contents``: feed the shadows; now and then follow the candidate whose shadow hits most."""
     shadows = policy.shadows
-    for shadow in shadows:
-        if shadow.capacity < most:
-            shadow.capacity = most
-        shadow_access(shadow, content, now, workload, depth)
-    policy.accesses += 1
-    period = max(policy.period_min, most // policy.period_share)
-    if policy.accesses % period:
+    if not len(shadows):
         return
-    keep = 0.5 ** (period / max(policy.window_capacities * most, 1.0))
+    main = policy.main
+    if not 0 <= workload < main.n_cells:
+        workload = main.n_cells - 1
+    size = policy.capacity if policy.capacity else main.most
+    if n_blocks > len(policy.never):
+        policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
+    for shadow in shadows:
+        if shadow.limit < size:  # no capacity given: the most blocks seen
+            set_limit(shadow, size, now)
+        shadow_admit(shadow, seat, contents, n_lookup, n_blocks, now, workload, policy.never)
+    policy.unweighed += n_lookup
+    if policy.unweighed >= max(policy.period_min, size // policy.period_share):
+        _weigh(policy, policy.unweighed, size)
+        policy.unweighed = 0
+
+
+@njit(cache=True)
+def policy_finish(policy, seat, now):
+    """``EvictionPolicy.finish`` of the request numbered ``seat``."""
+    for shadow in policy.shadows:
+        shadow_finish(shadow, seat, now)
+
+
+@njit(cache=True)
+def _weigh(policy, lookups, size):
+    """Add the shadows' hits since the last call to their windowed scores; follow the best."""
+    shadows = policy.shadows
+    if policy.cusum:
+        lead_gain = shadows[policy.leader].hits - policy.shadow_seen[policy.leader]
+        best = policy.leader
+        for i in range(len(shadows)):
+            gained = shadows[i].hits - policy.shadow_seen[i]
+            policy.shadow_seen[i] = shadows[i].hits
+            if i != policy.leader:
+                policy.advantage[i] = max(0.0, policy.advantage[i] + gained - lead_gain)
+                if policy.advantage[i] > policy.advantage[best] or best == policy.leader:
+                    if policy.advantage[i] > 0.0:
+                        best = i
+        if best != policy.leader and policy.advantage[best] > policy.threshold * size:
+            lead(policy, best)
+            policy.advantage[:] = 0.0
+        return
+    keep = 0.5 ** (lookups / max(policy.window_capacities * size, 1.0))
     real_gained = policy.real_hits - policy.real_seen
     policy.real_seen = policy.real_hits
-    prior = float(max(most, 1))
+    prior = float(max(size, 1))
     score, seen, real_led, shadow_led = policy.shadow_score, policy.shadow_seen, policy.real_led, policy.shadow_led
     best = 0
     best_corrected = leader_corrected = 0.0
@@ -319,12 +312,14 @@ def _follow(policy, content, now, workload, depth):
         if i == policy.leader:
             real_led[i] += real_gained
             shadow_led[i] += gained
-        corrected = score[i] * (real_led[i] + prior) / (shadow_led[i] + prior)
+        factor = (real_led[i] + prior) / (shadow_led[i] + prior) if policy.calibrated else 1.0
+        corrected = score[i] * factor
         if i == 0 or corrected > best_corrected:
             best, best_corrected = i, corrected
         if i == policy.leader:
             leader_corrected = corrected
-    if best_corrected > leader_corrected * (1.0 + policy.switch_margin):
+    if best_corrected > leader_corrected * (1.0 + policy.switch_margin) and \
+            best_corrected - leader_corrected > policy.threshold * size:
         lead(policy, best)
 
 
@@ -351,10 +346,13 @@ def empty_shadows():
 
 
 @njit(cache=True)
-def set_safety_net(policy, window_capacities, switch_margin, period_min, period_share):
-    """wa's constants for comparing shadows (:mod:`kvprof.policy.wa`)."""
+def set_safety_net(policy, window_capacities, switch_margin, period_min, period_share, capacity, calibrated, cusum,
+                   threshold):
+    """wa's constants for comparing shadows (:mod:`kvprof.policy.wa`) and the real cache's size."""
     policy.window_capacities, policy.switch_margin = window_capacities, switch_margin
     policy.period_min, policy.period_share = period_min, period_share
+    policy.capacity, policy.calibrated = capacity, calibrated
+    policy.cusum, policy.threshold = cusum, threshold
 
 
 @njit(cache=True)
@@ -364,3 +362,7 @@ def outcome(policy):
     for i in range(len(policy.shadows)):
         hits[i] = policy.shadows[i].hits
     return policy.leader, hits
+
+
+register_pool_protocol(PolicyType, policy_access, policy_free, policy_remove, policy_evict_n, policy_contains,
+                       policy_size)

@@ -8,6 +8,7 @@ simulator's compiled engine drives the core directly instead.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
@@ -16,7 +17,7 @@ import numpy as np
 
 from kvprof.core import handle
 from kvprof.core.build import compile_policy
-from kvprof.policy.base import EvictionPolicy
+from kvprof.policy.base import EvictionPolicy, request_sizes
 
 #: Content numbers kept per block of the pool (and at least :data:`MIN_CONTENTS`); see :class:`CompiledTwin`.
 CONTENTS_PER_BLOCK = 16
@@ -36,7 +37,8 @@ class CompiledTwin(EvictionPolicy):
     shifts the safety net's statistics; the cache itself never depends on it). ``_taken`` lists
     blocks taken back with :meth:`take` that the core still holds as evictable, and every method
     that reaches the core hands them to it first, so the core sees the same operations in the
-    same order as the reference would;
+    same order as the reference would; ``_seat`` numbers the running requests (:meth:`admit`
+    to :meth:`finish`) with the lowest numbers free, the ids the core knows them by;
     ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
     because every change of it passes through this class.
 
@@ -58,6 +60,8 @@ class CompiledTwin(EvictionPolicy):
         self._n_blocks = n_blocks
         self.max_contents = max_contents or max(CONTENTS_PER_BLOCK * n_blocks, MIN_CONTENTS)
         self._content_id: OrderedDict[Hashable, int] = OrderedDict()
+        self._seat: dict[Hashable, int] = {}
+        self._free_seats: list[int] = []  # a heap: the lowest number is reused first
         self._taken: list[int] = []
         #: ``take(block)``: :meth:`remove` of a block the caller knows is evictable, applied
         #: before the next call that reaches the core (vLLM takes back a free block on every
@@ -120,6 +124,22 @@ class CompiledTwin(EvictionPolicy):
             handle.access_n(self._address, np.array(blocks, dtype=np.int64), np.array(depths, dtype=np.int64),
                             np.array(self._contents(contents), dtype=np.int64), n, float(now), workload, hit)
 
+    def admit(self, request: Hashable, contents: Sequence[Hashable], now: float, workload: int = 0, *,
+              n_lookup: int | None = None, n_blocks: int | None = None) -> None:
+        n_lookup, n_blocks = request_sizes(contents, n_lookup, n_blocks)
+        if request in self._seat:
+            raise ValueError(f"request {request!r} was admitted before and has not finished")
+        seat = heapq.heappop(self._free_seats) if self._free_seats else len(self._seat)
+        self._seat[request] = seat
+        handle.admit(self._address, seat, np.array(self._contents(contents), dtype=np.int64), n_lookup, n_blocks,
+                     float(now), workload)
+
+    def finish(self, request: Hashable, now: float) -> None:
+        seat = self._seat.pop(request, None)
+        if seat is not None:
+            heapq.heappush(self._free_seats, seat)
+            handle.finish(self._address, seat, float(now))
+
     def free(self, blocks: Iterable[int], now: float) -> None:
         if self._taken:
             self._apply_taken()
@@ -171,6 +191,8 @@ class CompiledTwin(EvictionPolicy):
 
     def clear(self) -> None:
         self._content_id.clear()
+        self._seat.clear()
+        self._free_seats.clear()
         self._taken.clear()
         self._build()
 

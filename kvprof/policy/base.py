@@ -29,6 +29,16 @@ Call protocol (the driver keeps it):
   forgets them.
 * ``discard(block)`` drops an evictable block without counting it as a decision (e.g. a block
   whose hash was overwritten), ``clear()`` forgets everything (``reset_prefix_cache``).
+
+Two calls per request tell a policy about whole requests; a policy that orders blocks only needs
+none of them (the default ignores them), ``wa``'s shadows live on them:
+
+* ``admit(request, contents, now, workload, n_lookup=, n_blocks=)`` when the scheduler first
+  admits a request (and again after a preemption), after the ``remove``/``access`` calls of the
+  blocks it was given then: its id, the contents of its full prompt blocks shallowest first
+  (vLLM's ``request.block_hashes``), how many of them a prefix hit may cover and how many blocks
+  it holds.
+* ``finish(request, now)`` when it finishes or is preempted, before the ``free`` of its blocks.
 """
 
 from __future__ import annotations
@@ -36,9 +46,23 @@ from __future__ import annotations
 import copy
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
+
+
+def request_sizes(contents: Sequence, n_lookup: int | None, n_blocks: int | None) -> tuple[int, int]:
+    """``admit``'s ``n_lookup`` and ``n_blocks``, defaults filled in (``len(contents)``) and checked.
+
+    Raises ValueError unless ``0 <= n_lookup <= len(contents) <= n_blocks``.
+    """
+    n_full = len(contents)
+    n_lookup = n_full if n_lookup is None else n_lookup
+    n_blocks = n_full if n_blocks is None else n_blocks
+    if not 0 <= n_lookup <= n_full <= n_blocks:
+        raise ValueError(f"a request needs 0 <= n_lookup <= len(contents) <= n_blocks; got n_lookup={n_lookup}, "
+                         f"{n_full} contents, n_blocks={n_blocks}")
+    return n_lookup, n_blocks
 
 
 class EvictionPolicy(ABC):
@@ -123,6 +147,38 @@ class EvictionPolicy(ABC):
         """Forget an evictable block without choosing it (no-op if it is not evictable)."""
         if block in self:
             self.remove(block)
+
+    def admit(
+        self,
+        request: Hashable,
+        contents: Sequence[Hashable],
+        now: float,
+        workload: int = 0,
+        *,
+        n_lookup: int | None = None,
+        n_blocks: int | None = None,
+    ) -> None:
+        """A request is admitted with its whole chain; the default ignores it.
+
+        Parameters
+        ----------
+        request : hashable
+            Its id, unique among running requests; :meth:`finish` names it again.
+        contents : sequence of hashable
+            The content of each of its full prompt blocks, shallowest first (prefix hashes).
+        now : float
+        workload : int
+            As in :meth:`access`.
+        n_lookup : int, optional
+            How many leading blocks a prefix hit may cover, at most ``len(contents)`` (the
+            default): vLLM recomputes a prompt's last token, so ``(prompt_tokens - 1) // block_size``.
+        n_blocks : int, optional
+            Blocks the request holds while it runs, at least ``len(contents)`` (the default): a
+            partial last block is allocated but never cached.
+        """
+
+    def finish(self, request: Hashable, now: float) -> None:
+        """The request admitted as ``request`` finished or was preempted; the default ignores it."""
 
     @abstractmethod
     def clear(self) -> None:

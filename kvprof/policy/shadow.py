@@ -1,91 +1,80 @@
 """A metadata-only replica of the cache under another eviction order: what would it have hit?
 
-``wa`` runs one shadow per candidate order beside the real cache. A shadow sees the same
-accesses and frees as the real cache but holds only block contents (hashes), never KV data, so
-its hit count is what that order would have achieved on this traffic at this size; ``wa``
-follows the order whose shadow hits most (:mod:`kvprof.policy.wa`).
+``wa`` runs one shadow per candidate order beside the real cache. A shadow is told every request
+the real cache admits, with the request's whole chain of block contents, and every request that
+finishes; it keeps vLLM's prefix-cache rules on slots of its own (the very
+:class:`~kvprof.policy.prefix_cache.PrefixCache` the simulator runs) but holds only contents
+(hashes), never KV data. So its hits are what its order would have hit on this traffic at this
+size; ``wa`` follows the order whose shadow hits most (:mod:`kvprof.policy.wa`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+import math
+from collections.abc import Hashable, Sequence
 
 from kvprof.policy.base import EvictionPolicy
-
-#: Contents beyond the capacity are evicted in batches, once they exceed it by ``capacity // BATCH_SHARE``.
-BATCH_SHARE = 64
+from kvprof.policy.prefix_cache import PrefixCache
 
 
-class ShadowCache:
-    """Contents cached under ``policy``, pinned while the real cache holds them, up to ``capacity``.
+class _Never:
+    """Next uses of a shadow's blocks: unknown (``inf``) at every index; only Belady reads them."""
 
-    Invariant: every content in ``slot_of`` has one slot; it is either pinned (held by a request
-    of the real cache: in ``pinned``) or evictable in ``policy``. Contents beyond ``capacity``
-    are evicted in batches once they exceed it by ``capacity / 64``: one merge of the policy's
-    lists per batch instead of per block, at the price of briefly holding 1.6 % more than the
-    real cache could (a shadow whose slots are all pinned grows past it, as the real cache would
-    have had to wait).
+    def __getitem__(self, index: int) -> float:
+        return math.inf
 
-    A hit is counted as the real cache would find it: the content is held and every shallower
-    block of the request's chain was a hit too (depth 0 starts a chain).
+
+NEVER = _Never()
+
+
+class ShadowCache(PrefixCache):
+    """A prefix cache of contents under ``policy``, fed whole requests when the real cache admits and frees them.
+
+    Invariant: :class:`~kvprof.policy.prefix_cache.PrefixCache`'s, and ``held`` maps every admitted,
+    unfinished request to its slots, chain order. ``hits`` counts the blocks its lookups found.
+
+    It differs from a real cache in one way: it admits every request the real cache admitted, at
+    the real cache's time, even when its own slots are all pinned (it then grows past its size
+    and shrinks back as requests finish, where a real cache would have made the request wait).
+    So the shadow of the order the real cache follows, at the real cache's size, counts exactly
+    the real cache's hits; another order's shadow counts that order's hits but for the timing:
+    how long requests queue and run depends on the real cache's hits.
 
     Parameters
     ----------
     policy : EvictionPolicy
         A fresh policy; the shadow passes it slot numbers as block ids.
+    capacity : int
+        Slots, as the real cache's; 0 until :meth:`set_limit` raises it.
     """
 
-    def __init__(self, policy: EvictionPolicy) -> None:
-        self.policy = policy
-        self.capacity = 0
-        self.slot_of: dict[Hashable, int] = {}
-        self.content_of: list[Hashable] = []
-        self.free_slots: list[int] = []  # slots whose content was evicted
-        self.pinned: set[int] = set()
+    def __init__(self, policy: EvictionPolicy, capacity: int = 0) -> None:
+        super().__init__(policy, capacity)
+        self.held: dict[Hashable, list[int]] = {}
         self.hits = 0
-        self._chain_depth = -1  # depth of the last access whose chain was all hits
 
-    def __len__(self) -> int:
-        return len(self.slot_of)
+    def admit(self, request: Hashable, contents: Sequence[Hashable], now: float, workload: int, n_lookup: int,
+              n_blocks: int) -> int:
+        """The real cache admits ``request``: look up its chain, pin the hits, allocate the rest.
 
-    def access(self, content: Hashable, now: float, workload: int, depth: int) -> None:
-        """A request of the real cache uses ``content`` at ``depth`` of its chain, which pins it."""
-        policy = self.policy
-        slot = self.slot_of.get(content)
-        chained = depth == 0 or depth == self._chain_depth + 1
-        if slot is not None:
-            if chained:
-                self.hits += 1
-                self._chain_depth = depth
-            if slot not in self.pinned:
-                policy.remove(slot)
-            policy.access(slot, now, workload, depth, hit=True, content=content)
-        else:
-            slot = self._take_slot(now)
-            self.slot_of[content] = slot
-            self.content_of[slot] = content
-            policy.access(slot, now, workload, depth, hit=False, content=content)
-        self.pinned.add(slot)
+        ``contents`` are its full blocks', shallowest first; the first ``n_lookup`` may hit; it
+        holds ``n_blocks`` slots (``>= len(contents)``: the partial tail is allocated, never
+        cached). Returns the hits.
+        """
+        slots: list[int] = []
+        n_hit_evictable = self.cached_prefix(contents, 0, n_lookup, slots)
+        n_hits = len(slots)
+        short = n_blocks - n_hits - (self.n_free - n_hit_evictable)
+        if short > 0:
+            self.make_room(short, now)
+        self.pin_hits(slots, now, workload, NEVER, 0)
+        self.allocate(contents, NEVER, 0, n_hits, len(contents), n_blocks, now, workload, slots)
+        self.held[request] = slots
+        self.hits += n_hits
+        return n_hits
 
-    def release(self, contents: Iterable[Hashable], now: float) -> None:
-        """The real cache freed blocks holding ``contents`` (tail first): unpin them here too."""
-        freed = []
-        for content in contents:
-            slot = self.slot_of.get(content)
-            if slot is not None and slot in self.pinned:
-                self.pinned.discard(slot)
-                freed.append(slot)
-        if freed:
-            self.policy.free(freed, now)
-
-    def _take_slot(self, now: float) -> int:
-        excess = len(self.slot_of) + 1 - self.capacity
-        if excess > self.capacity // BATCH_SHARE and len(self.policy):
-            victims = self.policy.evict_n(min(excess, len(self.policy)), now)
-            for slot in victims:
-                del self.slot_of[self.content_of[slot]]
-            self.free_slots.extend(victims)
-        if self.free_slots:
-            return self.free_slots.pop()
-        self.content_of.append(None)
-        return len(self.content_of) - 1
+    def finish(self, request: Hashable, now: float) -> None:
+        """``request`` finished: its slots are freed tail-first (unknown requests are ignored)."""
+        slots = self.held.pop(request, None)
+        if slots is not None:
+            self.release(slots, now)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
 from kvprof.models.hp import CANDIDATES
-from kvprof.policy.base import EvictionPolicy
+from kvprof.policy.base import EvictionPolicy, request_sizes
 from kvprof.policy.classed import ClassedLRUPolicy, _as_list
 from kvprof.policy.orders import FrequencyOrder, ModelOrder, Order, RecencyOrder, SegmentedOrder, tier_of
 from kvprof.policy.s3fifo import S3FIFOPolicy
@@ -29,7 +29,9 @@ DEFAULT_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency", 
 WINDOW_CAPACITIES = 16.0
 #: A shadow must beat the leader's hits by this share before ``wa`` switches to its order.
 SWITCH_MARGIN = 0.002
-#: ``wa`` compares its shadows every ``max(FOLLOW_PERIOD_MIN, capacity // FOLLOW_PERIOD_SHARE)`` accesses.
+#: Experiment: each shadow's score is calibrated by the real hits over its own while its candidate led.
+CALIBRATED = __import__("os").environ.get("KVPROF_CALIBRATED", "1") == "1"
+#: ``wa`` compares its shadows every ``max(FOLLOW_PERIOD_MIN, capacity // FOLLOW_PERIOD_SHARE)`` blocks looked up.
 FOLLOW_PERIOD_MIN = 64
 FOLLOW_PERIOD_SHARE = 16
 
@@ -95,7 +97,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     stamps_free = True
     class_follows_hits = True
 
-    def __init__(self, p, weights, rates, horizon: float, *, orders=DEFAULT_ORDERS, safety_net: bool = True) -> None:
+    def __init__(self, p, weights, rates, horizon: float, *, orders=DEFAULT_ORDERS, safety_net: bool = True,
+                 capacity: int | None = None, switch_margin: float = SWITCH_MARGIN) -> None:
         p = np.asarray(p, dtype=np.float64)
         weights = np.asarray(weights, dtype=np.float64)
         rates = np.asarray(rates, dtype=np.float64)
@@ -109,11 +112,17 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             raise ValueError(f"orders must name distinct candidates of {', '.join(ORDER_NAMES)}; got {list(orders)}")
         if not horizon > 0:
             raise ValueError(f"horizon must be > 0 seconds, got {horizon}")
+        if capacity is not None and capacity < 0:
+            raise ValueError(f"capacity must be >= 0 blocks, got {capacity}")
+        if not switch_margin >= 0:
+            raise ValueError(f"switch_margin must be >= 0, got {switch_margin}")
         self.n_cells, self.n_tiers = p.shape
         super().__init__(p.size)
         self._default = (self.n_cells - 1) * self.n_tiers  # the default cell's first tier
         self.p, self.weights, self.rates, self.horizon = p, weights, rates, float(horizon)
         self.order_names = tuple(orders)
+        self.capacity = capacity or 0
+        self.switch_margin = float(switch_margin)
         self._orders: list[Order | None] = [self._row_order(name) for name in orders]
         self._followed = {i: FOLLOWED_POLICIES[name]() for i, name in enumerate(orders) if name in FOLLOWED_POLICIES}
         self._hits = np.zeros(0, dtype=np.int64)
@@ -126,14 +135,15 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         self._shadows = []
         if safety_net and len(orders) > 1:
             self._shadows = [ShadowCache(FOLLOWED_POLICIES[name]() if name in FOLLOWED_POLICIES else
-                                         WorkloadAwarePolicy(p, weights, rates, horizon, orders=(name,), safety_net=False))
+                                         WorkloadAwarePolicy(p, weights, rates, horizon, orders=(name,), safety_net=False),
+                                         self.capacity)
                              for name in orders]
             # Adaptive orders learn in their shadows; the real cache borrows the leader's.
             self._orders = [None if name in FOLLOWED_POLICIES else shadow.policy._orders[0]
                             for name, shadow in zip(orders, self._shadows)]
         self._shadow_score = [0.0] * len(self._shadows)
         self._shadow_seen = [0] * len(self._shadows)
-        self._accesses = 0
+        self._unweighed = 0  # lookups admitted since the shadows were last compared
         self._real_hits = self._real_seen = 0
         self._real_led = [0.0] * len(self._shadows)  # the real cache's hits while each candidate led ...
         self._shadow_led = [0.0] * len(self._shadows)  # ... and its shadow's over the same accesses
@@ -163,8 +173,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     def from_hp(cls, hp, horizon: float | None = None, capacity: int | None = None, **kwargs) -> WorkloadAwarePolicy:
         """Build from a :class:`kvprof.models.hp.HpFile`: its cells, tiers, models and horizon.
 
-        With ``capacity`` (blocks), the file's tuning for the nearest tuned capacity sets the
-        horizon and the candidate to start on (:meth:`~kvprof.models.hp.HpFile.tuned`).
+        With ``capacity`` (blocks: the real cache's size, also the shadows'), the file's tuning for
+        the nearest tuned capacity sets the horizon and the candidate to start on
+        (:meth:`~kvprof.models.hp.HpFile.tuned`).
         ``horizon`` (seconds) overrides both, e.g. for a sweep over H; other keywords go to the
         constructor.
         """
@@ -174,7 +185,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         if "orders" not in kwargs and "start" in tuned:
             kwargs["orders"] = (tuned["start"], *(name for name in DEFAULT_ORDERS if name != tuned["start"]))
         p, weights, rates = hp.reuse_rows()
-        return cls(p, weights, rates, horizon, **kwargs)
+        return cls(p, weights, rates, horizon, capacity=capacity, **kwargs)
 
     @property
     def order_name(self) -> str:
@@ -224,8 +235,6 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             self._held += 1
         for policy in self._followed.values():
             policy.access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
-        if content is not None and self._shadows:
-            self._follow(content, now, workload, depth)
 
     def _tier(self, hits: int) -> int:
         return min(tier_of(hits), self.n_tiers - 1)
@@ -252,10 +261,6 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
                 pinned[block] = False
                 self._held -= 1
         self._most = max(self._most, self._held + len(self))
-        if self._shadows:
-            contents = [self._content.get(block) for block in blocks]
-            for shadow in self._shadows:
-                shadow.release(contents, now)
 
     def remove(self, block: int) -> None:
         super().remove(block)
@@ -305,20 +310,40 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             by_tier[self._tier(ghost.popitem(last=False)[1])] -= 1
 
     # -- the safety net --------------------------------------------------------------------
-    def _follow(self, content: Hashable, now: float, workload: int, depth: int) -> None:
-        """Feed the shadows one access; now and then follow the candidate whose shadow hits most."""
-        for shadow in self._shadows:
-            if shadow.capacity < self._most:
-                shadow.capacity = self._most
-            shadow.access(content, now, workload, depth)
-        self._accesses += 1
-        period = max(FOLLOW_PERIOD_MIN, self._most // FOLLOW_PERIOD_SHARE)
-        if self._accesses % period:
+    def admit(self, request: Hashable, contents: Sequence[Hashable], now: float, workload: int = 0, *,
+              n_lookup: int | None = None, n_blocks: int | None = None) -> None:
+        """Feed the shadows the request; now and then follow the candidate whose shadow hits most."""
+        if not self._shadows:
             return
-        keep = 0.5 ** (period / max(WINDOW_CAPACITIES * self._most, 1.0))
+        n_lookup, n_blocks = request_sizes(contents, n_lookup, n_blocks)
+        if request in self._shadows[0].held:
+            raise ValueError(f"request {request!r} was admitted before and has not finished")
+        if not 0 <= workload < self.n_cells:
+            workload = self.n_cells - 1
+        size = self._size()
+        for shadow in self._shadows:
+            if shadow.limit < size:  # no capacity given: the most blocks seen
+                shadow.set_limit(size, now)
+            shadow.admit(request, contents, now, workload, n_lookup, n_blocks)
+        self._unweighed += n_lookup
+        if self._unweighed >= max(FOLLOW_PERIOD_MIN, size // FOLLOW_PERIOD_SHARE):
+            self._weigh(self._unweighed, size)
+            self._unweighed = 0
+
+    def finish(self, request: Hashable, now: float) -> None:
+        for shadow in self._shadows:
+            shadow.finish(request, now)
+
+    def _size(self) -> int:
+        """The real cache's size in blocks: as given, else the most blocks it has held at once."""
+        return self.capacity or self._most
+
+    def _weigh(self, lookups: int, size: int) -> None:
+        """Add the shadows' hits since the last call to their windowed scores; follow the best."""
+        keep = 0.5 ** (lookups / max(WINDOW_CAPACITIES * size, 1.0))
         real_gained = self._real_hits - self._real_seen
         self._real_seen = self._real_hits
-        prior = float(max(self._most, 1))
+        prior = float(max(size, 1))
         corrected = []
         for i, shadow in enumerate(self._shadows):
             gained = shadow.hits - self._shadow_seen[i]
@@ -329,9 +354,10 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             if i == self.leader:
                 self._real_led[i] += real_gained
                 self._shadow_led[i] += gained
-            corrected.append(self._shadow_score[i] * (self._real_led[i] + prior) / (self._shadow_led[i] + prior))
+            factor = (self._real_led[i] + prior) / (self._shadow_led[i] + prior) if CALIBRATED else 1.0
+            corrected.append(self._shadow_score[i] * factor)
         best = max(range(len(corrected)), key=corrected.__getitem__)
-        if corrected[best] > corrected[self.leader] * (1.0 + SWITCH_MARGIN):
+        if corrected[best] > corrected[self.leader] * (1.0 + self.switch_margin):
             self._lead(best)
 
     def clear(self) -> None:

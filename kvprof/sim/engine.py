@@ -207,6 +207,7 @@ class _Replay:
         workload = self.classes[r]
         gpu.pin_hits(slots, now, workload, self.next_use, start)
         gpu.allocate(self.blocks, self.next_use, start, n_device, stop - start, self.n_total[r], now, workload, slots)
+        gpu.policy.admit(r, self.blocks[start:stop], now, workload, n_lookup=n_lookup, n_blocks=self.n_total[r])
         if n_host:
             host.load(self.blocks, self.next_use, start, n_device, n_device + n_host, now, self.host_classes[r])
         self.held[r] = slots
@@ -221,6 +222,7 @@ class _Replay:
             self.host.store(self.blocks, self.next_use, start, range(stop - start), now, self.host_classes[r])
 
     def release(self, r: int, now: float) -> None:
+        self.gpu.policy.finish(r, now)
         self.gpu.release(self.held.pop(r), now)
         if self.observer:
             self.observer(self.gpu, self.host)

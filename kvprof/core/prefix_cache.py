@@ -1,0 +1,269 @@
+"""vLLM's block pool with prefix caching over a compiled policy: the GPU tier and ``wa``'s shadows.
+
+The compiled :class:`kvprof.policy.prefix_cache.PrefixCache`, rule for rule. The functions take any
+*pool*: a struct with the fields of :func:`pool_fields` whose ``policy`` answers the pool protocol
+as methods (``access``, ``free``, ``remove``, ``evict_n``, ``holds``, ``n_evictable``; numba
+``overload_method`` s, registered for a whole policy, :data:`kvprof.core.policy.policy_type`, and
+for a bare core, :data:`kvprof.core.policies.core_type`). The simulator's GPU tier
+(:data:`kvprof.core.tiers.device_type`) is a pool over a whole policy; each of ``wa``'s shadows
+(:data:`kvprof.core.policy.shadow_type`) is a pool over a core. Contents are dense ids >= 0, so the
+content-to-slot map is an array.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload_method
+
+from kvprof.core.structs import NONE, grown
+
+
+def register_pool_protocol(struct_class, access, free, remove, evict_n, holds, n_evictable) -> None:
+    """Make structs of ``struct_class`` answer the pool protocol by calling these compiled functions:
+    ``access(p, block, now, workload, depth, hit, next_use, content)``, ``free(p, blocks, n, now)``,
+    ``remove(p, block)``, ``evict_n(p, n, now, out, at)``, ``holds(p, block)``, ``n_evictable(p)``."""
+
+    @overload_method(struct_class, "access")
+    def _access(p, block, now, workload, depth, hit, next_use, content):
+        return lambda p, block, now, workload, depth, hit, next_use, content: access(
+            p, block, now, workload, depth, hit, next_use, content)
+
+    @overload_method(struct_class, "free")
+    def _free(p, blocks, n, now):
+        return lambda p, blocks, n, now: free(p, blocks, n, now)
+
+    @overload_method(struct_class, "remove")
+    def _remove(p, block):
+        return lambda p, block: remove(p, block)
+
+    @overload_method(struct_class, "evict_n")
+    def _evict_n(p, n, now, out, at):
+        return lambda p, n, now, out, at: evict_n(p, n, now, out, at)
+
+    @overload_method(struct_class, "holds")
+    def _holds(p, block):
+        return lambda p, block: holds(p, block)
+
+    @overload_method(struct_class, "n_evictable")
+    def _n_evictable(p):
+        return lambda p: n_evictable(p)
+
+
+def pool_fields(policy_type) -> list:
+    """The fields of a pool over policies of ``policy_type``."""
+    return [
+        ("policy", policy_type),
+        ("limit", types.int64), ("n_live", types.int64), ("n_slots", types.int64),
+        ("slot_block", types.int64[:]), ("refs", types.int64[:]),
+        ("empty", types.int64[:]), ("n_empty", types.int64),
+        ("retired", types.int64[:]), ("n_retired", types.int64),
+        ("block_slot", types.int64[:]),
+        ("evictions", types.int64), ("dropped", types.int64),
+        ("scratch", types.int64[:]),
+    ]
+
+
+@njit(cache=True)
+def init_pool(pool, policy, capacity, n_contents):
+    """Make ``pool`` (a new struct with :func:`pool_fields`) a pool of ``capacity`` slots, all empty,
+    the stack's top slot 0, for contents ``0 .. n_contents - 1`` (:func:`reserve_contents` grows it).
+
+    Invariant (:func:`check_pool`): every slot is in exactly one place: empty, retired, pinned
+    (``refs > 0``) or evictable in the policy (cached content, ``refs == 0``).
+    """
+    pool.policy = policy
+    pool.limit = capacity
+    pool.n_live = capacity
+    pool.n_slots = capacity
+    pool.slot_block = np.full(capacity, NONE, np.int64)
+    pool.refs = np.zeros(capacity, np.int64)
+    pool.empty = np.arange(capacity - 1, -1, -1).astype(np.int64)
+    pool.n_empty = capacity
+    pool.retired = np.zeros(16, np.int64)
+    pool.n_retired = 0
+    pool.block_slot = np.full(n_contents, NONE, np.int64)
+    pool.evictions = 0
+    pool.dropped = 0
+    pool.scratch = np.zeros(64, np.int64)
+
+
+@njit(cache=True)
+def reserve_contents(pool, n_contents):
+    """Make the content-to-slot map cover contents ``0 .. n_contents - 1``."""
+    if n_contents > len(pool.block_slot):
+        pool.block_slot = grown(pool.block_slot, n_contents, NONE)
+
+
+@njit(cache=True)
+def n_free(pool):
+    """Slots a new request may take: empty plus evictable."""
+    return pool.n_empty + pool.policy.n_evictable()
+
+
+@njit(cache=True)
+def cached_prefix(pool, blocks, start, n_lookup, out):
+    """Slots of the longest cached prefix into ``out`` (``PrefixCache.cached_prefix``): their
+    number, and how many of them are evictable now."""
+    n_evictable = 0
+    n = 0
+    for j in range(start, start + n_lookup):
+        slot = pool.block_slot[blocks[j]]
+        if slot == NONE:
+            break
+        out[n] = slot
+        n += 1
+        if not pool.refs[slot]:
+            n_evictable += 1
+    return n, n_evictable
+
+
+@njit(cache=True)
+def pin_hits(pool, slots, n, now, workload, next_use, start):
+    """Take hit slots for a request (``PrefixCache.pin_hits``, vLLM's ``touch``)."""
+    policy = pool.policy
+    for depth in range(n):
+        slot = slots[depth]
+        if not pool.refs[slot]:
+            policy.remove(slot)
+        pool.refs[slot] += 1
+        policy.access(slot, now, workload, depth, True, next_use[start + depth], pool.slot_block[slot])
+
+
+@njit(cache=True)
+def allocate(pool, blocks, next_use, start, first, n_cacheable, n_total, now, workload, out):
+    """Slots for blocks ``first .. n_total - 1`` into ``out[first:n_total]`` (``PrefixCache.allocate``)."""
+    n_new = n_total - first
+    n_empty = min(pool.n_empty, n_new)
+    for i in range(n_empty):  # the stack's top first
+        pool.n_empty -= 1
+        out[first + i] = pool.empty[pool.n_empty]
+    if n_new > n_empty:
+        at = first + n_empty
+        pool.policy.evict_n(n_new - n_empty, now, out, at)
+        for i in range(at, n_total):
+            pool.block_slot[pool.slot_block[out[i]]] = NONE
+        pool.evictions += n_new - n_empty
+    policy = pool.policy
+    for depth in range(first, n_total):
+        slot = out[depth]
+        pool.refs[slot] = 1
+        block = blocks[start + depth] if depth < n_cacheable else NONE
+        if block != NONE and pool.block_slot[block] == NONE:
+            pool.block_slot[block] = slot
+            pool.slot_block[slot] = block
+            policy.access(slot, now, workload, depth, False, next_use[start + depth], block)
+        else:
+            pool.slot_block[slot] = NONE
+
+
+@njit(cache=True)
+def release(pool, slots, n, now):
+    """A request finished: unpin its slots tail-first; cached ones become evictable."""
+    if n > len(pool.scratch):
+        pool.scratch = np.zeros(max(n, 2 * len(pool.scratch)), np.int64)
+    evictable = pool.scratch
+    k = 0
+    for i in range(n - 1, -1, -1):
+        slot = slots[i]
+        pool.refs[slot] -= 1
+        if not pool.refs[slot]:
+            if pool.slot_block[slot] == NONE:
+                _push_empty(pool, slot)
+            else:
+                evictable[k] = slot
+                k += 1
+    if k:
+        pool.policy.free(evictable, k, now)
+    if pool.n_live > pool.limit:
+        _shrink(pool, now)
+
+
+@njit(cache=True)
+def _push_empty(pool, slot):
+    if pool.n_empty == len(pool.empty):
+        pool.empty = grown(pool.empty, pool.n_empty + 1, 0)
+    pool.empty[pool.n_empty] = slot
+    pool.n_empty += 1
+
+
+@njit(cache=True)
+def set_limit(pool, limit, now):
+    """Elastic capacity: raising adds empty slots, lowering drops free ones (pinned ones later)."""
+    pool.limit = limit
+    while pool.n_live < limit:
+        if pool.n_retired:
+            pool.n_retired -= 1
+            slot = pool.retired[pool.n_retired]
+        else:
+            slot = pool.n_slots
+            pool.n_slots += 1
+            if slot >= len(pool.refs):
+                pool.refs = grown(pool.refs, slot + 1, 0)
+                pool.slot_block = grown(pool.slot_block, slot + 1, NONE)
+        _push_empty(pool, slot)
+        pool.n_live += 1
+    _shrink(pool, now)
+
+
+@njit(cache=True)
+def make_room(pool, n, now):
+    """``PrefixCache.make_room``: ``n`` empty slots beyond the limit, dropped again as blocks are freed."""
+    limit = pool.limit
+    set_limit(pool, pool.n_live + n, now)
+    pool.limit = limit
+
+
+@njit(cache=True)
+def _shrink(pool, now):
+    """Drop empty, then evictable slots (the policy's order) until within the limit or none is free."""
+    victim = np.zeros(1, np.int64)
+    while pool.n_live > pool.limit and (pool.n_empty or pool.policy.n_evictable()):
+        if pool.n_empty:
+            pool.n_empty -= 1
+            slot = pool.empty[pool.n_empty]
+        else:
+            pool.policy.evict_n(1, now, victim, 0)
+            slot = victim[0]
+            pool.block_slot[pool.slot_block[slot]] = NONE
+            pool.slot_block[slot] = NONE
+            pool.dropped += 1
+        if pool.n_retired == len(pool.retired):
+            pool.retired = grown(pool.retired, pool.n_retired + 1, 0)
+        pool.retired[pool.n_retired] = slot
+        pool.n_retired += 1
+        pool.n_live -= 1
+
+
+@njit(cache=True)
+def check_pool(pool):
+    """Raise if the pool's invariant does not hold (tests; O(slots))."""
+    place = np.zeros(pool.n_slots, np.int64)
+    for i in range(pool.n_empty):
+        place[pool.empty[i]] += 1
+        if pool.slot_block[pool.empty[i]] != NONE:
+            raise AssertionError("an empty slot holds content")
+    for i in range(pool.n_retired):
+        place[pool.retired[i]] += 1
+        if pool.slot_block[pool.retired[i]] != NONE:
+            raise AssertionError("a retired slot holds content")
+    n_evictable = 0
+    for slot in range(pool.n_slots):
+        pinned = pool.refs[slot] > 0
+        evictable = pool.policy.holds(slot)
+        place[slot] += pinned + evictable
+        if evictable:
+            n_evictable += 1
+            if pool.slot_block[slot] == NONE:
+                raise AssertionError("an evictable slot holds no content")
+        if place[slot] != 1:
+            raise AssertionError("a slot is in more or fewer than one place (empty, retired, pinned, evictable)")
+        block = pool.slot_block[slot]
+        if block != NONE and pool.block_slot[block] != slot:
+            raise AssertionError("block_slot and slot_block disagree")
+    if n_evictable != pool.policy.n_evictable():
+        raise AssertionError("the policy counts other blocks than it holds")
+    if pool.n_live != pool.n_slots - pool.n_retired:
+        raise AssertionError("live slots miscounted")
+    if pool.n_live > pool.limit and (pool.n_empty or pool.policy.n_evictable()):
+        raise AssertionError("over the capacity limit with free slots")
