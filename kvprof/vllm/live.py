@@ -32,7 +32,7 @@ from kvprof.policy import make_policy
 from kvprof.vllm.handoff import Handoff
 from kvprof.vllm.metrics import METRICS_DIR_ENV, Metrics
 from kvprof.vllm.observe import Counterfactual
-from kvprof.vllm.spec import KvPolicyConfigError, PolicySpec, load_spec_hp, request_extra_args
+from kvprof.vllm.spec import ChangedWhileRead, KvPolicyConfigError, PolicySpec, load_spec_hp, request_extra_args
 
 logger = logging.getLogger("vllm.kvprof")
 
@@ -320,6 +320,9 @@ class LiveLoop:
                 if spec.policy in self.counterfactual.tiers:
                     self.counterfactual.replace(spec.policy, spec.reference_policy(self.capacity))
                 self.spec = spec
+        except ChangedWhileRead:
+            self._file_state = None  # read it again at the next look
+            return
         except KvPolicyConfigError as err:
             self.metrics.inc("kvprof_reloads_total", result="error")
             logger.error("kvprof: not reloading %s, the running policy stays: %s", self.spec.config, err)
