@@ -60,3 +60,25 @@ def test_a_read_only_install_caches_in_the_users_directory(tmp_path):
     assert not (site / "probe").exists() and not (site / "kvprof" / "core" / "__pycache__").exists()
     assert first[0] == "0" and second[0] == "1", proc.stdout  # compiled once, then loaded from the cache
     assert list(cache.rglob("*.nbi")), "numba cached nothing in the user's cache directory"
+
+
+def test_stale_caches_are_dropped_wherever_numba_keeps_them(tmp_path, monkeypatch):
+    from kvprof.core import cache_directories
+
+    package = tmp_path / "core"
+    package.mkdir()
+    (package / "policies.py").write_text("")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
+    directories = cache_directories(package)
+    assert directories[0] == package / "__pycache__"
+    assert [d.parent for d in directories[1:]] == [tmp_path / "numba", tmp_path / "user" / "numba"]
+    stale = []
+    for directory in directories:
+        directory.mkdir(parents=True)
+        stale.append(directory / "policies.f-1.py311.nbi")
+        stale[-1].write_text("")
+        os.utime(stale[-1], (1000, 1000))
+    os.utime(package / "policies.py", (2000, 2000))
+    drop_stale_caches(package)
+    assert not any(path.exists() for path in stale)
