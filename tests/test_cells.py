@@ -67,6 +67,29 @@ def test_cells_of_a_trace_are_the_rule_applied_request_by_request(tmp_path):
     assert cells.tolist() == expected
 
 
+@pytest.mark.parametrize("min_samples", [50, 400, 10**6])
+def test_weighted_growing_learns_the_tree_of_the_accesses_one_by_one(small_bailian, min_samples):
+    """Accesses merged per (features, label) grow the tree the accesses grow one by one (what
+    scikit-learn does with min_samples_leaf), at every size tried; 10**6 accesses cannot split."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    from kvprof.profiler.cells import _grow, _to_rule, _weighted, distinct_requests, feature_matrix, known_outcomes
+    from kvprof.profiler.reuse import extract_reuse
+
+    _, trace = small_bailian
+    codes, names = classify_trace(trace, ClassRule())
+    request, reused = known_outcomes(extract_reuse(trace, codes), 60.0)
+    first, group = distinct_requests(trace, codes)
+    X, features = feature_matrix(trace.select(first), codes[first], names)
+    leaf = max(min_samples, int(0.02 * request.size))
+    for leaves in (2, 4, 16):
+        one_by_one = DecisionTreeClassifier(max_leaf_nodes=leaves, min_samples_leaf=leaf, random_state=0)
+        one_by_one.fit(X[group[request]], reused)
+        weighted = _grow(X, _weighted(group[request], reused, len(first)), leaves, leaf)
+        assert _to_rule(weighted, features, ()) == _to_rule(one_by_one, features, ())
+        assert np.allclose(weighted.predict_proba(X), one_by_one.predict_proba(X))
+
+
 def test_a_cell_rule_must_be_one_tree_naming_every_cell():
     with pytest.raises(ValueError, match="one tree"):
         CellRule(("turn",), (), (0, -1, -1, -1), (1.5, 0, 0, 0), (1, -1, -1, -1), (2, -1, -1, -1), (-1, 0, 1, 0),

@@ -28,7 +28,7 @@ from kvprof.models.exponential import fit_classes
 from kvprof.models.hp import REUSED_SUFFIX, HpFile, ReuseRow
 from kvprof.models.mixture import CureMixture, diagnose_mixture
 from kvprof.models.sessions import session_stats
-from kvprof.profiler.cells import cells_of_trace, fit_cell_rule
+from kvprof.profiler.cells import cells_of_trace, fit_cell_rule, known_outcomes, tree_sample
 from kvprof.profiler.classes import classify_trace
 from kvprof.profiler.quality import score_quality
 from kvprof.profiler.reuse import ReuseSamples, extract_reuse
@@ -111,7 +111,9 @@ def fit_trace(
     }
     if max_cells:
         try:
-            cell_rule = fit_cell_rule(trace, samples, codes, names, horizon, fields=tuple(cell_fields),
+            request, reused = known_outcomes(samples, horizon)
+            sample = tree_sample(request.size)
+            cell_rule = fit_cell_rule(trace, request[sample], reused[sample], codes, names, fields=tuple(cell_fields),
                                       max_cells=max_cells, min_samples=min_samples)
         except ValueError as exc:
             raise KvprofError(f"{trace.source or 'trace'}: {exc}") from None
