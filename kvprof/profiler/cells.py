@@ -122,11 +122,13 @@ def distinct_requests(trace: Trace, class_codes: np.ndarray, fields=()) -> tuple
     group : int64 array, shape (n_requests,)
         Each request's group, indexing ``first``.
     """
-    columns = [np.asarray(class_codes, dtype=np.int64), np.maximum(trace.turn, 1).astype(np.int64),
-               trace.input_length.astype(np.int64)]
-    columns += [np.unique(np.asarray(trace.extra[f]).astype(str), return_inverse=True)[1].reshape(-1)
-                for f in fields if f in trace.extra]
-    _, first, group = np.unique(np.column_stack(columns), axis=0, return_index=True, return_inverse=True)
+    columns = [np.asarray(class_codes), np.maximum(trace.turn, 1), trace.input_length]
+    columns += [np.asarray(trace.extra[f]).astype(str) for f in fields if f in trace.extra]
+    group = np.zeros(trace.n_requests, dtype=np.int64)
+    for column in columns:  # one column at a time, renumbered densely: the key never overflows
+        values, code = np.unique(column, return_inverse=True)
+        _, group = np.unique(group * len(values) + code.reshape(-1), return_inverse=True)
+    _, first = np.unique(group, return_index=True)
     order = np.argsort(first)
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
@@ -134,17 +136,37 @@ def distinct_requests(trace: Trace, class_codes: np.ndarray, fields=()) -> tuple
 
 
 def cells_of_trace(rule: CellRule, trace: Trace, codes: np.ndarray, class_names) -> np.ndarray:
-    """Cell of every request (int64, shape (n,)): the rule applied to each distinct feature set once."""
+    """Cell of every request (int64, shape (n,)): :meth:`CellRule.cell_of` of its features
+    (:func:`~kvprof.cells.request_features`, computed once per distinct request), the tree
+    walked for all of them at once."""
     fields = [field for field in rule.fields if field in trace.extra]
     first, group = distinct_requests(trace, codes, fields)
-    values = {field: np.asarray(trace.extra[field])[first].astype(str).tolist() for field in fields}
-    cells = np.array([rule.cell_of(request_features(class_names[code], turn, prompt,
-                                                    {field: values[field][i] for field in fields}))
-                      for i, (code, turn, prompt) in enumerate(zip(np.asarray(codes)[first].tolist(),
-                                                                   np.maximum(trace.turn[first], 1).tolist(),
-                                                                   trace.input_length[first].tolist()))],
-                     dtype=np.int64)
-    return cells[group]
+    values = np.zeros((len(rule.features), first.size))
+    classes = np.asarray(class_names, dtype=object)[np.asarray(codes)[first]]
+    turns = np.maximum(trace.turn[first], 1).tolist()
+    prompts = trace.input_length[first].tolist()
+    for j, name in enumerate(rule.features):
+        if name == TURN_FEATURE:
+            values[j] = [request_features("", turn, 1)[TURN_FEATURE] for turn in turns]
+        elif name == PROMPT_FEATURE:
+            values[j] = [request_features("", 1, prompt)[PROMPT_FEATURE] for prompt in prompts]
+        elif name.startswith("class="):
+            values[j] = [f"class={c}" == name for c in classes.tolist()]
+        else:  # <field>=<value>, read as the tree learned it: the field's values as strings
+            field = next((f for f in fields if name.startswith(f + "=")), None)
+            if field is not None:
+                column = np.asarray(trace.extra[field])[first].astype(str).tolist()
+                values[j] = [v != "" and f"{field}={v}" == name for v in column]
+    feature, threshold = np.array(rule.feature), np.array(rule.threshold)
+    left, right, cell = np.array(rule.left), np.array(rule.right), np.array(rule.cell)
+    node = np.zeros(first.size, dtype=np.int64)
+    inner = np.flatnonzero(feature[node] != -1)
+    while inner.size:
+        here = node[inner]
+        go_left = values[feature[here], inner] <= threshold[here]
+        node[inner] = np.where(go_left, left[here], right[here])
+        inner = inner[feature[node[inner]] != -1]
+    return cell[node][group]
 
 
 def _weighted(group: np.ndarray, label: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

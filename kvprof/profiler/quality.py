@@ -149,8 +149,7 @@ def class_models(trace, rule, horizon: float, min_gap: float, max_components: in
     to_row = np.array([index.get(name, -1) for name in held_names])
     row = to_row[held.workload]
     known = row >= 0
-    held = ReuseSamples(*(getattr(held, f)[known] for f in ("time", "censored", "workload", "request", "prior")),
-                        n_merged=held.n_merged)
+    held = held.subset(known)
 
     def arrays(kind):
         models = [fitted[name][kind] for name in fitted]
