@@ -71,6 +71,13 @@ def non_negative(value: float) -> float:
     return value
 
 
+def sample_rate(value: float) -> float:
+    """Option callback: a sampling rate, a number in (0, 1] (exit 2 otherwise)."""
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise typer.BadParameter(f"must be a number in (0, 1], got {value}")
+    return value
+
+
 def capacity_list(text: str) -> tuple[int, ...]:
     """``--capacity``'s comma-separated whole numbers of blocks, each > 0 (a usage error otherwise)."""
     try:

@@ -33,6 +33,7 @@ from kvprof.cli.common import (
     parse_window_option,
     positive,
     print_json,
+    sample_rate,
     qttft_cell,
 )
 from kvprof import results as results_file
@@ -89,6 +90,12 @@ def compare(
                             help="Speed-up of arrivals: 2 replays twice as fast, as replay's --rate-scale.")
     ] = 1.0,
     jobs: JobsOpt = -1,
+    sample: Annotated[
+        float, typer.Option("--sample", callback=sample_rate,
+                            help="Replay only the conversations whose first request hashes into a sample of this "
+                                 "rate (0 < R <= 1), at caches scaled to it: about 1/R as fast, an estimate "
+                                 "(README: Fleet-scale traces).")
+    ] = 1.0,
     seed: Annotated[
         int,
         typer.Option("--seed", min=0, help="Recorded in results.json; replays are deterministic and draw no random numbers."),
@@ -161,7 +168,7 @@ def compare(
             f"--fit-window {first:.0f}:{split} --eval-window {split}:"
         )
     sim_config = _sim_config(block_size or default_engine_block(trace.block_size), cpu_capacity, schedule, cost,
-                             rate_scale)
+                             rate_scale, sample)
     fitted = None
     if config is not None:
         from kvprof.models.hp import load_hp
@@ -235,6 +242,10 @@ def _table(results, default_block: bool) -> Table:
     if default_block:
         block += f" (default: the smallest multiple of the trace's {trace_facts['block_size']}-token blocks >= 128)"
     speed = f" at {config.rate_scale:g}x speed" if config.rate_scale != 1 else ""
+    if "sample" in results.inputs:
+        sample = results.inputs["sample"]
+        speed += (f"; estimated on a sample of {config.sample_rate:g}: {sample['requests']:,} requests in "
+                  f"{sample['chains']:,} conversations, caches scaled to it")
     table = Table(title=f"{trace_facts['n_requests']:,} requests{speed}, {block}; QTTFT modelled at "
                         f"{config.cost.prefill_tokens_per_s:,.0f} prefill tokens/s")
     two_tiers = bool(config.cpu_capacity)
@@ -333,10 +344,11 @@ def _schedule(text: str | None) -> tuple[tuple[float, int], ...]:
         raise typer.BadParameter(str(exc), param_hint="--capacity-schedule") from None
 
 
-def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, rate_scale: float) -> SimConfig:
+def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, rate_scale: float,
+                sample_rate: float = 1.0) -> SimConfig:
     try:
         return SimConfig(engine_block_size=block_size, cpu_capacity=cpu_capacity, capacity_schedule=schedule, cost=cost,
-                         rate_scale=rate_scale)
+                         rate_scale=rate_scale, sample_rate=sample_rate)
     except KvprofError as exc:
         raise typer.BadParameter(str(exc), param_hint="--block-size/--capacity-schedule") from None
 

@@ -6,6 +6,7 @@ its own fresh policy instances, so runs are independent and their order does not
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -20,6 +21,7 @@ from kvprof.policy import make_policy
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig, SimulationError, check_memory
 from kvprof.sim.engine import RunMetrics, simulate
+from kvprof.sim.sample import Miniature, chain_sample, sample_facts
 from kvprof.sim.workload import Workload, prepare_workload
 
 BASELINE = "lru"
@@ -142,12 +144,14 @@ def run_sweep(
     workers = sweep_workers(n_jobs, len(tasks))
     check_memory(max([*capacities, *(c for _, c in config.capacity_schedule)]), config.cpu_capacity, workers)
     started = time.perf_counter()
-    workload = prepare_workload(trace, hp, config.engine_block_size, config.rate_scale)
+    replayed = chain_sample(trace, config.sample_rate)
+    workload = prepare_workload(replayed, hp, config.engine_block_size, config.rate_scale)
+    miniature = Miniature.of(replayed, workload, config.sample_rate)
     # Slow policies first, LRU (the cheapest) last, so no worker is left with a long run alone.
     schedule = sorted(range(len(tasks)), key=lambda i: tasks[i][0] == BASELINE)
     runs: list[RunMetrics | None] = [None] * len(tasks)
     parallel = Parallel(n_jobs=workers, return_as="generator_unordered")
-    outputs = parallel(delayed(_run_one)(i, workload, hp, *tasks[i], config) for i in schedule)
+    outputs = parallel(delayed(_run_one)(i, workload, hp, *tasks[i], config, miniature) for i in schedule)
     for done, (i, metrics) in enumerate(outputs, start=1):
         runs[i] = metrics
         if progress:
@@ -163,6 +167,8 @@ def run_sweep(
             "n_engine_block_accesses": workload.n_accesses,
         }
     }
+    if config.sample_rate < 1:
+        facts["sample"] = sample_facts(trace, replayed, miniature)
     return Results(
         runs=tuple(runs),
         policies=policies,
@@ -189,9 +195,14 @@ def sweep_workers(n_jobs: int, n_runs: int) -> int:
     return max(1, min(effective_n_jobs(n_jobs), cpu_count(), n_runs))
 
 
-def _run_one(index: int, workload: Workload, hp, policy: str, capacity: int, config: SimConfig):
+def _run_one(index: int, workload: Workload, hp, policy: str, capacity: int, config: SimConfig,
+             miniature: Miniature = Miniature()):
+    """One replay; of a sample, at caches scaled to it, labelled ``capacity`` and with policies
+    built for the full sizes (their tuning's)."""
     host = make_policy(config.cpu_policy, hp, config.cpu_capacity) if config.cpu_capacity else None
-    return index, simulate(workload, make_policy(policy, hp, capacity), capacity, config, host_policy=host)
+    metrics = simulate(workload, make_policy(policy, hp, capacity), miniature.capacity(capacity),
+                       miniature.config(config), host_policy=host)
+    return index, dataclasses.replace(metrics, capacity=capacity)
 
 
 def _ratio(num: float, den: float) -> float | None:
