@@ -1,6 +1,6 @@
 """The policy-quality suite: every policy on real and synthetic traces, four cache sizes each.
 
-    python benchmarks/bench_quality.py [-j N] [--traces weka,mooncake,...] [--sample 0.1,0.01] [-o quality.json]
+    python benchmarks/bench_quality.py [-j N | --ray ADDRESS] [--traces weka,mooncake,...] [--sample 0.1,0.01] [-o quality.json]
 
 For each trace the published workflow runs as `kvprof compare` runs it without --config: fit
 on the fit window (and tune wa for the suite's capacities on it), replay the evaluation window
@@ -80,13 +80,13 @@ def load(case: Case, traces_dir: Path, scratch: Path):
     return read_trace(path, block_size=case.trace_block)[0]
 
 
-def run_case(case: Case, trace, jobs: int) -> dict:
+def run_case(case: Case, trace, jobs: int, ray: str | None = None) -> dict:
     """Fit and tune on the fit window, sweep every policy on the evaluation window."""
     started = time.perf_counter()
     config = SimConfig(engine_block_size=case.engine_block)
     fitted = trace.time_window(*case.fit)
-    hp = tune(fit_trace(fitted), fitted, case.capacities, config, n_jobs=jobs)
-    results = run_sweep(trace.time_window(*case.evaluate), hp, POLICIES, case.capacities, config, n_jobs=jobs)
+    hp = tune(fit_trace(fitted), fitted, case.capacities, config, n_jobs=jobs, ray=ray)
+    results = run_sweep(trace.time_window(*case.evaluate), hp, POLICIES, case.capacities, config, n_jobs=jobs, ray=ray)
     rows = []
     for capacity in case.capacities:
         ratio = {policy: results.get(policy, capacity).token_hit_ratio for policy in POLICIES}
@@ -105,14 +105,14 @@ def run_case(case: Case, trace, jobs: int) -> dict:
             "wall_s": time.perf_counter() - started, "sweep_s": results.wall_s, "hp": hp, "results": results}
 
 
-def sampled(case: Case, trace, done: dict, rates: list[float], jobs: int) -> list[dict]:
+def sampled(case: Case, trace, done: dict, rates: list[float], jobs: int, ray: str | None = None) -> list[dict]:
     """The case's evaluation sweep again on samples of ``rates``, with its hp file: errors and speed-ups."""
     out = []
     full = done["results"]
     for rate in rates:
         config = SimConfig(engine_block_size=case.engine_block, sample_rate=rate)
         results = run_sweep(trace.time_window(*case.evaluate), done["hp"], POLICIES, case.capacities, config,
-                            n_jobs=jobs)
+                            n_jobs=jobs, ray=ray)
         errors = {f"{p} {c}": results.get(p, c).token_hit_ratio - full.get(p, c).token_hit_ratio
                   for p in POLICIES for c in case.capacities}
         out.append({"trace": case.name, "rate": rate, **results.inputs["sample"], "errors": errors,
@@ -171,6 +171,8 @@ def main() -> int:
     parser.add_argument("-j", "--jobs", type=int, default=-1, help="joblib workers (-1: all cores)")
     parser.add_argument("--traces", help="comma-separated case names to run (default: all)")
     parser.add_argument("--sample", help="comma-separated sample rates to replay each evaluation window at too")
+    parser.add_argument("--ray", metavar="ADDRESS", help="run the replays on this Ray cluster (auto: RAY_ADDRESS or the "
+                                                         "local one) instead of -j workers")
     parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "quality.json")
     args = parser.parse_args()
     rates = [float(r) for r in args.sample.split(",")] if args.sample else []
@@ -184,9 +186,9 @@ def main() -> int:
             if trace is None:
                 print(f"skipped {case.name}: {traces_dir / case.source} not found", file=sys.stderr)
                 continue
-            done.append(run_case(case, trace, args.jobs))
+            done.append(run_case(case, trace, args.jobs, args.ray))
             print(f"{case.name}: {done[-1]['wall_s']:.0f} s", file=sys.stderr)
-            samples += sampled(case, trace, done[-1], rates, args.jobs)
+            samples += sampled(case, trace, done[-1], rates, args.jobs, args.ray)
             del done[-1]["hp"], done[-1]["results"]  # kept for the samples, not for the JSON
     checks = targets(done)
     document = {"policies": list(POLICIES), "baselines": list(BASELINES), "cases": done, "targets": checks,

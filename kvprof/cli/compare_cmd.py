@@ -33,6 +33,7 @@ from kvprof.cli.common import (
     parse_window_option,
     positive,
     print_json,
+    RayOpt,
     sample_rate,
     qttft_cell,
 )
@@ -90,6 +91,7 @@ def compare(
                             help="Speed-up of arrivals: 2 replays twice as fast, as replay's --rate-scale.")
     ] = 1.0,
     jobs: JobsOpt = -1,
+    ray: RayOpt = None,
     sample: Annotated[
         float, typer.Option("--sample", callback=sample_rate,
                             help="Replay only the conversations whose first request hashes into a sample of this "
@@ -175,13 +177,13 @@ def compare(
 
         hp, hp_input = load_hp(config), {"path": str(config)}
     elif _needs_hp(names, sim_config):
-        hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs)
+        hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs, ray)
         hp_input = {"fitted_on_window": fit_window, "path": str(output / "hp.json")}
     else:
         hp, hp_input = None, None
     inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit, "seed": seed}
     _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, inputs, fitted,
-                    default_block=block_size is None)
+                    default_block=block_size is None, ray=ray)
 
 
 @guarded
@@ -212,7 +214,7 @@ def demo(
 
 
 def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs, fitted,
-                    default_block=False) -> None:
+                    default_block=False, ray=None) -> None:
     """Sweep; then the fitted hp file, results.json and the plots, in that order; print the table."""
     from kvprof.cli.plots import plot_results
     from kvprof.sim.sweep import run_sweep
@@ -220,7 +222,7 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=json_out) as bar:
         task = bar.add_task("replaying", total=len(policies) * len(capacities))
-        results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, inputs=inputs,
+        results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, ray=ray, inputs=inputs,
                             progress=lambda done, total: bar.update(task, completed=done))
     document = results.to_dict()
     if fitted is not None:
@@ -293,7 +295,7 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
-def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int):
+def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int, ray=None):
     """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
     capacities on it (``kvprof fit --capacity``); saved once the sweep is done."""
     from kvprof.profiler.fit import fit_trace
@@ -304,7 +306,7 @@ def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int):
         hp = fit_trace(window)
     with err_console.status(f"tuning wa on the fit window for {len(capacities)} capacities"):
         return tune(hp, window, capacities, dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()),
-                    n_jobs=jobs)
+                    n_jobs=jobs, ray=ray)
 
 
 def _needs_hp(names, sim_config: SimConfig) -> bool:

@@ -12,6 +12,7 @@ from rich.table import Table
 from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule
 from kvprof.cli.common import (
     FormatOpt,
+    RayOpt,
     SkipOpt,
     TraceArg,
     capacity_list,
@@ -100,6 +101,7 @@ def fit(
                                                                        "trace's block >= 128).")
     ] = None,
     jobs: Annotated[int, typer.Option("-j", "--jobs", help="Parallel tuning replays (joblib; -1: all cores).")] = -1,
+    ray: RayOpt = None,
     format: FormatOpt = None,
     block_size: BlockSizeOpt = None,
     skip_invalid: SkipOpt = False,
@@ -129,7 +131,7 @@ def fit(
 
         with err_console.status(f"tuning wa for {len(capacities)} capacities on the fit window"):
             hp = tune(hp, fitted, capacities, SimConfig(engine_block_size=engine_block_size or
-                                                        default_engine_block(trace.block_size)), n_jobs=jobs)
+                                                        default_engine_block(trace.block_size)), n_jobs=jobs, ray=ray)
     hp.save(output)
     if json_out:
         print_json(hp.to_dict())
