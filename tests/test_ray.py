@@ -61,3 +61,15 @@ def test_no_cluster_at_the_address_is_a_usage_error_before_any_work(tmp_path):
                            "127.0.0.1:9", "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert "no Ray cluster at '127.0.0.1:9'" in " ".join(done.stderr.split())
+
+
+def test_a_sharded_fit_on_the_cluster_writes_the_local_file(cluster, bailian, tmp_path):
+    from kvprof.profiler.shards import fit_sharded
+
+    path, trace, _ = bailian
+    whole = fit_trace(trace.time_window(0, 270), holdout=trace.time_window(270, 540))
+    on_ray = fit_sharded([path], window=(0, 270), shard_accesses=30_000, ray=cluster, spill_dir=tmp_path)
+    documents = [hp.to_dict() for hp in (whole, on_ray)]
+    for document in documents:
+        document["provenance"].pop("created")
+    assert documents[0] == documents[1]

@@ -55,3 +55,63 @@ def test_sorted_runs_merge_in_bounded_chunks_into_their_sorted_union():
     assert all(c.size <= 512 for c in chunks if 2.5 not in c)
     assert sum(1 for c in chunks if 2.5 in c) == 1 and max(c.size for c in chunks) <= 512 + 900
     assert np.array_equal(np.concatenate(chunks), np.sort(np.concatenate(runs)))
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("files") / "a.jsonl"
+    write_jsonl(path, generate("bailian-a", 0.3, 6))
+    return path
+
+
+def test_a_file_fitted_in_shards_on_disk_writes_fit_traces_file_held_out_scores_included(trace_file):
+    from kvprof.profiler.shards import fit_sharded
+
+    trace = read_trace(trace_file)[0]
+    whole = fit_trace(trace.time_window(0, 500), holdout=trace.time_window(500, 1000))
+    sharded = fit_sharded([trace_file], window=(0, 500), shard_accesses=40_000)
+    assert _document(sharded) == _document(whole)
+    assert any("holdout" in (row.diagnostics or {}) for tiers in sharded.cells.values() for row in tiers)
+
+
+def test_a_directory_of_servers_files_is_one_trace(trace_file, tmp_path):
+    """Two files of whole conversations (as two servers write them), read one at a time."""
+    from kvprof.profiler.shards import fit_sharded, trace_paths
+    from kvprof.sim.sample import chain_roots
+
+    trace = read_trace(trace_file)[0]
+    lines = trace_file.read_text().splitlines(keepends=True)
+    chat_ids = [json.loads(line)["chat_id"] for line in lines]
+    root_of = dict(zip(trace.chat_id.tolist(), chain_roots(trace).tolist()))
+    for name, parity in (("server-a.jsonl", 0), ("server-b.jsonl.zst", 1)):
+        chosen = "".join(line for line, c in zip(lines, chat_ids) if root_of[c] % 2 == parity)
+        write_text = (tmp_path / name).write_bytes
+        if name.endswith(".zst"):
+            import zstandard
+
+            write_text(zstandard.ZstdCompressor().compress(chosen.encode()))
+        else:
+            write_text(chosen.encode())
+    (tmp_path / "notes.txt").write_text("not a trace")
+    assert [p.name for p in trace_paths(tmp_path)] == ["server-a.jsonl", "server-b.jsonl.zst"]
+    sharded = fit_sharded(trace_paths(tmp_path), window=(None, None), shard_accesses=50_000)
+    whole = fit_trace(trace)
+    documents = [json.loads(_document(hp)) for hp in (sharded, whole)]
+    for document in documents:  # the files' names and digests are not the one file's
+        for key in ("trace", "sha256"):
+            document["provenance"].pop(key)
+    assert documents[0] == documents[1]
+
+
+def test_fit_sharded_on_the_command_line(trace_file, tmp_path):
+    from tests.helpers import invoke
+
+    out = tmp_path / "hp.json"
+    result = invoke("fit", trace_file, "--sharded", "--window", "0:500", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["provenance"]["n_requests"] > 0
+    refused = invoke("fit", trace_file, "--sharded", "--capacity", "128", "-o", out)
+    assert refused.exit_code == 2 and "fit --sharded, then tune" in refused.output
+    (tmp_path / "empty").mkdir()
+    nothing = invoke("fit", tmp_path / "empty", "--sharded", "-o", out)
+    assert nothing.exit_code == 1 and "holds no trace files" in nothing.output

@@ -262,17 +262,27 @@ def fit_cell_rows(window: WindowReuse, *, min_samples: int,
 def holdout_counts(holdout: Trace, rule: ClassRule, cell_rule, cell_names, horizon: float,
                    min_gap: float) -> np.ndarray:
     """The held-out window's :func:`~kvprof.profiler.quality.question_counts` per cell and tier
-    (rows ``cell * N_TIERS + tier``); requests of classes unseen when fitting have no cell."""
+    (rows ``cell * N_TIERS + tier``)."""
+    cell = holdout_cells(holdout, rule, cell_rule, cell_names)
+    codes, _ = classify_trace(holdout, rule)
+    return row_question_counts(extract_reuse(holdout, codes, min_gap=min_gap), cell, len(cell_names), horizon)
+
+
+def holdout_cells(holdout: Trace, rule: ClassRule, cell_rule, cell_names) -> np.ndarray:
+    """Each held-out request's cell; -1 for a class unseen when fitting, which has no cell of its own."""
     codes, names = classify_trace(holdout, rule)
     if cell_rule is None:
         index = {name: i for i, name in enumerate(cell_names)}
-        cell = np.array([index.get(name, -1) for name in names])[codes]
-    else:
-        cell = cells_of_trace(cell_rule, holdout, codes, names)
-    samples = extract_reuse(holdout, codes, min_gap=min_gap)
-    row = cell[samples.request] * N_TIERS + tier_codes(samples.prior)
+        return np.array([index.get(name, -1) for name in names], dtype=np.int64)[codes]
+    return cells_of_trace(cell_rule, holdout, codes, names)
+
+
+def row_question_counts(samples, cell: np.ndarray, n_cells: int, horizon: float) -> np.ndarray:
+    """:func:`~kvprof.profiler.quality.question_counts` of held-out samples by their request's
+    cell and their tier (samples of requests without a cell left out)."""
     known = cell[samples.request] >= 0
-    return question_counts(samples.subset(known), row[known], len(cell_names) * N_TIERS, horizon)
+    row = cell[samples.request] * N_TIERS + tier_codes(samples.prior)
+    return question_counts(samples.subset(known), row[known], n_cells * N_TIERS, horizon)
 
 
 def _with_holdout_quality(cells, singles, counts: np.ndarray, horizon: float) -> list[tuple[ReuseRow, ...]]:
