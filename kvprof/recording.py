@@ -10,7 +10,8 @@ Every trace file is Bailian-style JSONL (``chat_id``, ``parent_chat_id``, ``time
 ``input_length``, ``output_length``, ``type``, ``turn``, ``hash_ids``; see the README) at the
 server's block size, one line per request written when it finishes, plus ``scheduled`` and
 ``finished`` (seconds, the same clock as ``timestamp``: when the scheduler first gave the request
-its blocks and when it freed them), ``finish_reason`` and the client's scalar tags. Timestamps are
+its blocks and when it freed them), ``finish_reason``, ``cached_tokens`` (prompt tokens the server
+found in its prefix cache) and the client's scalar tags. Timestamps are
 seconds since ``origin``, so they keep their precision. ``.part`` files are zstd frames closed
 every few seconds: after ``kill -9`` one is readable up to its last closed frame, and the reader
 counts the lines it had to skip at its end.

@@ -46,7 +46,7 @@ def record(directory, requests, clock=None, **kwargs):
     clock = clock or Clock()
     recorder = Recorder(directory, block_size=BS, start=START, clock=clock, **kwargs).begin()
     for r, scheduled, finished in requests:
-        recorder.submit(r, scheduled, finished)
+        recorder.submit(r, scheduled, 0, finished)
     recorder.close()
     return recorder
 
@@ -93,7 +93,7 @@ def test_files_rotate_and_parents_cross_them(tmp_path):
     recorder = Recorder(tmp_path / "r", block_size=BS, start=START, clock=clock, rotate_s=10, flush_s=0.05).begin()
     for i in range(6):
         clock.t += 4
-        recorder.submit(request(clock.t, [1, 2, i + 10], tags={"session": 7}), clock.t, clock.t + 0.5)
+        recorder.submit(request(clock.t, [1, 2, i + 10], tags={"session": 7}), clock.t, 0, clock.t + 0.5)
         time.sleep(0.1)
     recorder.close()
     files = trace_files(tmp_path / "r")
@@ -122,7 +122,7 @@ from kvprof.vllm.record import Recorder
 rec = Recorder({str(tmp_path / 'k')!r}, block_size=BS, start=START, flush_s=0.05).begin()
 t0 = time.time()
 for i in range(100000):
-    rec.submit(request(t0 + i, [1, 2, i]), t0 + i, t0 + i + 0.5)
+    rec.submit(request(t0 + i, [1, 2, i]), t0 + i, 0, t0 + i + 0.5)
     if i % 200 == 0:
         time.sleep(0.01)
 """
@@ -148,10 +148,10 @@ def test_a_full_queue_drops_and_counts_without_blocking(tmp_path):
     recorder = Recorder(tmp_path / "q", block_size=BS, start=START, queue_size=2)  # writer not started
     started = time.perf_counter()
     for i in range(50):
-        recorder.submit(request(1e6 + 1, [1]), 1e6 + 1, 1e6 + 2)
+        recorder.submit(request(1e6 + 1, [1]), 1e6 + 1, 0, 1e6 + 2)
     assert time.perf_counter() - started < 1.0
     assert recorder.dropped["queue_full"] == 48
-    recorder.submit(object(), 1.0, 2.0)  # whatever it is handed, it never raises
+    recorder.submit(object(), 1.0, 0, 2.0)  # whatever it is handed, it never raises
     recorder.begin().close()
     assert recorder.written == 2
     assert load_recording(tmp_path / "q").starts[0].dropped["queue_full"] == 48
@@ -169,7 +169,7 @@ rec = Recorder({str(tmp_path / 'f')!r}, block_size=BS, start=START, flush_s=0.01
 resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
 t0 = time.time()
 for i in range(3000):
-    rec.submit(request(t0 + i, [i, i + 1, i + 2]), t0 + i, t0 + i + 0.5)
+    rec.submit(request(t0 + i, [i, i + 1, i + 2]), t0 + i, 0, t0 + i + 0.5)
     if i % 100 == 0:
         time.sleep(0.02)
 rec.close()

@@ -114,7 +114,7 @@ def test_every_slot_is_in_one_place_at_every_event(case):
     trace, capacity, policy = case
     workload = prepare_workload(trace, engine_block_size=trace.block_size)
     timing = workload.timing
-    gpu = tiers.new_device(compile_policy(make_policy(policy), capacity), capacity, int(timing.block.max()) + 1)
-    hits, held = replay(gpu, timing.block, timing.offsets, timing.n_cacheable, workload.n_lookup, timing.n_total,
-                        workload.workload.astype(np.int64), timing.next_use, *timing.events(), True)
-    assert (held <= timing.n_total).all() and (hits <= held).all()
+    gpu = tiers.new_device(compile_policy(make_policy(policy), capacity), capacity, timing.n_contents)
+    hits, held = replay(gpu, timing.block, timing.offsets, timing.n_full, timing.n_prompt, workload.n_lookup,
+                        timing.n_new, workload.workload.astype(np.int64), timing.next_use, *timing.events(), True)
+    assert (held <= timing.n_prompt + timing.n_new).all() and (hits <= held).all()

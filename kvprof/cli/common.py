@@ -126,7 +126,7 @@ def parse_window_option(text: str | None, option: str = "--window") -> tuple[flo
         raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
-TraceArg = Annotated[Path, typer.Argument(help="Trace file: Bailian or Mooncake JSONL, plain, .gz or .zst.")]
+TraceArg = Annotated[Path, typer.Argument(help="Trace file (Bailian or Mooncake JSONL, plain, .gz or .zst), or a vLLM recording directory (vllm serve --kv-record).")]
 FormatOpt = Annotated[
     Optional[str], typer.Option("--format", help=f"Force the trace format ({', '.join(FORMAT_BLOCK_SIZE)}).")
 ]
@@ -177,7 +177,26 @@ def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=
     if report.skipped:
         detail = ", ".join(f"{count} {kind}" for kind, count in sorted(report.skipped.items()))
         err_console.print(f"[yellow]warning:[/] skipped {sum(report.skipped.values())} invalid lines of {path}: {detail}")
+    if report.truncated:
+        err_console.print(f"note: {path} is a recording whose open file ends in an unfinished line or zstd frame "
+                          f"(a server still writing, or killed): skipped {report.truncated} line(s) at its end")
+    if report.recording is not None and report.recording.dropped:
+        err_console.print(f"[yellow]warning:[/] the server could not record {report.recording.dropped:,} requests "
+                          f"(recording.json says why): they are missing from {path}")
     return trace
+
+
+def recording_of(path):
+    """The ``recording.json`` of a vLLM recording directory (``vllm serve --kv-record``), None for a file.
+
+    Raises
+    ------
+    kvprof.recording.RecordingError
+        A directory that is not a valid recording.
+    """
+    from kvprof.recording import is_recording, load_recording
+
+    return load_recording(path) if is_recording(path) else None
 
 
 #: Marks a modelled QTTFT whose server was overloaded: the number grows with the trace's length.

@@ -25,6 +25,7 @@ from kvprof.cli.common import (
     TraceArg,
     TraceBlockTokensOpt,
     capacity_list,
+    recording_of,
     console,
     err_console,
     guarded,
@@ -39,9 +40,10 @@ from kvprof.cli.common import (
 )
 from kvprof import results as results_file
 from kvprof.errors import KvprofError
-from kvprof.sim.config import CostModel, SimConfig, SimulationError, default_engine_block, parse_schedule
+from kvprof.sim.config import TIMINGS, CostModel, SimConfig, SimulationError, default_engine_block, parse_schedule
 
 DEMO_CAPACITIES = tuple(range(1024, 8193, 1024))
+DEFAULT_CAPACITIES = "1024,2048,4096,8192"
 DEMO_POLICIES = ("lru", "wa-paper", "wa", "belady")
 
 OutputOpt = Annotated[Path, typer.Option("-o", "--output", help="Directory for results.json, plots (PNG, SVG).")]
@@ -63,13 +65,22 @@ def compare(
     ] = None,
     policies: Annotated[str, typer.Option("--policies", help="Comma-separated policy names.")] = "lru,wa,belady",
     capacity: Annotated[
-        str, typer.Option("--capacity", help="Comma-separated GPU capacities in engine blocks.")
-    ] = "1024,2048,4096,8192",
+        Optional[str],
+        typer.Option("--capacity", help="Comma-separated GPU capacities in engine blocks (default 1024,2048,4096,8192; "
+                                        "for a vLLM recording, the server's usable blocks).")
+    ] = None,
     block_size: Annotated[
         Optional[int],
         typer.Option("--block-size", min=1, help="Engine block size in tokens, a multiple of the trace's block size "
-                                                 "(default: the smallest such multiple >= 128)."),
+                                                 "(default: the smallest such multiple >= 128; for a vLLM recording, "
+                                                 "the server's)."),
     ] = None,
+    timing: Annotated[
+        str,
+        typer.Option("--timing", help="How long requests hold their blocks: recorded (as the server did: a vLLM "
+                                      "recording's scheduled and finished times), model (the cost model below), or "
+                                      "auto (recorded where the trace has it).")
+    ] = "auto",
     cpu_capacity: Annotated[
         int, typer.Option("--cpu-capacity", min=0, help="Blocks in a CPU offload tier (0: none).")
     ] = 0,
@@ -149,6 +160,11 @@ def compare(
     """
     names = _policy_list(policies)
     schedule = _schedule(capacity_schedule)
+    if timing not in TIMINGS:
+        raise typer.BadParameter(f"{timing!r} is not one of {', '.join(TIMINGS)}", param_hint="--timing")
+    recording = recording_of(trace_path)
+    if capacity is None:
+        capacity = str(max(recording.num_gpu_blocks - 1, 1)) if recording else DEFAULT_CAPACITIES
     capacities = (schedule[0][1],) if schedule else _capacity_list(capacity)
     cost = _cost_model(cost_file, prefill_tokens_per_s=prefill_rate, step_overhead_s=step_overhead,
                        max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs, decode=decode,
@@ -169,8 +185,9 @@ def compare(
             f"(the trace's arrivals span {first:g}..{last:g} s); for a trace this short pass e.g. "
             f"--fit-window {first:.0f}:{split} --eval-window {split}:"
         )
-    sim_config = _sim_config(block_size or default_engine_block(trace.block_size), cpu_capacity, schedule, cost,
-                             rate_scale, sample)
+    engine_block = block_size or (trace.block_size if recording else default_engine_block(trace.block_size))
+    sim_config = dataclasses.replace(_sim_config(engine_block, cpu_capacity, schedule, cost, rate_scale, sample),
+                                     timing=timing)
     fitted = None
     if config is not None:
         from kvprof.models.hp import load_hp
@@ -183,7 +200,7 @@ def compare(
         hp, hp_input = None, None
     inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit, "seed": seed}
     _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, inputs, fitted,
-                    default_block=block_size is None, ray=ray)
+                    default_block=block_size is None and recording is None, ray=ray)
 
 
 @guarded

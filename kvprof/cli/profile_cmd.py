@@ -16,6 +16,7 @@ from kvprof.cli.common import (
     SkipOpt,
     TraceArg,
     capacity_list,
+    recording_of,
     console,
     err_console,
     guarded,
@@ -93,7 +94,8 @@ def fit(
     min_gap: MinGapOpt = 0.3,
     capacity: Annotated[
         Optional[str], typer.Option("--capacity", help="Comma-separated GPU capacities (engine blocks) to tune wa "
-                                                       "for, by replaying the fit window; without it, defaults.")
+                                                       "for, by replaying the fit window; without it, defaults (for a "
+                                                       "vLLM recording: the server's usable blocks).")
     ] = None,
     engine_block_size: Annotated[
         Optional[int], typer.Option("--engine-block-size", min=1, help="Engine block of the tuning replays "
@@ -140,7 +142,12 @@ def fit(
                          cell_fields=fields, max_components=max_components)
         _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {hp.provenance['n_requests']} requests")
         return
+    recording = recording_of(trace_path)
+    if recording is not None and not capacities:  # tune for the server that recorded it
+        capacities = (max(recording.num_gpu_blocks - 1, 1),)
     trace = open_trace(trace_path, format=format, block_size=block_size, skip_invalid=skip_invalid)
+    if recording is not None:
+        engine_block_size = engine_block_size or trace.block_size
     fitted = trace.time_window(*bounds)
     if fitted.n_requests == 0:
         raise KvprofError(f"{trace_path}: the fit window {window} holds no requests")

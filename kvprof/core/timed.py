@@ -11,14 +11,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvprof.core import tiers
+from kvprof.core import structs, tiers
 from kvprof.core.policy import policy_remove
 from kvprof.core.structs import NONE
 
 
 @njit(cache=True)
 def admit(gpu, blocks, next_use, start, n_cacheable, n_lookup, n_total, now, workload, slots):
-    """Give a request its blocks: hits first, then new ones (cached at once); ``slots[:held]``.
+    """Give a request the blocks of its prompt: hits first, then new ones (full ones cached at
+    once); their slots into ``slots[:held]``.
 
     Returns ``(hits, held)``: the request's prefix hits and the blocks it holds. It holds fewer
     than ``n_total`` only when the tier has no more room (pinned by running requests): the server
@@ -33,27 +34,52 @@ def admit(gpu, blocks, next_use, start, n_cacheable, n_lookup, n_total, now, wor
 
 
 @njit(cache=True)
-def replay(gpu, blocks, offsets, n_cacheable, n_lookup, n_total, classes, next_use, event_request, event_admits,
+def finish(gpu, blocks, next_use, start, held, n_cacheable, n_new, now, workload, slots):
+    """A request finished: give it the blocks its output filled (depths ``held ..``, cached below
+    ``n_cacheable``), as decoding did, then free all of them tail first. Returns the blocks it held."""
+    more = min(n_new, tiers.n_free(gpu))
+    tiers.allocate(gpu, blocks, next_use, start, held, n_cacheable, held + more, now, workload, slots)
+    tiers.release(gpu, slots, held + more, now)
+    return held + more
+
+
+@njit(cache=True)
+def replay(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request, event_admits,
            event_time, check):
-    """Play the events in order: each admits or releases one request.
+    """Play the events in order, each the admission or the finish of one request (the arrays of
+    :class:`kvprof.sim.timed.RecordedTiming`).
 
     Returns ``(hits, held)`` per request (int64 arrays; 0 for requests never admitted).
     """
-    n = len(n_total)
+    n = len(n_prompt)
     hits = np.zeros(n, np.int64)
     held = np.zeros(n, np.int64)
-    slot_offsets = np.zeros(n + 1, np.int64)
-    for r in range(n):
-        slot_offsets[r + 1] = slot_offsets[r] + n_total[r]
-    slots = np.zeros(slot_offsets[n], np.int64)
+    seats = [np.zeros(0, np.int64) for _ in range(0)]  # slot arrays, one per running request, reused
+    free_seats = np.zeros(16, np.int64)
+    n_free_seats = 0
+    seat_of = np.full(n, -1, np.int64)
     for e in range(len(event_request)):
         r = event_request[e]
-        mine = slots[slot_offsets[r]:slot_offsets[r + 1]]
         if event_admits[e]:
-            hits[r], held[r] = admit(gpu, blocks, next_use, offsets[r], n_cacheable[r], n_lookup[r], n_total[r],
-                                     event_time[e], classes[r], mine)
+            if n_free_seats:
+                n_free_seats -= 1
+                seat = free_seats[n_free_seats]
+            else:
+                seat = len(seats)
+                seats.append(np.zeros(0, np.int64))
+            if len(seats[seat]) < n_prompt[r] + n_new[r]:
+                seats[seat] = np.zeros(max(n_prompt[r] + n_new[r], 2 * len(seats[seat])), np.int64)
+            seat_of[r] = seat
+            hits[r], held[r] = admit(gpu, blocks, next_use, offsets[r], n_full[r], n_lookup[r], n_prompt[r],
+                                     event_time[e], classes[r], seats[seat])
         else:
-            tiers.release(gpu, mine, held[r], event_time[e])
+            seat = seat_of[r]
+            held[r] = finish(gpu, blocks, next_use, offsets[r], held[r], offsets[r + 1] - offsets[r], n_new[r],
+                             event_time[e], classes[r], seats[seat])
+            if n_free_seats == len(free_seats):
+                free_seats = structs.grown(free_seats, n_free_seats + 1, 0)
+            free_seats[n_free_seats] = seat
+            n_free_seats += 1
         if check:
             tiers.check_device(gpu)
     return hits, held

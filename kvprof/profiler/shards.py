@@ -40,6 +40,7 @@ from kvprof.profiler.reader import read_trace
 from kvprof.profiler.reuse import ReuseSamples, access_request_index, reuse_of_accesses
 from kvprof.profiler.summary import GapRuns, RowKeys, ShardReuse
 from kvprof.profiler.trace import Trace
+from kvprof.recording import is_recording
 
 #: Block accesses per shard by default: a shard's samples take ~60 bytes each while it is processed.
 SHARD_ACCESSES = 4_000_000
@@ -57,11 +58,13 @@ def trace_paths(path: os.PathLike | str) -> list[Path]:
     Raises
     ------
     KvprofError
-        A directory without trace files.
+        A directory without trace files, or a vLLM recording (read whole, :mod:`kvprof.recording`).
     """
     path = Path(path)
     if not path.is_dir():
         return [path]
+    if is_recording(path):  # its files are one server's, lines unsorted, a conversation across files
+        raise KvprofError(f"{path}: a recording directory is read as one trace; fit it without --sharded")
     files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES))
     if not files:
         raise KvprofError(f"{path}: the directory holds no trace files (*.jsonl, *.jsonl.gz, *.jsonl.zst)")

@@ -40,7 +40,7 @@ logger = logging.getLogger("vllm.kvprof")
 
 #: Fields of a trace line that a client tag must not replace (its value is dropped and counted).
 RESERVED = frozenset({"chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn",
-                      "hash_ids", "scheduled", "finished", "finish_reason", "session"})
+                      "hash_ids", "scheduled", "finished", "finish_reason", "cached_tokens", "session"})
 #: Tags that name a conversation: a request's parent is the previous finished request of it.
 SESSION_TAGS = ("session",)
 _SESSIONS_KEPT = 1 << 20
@@ -104,14 +104,15 @@ class Recorder:
         self._thread = threading.Thread(target=self._run, name="kvprof-recorder", daemon=True)
 
     # -- scheduler thread -----------------------------------------------------------------
-    def submit(self, request, scheduled: float | None, finished: float) -> None:
-        """Queue a finished vLLM ``Request`` (references only; never blocks, never raises)."""
+    def submit(self, request, scheduled: float | None, cached_tokens: int, finished: float) -> None:
+        """Queue a finished vLLM ``Request`` that found ``cached_tokens`` of its prompt in the
+        prefix cache (references only; never blocks, never raises)."""
         try:
             params = request.sampling_params
             self._queue.put_nowait((
                 request.arrival_time, scheduled, finished, request.num_prompt_tokens, request.num_output_tokens,
                 request.get_finished_reason(), params.extra_args if params is not None else None,
-                request.block_hashes,
+                request.block_hashes, cached_tokens,
             ))
         except queue.Full:
             self.start.dropped["queue_full"] += 1
@@ -169,7 +170,7 @@ class Recorder:
         self._save_recording()
 
     def _line(self, item) -> bytes:
-        arrival, scheduled, finished, n_prompt, n_output, reason, tags, hashes = item
+        arrival, scheduled, finished, n_prompt, n_output, reason, tags, hashes, cached_tokens = item
         origin, size = self.recording.origin, self.block_size
         n_ids = -(-n_prompt // size)
         n_full = min(n_prompt // size, len(hashes))
@@ -181,7 +182,7 @@ class Recorder:
                   "input_length": n_prompt, "output_length": n_output, "type": "", "turn": 1, "hash_ids": ids,
                   "scheduled": None if scheduled is None else round(scheduled - origin, 6),
                   "finished": round(finished - origin, 6),
-                  "finish_reason": "" if reason is None else str(reason)}
+                  "finish_reason": "" if reason is None else str(reason), "cached_tokens": cached_tokens}
         if tags:
             self._tag(record, tags)
         return json.dumps(record, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode() + b"\n"
