@@ -38,7 +38,7 @@ from kvprof.models.hp import HpFile
 from kvprof.profiler.fit import check_window, classes_of, fit_window, holdout_cells, row_question_counts
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.reuse import ReuseSamples, access_request_index, reuse_of_accesses
-from kvprof.profiler.summary import GapRuns, RowKeys, ShardReuse
+from kvprof.profiler.summary import N_TIERS, GapRuns, RowKeys, ShardReuse, SortedFile
 from kvprof.profiler.trace import Trace
 from kvprof.recording import is_recording
 
@@ -138,9 +138,8 @@ def _read(paths, window, holdout, spill: Path, shard_accesses, read_options):
         # The windows are one run of rows: their accesses are a view, written out, never copied.
         lo, hi = trace.hash_offsets[first], trace.hash_offsets[last]
         n_accesses += int(trace.hash_offsets[fit_last] - lo)
-        np.save(spill / f"file{index}-blocks.npy", trace.hash_ids[lo:hi])
-        counts = np.diff(trace.hash_offsets[first:last + 1])
-        np.save(spill / f"file{index}-rows.npy", np.repeat(np.arange(last - first, dtype=np.int64), counts))
+        trace.hash_ids[lo:hi].tofile(spill / f"file{index}-blocks.bin")
+        np.save(spill / f"file{index}-offsets.npy", trace.hash_offsets[first:last + 1] - lo)
         sample.append(trace.hash_ids[lo:hi:_BOUNDARY_SAMPLE].copy())
         rows = np.arange(first, last)
         parts.append((index, replace(trace.select(rows[:0]), **{
@@ -202,21 +201,20 @@ def _scatter(spill: Path, requests: _Requests, bounds: np.ndarray, chunk: int = 
     n_shards = bounds.size + 1
     outputs = [open(spill / f"shard{s}.bin", "wb") for s in range(n_shards)]  # noqa: SIM115 - closed below
     try:
-        for blocks_file in sorted(spill.glob("file*-blocks.npy"), key=lambda p: int(p.name[4:].split("-")[0])):
-            stem = blocks_file.name.removesuffix("-blocks.npy")
-            blocks, rows = np.load(blocks_file, mmap_mode="r"), np.load(spill / f"{stem}-rows.npy", mmap_mode="r")
-            rank = np.load(spill / f"{stem}-rank.npy")
-            for at in range(0, blocks.size, chunk):
-                part = np.asarray(blocks[at:at + chunk])
+        for blocks_file in sorted(spill.glob("file*-blocks.bin"), key=lambda p: int(p.name[4:].split("-")[0])):
+            stem = blocks_file.name.removesuffix("-blocks.bin")
+            offsets, rank = np.load(spill / f"{stem}-offsets.npy"), np.load(spill / f"{stem}-rank.npy")
+            for at in range(0, int(offsets[-1]), chunk):
+                part = np.fromfile(blocks_file, dtype=np.int64, count=chunk, offset=8 * at)
+                rows = rank[np.searchsorted(offsets, np.arange(at, at + part.size), side="right") - 1]
                 shard = np.searchsorted(bounds, part, side="right")
                 order = np.argsort(shard, kind="stable")
                 cuts = np.searchsorted(shard[order], np.arange(n_shards + 1))
-                pairs = np.stack([part[order], rank[np.asarray(rows[at:at + chunk])[order]]], axis=1)
+                pairs = np.stack([part[order], rows[order]], axis=1)
                 for s in range(n_shards):
                     pairs[cuts[s]:cuts[s + 1]].tofile(outputs[s])
-            del blocks, rows
-            for suffix in ("blocks", "rows", "rank"):
-                (spill / f"{stem}-{suffix}.npy").unlink()
+            for name in (blocks_file.name, f"{stem}-offsets.npy", f"{stem}-rank.npy"):
+                (spill / name).unlink()
     finally:
         for out in outputs:
             out.close()
@@ -238,7 +236,10 @@ class DiskShards:
         self._context = _Context(trace.timestamp, codes, requests.n_fit, trace.censor_time, requests.holdout_end,
                                  horizon, min_gap)
         facts = run_tasks(_shard_reuse, self._context, [(str(spill), s) for s in range(n_shards)], ray=ray)
-        self.censored = sum(np.load(spill / f"shard{s}-censored.npy") for s in range(n_shards))
+        self.censored = np.zeros((requests.n_fit, N_TIERS), np.int64)
+        for s in range(n_shards):  # each shard's requests that have any, as (request, counts per tier)
+            rows = np.load(spill / f"shard{s}-censored-rows.npy")
+            self.censored[rows] += np.load(spill / f"shard{s}-censored.npy")
         self.n_samples = sum(f["n_samples"] for f in facts)
         self.n_merged = sum(f["n_merged"] for f in facts)
         self._known_starts = np.cumsum([0] + [f["n_known"] for f in facts])
@@ -248,18 +249,18 @@ class DiskShards:
     def known(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         parts = np.searchsorted(positions, self._known_starts)
         requests, labels = [], []
-        for s in range(self.n_shards):
+        for s in range(self.n_shards):  # one shard's accesses in memory at a time
             picks = positions[parts[s]:parts[s + 1]] - self._known_starts[s]
-            requests.append(np.load(self.spill / f"shard{s}-known-request.npy", mmap_mode="r")[picks])
-            labels.append(np.load(self.spill / f"shard{s}-known-reused.npy", mmap_mode="r")[picks])
+            requests.append(np.load(self.spill / f"shard{s}-known-request.npy")[picks])
+            labels.append(np.load(self.spill / f"shard{s}-known-reused.npy")[picks])
         return np.concatenate(requests), np.concatenate(labels)
 
     def gap_runs(self, keys: RowKeys) -> list[GapRuns]:
         from kvprof.sim.runner import run_tasks
 
         run_tasks(_sort_gaps, keys, [(str(self.spill), s) for s in range(self.n_shards)], ray=self.ray)
-        return [GapRuns(np.load(self.spill / f"shard{s}-sorted.npy", mmap_mode="r"),
-                        np.load(self.spill / f"shard{s}-starts.npy")) for s in range(self.n_shards)]
+        return [GapRuns(SortedFile(self.spill / f"shard{s}-sorted.bin"), np.load(self.spill / f"shard{s}-starts.npy"))
+                for s in range(self.n_shards)]
 
     def holdout_counts(self, cell_rule, cell_names) -> np.ndarray:
         """The held-out window's question counts per cell and tier, summed over the shards."""
@@ -296,7 +297,9 @@ def _shard_reuse(context: _Context, spill: str, shard: int) -> dict:
     samples = reuse_of_accesses(pairs[fit, 0], pairs[fit, 1], context.timestamp[:n], context.censor_time,
                                 context.codes, min_gap=context.min_gap)
     reduced = ShardReuse.of(samples, n, context.horizon)
-    np.save(spill / f"shard{shard}-censored.npy", reduced.censored)
+    rows = np.flatnonzero(reduced.censored.any(axis=1))
+    np.save(spill / f"shard{shard}-censored-rows.npy", rows)
+    np.save(spill / f"shard{shard}-censored.npy", reduced.censored[rows])
     np.save(spill / f"shard{shard}-known-request.npy", reduced.known_request)
     np.save(spill / f"shard{shard}-known-reused.npy", reduced.known_reused)
     for name in ("gap", "gap_request", "gap_tier"):
@@ -320,5 +323,5 @@ def _sort_gaps(keys: RowKeys, spill: str, shard: int) -> None:
     gap = np.load(spill / f"shard{shard}-gap.npy")
     runs = GapRuns.of(gap, keys.of(np.load(spill / f"shard{shard}-gap_request.npy"),
                                    np.load(spill / f"shard{shard}-gap_tier.npy")), keys.n_keys)
-    np.save(spill / f"shard{shard}-sorted.npy", runs.values)
+    runs.values.tofile(spill / f"shard{shard}-sorted.bin")
     np.save(spill / f"shard{shard}-starts.npy", runs.starts)

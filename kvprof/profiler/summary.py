@@ -21,8 +21,10 @@ held in memory is :func:`~kvprof.profiler.fit.fit_trace`; many, on disk or on a 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -164,8 +166,8 @@ class GapRuns:
 
     Attributes
     ----------
-    values : float64 array, shape (g,)
-        In memory or mapped from disk.
+    values : float64 array, shape (g,), or SortedFile
+        In memory, or on disk.
     starts : int64 array, shape (n_keys + 1,)
     """
 
@@ -241,6 +243,51 @@ def canonical_pieces(chunks: Iterator[np.ndarray], size: int = MERGE_CHUNK) -> I
         yield np.concatenate(held)
 
 
+class SortedFile:
+    """A sorted float64 run in a raw file, read only where asked: a slice is another run, a
+    sample or ``np.asarray`` reads, :meth:`searchsorted` reads the few values it probes. Never
+    mapped, so reading every run once leaves none of them in memory.
+    """
+
+    def __init__(self, path: str | Path, offset: int = 0, size: int | None = None):
+        self.path, self.offset = str(path), offset
+        self.size = (os.path.getsize(path) - offset) // 8 if size is None else size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: slice):
+        start, stop, step = key.indices(self.size)
+        if step == 1:
+            return SortedFile(self.path, self.offset + 8 * start, max(stop - start, 0))
+        picks = [self._read(at, min(at + MERGE_CHUNK, stop))[(start - at) % step::step]
+                 for at in range(start, stop, MERGE_CHUNK - MERGE_CHUNK % step)]
+        return np.concatenate(picks) if picks else np.zeros(0)
+
+    def __array__(self, dtype=None, copy=None):
+        values = self._read(0, self.size)
+        return values if dtype is None else values.astype(dtype)
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        return np.fromfile(self.path, dtype=np.float64, count=max(stop - start, 0), offset=self.offset + 8 * start)
+
+    def searchsorted(self, value: float, side: str = "right") -> int:
+        """``np.searchsorted`` of the run, by binary search over pages of it."""
+        low, high = 0, self.size
+        while high - low > 512:
+            middle = (low + high) // 2
+            if self._read(middle, middle + 1)[0] <= value if side == "right" else self._read(middle, middle + 1)[0] < value:
+                low = middle + 1
+            else:
+                high = middle
+        return low + int(np.searchsorted(self._read(low, high), value, side=side))
+
+
+def _searchsorted(run, value: float) -> int:
+    return run.searchsorted(value, side="right") if isinstance(run, SortedFile) else int(
+        np.searchsorted(run, value, side="right"))
+
+
 def merged_sorted(runs: Sequence[np.ndarray], chunk: int = MERGE_CHUNK) -> Iterator[np.ndarray]:
     """The values of sorted ``runs`` in ascending order, about ``chunk`` at a time.
 
@@ -253,7 +300,7 @@ def merged_sorted(runs: Sequence[np.ndarray], chunk: int = MERGE_CHUNK) -> Itera
     total = sum(run.size for run in runs)
     if total <= chunk:
         if runs:
-            yield np.sort(np.concatenate(runs), kind="stable")
+            yield np.sort(np.concatenate([np.asarray(run) for run in runs]), kind="stable")
         return
     step = max(1, chunk // (16 * len(runs)))
     sample = np.sort(np.concatenate([np.asarray(run[step - 1::step]) for run in runs]))
@@ -262,7 +309,7 @@ def merged_sorted(runs: Sequence[np.ndarray], chunk: int = MERGE_CHUNK) -> Itera
     for high in [*bounds.tolist(), np.inf]:
         parts = []
         for i, run in enumerate(runs):
-            end = run.size if high == np.inf else int(np.searchsorted(run, high, side="right"))
+            end = run.size if high == np.inf else _searchsorted(run, high)
             if end > low[i]:
                 parts.append(np.asarray(run[low[i]:end]))
                 low[i] = end
