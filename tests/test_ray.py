@@ -9,12 +9,10 @@ import sys
 import pytest
 
 from kvprof.profiler.fit import fit_trace
-from kvprof.profiler.reader import read_trace
-from kvprof.profiler.synth import generate, write_jsonl
 from kvprof.sim.config import SimConfig
 from kvprof.sim.sweep import run_sweep
 from kvprof.sim.tune import tune
-from tests.helpers import invoke
+from tests.helpers import invoke, synthetic
 
 ray = pytest.importorskip("ray")
 
@@ -29,9 +27,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def bailian(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ray") / "a.jsonl"
-    write_jsonl(path, generate("bailian-a", 0.15, 7))
-    trace = read_trace(path)[0]
+    path, trace = synthetic(tmp_path_factory.mktemp("ray"), hours=0.15, seed=7)
     return path, trace, fit_trace(trace.time_window(None, 270.0))
 
 

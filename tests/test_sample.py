@@ -9,18 +9,15 @@ import pytest
 
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
-from kvprof.profiler.synth import generate, write_jsonl
 from kvprof.sim.config import SimConfig, SimulationError
 from kvprof.sim.sample import Miniature, chain_roots, chain_sample, in_sample
 from kvprof.sim.sweep import run_sweep
-from tests.helpers import invoke
+from tests.helpers import invoke, synthetic
 
 
 @pytest.fixture(scope="module")
 def bailian(tmp_path_factory):
-    path = tmp_path_factory.mktemp("sample") / "a.jsonl"
-    write_jsonl(path, generate("bailian-a", 0.25, 3))
-    return path, read_trace(path)[0]
+    return synthetic(tmp_path_factory.mktemp("sample"), hours=0.25, seed=3)
 
 
 def test_a_conversation_is_its_first_request_followed_through_parents(tmp_path):

@@ -12,7 +12,7 @@ from kvprof.profiler.fit import classes_of, fit_trace, fit_window
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.reuse import access_request_index, reuse_of_accesses
 from kvprof.profiler.summary import ShardList, ShardReuse, merged_sorted
-from kvprof.profiler.synth import generate, write_jsonl
+from tests.helpers import synthetic
 
 
 def _document(hp) -> str:
@@ -23,9 +23,7 @@ def _document(hp) -> str:
 
 @pytest.fixture(scope="module")
 def bailian(tmp_path_factory):
-    path = tmp_path_factory.mktemp("sharded") / "a.jsonl"
-    write_jsonl(path, generate("bailian-a", 0.3, 5))
-    return read_trace(path)[0]
+    return synthetic(tmp_path_factory.mktemp("sharded"), hours=0.3, seed=5)[1]
 
 
 @pytest.mark.parametrize("n_shards", [2, 7])
@@ -59,9 +57,7 @@ def test_sorted_runs_merge_in_bounded_chunks_into_their_sorted_union():
 
 @pytest.fixture(scope="module")
 def trace_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("files") / "a.jsonl"
-    write_jsonl(path, generate("bailian-a", 0.3, 6))
-    return path
+    return synthetic(tmp_path_factory.mktemp("files"), hours=0.3, seed=6)[0]
 
 
 def test_a_file_fitted_in_shards_on_disk_writes_fit_traces_file_held_out_scores_included(trace_file):

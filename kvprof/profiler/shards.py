@@ -40,7 +40,7 @@ from kvprof.profiler.reader import read_trace
 from kvprof.profiler.reuse import ReuseSamples, access_request_index, reuse_of_accesses
 from kvprof.profiler.summary import N_TIERS, GapRuns, RowKeys, ShardReuse, SortedFile
 from kvprof.profiler.trace import Trace
-from kvprof.recording import is_recording
+from kvprof.recording import FILE as RECORDING_FILE
 
 #: Block accesses per shard by default: a shard's samples take ~60 bytes each while it is processed.
 SHARD_ACCESSES = 4_000_000
@@ -63,7 +63,7 @@ def trace_paths(path: os.PathLike | str) -> list[Path]:
     path = Path(path)
     if not path.is_dir():
         return [path]
-    if is_recording(path):  # its files are one server's, lines unsorted, a conversation across files
+    if (path / RECORDING_FILE).exists():  # one server's files: lines unsorted, a conversation across files
         raise KvprofError(f"{path}: a recording directory is read as one trace; fit it without --sharded")
     files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES))
     if not files:
