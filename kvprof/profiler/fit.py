@@ -280,9 +280,9 @@ def holdout_cells(holdout: Trace, rule: ClassRule, cell_rule, cell_names) -> np.
 def row_question_counts(samples, cell: np.ndarray, n_cells: int, horizon: float) -> np.ndarray:
     """:func:`~kvprof.profiler.quality.question_counts` of held-out samples by their request's
     cell and their tier (samples of requests without a cell left out)."""
-    known = cell[samples.request] >= 0
-    row = cell[samples.request] * N_TIERS + tier_codes(samples.prior)
-    return question_counts(samples.subset(known), row[known], n_cells * N_TIERS, horizon)
+    cell = cell[samples.request]
+    row = np.where(cell >= 0, cell * N_TIERS + tier_codes(samples.prior), -1)
+    return question_counts(samples, row, n_cells * N_TIERS, horizon)
 
 
 def _with_holdout_quality(cells, singles, counts: np.ndarray, horizon: float) -> list[tuple[ReuseRow, ...]]:

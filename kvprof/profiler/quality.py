@@ -36,7 +36,7 @@ def question_counts(samples: ReuseSamples, row: np.ndarray, n_rows: int, horizon
     ----------
     samples : ReuseSamples
     row : int array, shape (m,)
-        The model row of each sample, in ``0 .. n_rows - 1``.
+        The model row of each sample, in ``0 .. n_rows - 1``; a negative row leaves the sample out.
     n_rows : int
     horizon : float
         H, seconds.
@@ -49,9 +49,10 @@ def question_counts(samples: ReuseSamples, row: np.ndarray, n_rows: int, horizon
     """
     counts = np.zeros((n_rows, len(QUALITY_AGES), 2), dtype=np.int64)
     reused = ~samples.censored
+    scored = row >= 0
     for a, factor in enumerate(QUALITY_AGES):
         age = factor * horizon
-        known = (samples.time > age) & (reused | (samples.time >= age + horizon))
+        known = scored & (samples.time > age) & (reused | (samples.time >= age + horizon))
         answer = reused[known] & (samples.time[known] <= age + horizon)
         counts[:, a, :] = np.bincount(row[known] * 2 + answer, minlength=2 * n_rows).reshape(n_rows, 2)
     return counts
