@@ -111,3 +111,21 @@ def test_fit_sharded_on_the_command_line(trace_file, tmp_path):
     (tmp_path / "empty").mkdir()
     nothing = invoke("fit", tmp_path / "empty", "--sharded", "-o", out)
     assert nothing.exit_code == 1 and "holds no trace files" in nothing.output
+
+
+def test_a_window_starting_before_the_trace_is_cut_where_the_trace_starts(trace_file, tmp_path):
+    from kvprof.profiler.shards import fit_sharded
+    from tests.helpers import invoke, one_line
+
+    records = [json.loads(line) for line in trace_file.read_text().splitlines()]
+    kept = [r for r in records if r["timestamp"] >= 300]  # a trace whose clock starts at 300 s
+    ids = {r["chat_id"] for r in kept}
+    path = tmp_path / "later.jsonl"
+    path.write_text("".join(json.dumps({**r, "parent_chat_id": r["parent_chat_id"] if r["parent_chat_id"] in ids
+                                        else -1}) + "\n" for r in kept))
+    shifted = read_trace(path)[0]
+    assert shifted.window[0] == 300
+    assert _document(fit_sharded([path], window=(0, 700), shard_accesses=30_000)) == _document(
+        fit_trace(shifted.time_window(0, 700), holdout=shifted.time_window(700, 1400)))
+    refused = invoke("fit", path, "--sharded", "--window", "-100:", "-o", tmp_path / "hp.json")
+    assert refused.exit_code == 2 and "from the trace's start" in one_line(refused.output)

@@ -131,6 +131,9 @@ def fit(
     capacities = _capacities(capacity)
     fields = tuple(f.strip() for f in (cell_fields or "").split(",") if f.strip())
     if sharded:
+        if bounds and any(bound is not None and bound < 0 for bound in bounds):
+            raise typer.BadParameter("--sharded reads windows from the trace's start, not back from its end",
+                                     param_hint="--window/--sharded")
         if capacities:
             raise typer.BadParameter("tuning replays the fit window in memory: fit --sharded, then tune without it",
                                      param_hint="--capacity/--sharded")

@@ -92,7 +92,8 @@ def fit_sharded(paths: Sequence[os.PathLike | str], rule: ClassRule = ClassRule(
         Trace files whose requests form one trace (their ``chat_id`` s distinct from file to
         file, as a recording's or one server's rotated files are).
     window : (start, end)
-        The fit window, seconds; either side may be None.
+        The fit window, seconds from the traces' clock; either side may be None (no negative
+        bounds: where the last arrival is, only the last file tells).
     holdout : bool
         Score the fit on the window after it, as long as it (when the window is closed).
     spill_dir : path or None
@@ -107,6 +108,8 @@ def fit_sharded(paths: Sequence[os.PathLike | str], rule: ClassRule = ClassRule(
         :func:`~kvprof.profiler.fit.fit_trace`'s (horizon, min_gap, min_samples, max_cells,
         cell_fields, max_components).
     """
+    if any(bound is not None and bound < 0 for bound in window):
+        raise ValueError(f"a sharded fit's window counts from the traces' start, got {window}")
     options = {"horizon": 60.0, "min_gap": 0.3, "min_samples": 200, "max_cells": 16, "cell_fields": (),
                "max_components": 3, **fit_options}
     with tempfile.TemporaryDirectory(prefix="kvprof-shards-", dir=spill_dir) as scratch:
@@ -165,11 +168,15 @@ def _read(paths, window, holdout, spill: Path, shard_accesses, read_options):
 
 
 def _concatenated(traces: list[Trace], window) -> tuple[Trace, np.ndarray]:
-    """The files' requests as one trace in time order (stable: file order breaks ties), and that order."""
+    """The files' requests as one trace in time order (stable: file order breaks ties), and that order.
+
+    Its window starts where the files' traces start (the floor of their first arrival), or later
+    at the window's start, as :meth:`~kvprof.profiler.trace.Trace.time_window` cuts one trace.
+    """
+    start = min(trace.window[0] for trace in traces)
+    window = (max(window[0], start), window[1])
     if len(traces) == 1:
-        trace = traces[0]
-        return replace(trace, window=(window[0] if math.isfinite(window[0]) else trace.window[0], window[1])), \
-            np.arange(trace.n_requests)
+        return replace(traces[0], window=window), np.arange(traces[0].n_requests)
     names = tuple(dict.fromkeys(name for trace in traces for name in trace.type_names))
     columns = {name: np.concatenate([getattr(t, name) for t in traces])
                for name in ("timestamp", "input_length", "output_length", "chat_id", "parent_chat_id", "turn")}
@@ -181,8 +188,7 @@ def _concatenated(traces: list[Trace], window) -> tuple[Trace, np.ndarray]:
     n = order.size
     trace = replace(traces[0], **{k: v[order] for k, v in columns.items()}, type_names=names,
                     extra={k: v[order] for k, v in extra.items()}, hash_offsets=np.zeros(n + 1, np.int64),
-                    window=(window[0] if math.isfinite(window[0]) else float(math.floor(columns["timestamp"].min())),
-                            window[1]))
+                    window=window)
     return trace, order
 
 
