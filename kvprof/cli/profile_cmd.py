@@ -139,6 +139,8 @@ def fit(
                                      param_hint="--capacity/--sharded")
         from kvprof.profiler.shards import fit_sharded, trace_paths
 
+        if spill_dir is not None and spill_dir.exists() and not spill_dir.is_dir():
+            raise typer.BadParameter(f"{spill_dir} exists and is not a directory", param_hint="--spill-dir")
         hp = fit_sharded(trace_paths(trace_path), rule, window=bounds, spill_dir=spill_dir, ray=ray,
                          read_options={"format": format, "block_size": block_size, "skip_invalid": skip_invalid},
                          horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,

@@ -112,6 +112,8 @@ def fit_sharded(paths: Sequence[os.PathLike | str], rule: ClassRule = ClassRule(
         raise ValueError(f"a sharded fit's window counts from the traces' start, got {window}")
     options = {"horizon": 60.0, "min_gap": 0.3, "min_samples": 200, "max_cells": 16, "cell_fields": (),
                "max_components": 3, **fit_options}
+    if spill_dir is not None:
+        Path(spill_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvprof-shards-", dir=spill_dir) as scratch:
         spill = Path(scratch)
         requests, n_accesses, bounds = _read(paths, window, holdout, spill, shard_accesses, read_options or {})
