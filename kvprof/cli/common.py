@@ -71,6 +71,36 @@ def non_negative(value: float) -> float:
     return value
 
 
+def sample_rate(value: float) -> float:
+    """Option callback: a sampling rate, a number in (0, 1] (exit 2 otherwise)."""
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise typer.BadParameter(f"must be a number in (0, 1], got {value}")
+    return value
+
+
+def ray_cluster(address: str | None) -> str | None:
+    """Option callback: connect to the Ray cluster at ``address`` now, before any work (exit 2 if
+    Ray is missing or no cluster answers); None leaves the work on this machine."""
+    if address is None:
+        return None
+    from kvprof.sim.config import SimulationError
+    from kvprof.sim.runner import connect_ray
+
+    try:
+        connect_ray(address)
+    except SimulationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return address
+
+
+RayOpt = Annotated[
+    Optional[str],
+    typer.Option("--ray", callback=ray_cluster, metavar="ADDRESS",
+                 help="Run the replays as tasks of this Ray cluster (auto: RAY_ADDRESS, else the cluster running "
+                      "here); needs pip install 'kvprof[ray]'. Same results as on this machine."),
+]
+
+
 def capacity_list(text: str) -> tuple[int, ...]:
     """``--capacity``'s comma-separated whole numbers of blocks, each > 0 (a usage error otherwise)."""
     try:

@@ -34,6 +34,8 @@ from kvprof.cli.common import (
     parse_window_option,
     positive,
     print_json,
+    RayOpt,
+    sample_rate,
     qttft_cell,
 )
 from kvprof import results as results_file
@@ -100,6 +102,13 @@ def compare(
                             help="Speed-up of arrivals: 2 replays twice as fast, as replay's --rate-scale.")
     ] = 1.0,
     jobs: JobsOpt = -1,
+    ray: RayOpt = None,
+    sample: Annotated[
+        float, typer.Option("--sample", callback=sample_rate,
+                            help="Replay only the conversations whose first request hashes into a sample of this "
+                                 "rate (0 < R <= 1), at caches scaled to it: about 1/R as fast, an estimate "
+                                 "(README: Fleet-scale traces).")
+    ] = 1.0,
     seed: Annotated[
         int,
         typer.Option("--seed", min=0, help="Recorded in results.json; replays are deterministic and draw no random numbers."),
@@ -177,20 +186,21 @@ def compare(
             f"--fit-window {first:.0f}:{split} --eval-window {split}:"
         )
     engine_block = block_size or (trace.block_size if recording else default_engine_block(trace.block_size))
-    sim_config = dataclasses.replace(_sim_config(engine_block, cpu_capacity, schedule, cost, rate_scale), timing=timing)
+    sim_config = dataclasses.replace(_sim_config(engine_block, cpu_capacity, schedule, cost, rate_scale, sample),
+                                     timing=timing)
     fitted = None
     if config is not None:
         from kvprof.models.hp import load_hp
 
         hp, hp_input = load_hp(config), {"path": str(config)}
     elif _needs_hp(names, sim_config):
-        hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs)
+        hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs, ray)
         hp_input = {"fitted_on_window": fit_window, "path": str(output / "hp.json")}
     else:
         hp, hp_input = None, None
     inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit, "seed": seed}
     _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, inputs, fitted,
-                    default_block=block_size is None and recording is None)
+                    default_block=block_size is None and recording is None, ray=ray)
 
 
 @guarded
@@ -221,7 +231,7 @@ def demo(
 
 
 def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs, fitted,
-                    default_block=False) -> None:
+                    default_block=False, ray=None) -> None:
     """Sweep; then the fitted hp file, results.json and the plots, in that order; print the table."""
     from kvprof.cli.plots import plot_results
     from kvprof.sim.sweep import run_sweep
@@ -229,7 +239,7 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=json_out) as bar:
         task = bar.add_task("replaying", total=len(policies) * len(capacities))
-        results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, inputs=inputs,
+        results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, ray=ray, inputs=inputs,
                             progress=lambda done, total: bar.update(task, completed=done))
     document = results.to_dict()
     if fitted is not None:
@@ -251,6 +261,10 @@ def _table(results, default_block: bool) -> Table:
     if default_block:
         block += f" (default: the smallest multiple of the trace's {trace_facts['block_size']}-token blocks >= 128)"
     speed = f" at {config.rate_scale:g}x speed" if config.rate_scale != 1 else ""
+    if "sample" in results.inputs:
+        sample = results.inputs["sample"]
+        speed += (f"; estimated on a sample of {config.sample_rate:g}: {sample['requests']:,} requests in "
+                  f"{sample['chains']:,} conversations, caches scaled to it")
     table = Table(title=f"{trace_facts['n_requests']:,} requests{speed}, {block}; QTTFT modelled at "
                         f"{config.cost.prefill_tokens_per_s:,.0f} prefill tokens/s")
     two_tiers = bool(config.cpu_capacity)
@@ -298,7 +312,7 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
-def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int):
+def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int, ray=None):
     """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
     capacities on it (``kvprof fit --capacity``); saved once the sweep is done."""
     from kvprof.profiler.fit import fit_trace
@@ -309,7 +323,7 @@ def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int):
         hp = fit_trace(window)
     with err_console.status(f"tuning wa on the fit window for {len(capacities)} capacities"):
         return tune(hp, window, capacities, dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()),
-                    n_jobs=jobs)
+                    n_jobs=jobs, ray=ray)
 
 
 def _needs_hp(names, sim_config: SimConfig) -> bool:
@@ -349,10 +363,11 @@ def _schedule(text: str | None) -> tuple[tuple[float, int], ...]:
         raise typer.BadParameter(str(exc), param_hint="--capacity-schedule") from None
 
 
-def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, rate_scale: float) -> SimConfig:
+def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, rate_scale: float,
+                sample_rate: float = 1.0) -> SimConfig:
     try:
         return SimConfig(engine_block_size=block_size, cpu_capacity=cpu_capacity, capacity_schedule=schedule, cost=cost,
-                         rate_scale=rate_scale)
+                         rate_scale=rate_scale, sample_rate=sample_rate)
     except KvprofError as exc:
         raise typer.BadParameter(str(exc), param_hint="--block-size/--capacity-schedule") from None
 
