@@ -172,6 +172,10 @@ def test_the_previous_outputs_stay_until_new_complete_ones_replace_them(small_tr
         (("--max-num-seqs", "0"), "greater than or equal to 1"),
         (("--limit", "0"), "greater than or equal to 1"),
         (("--block-size", "0"), "greater than or equal to 1"),
+        (("--sample", "0"), "must be a number in (0, 1]"),
+        (("--sample", "1.5"), "must be a number in (0, 1]"),
+        (("--sample", "nan"), "must be a number in (0, 1]"),
+        (("--sample", "-inf"), "must be a number in (0, 1]"),
     ],
 )
 def test_option_values_out_of_range_exit_2_before_reading_the_trace(tmp_path, args, words):

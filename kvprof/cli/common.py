@@ -71,6 +71,36 @@ def non_negative(value: float) -> float:
     return value
 
 
+def sample_rate(value: float) -> float:
+    """Option callback: a sampling rate, a number in (0, 1] (exit 2 otherwise)."""
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise typer.BadParameter(f"must be a number in (0, 1], got {value}")
+    return value
+
+
+def ray_cluster(address: str | None) -> str | None:
+    """Option callback: connect to the Ray cluster at ``address`` now, before any work (exit 2 if
+    Ray is missing or no cluster answers); None leaves the work on this machine."""
+    if address is None:
+        return None
+    from kvprof.sim.config import SimulationError
+    from kvprof.sim.runner import connect_ray
+
+    try:
+        connect_ray(address)
+    except SimulationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return address
+
+
+RayOpt = Annotated[
+    Optional[str],
+    typer.Option("--ray", callback=ray_cluster, metavar="ADDRESS",
+                 help="Run the replays as tasks of this Ray cluster (auto: RAY_ADDRESS, else the cluster running "
+                      "here); needs pip install 'kvprof[ray]'. Same results as on this machine."),
+]
+
+
 def capacity_list(text: str) -> tuple[int, ...]:
     """``--capacity``'s comma-separated whole numbers of blocks, each > 0 (a usage error otherwise)."""
     try:
@@ -96,7 +126,7 @@ def parse_window_option(text: str | None, option: str = "--window") -> tuple[flo
         raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
-TraceArg = Annotated[Path, typer.Argument(help="Trace file: Bailian or Mooncake JSONL, plain, .gz or .zst.")]
+TraceArg = Annotated[Path, typer.Argument(help="Trace file (Bailian or Mooncake JSONL, plain, .gz or .zst), or a vLLM recording directory (vllm serve --kv-record).")]
 FormatOpt = Annotated[
     Optional[str], typer.Option("--format", help=f"Force the trace format ({', '.join(FORMAT_BLOCK_SIZE)}).")
 ]
@@ -147,7 +177,26 @@ def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=
     if report.skipped:
         detail = ", ".join(f"{count} {kind}" for kind, count in sorted(report.skipped.items()))
         err_console.print(f"[yellow]warning:[/] skipped {sum(report.skipped.values())} invalid lines of {path}: {detail}")
+    if report.truncated:
+        err_console.print(f"note: {path} is a recording whose open file ends in an unfinished line or zstd frame "
+                          f"(a server still writing, or killed): skipped {report.truncated} line(s) at its end")
+    if report.recording is not None and report.recording.dropped:
+        err_console.print(f"[yellow]warning:[/] the server could not record {report.recording.dropped:,} requests "
+                          f"(recording.json says why): they are missing from {path}")
     return trace
+
+
+def recording_of(path):
+    """The ``recording.json`` of a vLLM recording directory (``vllm serve --kv-record``), None for a file.
+
+    Raises
+    ------
+    kvprof.recording.RecordingError
+        A directory that is not a valid recording.
+    """
+    from kvprof.recording import is_recording, load_recording
+
+    return load_recording(path) if is_recording(path) else None
 
 
 #: Marks a modelled QTTFT whose server was overloaded: the number grows with the trace's length.

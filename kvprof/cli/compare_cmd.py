@@ -25,6 +25,7 @@ from kvprof.cli.common import (
     TraceArg,
     TraceBlockTokensOpt,
     capacity_list,
+    recording_of,
     console,
     err_console,
     guarded,
@@ -33,13 +34,16 @@ from kvprof.cli.common import (
     parse_window_option,
     positive,
     print_json,
+    RayOpt,
+    sample_rate,
     qttft_cell,
 )
 from kvprof import results as results_file
 from kvprof.errors import KvprofError
-from kvprof.sim.config import CostModel, SimConfig, SimulationError, default_engine_block, parse_schedule
+from kvprof.sim.config import TIMINGS, CostModel, SimConfig, SimulationError, default_engine_block, parse_schedule
 
 DEMO_CAPACITIES = tuple(range(1024, 8193, 1024))
+DEFAULT_CAPACITIES = "1024,2048,4096,8192"
 DEMO_POLICIES = ("lru", "wa-paper", "wa", "belady")
 
 OutputOpt = Annotated[Path, typer.Option("-o", "--output", help="Directory for results.json, plots (PNG, SVG).")]
@@ -61,13 +65,22 @@ def compare(
     ] = None,
     policies: Annotated[str, typer.Option("--policies", help="Comma-separated policy names.")] = "lru,wa,belady",
     capacity: Annotated[
-        str, typer.Option("--capacity", help="Comma-separated GPU capacities in engine blocks.")
-    ] = "1024,2048,4096,8192",
+        Optional[str],
+        typer.Option("--capacity", help="Comma-separated GPU capacities in engine blocks (default 1024,2048,4096,8192; "
+                                        "for a vLLM recording, the server's usable blocks).")
+    ] = None,
     block_size: Annotated[
         Optional[int],
         typer.Option("--block-size", min=1, help="Engine block size in tokens, a multiple of the trace's block size "
-                                                 "(default: the smallest such multiple >= 128)."),
+                                                 "(default: the smallest such multiple >= 128; for a vLLM recording, "
+                                                 "the server's)."),
     ] = None,
+    timing: Annotated[
+        str,
+        typer.Option("--timing", help="How long requests hold their blocks: recorded (as the server did: a vLLM "
+                                      "recording's scheduled and finished times), model (the cost model below), or "
+                                      "auto (recorded where the trace has it).")
+    ] = "auto",
     cpu_capacity: Annotated[
         int, typer.Option("--cpu-capacity", min=0, help="Blocks in a CPU offload tier (0: none).")
     ] = 0,
@@ -89,6 +102,13 @@ def compare(
                             help="Speed-up of arrivals: 2 replays twice as fast, as replay's --rate-scale.")
     ] = 1.0,
     jobs: JobsOpt = -1,
+    ray: RayOpt = None,
+    sample: Annotated[
+        float, typer.Option("--sample", callback=sample_rate,
+                            help="Replay only the conversations whose first request hashes into a sample of this "
+                                 "rate (0 < R <= 1), at caches scaled to it: about 1/R as fast, an estimate "
+                                 "(README: Fleet-scale traces).")
+    ] = 1.0,
     seed: Annotated[
         int,
         typer.Option("--seed", min=0, help="Recorded in results.json; replays are deterministic and draw no random numbers."),
@@ -140,6 +160,11 @@ def compare(
     """
     names = _policy_list(policies)
     schedule = _schedule(capacity_schedule)
+    if timing not in TIMINGS:
+        raise typer.BadParameter(f"{timing!r} is not one of {', '.join(TIMINGS)}", param_hint="--timing")
+    recording = recording_of(trace_path)
+    if capacity is None:
+        capacity = str(max(recording.num_gpu_blocks - 1, 1)) if recording else DEFAULT_CAPACITIES
     capacities = (schedule[0][1],) if schedule else _capacity_list(capacity)
     cost = _cost_model(cost_file, prefill_tokens_per_s=prefill_rate, step_overhead_s=step_overhead,
                        max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs, decode=decode,
@@ -160,21 +185,22 @@ def compare(
             f"(the trace's arrivals span {first:g}..{last:g} s); for a trace this short pass e.g. "
             f"--fit-window {first:.0f}:{split} --eval-window {split}:"
         )
-    sim_config = _sim_config(block_size or default_engine_block(trace.block_size), cpu_capacity, schedule, cost,
-                             rate_scale)
+    engine_block = block_size or (trace.block_size if recording else default_engine_block(trace.block_size))
+    sim_config = dataclasses.replace(_sim_config(engine_block, cpu_capacity, schedule, cost, rate_scale, sample),
+                                     timing=timing)
     fitted = None
     if config is not None:
         from kvprof.models.hp import load_hp
 
         hp, hp_input = load_hp(config), {"path": str(config)}
     elif _needs_hp(names, sim_config):
-        hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs)
+        hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs, ray)
         hp_input = {"fitted_on_window": fit_window, "path": str(output / "hp.json")}
     else:
         hp, hp_input = None, None
     inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit, "seed": seed}
     _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, inputs, fitted,
-                    default_block=block_size is None)
+                    default_block=block_size is None and recording is None, ray=ray)
 
 
 @guarded
@@ -205,7 +231,7 @@ def demo(
 
 
 def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs, fitted,
-                    default_block=False) -> None:
+                    default_block=False, ray=None) -> None:
     """Sweep; then the fitted hp file, results.json and the plots, in that order; print the table."""
     from kvprof.cli.plots import plot_results
     from kvprof.sim.sweep import run_sweep
@@ -213,7 +239,7 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=json_out) as bar:
         task = bar.add_task("replaying", total=len(policies) * len(capacities))
-        results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, inputs=inputs,
+        results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, ray=ray, inputs=inputs,
                             progress=lambda done, total: bar.update(task, completed=done))
     document = results.to_dict()
     if fitted is not None:
@@ -235,6 +261,10 @@ def _table(results, default_block: bool) -> Table:
     if default_block:
         block += f" (default: the smallest multiple of the trace's {trace_facts['block_size']}-token blocks >= 128)"
     speed = f" at {config.rate_scale:g}x speed" if config.rate_scale != 1 else ""
+    if "sample" in results.inputs:
+        sample = results.inputs["sample"]
+        speed += (f"; estimated on a sample of {config.sample_rate:g}: {sample['requests']:,} requests in "
+                  f"{sample['chains']:,} conversations, caches scaled to it")
     table = Table(title=f"{trace_facts['n_requests']:,} requests{speed}, {block}; QTTFT modelled at "
                         f"{config.cost.prefill_tokens_per_s:,.0f} prefill tokens/s")
     two_tiers = bool(config.cpu_capacity)
@@ -282,7 +312,7 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
-def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int):
+def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int, ray=None):
     """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
     capacities on it (``kvprof fit --capacity``); saved once the sweep is done."""
     from kvprof.profiler.fit import fit_trace
@@ -293,7 +323,7 @@ def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int):
         hp = fit_trace(window)
     with err_console.status(f"tuning wa on the fit window for {len(capacities)} capacities"):
         return tune(hp, window, capacities, dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()),
-                    n_jobs=jobs)
+                    n_jobs=jobs, ray=ray)
 
 
 def _needs_hp(names, sim_config: SimConfig) -> bool:
@@ -333,10 +363,11 @@ def _schedule(text: str | None) -> tuple[tuple[float, int], ...]:
         raise typer.BadParameter(str(exc), param_hint="--capacity-schedule") from None
 
 
-def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, rate_scale: float) -> SimConfig:
+def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, rate_scale: float,
+                sample_rate: float = 1.0) -> SimConfig:
     try:
         return SimConfig(engine_block_size=block_size, cpu_capacity=cpu_capacity, capacity_schedule=schedule, cost=cost,
-                         rate_scale=rate_scale)
+                         rate_scale=rate_scale, sample_rate=sample_rate)
     except KvprofError as exc:
         raise typer.BadParameter(str(exc), param_hint="--block-size/--capacity-schedule") from None
 

@@ -12,9 +12,11 @@ from rich.table import Table
 from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule
 from kvprof.cli.common import (
     FormatOpt,
+    RayOpt,
     SkipOpt,
     TraceArg,
     capacity_list,
+    recording_of,
     console,
     err_console,
     guarded,
@@ -92,7 +94,8 @@ def fit(
     min_gap: MinGapOpt = 0.3,
     capacity: Annotated[
         Optional[str], typer.Option("--capacity", help="Comma-separated GPU capacities (engine blocks) to tune wa "
-                                                       "for, by replaying the fit window; without it, defaults.")
+                                                       "for, by replaying the fit window; without it, defaults (for a "
+                                                       "vLLM recording: the server's usable blocks).")
     ] = None,
     engine_block_size: Annotated[
         Optional[int], typer.Option("--engine-block-size", min=1, help="Engine block of the tuning replays "
@@ -100,6 +103,16 @@ def fit(
                                                                        "trace's block >= 128).")
     ] = None,
     jobs: Annotated[int, typer.Option("-j", "--jobs", help="Parallel tuning replays (joblib; -1: all cores).")] = -1,
+    ray: RayOpt = None,
+    sharded: Annotated[
+        bool, typer.Option("--sharded", help="Fit in shards of the blocks on disk, for traces larger than memory: TRACE "
+                                             "may then be a directory of trace files (one trace, read a file at a "
+                                             "time); the same hp file as without it.")
+    ] = False,
+    spill_dir: Annotated[
+        Optional[Path], typer.Option("--spill-dir", help="Where --sharded writes its shards (default: the system's "
+                                                         "temporary directory; with --ray one the nodes share).")
+    ] = None,
     format: FormatOpt = None,
     block_size: BlockSizeOpt = None,
     skip_invalid: SkipOpt = False,
@@ -117,7 +130,29 @@ def fit(
     bounds = parse_window_option(window)
     capacities = _capacities(capacity)
     fields = tuple(f.strip() for f in (cell_fields or "").split(",") if f.strip())
+    if sharded:
+        if bounds and any(bound is not None and bound < 0 for bound in bounds):
+            raise typer.BadParameter("--sharded reads windows from the trace's start, not back from its end",
+                                     param_hint="--window/--sharded")
+        if capacities:
+            raise typer.BadParameter("tuning replays the fit window in memory: fit --sharded, then tune without it",
+                                     param_hint="--capacity/--sharded")
+        from kvprof.profiler.shards import fit_sharded, trace_paths
+
+        if spill_dir is not None and spill_dir.exists() and not spill_dir.is_dir():
+            raise typer.BadParameter(f"{spill_dir} exists and is not a directory", param_hint="--spill-dir")
+        hp = fit_sharded(trace_paths(trace_path), rule, window=bounds, spill_dir=spill_dir, ray=ray,
+                         read_options={"format": format, "block_size": block_size, "skip_invalid": skip_invalid},
+                         horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
+                         cell_fields=fields, max_components=max_components)
+        _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {hp.provenance['n_requests']} requests")
+        return
+    recording = recording_of(trace_path)
+    if recording is not None and not capacities:  # tune for the server that recorded it
+        capacities = (max(recording.num_gpu_blocks - 1, 1),)
     trace = open_trace(trace_path, format=format, block_size=block_size, skip_invalid=skip_invalid)
+    if recording is not None:
+        engine_block_size = engine_block_size or trace.block_size
     fitted = trace.time_window(*bounds)
     if fitted.n_requests == 0:
         raise KvprofError(f"{trace_path}: the fit window {window} holds no requests")
@@ -129,12 +164,17 @@ def fit(
 
         with err_console.status(f"tuning wa for {len(capacities)} capacities on the fit window"):
             hp = tune(hp, fitted, capacities, SimConfig(engine_block_size=engine_block_size or
-                                                        default_engine_block(trace.block_size)), n_jobs=jobs)
+                                                        default_engine_block(trace.block_size)), n_jobs=jobs, ray=ray)
+    _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {fitted.n_requests} requests")
+
+
+def _report_fit(hp, output: Path, json_out: bool, title: str) -> None:
+    """Save the hp file, then print it (JSON, or the cells and tuning tables)."""
     hp.save(output)
     if json_out:
         print_json(hp.to_dict())
         return
-    console.print(_cells_table(hp, title=f"{trace_path.name} {window}: {fitted.n_requests} requests"))
+    console.print(_cells_table(hp, title=title))
     if hp.tuning:
         console.print(_tuning_table(hp))
     err_console.print(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, "

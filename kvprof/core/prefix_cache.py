@@ -169,7 +169,7 @@ def release(pool, slots, n, now):
         pool.refs[slot] -= 1
         if not pool.refs[slot]:
             if pool.slot_block[slot] == NONE:
-                _push_empty(pool, slot)
+                push_empty(pool, slot)
             else:
                 evictable[k] = slot
                 k += 1
@@ -180,7 +180,7 @@ def release(pool, slots, n, now):
 
 
 @njit(cache=True)
-def _push_empty(pool, slot):
+def push_empty(pool, slot):
     if pool.n_empty == len(pool.empty):
         pool.empty = grown(pool.empty, pool.n_empty + 1, 0)
     pool.empty[pool.n_empty] = slot
@@ -201,7 +201,7 @@ def set_limit(pool, limit, now):
             if slot >= len(pool.refs):
                 pool.refs = grown(pool.refs, slot + 1, 0)
                 pool.slot_block = grown(pool.slot_block, slot + 1, NONE)
-        _push_empty(pool, slot)
+        push_empty(pool, slot)
         pool.n_live += 1
     _shrink(pool, now)
 

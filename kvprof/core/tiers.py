@@ -2,8 +2,8 @@
 :class:`kvprof.sim.cache.HostCache` with the same rules, driving a compiled policy.
 
 The GPU tier is a pool of :mod:`kvprof.core.prefix_cache` over a whole policy; its functions
-(``cached_prefix``, ``pin_hits``, ``allocate``, ``release``, ``set_limit``, ``n_free``,
-``check_device``) are imported from there and used from here. Engine blocks are dense ids
+(``cached_prefix``, ``pin_hits``, ``allocate``, ``release``, ``push_empty``, ``set_limit``,
+``n_free``, ``check_device``) are imported from there and used from here. Engine blocks are dense ids
 (``Workload.block``), so the content-to-slot maps are arrays.
 """
 
@@ -16,7 +16,8 @@ from numba.experimental import structref
 from kvprof.core import structs
 from kvprof.core.policy import policy_access, policy_contains, policy_evict_n, policy_free, policy_remove, policy_type
 from kvprof.core.prefix_cache import (  # the GPU tier's rules, shared with wa's shadows; re-exported
-    allocate, cached_prefix, check_pool as check_device, init_pool, n_free, pin_hits, pool_fields, release, set_limit,
+    allocate, cached_prefix, check_pool as check_device, init_pool, n_free, pin_hits, pool_fields, push_empty, release,
+    set_limit,
 )
 from kvprof.core.structs import NONE
 
@@ -164,4 +165,4 @@ def counts_host(host):
 
 
 __all__ = ["allocate", "cached_prefix", "check_device", "check_host", "counts", "counts_host", "device_type",
-           "host_type", "load", "n_free", "new_device", "new_host", "pin_hits", "release", "set_limit", "store"]
+           "host_type", "load", "n_free", "new_device", "new_host", "pin_hits", "push_empty", "release", "set_limit", "store"]
