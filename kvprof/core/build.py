@@ -70,8 +70,7 @@ def compile_policy(policy: EvictionPolicy, n_blocks: int = 0):
         shadows.append(new_shadow(_core(reference.policy, 0), reference.limit))
     compiled = new_policy(main, followed, order_kind, order_followed, shadows, 0)
     set_safety_net(compiled, wa_module.WINDOW_CAPACITIES, policy.switch_margin, wa_module.FOLLOW_PERIOD_MIN,
-                   wa_module.FOLLOW_PERIOD_SHARE, policy.capacity, wa_module.CALIBRATED,
-                   getattr(wa_module, "CUSUM", False), getattr(wa_module, "THRESHOLD", 0.0))
+                   wa_module.FOLLOW_PERIOD_SHARE, policy.capacity, policy.calibrated)
     lead(compiled, policy.leader)
     return compiled
 

@@ -74,9 +74,6 @@ policy_type = structs.struct(PolicyType, Policy, [
     ("period_share", types.int64),
     ("capacity", types.int64),  # the real cache's size (0: the most blocks seen)
     ("calibrated", types.boolean),
-    ("cusum", types.boolean),  # experiment
-    ("threshold", types.float64),
-    ("advantage", types.float64[:]),
     ("never", types.float64[:]),  # next uses of shadow blocks: inf (only Belady reads them)
 ])
 
@@ -155,9 +152,6 @@ def new_policy(main, followed, order_kind, order_followed, shadows, leader):
     policy.period_share = 1
     policy.capacity = 0
     policy.calibrated = False
-    policy.cusum = False
-    policy.threshold = 0.0
-    policy.advantage = np.zeros(len(shadows))
     policy.never = np.full(16, np.inf)
     return policy
 
@@ -281,21 +275,6 @@ def policy_finish(policy, seat, now):
 def _weigh(policy, lookups, size):
     """Add the shadows' hits since the last call to their windowed scores; follow the best."""
     shadows = policy.shadows
-    if policy.cusum:
-        lead_gain = shadows[policy.leader].hits - policy.shadow_seen[policy.leader]
-        best = policy.leader
-        for i in range(len(shadows)):
-            gained = shadows[i].hits - policy.shadow_seen[i]
-            policy.shadow_seen[i] = shadows[i].hits
-            if i != policy.leader:
-                policy.advantage[i] = max(0.0, policy.advantage[i] + gained - lead_gain)
-                if policy.advantage[i] > policy.advantage[best] or best == policy.leader:
-                    if policy.advantage[i] > 0.0:
-                        best = i
-        if best != policy.leader and policy.advantage[best] > policy.threshold * size:
-            lead(policy, best)
-            policy.advantage[:] = 0.0
-        return
     keep = 0.5 ** (lookups / max(policy.window_capacities * size, 1.0))
     real_gained = policy.real_hits - policy.real_seen
     policy.real_seen = policy.real_hits
@@ -318,8 +297,7 @@ def _weigh(policy, lookups, size):
             best, best_corrected = i, corrected
         if i == policy.leader:
             leader_corrected = corrected
-    if best_corrected > leader_corrected * (1.0 + policy.switch_margin) and \
-            best_corrected - leader_corrected > policy.threshold * size:
+    if best_corrected > leader_corrected * (1.0 + policy.switch_margin):
         lead(policy, best)
 
 
@@ -346,13 +324,11 @@ def empty_shadows():
 
 
 @njit(cache=True)
-def set_safety_net(policy, window_capacities, switch_margin, period_min, period_share, capacity, calibrated, cusum,
-                   threshold):
+def set_safety_net(policy, window_capacities, switch_margin, period_min, period_share, capacity, calibrated):
     """wa's constants for comparing shadows (:mod:`kvprof.policy.wa`) and the real cache's size."""
     policy.window_capacities, policy.switch_margin = window_capacities, switch_margin
     policy.period_min, policy.period_share = period_min, period_share
     policy.capacity, policy.calibrated = capacity, calibrated
-    policy.cusum, policy.threshold = cusum, threshold
 
 
 @njit(cache=True)

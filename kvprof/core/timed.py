@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from kvprof.core import structs, tiers
-from kvprof.core.policy import policy_remove
+from kvprof.core.policy import policy_admit, policy_finish, policy_remove
 from kvprof.core.structs import NONE
 
 
@@ -72,8 +72,11 @@ def replay(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, nex
             seat_of[r] = seat
             hits[r], held[r] = admit(gpu, blocks, next_use, offsets[r], n_full[r], n_lookup[r], n_prompt[r],
                                      event_time[e], classes[r], seats[seat])
+            policy_admit(gpu.policy, seat, blocks[offsets[r]:offsets[r + 1]], n_lookup[r], n_prompt[r] + n_new[r],
+                         event_time[e], classes[r])
         else:
             seat = seat_of[r]
+            policy_finish(gpu.policy, seat, event_time[e])
             held[r] = finish(gpu, blocks, next_use, offsets[r], held[r], offsets[r + 1] - offsets[r], n_new[r],
                              event_time[e], classes[r], seats[seat])
             if n_free_seats == len(free_seats):

@@ -29,8 +29,6 @@ DEFAULT_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency", 
 WINDOW_CAPACITIES = 16.0
 #: A shadow must beat the leader's hits by this share before ``wa`` switches to its order.
 SWITCH_MARGIN = 0.002
-#: Experiment: each shadow's score is calibrated by the real hits over its own while its candidate led.
-CALIBRATED = __import__("os").environ.get("KVPROF_CALIBRATED", "1") == "1"
 #: ``wa`` compares its shadows every ``max(FOLLOW_PERIOD_MIN, capacity // FOLLOW_PERIOD_SHARE)`` blocks looked up.
 FOLLOW_PERIOD_MIN = 64
 FOLLOW_PERIOD_SHARE = 16
@@ -51,21 +49,21 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     frequency tiers with an ARC-like adaptive weight and strict frequency tiers, all over the
     same lists, and S3-FIFO, whose queues are kept in step with the real cache's blocks.
 
-    With the safety net on, a :class:`~kvprof.policy.shadow.ShadowCache` per candidate replays
-    the same accesses and frees on contents alone, at the real cache's size (the most blocks it
-    has held), and counts the hits that candidate would have had. Every ``capacity / 16``
-    accesses ``wa`` follows the candidate whose shadow has the most hits over the last
-    ``WINDOW_CAPACITIES`` capacities of accesses (exponentially weighted), switching only for a
-    lead above ``SWITCH_MARGIN``. A shadow is not the real cache: it only hears of the contents
-    the real cache touches, and a switch costs the real cache a transition its shadow never
-    pays. So each shadow's score is calibrated by what following it was worth: times
-    (real hits + C) / (its shadow's hits + C) over the accesses its candidate led (same
-    weighting; ``C`` = the cache's size in hits, so an untried candidate counts at face value).
-    On the agent trace this is what keeps ``wa`` on segmented LRU, whose shadow undercounts it
-    by 2-4 %, against strict frequency, whose shadow overcounts it by 3-4 %. So when the
-    profile is wrong or the traffic drifts, ``wa`` ends up on the best simple order by itself;
-    where the model is right it stays on the model. Shadows need block contents
-    (``access(content=...)``); without them ``wa`` keeps its first candidate.
+    With the safety net on, a :class:`~kvprof.policy.shadow.ShadowCache` per candidate is fed
+    every request the real cache admits (:meth:`admit`: its whole chain of block contents) and
+    finishes (:meth:`finish`), at the real cache's size (as given, else the most blocks it has
+    held), and counts the hits that candidate would have had on that traffic. Every
+    ``capacity / 16`` blocks looked up ``wa`` follows the candidate whose shadow has the most hits
+    over the last ``WINDOW_CAPACITIES`` capacities of lookups (exponentially weighted), switching
+    only for a lead above ``switch_margin``. A shadow still differs from the real cache in timing
+    (requests queue and run as long as the real cache's hits let them) and a switch costs the
+    real cache a transition its shadow never pays. With ``calibrated``, each shadow's score is
+    also scaled by what following it was worth: times (real hits + C) / (its shadow's hits + C)
+    over the lookups its candidate led (same weighting; ``C`` = the cache's size in hits, so an
+    untried candidate counts at face value). So when the profile is wrong or the traffic drifts,
+    ``wa`` ends up on the best simple order by itself; where the model is right it stays on the
+    model. Without :meth:`admit` calls (a driver that does not make them) ``wa`` keeps its first
+    candidate.
 
     Invariants (on top of :class:`ClassedLRUPolicy`'s): every followed policy holds exactly the
     evictable blocks the lists hold; ``_pinned[b]`` is true exactly for blocks accessed and not
@@ -73,8 +71,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     evicted contents as the most blocks seen.
 
     Cost: eviction scores the list heads (O(rows)); each access, free and removal is repeated
-    in each followed policy and each shadow; memory is the per-block tables, the ghost, and
-    each shadow's table of contents (at most the cache's size).
+    in each followed policy; each admitted request is looked up and allocated in each shadow
+    (O(its blocks)); memory is the per-block tables, the ghost, and each shadow's table of
+    contents (at most the cache's size).
 
     Parameters
     ----------
@@ -88,6 +87,12 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         Candidates (:data:`ORDER_NAMES`), the first followed from the start.
     safety_net : bool
         Run shadows and follow the best candidate; without it the first is used throughout.
+    capacity : int, optional
+        The real cache's size in blocks, also the shadows' (default: the most blocks seen).
+    switch_margin : float
+        The share by which a shadow must beat the leader's score before ``wa`` follows it.
+    calibrated : bool
+        Scale each shadow's score by the real hits over its own while its candidate led.
     """
 
     name = "wa"
@@ -98,7 +103,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     class_follows_hits = True
 
     def __init__(self, p, weights, rates, horizon: float, *, orders=DEFAULT_ORDERS, safety_net: bool = True,
-                 capacity: int | None = None, switch_margin: float = SWITCH_MARGIN) -> None:
+                 capacity: int | None = None, switch_margin: float = SWITCH_MARGIN, calibrated: bool = True) -> None:
         p = np.asarray(p, dtype=np.float64)
         weights = np.asarray(weights, dtype=np.float64)
         rates = np.asarray(rates, dtype=np.float64)
@@ -123,6 +128,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         self.order_names = tuple(orders)
         self.capacity = capacity or 0
         self.switch_margin = float(switch_margin)
+        self.calibrated = bool(calibrated)
         self._orders: list[Order | None] = [self._row_order(name) for name in orders]
         self._followed = {i: FOLLOWED_POLICIES[name]() for i, name in enumerate(orders) if name in FOLLOWED_POLICIES}
         self._hits = np.zeros(0, dtype=np.int64)
@@ -354,7 +360,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             if i == self.leader:
                 self._real_led[i] += real_gained
                 self._shadow_led[i] += gained
-            factor = (self._real_led[i] + prior) / (self._shadow_led[i] + prior) if CALIBRATED else 1.0
+            factor = (self._real_led[i] + prior) / (self._shadow_led[i] + prior) if self.calibrated else 1.0
             corrected.append(self._shadow_score[i] * factor)
         best = max(range(len(corrected)), key=corrected.__getitem__)
         if corrected[best] > corrected[self.leader] * (1.0 + self.switch_margin):
