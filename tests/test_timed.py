@@ -15,6 +15,7 @@ from kvprof.sim.engine import simulate
 from kvprof.sim.workload import prepare_workload
 
 from tests.helpers import make_trace
+from tests.test_policies import build
 
 
 def recorded(rows, scheduled, finished, output=None, block_size=16):
@@ -118,3 +119,28 @@ def test_every_slot_is_in_one_place_at_every_event(case):
     hits, held = replay(gpu, timing.block, timing.offsets, timing.n_full, timing.n_prompt, workload.n_lookup,
                         timing.n_new, workload.workload.astype(np.int64), timing.next_use, *timing.events(), True)
     assert (held <= timing.n_prompt + timing.n_new).all() and (hits <= held).all()
+
+
+
+def test_wa_shadows_hear_of_every_scheduled_request():
+    rows = [(0.0, "a", 1, [1, 2, 3, 9]), (1.0, "a", 1, [4, 5, 6, 8]), (200.0, "a", 1, [1, 2, 3, 7])]
+    trace = recorded(rows, [0.0, 1.0, 200.0], [100.0, 2.0, 201.0], output=[1, 1, 1])
+    for engine in ("python", "compiled"):
+        policy = build("wa+shadows")
+        assert simulate(prepare_workload(trace, engine_block_size=16), policy, 8,
+                        SimConfig(engine_block_size=16, timing="auto"), engine=engine).hits_device == 3
+        assert set(policy.shadow_hits().values()) == {3}, engine  # request 2 finds 1-3 in every shadow
+
+
+@settings(max_examples=40, deadline=None)
+@given(recordings())
+def test_wa_shadows_agree_in_both_replays(case):
+    trace, capacity, _ = case
+    config = SimConfig(engine_block_size=trace.block_size, timing="auto")
+    workload = prepare_workload(trace, engine_block_size=trace.block_size)
+    python, compiled = build("wa+shadows"), build("wa+shadows")
+    metrics = [simulate(workload, policy, capacity, config, engine=engine)
+               for policy, engine in ((python, "python"), (compiled, "compiled"))]
+    assert metrics[0].to_dict() == pytest.approx(metrics[1].to_dict(), nan_ok=True)
+    assert compiled.shadow_hits() == python.shadow_hits()
+    assert compiled.order_name == python.order_name

@@ -251,7 +251,7 @@ def policy_admit(policy, seat, contents, n_lookup, n_blocks, now, workload):
     main = policy.main
     if not 0 <= workload < main.n_cells:
         workload = main.n_cells - 1
-    size = policy.capacity if policy.capacity else main.most
+    size = policy.capacity if policy.capacity else max(main.most, main.held + main.size)
     if n_blocks > len(policy.never):
         policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
     for shadow in shadows:

@@ -341,8 +341,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             shadow.finish(request, now)
 
     def _size(self) -> int:
-        """The real cache's size in blocks: as given, else the most blocks it has held at once."""
-        return self.capacity or self._most
+        """The real cache's size in blocks: as given, else the most blocks it has held at once (now included)."""
+        return self.capacity or max(self._most, self._held + len(self))
 
     def _weigh(self, lookups: int, size: int) -> None:
         """Add the shadows' hits since the last call to their windowed scores; follow the best."""
