@@ -221,8 +221,8 @@ class PolicyPool:
     def admit(self, request, contents, now, workload, n_lookup, n_blocks):
         self.policy.admit(request, contents, now, workload, n_lookup=n_lookup, n_blocks=n_blocks)
 
-    def finish(self, request, now):
-        self.policy.finish(request, now)
+    def finish(self, request, now, contents=None, n_blocks=None):
+        self.policy.finish(request, now, contents, n_blocks=n_blocks)
 
     def note_access(self, block, now, workload, depth, hit, next_use, content):
         self.policy.access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
@@ -259,7 +259,8 @@ class Scenario:
     pressure (only with ``pressure=True``, else it finishes one too). New contents are fresh, or
     evicted contents being recomputed. Every pool given sees the same requests in the same order,
     each request announced whole after its blocks (``admit``, its hit and new contents as its
-    chain, some of them not hittable) and ``finish`` before its free.
+    chain, some of them not hittable) and ``finish`` before its free (mostly with its chain grown
+    by output blocks, which only shadows cache).
     """
 
     def __init__(self, pools, n_classes: int = 4, pressure: bool = True):
@@ -320,13 +321,18 @@ class Scenario:
             pool.admit(request, chain, self.now, workload, n_lookup, len(hits) + n_new)
             chains.append(hit_blocks + new)
         assert all(chain == chains[0] for chain in chains), "pools handed out different blocks"
-        self.running.append((request, chains[0]))
+        self.running.append((request, chains[0], chain))
 
     def finish(self, a: int):
         if self.running:
-            request, blocks = self.running.pop(a % len(self.running))
+            request, blocks, chain = self.running.pop(a % len(self.running))
+            contents, n_blocks = None, None
+            if a % 3:  # its output filled blocks: the whole chain now (the partial last one included)
+                contents = chain + list(range(self.fresh, self.fresh + a // 3 % 3))
+                self.fresh += a // 3 % 3
+                n_blocks = max(len(blocks), len(contents)) + a // 9 % 2
             for pool in self.pools:
-                pool.finish(request, self.now)
+                pool.finish(request, self.now, contents, n_blocks)
                 pool.free_blocks(reversed(blocks), self.now)  # vLLM frees a chain tail-first
 
     def evict(self, k: int):

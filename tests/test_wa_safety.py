@@ -34,6 +34,17 @@ def test_a_shadow_counts_the_hits_a_prefix_cache_would_find():
     assert shadow.hits == 2
 
 
+def test_a_shadow_caches_the_blocks_a_request_filled_when_it_finishes():
+    shadow = ShadowCache(LRUPolicy(), capacity=8)
+    shadow.admit("r1", "ab", 0.0, 0, 2, 3)  # a, b and a partial tail the output fills
+    shadow.finish("r1", 1.0, "abcd", 5)  # c filled the tail in place, d and a partial block came after
+    assert set(shadow.block_slot) == {"a", "b", "c", "d"} and shadow.block_slot["c"] == shadow.block_slot["b"] + 1
+    shadow.check()
+    assert shadow.admit("r2", "abcde", 2.0, 0, 4, 5) == 4, "the next turn finds the previous one's output"
+    shadow.finish("r2", 3.0)
+    shadow.check()
+
+
 def test_a_shadow_admits_what_the_real_cache_admitted_and_shrinks_back():
     shadow = ShadowCache(LRUPolicy(), capacity=4)
     shadow.admit(0, [0, 1, 2, 3], 0.0, 0, 4, 4)
@@ -59,14 +70,17 @@ def test_a_shadow_keeps_the_prefix_cache_invariant(ops, capacity):
             chain = list(dict.fromkeys(chain))  # a chain names each prefix once
             n_lookup = max(len(chain) - extra % 2, 0)
             shadow.admit(request, chain, float(request), 0, n_lookup, len(chain) + extra % 3)
-            running.append(request)
+            running.append((request, chain))
             lookups += n_lookup
             request += 1
-        else:
-            shadow.finish(running.pop(extra % len(running)), float(request))
+        else:  # some finish with output blocks: contents 100 + ... are new to every chain
+            done, chain = running.pop(extra % len(running))
+            grown = chain + [100 + 10 * done + k for k in range(extra % 3)]
+            shadow.finish(done, float(request), grown, len(grown) + extra // 3) if extra % 2 else \
+                shadow.finish(done, float(request))
         shadow.check()
         assert shadow.hits <= lookups
-    for request in running:
+    for request, _ in running:
         shadow.finish(request, 1e9)
     assert shadow.n_live == capacity
     shadow.check()

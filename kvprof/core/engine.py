@@ -143,7 +143,7 @@ def replay(gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_u
 
 @njit(cache=True)
 def _release(gpu, host, has_host, seats, seat, n, now, check):
-    policy_finish(gpu.policy, seat, now)
+    policy_finish(gpu.policy, seat, now, seats[seat][:0], 0)  # no contents: admit had them all
     tiers.release(gpu, seats[seat], n, now)
     if check:
         _check(gpu, host, has_host)

@@ -71,8 +71,8 @@ def admit(address, seat, contents, n_lookup, n_blocks, now, workload):
 
 
 @njit(cache=True)
-def finish(address, seat, now):
-    core.policy_finish(policy_at(address), seat, now)
+def finish(address, seat, now, contents, n_blocks):
+    core.policy_finish(policy_at(address), seat, now, contents, n_blocks)
 
 
 @njit(cache=True)

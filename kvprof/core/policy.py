@@ -44,6 +44,7 @@ shadow_type = structs.struct(ShadowType, Shadow, pool_fields(core_type) + [
     ("hits", types.int64),
     ("seats", types.ListType(SLOT_LIST)),
     ("seat_n", types.int64[:]),
+    ("seat_workload", types.int64[:]),
 ])
 
 class PolicyType(structs.StructType):
@@ -92,6 +93,7 @@ def new_shadow(core, capacity):
     shadow.hits = 0
     shadow.seats = List.empty_list(SLOT_LIST)
     shadow.seat_n = np.zeros(16, np.int64)
+    shadow.seat_workload = np.zeros(16, np.int64)
     return shadow
 
 
@@ -104,6 +106,7 @@ def shadow_admit(shadow, seat, contents, n_lookup, n_blocks, now, workload, neve
     reserve_contents(shadow, top + 1)
     if seat >= len(shadow.seat_n):
         shadow.seat_n = grown(shadow.seat_n, seat + 1, 0)
+        shadow.seat_workload = grown(shadow.seat_workload, seat + 1, 0)
     while len(shadow.seats) <= seat:
         shadow.seats.append(np.zeros(16, np.int64))
     slots = shadow.seats[seat]
@@ -117,15 +120,43 @@ def shadow_admit(shadow, seat, contents, n_lookup, n_blocks, now, workload, neve
     pin_hits(shadow, slots, n_hits, now, workload, never, 0)
     allocate(shadow, contents, never, 0, n_hits, len(contents), n_blocks, now, workload, slots)
     shadow.seat_n[seat] = n_blocks
+    shadow.seat_workload[seat] = workload
     shadow.hits += n_hits
 
 
 @njit(cache=True)
-def shadow_finish(shadow, seat, now):
-    """``ShadowCache.finish``: the request of ``seat`` frees its slots tail-first."""
-    if seat < len(shadow.seat_n) and shadow.seat_n[seat]:
-        release(shadow, shadow.seats[seat], shadow.seat_n[seat], now)
-        shadow.seat_n[seat] = 0
+def shadow_finish(shadow, seat, now, contents, n_blocks, never):
+    """``ShadowCache.finish``: the request of ``seat`` caches what it filled since admission
+    (``contents``, its whole chain now, may be empty; it holds ``n_blocks`` now), then frees its
+    slots tail-first."""
+    held = shadow.seat_n[seat] if seat < len(shadow.seat_n) else 0
+    if not held:
+        return
+    slots = shadow.seats[seat]
+    workload = shadow.seat_workload[seat]
+    n_full = len(contents)
+    top = -1
+    for content in contents:
+        top = max(top, content)
+    reserve_contents(shadow, top + 1)
+    for depth in range(min(held, n_full)):
+        slot, content = slots[depth], contents[depth]
+        if shadow.slot_block[slot] == NONE and shadow.block_slot[content] == NONE:
+            shadow.block_slot[content] = slot
+            shadow.slot_block[slot] = content
+            shadow.policy.access(slot, now, workload, depth, False, np.inf, content)
+    n_blocks = max(n_blocks, n_full)
+    if n_blocks > held:
+        if len(slots) < n_blocks:
+            slots = grown(slots, n_blocks, 0)
+            shadow.seats[seat] = slots
+        short = n_blocks - held - n_free(shadow)
+        if short > 0:
+            make_room(shadow, short, now)
+        allocate(shadow, contents, never, 0, held, n_full, n_blocks, now, workload, slots)
+        held = n_blocks
+    release(shadow, slots, held, now)
+    shadow.seat_n[seat] = 0
 
 
 # -- the policy ---------------------------------------------------------------------------------
@@ -265,10 +296,12 @@ def policy_admit(policy, seat, contents, n_lookup, n_blocks, now, workload):
 
 
 @njit(cache=True)
-def policy_finish(policy, seat, now):
-    """``EvictionPolicy.finish`` of the request numbered ``seat``."""
+def policy_finish(policy, seat, now, contents, n_blocks):
+    """``EvictionPolicy.finish`` of the request numbered ``seat`` (``contents`` empty: none given)."""
+    if n_blocks > len(policy.never):
+        policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
     for shadow in policy.shadows:
-        shadow_finish(shadow, seat, now)
+        shadow_finish(shadow, seat, now, contents, n_blocks, policy.never)
 
 
 @njit(cache=True)

@@ -72,11 +72,11 @@ def replay(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, nex
             seat_of[r] = seat
             hits[r], held[r] = admit(gpu, blocks, next_use, offsets[r], n_full[r], n_lookup[r], n_prompt[r],
                                      event_time[e], classes[r], seats[seat])
-            policy_admit(gpu.policy, seat, blocks[offsets[r]:offsets[r + 1]], n_lookup[r], n_prompt[r] + n_new[r],
+            policy_admit(gpu.policy, seat, blocks[offsets[r]:offsets[r] + n_full[r]], n_lookup[r], n_prompt[r],
                          event_time[e], classes[r])
         else:
             seat = seat_of[r]
-            policy_finish(gpu.policy, seat, event_time[e])
+            policy_finish(gpu.policy, seat, event_time[e], blocks[offsets[r]:offsets[r + 1]], n_prompt[r] + n_new[r])
             held[r] = finish(gpu, blocks, next_use, offsets[r], held[r], offsets[r + 1] - offsets[r], n_new[r],
                              event_time[e], classes[r], seats[seat])
             if n_free_seats == len(free_seats):

@@ -18,7 +18,7 @@ import numpy as np
 from kvprof.core import handle
 from kvprof.core.build import compile_policy
 from kvprof.core.policy import outcome
-from kvprof.policy.base import EvictionPolicy, request_sizes
+from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 
 #: Content numbers kept per block of the pool (and at least :data:`MIN_CONTENTS`); see :class:`CompiledTwin`.
 CONTENTS_PER_BLOCK = 16
@@ -135,11 +135,14 @@ class CompiledTwin(EvictionPolicy):
         handle.admit(self._address, seat, np.array(self._contents(contents), dtype=np.int64), n_lookup, n_blocks,
                      float(now), workload)
 
-    def finish(self, request: Hashable, now: float) -> None:
+    def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
+               n_blocks: int | None = None) -> None:
+        n_blocks = finished_size(contents, n_blocks)
         seat = self._seat.pop(request, None)
         if seat is not None:
             heapq.heappush(self._free_seats, seat)
-            handle.finish(self._address, seat, float(now))
+            handle.finish(self._address, seat, float(now),
+                          np.array(self._contents(() if contents is None else contents), dtype=np.int64), n_blocks)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
         if self._taken:

@@ -38,7 +38,8 @@ none of them (the default ignores them), ``wa``'s shadows live on them:
   blocks it was given then: its id, the contents of its full prompt blocks shallowest first
   (vLLM's ``request.block_hashes``), how many of them a prefix hit may cover and how many blocks
   it holds.
-* ``finish(request, now)`` when it finishes or is preempted, before the ``free`` of its blocks.
+* ``finish(request, now, contents=, n_blocks=)`` when it finishes or is preempted, before the
+  ``free`` of its blocks; with its chain then (output blocks included) if it grew since.
 """
 
 from __future__ import annotations
@@ -63,6 +64,19 @@ def request_sizes(contents: Sequence, n_lookup: int | None, n_blocks: int | None
         raise ValueError(f"a request needs 0 <= n_lookup <= len(contents) <= n_blocks; got n_lookup={n_lookup}, "
                          f"{n_full} contents, n_blocks={n_blocks}")
     return n_lookup, n_blocks
+
+
+def finished_size(contents: Sequence | None, n_blocks: int | None) -> int:
+    """``finish``'s ``n_blocks``: as given, else ``len(contents)`` (0 without contents), checked.
+
+    Raises ValueError if it is fewer than the contents.
+    """
+    n_full = 0 if contents is None else len(contents)
+    if n_blocks is None:
+        return n_full
+    if n_blocks < n_full:
+        raise ValueError(f"a finishing request holds at least its {n_full} full blocks; got n_blocks={n_blocks}")
+    return n_blocks
 
 
 class EvictionPolicy(ABC):
@@ -177,8 +191,20 @@ class EvictionPolicy(ABC):
             partial last block is allocated but never cached.
         """
 
-    def finish(self, request: Hashable, now: float) -> None:
-        """The request admitted as ``request`` finished or was preempted; the default ignores it."""
+    def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
+               n_blocks: int | None = None) -> None:
+        """The request admitted as ``request`` finished or was preempted; the default ignores it.
+
+        Parameters
+        ----------
+        contents : sequence of hashable, optional
+            Its chain now, when it grew since :meth:`admit`: the content of every full block,
+            prompt and output, shallowest first (vLLM's ``request.block_hashes`` at the end).
+            Blocks filled since admission were cached as they filled; a shadow caches them now.
+        n_blocks : int, optional
+            Blocks it holds now, at least ``len(contents)`` (the default: as many as it held,
+            or ``len(contents)`` if more).
+        """
 
     @abstractmethod
     def clear(self) -> None:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Hashable, Sequence
 
 from kvprof.policy.base import EvictionPolicy
-from kvprof.policy.prefix_cache import PrefixCache
+from kvprof.policy.prefix_cache import NO_BLOCK, PrefixCache
 
 
 class _Never:
@@ -31,7 +31,7 @@ class ShadowCache(PrefixCache):
     """A prefix cache of contents under ``policy``, fed whole requests when the real cache admits and frees them.
 
     Invariant: :class:`~kvprof.policy.prefix_cache.PrefixCache`'s, and ``held`` maps every admitted,
-    unfinished request to its slots, chain order. ``hits`` counts the blocks its lookups found.
+    unfinished request to its slots, chain order (``workload`` to its workload). ``hits`` counts the blocks its lookups found.
 
     It differs from a real cache in one way: it admits every request the real cache admitted, at
     the real cache's time, even when its own slots are all pinned (it then grows past its size
@@ -51,6 +51,7 @@ class ShadowCache(PrefixCache):
     def __init__(self, policy: EvictionPolicy, capacity: int = 0) -> None:
         super().__init__(policy, capacity)
         self.held: dict[Hashable, list[int]] = {}
+        self.workload: dict[Hashable, int] = {}
         self.hits = 0
 
     def admit(self, request: Hashable, contents: Sequence[Hashable], now: float, workload: int, n_lookup: int,
@@ -70,11 +71,33 @@ class ShadowCache(PrefixCache):
         self.pin_hits(slots, now, workload, NEVER, 0)
         self.allocate(contents, NEVER, 0, n_hits, len(contents), n_blocks, now, workload, slots)
         self.held[request] = slots
+        self.workload[request] = workload
         self.hits += n_hits
         return n_hits
 
-    def finish(self, request: Hashable, now: float) -> None:
-        """``request`` finished: its slots are freed tail-first (unknown requests are ignored)."""
+    def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] = (), n_blocks: int = 0) -> None:
+        """``request`` finished: its slots are freed tail-first (unknown requests are ignored).
+
+        With ``contents`` (its whole chain now), the blocks it filled since admission are cached
+        first, as vLLM caches each block once full: a held slot without content takes its
+        depth's content in place, and it gets slots for the depths up to ``n_blocks`` it did not
+        hold (cached below ``len(contents)``).
+        """
         slots = self.held.pop(request, None)
-        if slots is not None:
-            self.release(slots, now)
+        if slots is None:
+            return
+        workload = self.workload.pop(request)
+        held = len(slots)
+        for depth in range(min(held, len(contents))):
+            slot, content = slots[depth], contents[depth]
+            if self.slot_block[slot] == NO_BLOCK and content not in self.block_slot:
+                self.block_slot[content] = slot
+                self.slot_block[slot] = content
+                self.policy.access(slot, now, workload, depth, hit=False, next_use=math.inf, content=content)
+        n_blocks = max(n_blocks, len(contents))
+        if n_blocks > held:
+            short = n_blocks - held - self.n_free
+            if short > 0:
+                self.make_room(short, now)
+            self.allocate(contents, NEVER, 0, held, len(contents), n_blocks, now, workload, slots)
+        self.release(slots, now)

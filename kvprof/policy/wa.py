@@ -9,7 +9,7 @@ from collections.abc import Hashable, Iterable, Sequence
 import numpy as np
 
 from kvprof.models.hp import CANDIDATES
-from kvprof.policy.base import EvictionPolicy, request_sizes
+from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 from kvprof.policy.classed import ClassedLRUPolicy, _as_list
 from kvprof.policy.orders import FrequencyOrder, ModelOrder, Order, RecencyOrder, SegmentedOrder, tier_of
 from kvprof.policy.s3fifo import S3FIFOPolicy
@@ -336,9 +336,12 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             self._weigh(self._unweighed, size)
             self._unweighed = 0
 
-    def finish(self, request: Hashable, now: float) -> None:
+    def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
+               n_blocks: int | None = None) -> None:
+        """Free the request's slots in every shadow (after caching what it filled since admission)."""
+        n_blocks = finished_size(contents, n_blocks)
         for shadow in self._shadows:
-            shadow.finish(request, now)
+            shadow.finish(request, now, () if contents is None else contents, n_blocks)
 
     def _size(self) -> int:
         """The real cache's size in blocks: as given, else the most blocks it has held at once (now included)."""

@@ -13,8 +13,8 @@ full ones cached at once; when it finishes, the blocks its output filled (``prom
 tokens: the last sampled token is never written), cached too as vLLM caches them, though no
 later prompt of the recording names them; then it frees them all, tail first. Requests never
 scheduled (aborted while waiting) take nothing and are counted as not served. The policy hears of
-each request once scheduled (``admit``: all its full blocks, output included, so ``wa``'s shadows
-cache those from then on) and once finished (``finish``). The live
+each request once scheduled (``admit``: its full prompt blocks) and once finished (``finish``:
+all its full blocks, output included, which ``wa``'s shadows cache then as the real tier does). The live
 counterfactual of the vLLM plugin runs the same two steps as requests come and go.
 """
 
@@ -157,10 +157,10 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu) -> 
             held[r] = hits[r] + min(n_prompt[r] - hits[r], gpu.n_free - n_hit_evictable)
             gpu.pin_hits(mine, now, classes[r], next_use, start)
             gpu.allocate(blocks, next_use, start, hits[r], n_full[r], held[r], now, classes[r], mine)
-            gpu.policy.admit(r, blocks[start:offsets[r + 1]], now, classes[r], n_lookup=n_lookup[r],
-                             n_blocks=n_prompt[r] + n_new[r])
+            gpu.policy.admit(r, blocks[start:start + n_full[r]], now, classes[r], n_lookup=n_lookup[r],
+                             n_blocks=n_prompt[r])
         else:
-            gpu.policy.finish(r, now)
+            gpu.policy.finish(r, now, blocks[start:offsets[r + 1]], n_blocks=n_prompt[r] + n_new[r])
             more = min(n_new[r], gpu.n_free)
             gpu.allocate(blocks, next_use, start, held[r], offsets[r + 1] - start, held[r] + more, now, classes[r],
                          mine)
