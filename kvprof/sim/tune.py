@@ -13,7 +13,7 @@ the nearest tuned one (:meth:`kvprof.models.hp.HpFile.tuned`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from joblib import Parallel, delayed
 
@@ -32,7 +32,7 @@ REPLAYED_SHARE = 1 / 3
 
 
 def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig = SimConfig(), *,
-         n_jobs: int = 1) -> HpFile:
+         n_jobs: int = 1, progress: Callable[[int, int], None] | None = None) -> HpFile:
     """``hp`` with a tuning entry per capacity, chosen by replaying the end of ``trace`` (the fit window).
 
     Parameters
@@ -48,6 +48,8 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     n_jobs : int
         joblib workers for the replays (capacities x horizons), capped as a sweep's
         (:func:`~kvprof.sim.sweep.sweep_workers`).
+    progress : callable(done, total) or None
+        Called as each replay finishes (in order).
 
     Returns
     -------
@@ -61,8 +63,12 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
                                 config.rate_scale)
     horizons = [hp.horizon * factor for factor in HORIZON_FACTORS]
     tasks = [(capacity, horizon) for capacity in capacities for horizon in horizons]
-    replays = Parallel(n_jobs=sweep_workers(n_jobs, len(tasks)))(
-        delayed(_replay)(workload, hp, capacity, horizon, config) for capacity, horizon in tasks)
+    replays = []
+    for replay in Parallel(n_jobs=sweep_workers(n_jobs, len(tasks)), return_as="generator")(
+            delayed(_replay)(workload, hp, capacity, horizon, config) for capacity, horizon in tasks):
+        replays.append(replay)
+        if progress is not None:
+            progress(len(replays), len(tasks))
     entries = []
     for capacity in capacities:
         tried = {horizon: replay for (c, horizon), replay in zip(tasks, replays) if c == capacity}
