@@ -15,7 +15,8 @@ import numpy as np
 from sklearn.metrics import log_loss
 from sklearn.tree import DecisionTreeClassifier
 
-from kvprof.cells import PROMPT_FEATURE, TURN_FEATURE, CellRule, request_features
+from kvprof.cells import PROMPT_FEATURE, TURN_FEATURE, CellRule, field_feature, request_features
+from kvprof.profiler.classes import field_texts
 from kvprof.profiler.reuse import ReuseSamples
 from kvprof.profiler.trace import Trace
 
@@ -39,11 +40,11 @@ def feature_matrix(trace: Trace, class_codes: np.ndarray, class_names, fields=()
     for field in fields:
         if field not in trace.extra:
             raise ValueError(f"cell field {field!r} is not in the trace (its fields: {', '.join(sorted(trace.extra)) or 'none'})")
-        values = np.asarray(trace.extra[field]).astype(str)
+        values = field_texts(trace.extra[field])
         distinct = [v for v in np.unique(values) if v != ""]
         if len(distinct) > MAX_FIELD_VALUES:
             raise ValueError(f"cell field {field!r} has {len(distinct)} values; a cell feature may have at most {MAX_FIELD_VALUES}")
-        columns += [(f"{field}={value}", (values == value).astype(np.float64)) for value in distinct]
+        columns += [(field_feature(field, value), (values == value).astype(np.float64)) for value in distinct]
     return np.column_stack([c for _, c in columns]), tuple(name for name, _ in columns)
 
 
@@ -103,7 +104,7 @@ def fit_cell_rule(trace: Trace, samples: ReuseSamples, class_codes: np.ndarray, 
 
 def cells_of_trace(rule: CellRule, trace: Trace, codes: np.ndarray, class_names) -> np.ndarray:
     """Cell of every request (int64, shape (n,)): the rule applied to each distinct feature set once."""
-    fields = {field: np.asarray(trace.extra[field]).astype(str) for field in rule.fields if field in trace.extra}
+    fields = {field: field_texts(trace.extra[field]) for field in rule.fields if field in trace.extra}
     keys = list(zip(codes.tolist(), np.maximum(trace.turn, 1).tolist(), trace.input_length.tolist(),
                     *(column.tolist() for column in fields.values())))
     cell_of = {}
@@ -139,7 +140,8 @@ def _to_rule(tree: DecisionTreeClassifier, names: tuple[str, ...], fields: tuple
     cell = []
     for node in range(len(left)):  # sklearn numbers children after their parent
         if left[node] == -1:
-            leaf_names.append(_leaf_name(paths[node]))
+            name = _leaf_name(paths[node])  # thresholds printed to 3 digits may read alike: keep names apart
+            leaf_names.append(name if name not in leaf_names else f"{name}#{len(leaf_names)}")
             cell.append(len(leaf_names) - 1)
             continue
         cell.append(-1)
