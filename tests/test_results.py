@@ -85,8 +85,8 @@ def test_merge_labels_live_runs_with_what_the_server_ran():
     live = document(runs=[dict(RUN, policy="wa", measured=True)], config={"policies": ["wa"], "rate_scale": 10.0},
                     inputs={"hp": {"path": "out/hp.json"}})
     merged = results.merge([document(), live, live])
-    assert [r["policy"] for r in merged["runs"]] == ["lru", "wa (live)", "wa (live) #3"]
+    assert [r["policy"] for r in merged["runs"]] == ["lru", "wa (live)", "wa (live) #2"]  # the second live run
     assert [r["origin"] for r in merged["runs"]] == ["simulated", "live, hp hp.json, rate x10", "live, hp hp.json, rate x10"]
     assert results.merge([document(config={"policies": ["lru"], "rate_scale": 2.5})])["runs"][0]["origin"] == \
         "simulated, rate x2.5"
-    assert merged["config"]["policies"] == ["lru", "wa (live)", "wa (live) #3"]
+    assert merged["config"]["policies"] == ["lru", "wa (live)", "wa (live) #2"]

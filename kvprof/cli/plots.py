@@ -23,6 +23,10 @@ PANELS = (
 #: Line styles of a panel's metrics, in ``PANELS`` order. Each has a marker: a live replay is one
 #: capacity, a single point that a line without markers would not draw at all.
 STYLES = ("-o", "--x")
+#: Every panel is written in each of these formats.
+FORMATS = ("png", "svg")
+#: The files :func:`plot_results` writes into its directory.
+FILES = tuple(f"{panel[0]}.{suffix}" for panel in PANELS for suffix in FORMATS)
 
 
 def plot_results(results: dict, out_dir: Path) -> list[Path]:
@@ -64,7 +68,7 @@ def _plot_panel(results: dict, out_dir: Path, stem: str, ylabel: str, keys: tupl
         axes.legend(title="policy")
     axes.set_title(_title(results))
     written = []
-    for suffix in ("png", "svg"):
+    for suffix in FORMATS:
         path = out_dir / f"{stem}.{suffix}"
         with atomic_open(path, "wb") as handle:
             figure.savefig(handle, format=suffix, dpi=120)
