@@ -19,6 +19,7 @@ from kvprof import __version__
 from kvprof.atomic import atomic_write_text
 from kvprof.errors import ResultsFileError
 from kvprof.jsonfile import JsonChecks, read_json
+from kvprof.limits import RATE_SCALE
 
 SCHEMA = "kvprof.results/1"
 #: The document's file name in an output directory.
@@ -197,10 +198,8 @@ def _signed(checks, value, where):
     return checks.number(value, where, low=-math.inf, null=True)
 
 
-def _positive(checks, value, where):
-    if checks.number(value, where) == 0:
-        checks.fail(where, "must be > 0")
-    return value
+def _rate_scale(checks, value, where):
+    return checks.bounded(value, where, RATE_SCALE)
 
 
 def _block_size(checks, value, where):
@@ -239,7 +238,7 @@ _CONFIG_FIELDS = {
     "policies": (_policies, True),
     "engine_block_size": (_block_size, False),
     "cpu_capacity": (_count, False),
-    "rate_scale": (_positive, False),
+    "rate_scale": (_rate_scale, False),
 }
 _TRACE_FIELDS = {"source": (_text, False), "n_requests": (_count, False)}
 _RUN_FIELDS = {

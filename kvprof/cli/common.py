@@ -101,20 +101,20 @@ JobsOpt = Annotated[
 ]
 
 
-def parse_list(text: str, bound: Bound, option: str) -> tuple:
+def parse_list(text: str, bound: Bound, option: str, what: str) -> tuple:
     """Comma-separated numbers, each read by ``bound`` (a usage error naming ``option`` otherwise)."""
     values = []
     for part in text.split(","):
         try:
-            values.append(bound.parse(part.strip()))
+            values.append(bound.parse(part.strip(), f"each {what}"))
         except ValueError as exc:
-            raise typer.BadParameter(f"{text!r}: {exc}", param_hint=option) from None
+            raise typer.BadParameter(str(exc), param_hint=option) from None
     return tuple(values)
 
 
 def capacity_list(text: str, option: str = "--capacity") -> tuple[int, ...]:
     """``--capacity``'s comma-separated whole numbers of blocks, each > 0 (a usage error otherwise)."""
-    return parse_list(text, BLOCKS, option)
+    return parse_list(text, BLOCKS, option, "capacity")
 
 
 def parse_window_option(text: str | None, option: str = "--window") -> tuple[float | None, float | None] | None:
@@ -219,13 +219,17 @@ def qttft_cell(seconds: float | None, overloaded: bool = False) -> str:
 def output_file(path: Path, inputs: Iterable[Path | None] = (), option: str = "-o/--output") -> Path:
     """``path`` if a file can be written there without replacing an input; a usage error otherwise.
 
-    Checked before any work: the nearest existing ancestor is a directory (``-o t.jsonl/hp.json``
-    with ``t.jsonl`` a file is refused), ``path`` is not a directory, and ``path`` is not one of
-    ``inputs`` (``fit t.jsonl -o t.jsonl``).
+    Checked before any work: its directory exists (``-o t.jsonl/hp.json`` with ``t.jsonl`` a
+    file, or a directory not made yet, are refused), ``path`` is not a directory, and ``path`` is
+    not one of ``inputs`` (``fit t.jsonl -o t.jsonl``).
     """
     if path.is_dir():
         raise typer.BadParameter(f"{path} is a directory; give a file name", param_hint=option)
-    _check_creatable(path.parent, path, option)
+    directory = path.parent
+    if not directory.is_dir():
+        what = "is not a directory" if os.path.lexists(directory) else "does not exist"
+        raise typer.BadParameter(f"{path}: {directory} {what}", param_hint=option)
+    _check_creatable(directory, path, option)
     _check_not_an_input(path, inputs, option)
     return path
 

@@ -17,6 +17,8 @@ Whatever kvprof prints of its input is shown as it is, whatever it holds:
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import os
 import sys
@@ -58,6 +60,11 @@ class _PlainConsole(Console):
 
     def render_str(self, text: str, **kwargs) -> Text:
         return super().render_str(printable(text), **kwargs)
+
+    def on_broken_pipe(self) -> None:
+        """A closed pipe ends the command (:func:`end_quietly_on_closed_stdout`), not rich's exit 1."""
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the reader of the output has gone")
 
 
 console = _PlainConsole()
@@ -104,6 +111,19 @@ def print_json(data) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
+#: Rows a table shows at most (rich takes about 2 ms a row); the rest are counted under it, ``--json`` has all.
+MAX_ROWS = 256
+
+
+def first_rows(items: list, noun: str, rows_each: int = 1) -> tuple[list, str | None]:
+    """The items a table of at most :data:`MAX_ROWS` rows shows (``rows_each`` rows per item), and the
+    caption that counts the others (None when all are shown)."""
+    shown = max(1, MAX_ROWS // rows_each)
+    if len(items) <= shown:
+        return items, None
+    return items[:shown], f"... and {len(items) - shown:,} more {noun} (--json shows them all)"
+
+
 def table(title: str, columns: dict[str, str], **kwargs) -> Table:
     """A table of ``columns`` (name -> ``"left"`` or ``"right"``); left columns (names, labels) fold
     rather than cut a long value, so a cell name is shown whole."""
@@ -131,10 +151,11 @@ def status(text: str) -> Iterator[None]:
 
 
 def end_quietly_on_closed_stdout() -> typer.Exit:
-    """The reader of stdout has gone (``| head``): send what is left to /dev/null, end with exit 0."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    """The reader of the output has gone (``| head``): send what is left to /dev/null, end with exit 0."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
     return typer.Exit(0)
 
 

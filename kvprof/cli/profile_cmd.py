@@ -26,7 +26,7 @@ from kvprof.cli.common import (
     parse_window_option,
     trace_block_size,
 )
-from kvprof.cli.output import plain, print_json, printable, say, show as show_table, status, table
+from kvprof.cli.output import first_rows, plain, print_json, printable, say, show as show_table, status, table
 from kvprof.errors import KvprofError
 from kvprof.limits import BLOCK_TOKENS, COUNT, HOURS, POSITIVE_SECONDS, SECONDS, Bound
 
@@ -257,14 +257,15 @@ def _cells_table(hp, title: str):
     """Per cell and reuse tier: data, the mixture, KS, and held-out quality beside one exponential's."""
     from kvprof.cells import TIER_EDGES
 
+    cells, more = first_rows(list(zip(hp.cell_names(), hp.cell_models())), "cells", len(TIER_EDGES))
     out = table(f"{title}: wa's cells x reuse tiers (held-out log-loss / Brier: mixture vs one exponential)",
                 {column: "left" if column in ("cell", "components", "source") else "right"
                  for column in ("cell", "tier", "accesses", "reuses", "p", "components", "KS", "log-loss", "Brier",
-                                "source")})
+                                "source")}, caption=more)
     labels = [f"{edge}" if i + 1 == len(TIER_EDGES) or TIER_EDGES[i + 1] == edge + 1 else f"{edge}-{TIER_EDGES[i + 1] - 1}"
               for i, edge in enumerate(TIER_EDGES)]
     labels[-1] += "+"
-    for name, tiers in zip(hp.cell_names(), hp.cell_models()):
+    for name, tiers in cells:
         for tier, row in enumerate(tiers):
             diag = row.diagnostics or {}
             held = diag.get("holdout") or {}
@@ -282,9 +283,10 @@ def _cells_table(hp, title: str):
 
 
 def _tuning_table(hp):
+    entries, more = first_rows(list(hp.tuning), "capacities")
     out = table("tuned on the fit window (wa's token hit ratio per horizon; start: best shadow)",
-                {"capacity": "right", "hit ratio by H": "left", "horizon (s)": "right", "start": "left"})
-    for entry in hp.tuning:
+                {"capacity": "right", "hit ratio by H": "left", "horizon (s)": "right", "start": "left"}, caption=more)
+    for entry in entries:
         tried = entry.get("measured", {}).get("hit_ratio_by_horizon_s", {})
         out.add_row(f"{entry['capacity']:,}", ", ".join(f"{h} s: {r:.4f}" for h, r in tried.items()),
                     f"{entry['horizon_s']:g}", entry["start"])
@@ -292,10 +294,10 @@ def _tuning_table(hp):
 
 
 def _classes_table(hp, title: str):
+    rows, more = first_rows(list(hp.classes.items()) + [("(default)", hp.default)], "classes")
     out = table(title, {column: "left" if column in ("class", "source") else "right"
                         for column in ("class", "accesses", "reuses", "censored", "p", "1/λ (s)", "naive p",
-                                       "naive 1/λ", "KS", "median gap (s)", "source")})
-    rows = list(hp.classes.items()) + [("(default)", hp.default)]
+                                       "naive 1/λ", "KS", "median gap (s)", "source")}, caption=more)
     for name, params in rows:
         diag = params.diagnostics or {}
         naive = params.naive or {}
@@ -359,10 +361,11 @@ def inspect(
     ):
         overview.add_row(label, value)
     show_table(overview)
+    classes, more = first_rows(list(summary["classes"].items()), "classes")
     gaps = table(f"reuse gaps per class (s), concurrency floor {min_gap:g} s",
                  {column: "left" if column == "class" else "right"
-                  for column in ("class", "requests", "accesses", "reused", "p10", "p50", "p90", "p99")})
-    for name, row in summary["classes"].items():
+                  for column in ("class", "requests", "accesses", "reused", "p10", "p50", "p90", "p99")}, caption=more)
+    for name, row in classes:
         q = row["gap_quantiles_s"] or {}
         gaps.add_row(name, f"{row['requests']:,}", f"{row['accesses']:,}", f"{row['reuse_share']:.1%}",
                      *(_fmt(q.get(k)) for k in ("p10", "p50", "p90", "p99")))
@@ -374,11 +377,13 @@ def inspect(
 
 def _class_models_table(models: dict, horizon: float):
     """Per class: a mixture of exponentials against one exponential, fitted on the window's first half."""
+    rows, more = first_rows(list(models.items()), "classes")
     out = table(f"reuse models per class, fitted on the first half, scored on the second "
                 f"(P(reuse within {horizon:g} s | idle age); mixture / one exponential)",
                 {column: "left" if column in ("class", "components (mean gap s)") else "right"
-                 for column in ("class", "p", "components (mean gap s)", "KS", "log-loss", "Brier", "questions")})
-    for name, row in models.items():
+                 for column in ("class", "p", "components (mean gap s)", "KS", "log-loss", "Brier", "questions")},
+                caption=more)
+    for name, row in rows:
         mix, single = row["mixture"], row["single"]
         held, held_single = mix["holdout"] or {}, single["holdout"] or {}
         out.add_row(
@@ -470,9 +475,10 @@ def _show_hp(hp_path: Path, json_out: bool) -> None:
     if hp.tuning:
         show_table(_tuning_table(hp))
     if hp.sessions:
+        types, more = first_rows(list(hp.sessions.items()), "types")
         sessions = table("sessions per type", {column: "left" if column == "type" else "right" for column in (
-            "type", "sessions", "P(turn>=2)", "P(turn>=3)", "think mean (s)", "think median (s)")})
-        for name, row in hp.sessions.items():
+            "type", "sessions", "P(turn>=2)", "P(turn>=3)", "think mean (s)", "think median (s)")}, caption=more)
+        for name, row in types:
             survival = row.get("survival", [])
             think = row.get("think_time_s") or {}
             sessions.add_row(name, _fmt(row.get("n_sessions"), "d"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvprof.cli.common import make_dir, qttft_cell
-from kvprof.cli.output import print_json, say, show, table
+from kvprof.cli.output import first_rows, print_json, say, show, table
 
 #: What the table's hit ratio is, said under it (docs/results-schema.md, ``token_hit_ratio``).
 HIT_RATIO_NOTE = ("hit ratio: cached / prompt tokens of every request replayed, simulated or live; a request not "
@@ -28,10 +28,11 @@ def show_results(paths: list[Path], documents: list[dict], output: Path | None, 
     if json_out:
         print_json(merged)
         return
+    runs, more = first_rows(merged["runs"], "runs")
     out = table(", ".join(map(str, paths)), {column: "left" if column in ("policy", "run") else "right" for column in (
         "policy", "run", "capacity", "requests", "not served", "hit ratio", "QTTFT mean (s)", "QTTFT p99 (s)")},
-        caption=HIT_RATIO_NOTE)
-    for run in merged["runs"]:
+        caption=HIT_RATIO_NOTE if more is None else f"{more}\n{HIT_RATIO_NOTE}")
+    for run in runs:
         hit = run["token_hit_ratio"]
         overloaded = run.get("qttft_overloaded", False)
         out.add_row(run["policy"], run["origin"], f"{run['capacity']:,}", f"{run['n_requests']:,}", _not_served(run),

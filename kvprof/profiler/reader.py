@@ -52,6 +52,7 @@ import json
 import math
 import operator
 import os
+import re
 import stat
 from array import array
 from collections.abc import Callable, Iterator
@@ -576,9 +577,7 @@ class _Parser:
             except (ValueError, RecursionError) as exc:  # JSONDecodeError and bad UTF-8
                 problem = _Problem("malformed_json", line_no, None, f"not valid JSON ({exc})")
             else:
-                # Every key is followed by a colon: more colons than keys (a colon in a value, a
-                # nested object, or a repeated key the decoder merged) is checked the slow way.
-                key = _repeated_key(line) if type(record) is dict and line.count(b":") > len(record) else None
+                key = _repeated_key(line) if type(record) is dict and _may_repeat_a_key(line, len(record)) else None
                 if key is None:
                     problem = self._add(line_no, line, record)
                 else:
@@ -597,6 +596,18 @@ class _Parser:
         if self.rows is None:
             self.rows = _Rows(self._format or detect_format(record), line_no, detected=self._format is None)
         return self.rows.append(line_no, record, has_bool=b"true" in line or b"false" in line)
+
+
+#: What ends a key: its closing quote, blanks, the colon (string values hold it too, rarely).
+_KEY_END = re.compile(rb'"[ \t\r\n]*:')
+
+
+def _may_repeat_a_key(line: bytes, n_keys: int) -> bool:
+    """Whether a line that decoded to an object of ``n_keys`` keys may have repeated one (the decoder keeps
+    the last value silently). Every key is followed by a colon: as many colons as keys (almost every
+    line) rule a repeat out, and failing that, as many key ends; more (a nested object, a colon after
+    a quote in a value, or a repeated key) are left to :func:`_repeated_key`."""
+    return line.count(b":") > n_keys and len(_KEY_END.findall(line)) > n_keys
 
 
 def _repeated_key(line: bytes) -> str | None:
