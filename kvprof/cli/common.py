@@ -85,9 +85,11 @@ def number_option(*names: str, bound: Bound, help: str, check=None, **kwargs):
     return typer.Option(*names, parser=_BoundedParser(bound, check), help=help, **kwargs)
 
 
-def is_bounded(param) -> bool:
-    """Whether a click parameter reads its value through :func:`number_option` (for the option sweeps)."""
-    return isinstance(getattr(param.type, "func", None), _BoundedParser)
+def bounded_parser(param) -> _BoundedParser | None:
+    """The :func:`number_option` parser of a command's parameter, None if it has none (for the option sweeps)."""
+    info = getattr(getattr(param, "type_descriptor", None), "parameter_info", None)
+    parser = getattr(info, "parser", None) or getattr(getattr(param, "type", None), "func", None)
+    return parser if isinstance(parser, _BoundedParser) else None
 
 
 def _not_zero(jobs: int) -> str | None:

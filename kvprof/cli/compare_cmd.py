@@ -152,20 +152,20 @@ def compare(
         raise typer.BadParameter("give --capacity or --capacity-schedule, not both (a schedule sets the capacity)",
                                  param_hint="--capacity/--capacity-schedule")
     capacities = (schedule[0][1],) if schedule else _capacity_list(capacity or "1024,2048,4096,8192")
+    check_memory([*capacities, *(blocks for _, blocks in schedule)], cpu_capacity, jobs, len(names) * len(capacities),
+                 "--capacity/--cpu-capacity/--capacity-schedule")
+    fit_bounds = parse_window_option(fit_window, "--fit-window")
+    eval_bounds = parse_window_option(eval_window, "--eval-window")
+    check_format(format)
+    fits = config is None and _needs_hp(names)
+    output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ())],
+               inputs=[trace_path, config, cost_file])
     cost = _cost_model(cost_file, prefill_tokens_per_s=prefill_rate, step_overhead_s=step_overhead,
                        max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs, decode=decode,
                        time_per_output_token_s=decode_time)
     if decode_time is not None and not cost.decode:
         raise typer.BadParameter("is the time per output token of --decode; give --decode too (or a --cost file "
                                  "with decode: true)", param_hint="--decode-time")
-    check_memory([*capacities, *(blocks for _, blocks in schedule)], cpu_capacity, jobs, len(names) * len(capacities),
-                 "--capacity/--cpu-capacity/--capacity-schedule")
-    fit_bounds = parse_window_option(fit_window, "--fit-window")
-    eval_bounds = parse_window_option(eval_window, "--eval-window")
-    check_format(format)
-    inputs = [trace_path, config, cost_file]
-    fits = config is None and _needs_hp(names)
-    output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ())], inputs=inputs)
     trace_block = trace_block_size(trace_path, format, trace_block_tokens)
     if block_size is not None and trace_block is not None:
         _check_multiple(block_size, trace_block)

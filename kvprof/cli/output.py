@@ -7,7 +7,9 @@ Whatever kvprof prints of its input is shown as it is, whatever it holds:
   is printed as those characters (never parsed, dropped or turned into a crash). kvprof's own
   styles are given as styles (:func:`message`), never as markup in a string.
 * Text that UTF-8 cannot encode (a lone surrogate from a trace's JSON, a file name in another
-  encoding) is written with backslash escapes (``\\ud800``) instead of crashing the print.
+  encoding) is written with backslash escapes (``\\ud800``) instead of crashing the print, and so
+  are control characters but newline and tab (an escape sequence in a trace value would otherwise
+  reach the terminal and act there).
 * Progress bars and spinners draw only on a terminal; in a log they print nothing (a spinner's
   message once, as a line).
 * A closed stdout (``kvprof inspect t.jsonl | head -1``) ends the command quietly with exit 0,
@@ -21,6 +23,7 @@ import errno
 import io
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 
@@ -37,13 +40,16 @@ _PIPE_WIDTH = 160
 EXIT_DATA_ERROR = 1
 
 
+#: What :func:`printable` escapes: control characters but newline and tab, and lone surrogates.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
 def printable(text: str) -> str:
-    """``text`` with what UTF-8 cannot encode (lone surrogates) written as backslash escapes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
+    """``text`` with control characters (but newline and tab) and what UTF-8 cannot encode (lone
+    surrogates) written as backslash escapes, as Python writes them (``\\x1b``, ``\\ud800``)."""
+    if not _UNPRINTABLE.search(text):
+        return text
+    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 class _PlainConsole(Console):
