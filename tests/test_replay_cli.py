@@ -39,15 +39,22 @@ def good_answer(body: dict) -> bytes:
 
 class StubServer(BaseHTTPRequestHandler):
     """Answers like vLLM. ``second_event``, when set, replaces the usage event of every completion after the
-    first ``good`` ones (the first is replay's test request), as the issue's srv.py does for all of them."""
+    first ``good`` ones (the first is replay's test request), as the issue's srv.py does for all of them;
+    ``respond(handler, body)``, when set, answers those completions itself. ``models`` is the body of
+    ``/v1/models`` (None: 404, as a server without it)."""
 
     metrics: str | None = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n" + CACHE_INFO
+    models: dict | None = None
     second_event: object = None
+    respond = None
     good = 1
     seconds_per_token = 0.0
     bodies: list
 
     def do_GET(self):
+        if self.path == "/v1/models" and self.models is not None:
+            self._reply("application/json", json.dumps(self.models).encode())
+            return
         if self.path != "/metrics" or self.metrics is None:
             self.send_error(404)
             return
@@ -56,15 +63,19 @@ class StubServer(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         cls = type(self)
-        cls.bodies.append(body)
+        with cls.lock:
+            cls.bodies.append(body)
+            late = len(cls.bodies) > self.good
         time.sleep(self.seconds_per_token * len(body["prompt"]))
-        if self.second_event is None or len(cls.bodies) <= self.good:
+        if late and self.respond is not None:
+            self.respond(body)
+        elif self.second_event is None or not late:
             self._reply("text/event-stream", good_answer(body))
         else:
             self._reply("text/event-stream", sse({"choices": [{"text": "x"}]}, self.second_event))
 
-    def _reply(self, content_type: str, data: bytes):
-        self.send_response(200)
+    def _reply(self, content_type: str, data: bytes, status: int = 200):
+        self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -77,7 +88,7 @@ class StubServer(BaseHTTPRequestHandler):
 @pytest.fixture
 def stub():
     """A running stub server (``StubServer`` subclassed per test, so a test may change its answers)."""
-    handler = type("Stub", (StubServer,), {"bodies": []})
+    handler = type("Stub", (StubServer,), {"bodies": [], "lock": threading.Lock()})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
