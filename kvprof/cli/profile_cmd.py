@@ -448,9 +448,17 @@ def _not_results(path: Path) -> str:
 
 def _show_hp(hp_path: Path, json_out: bool) -> None:
     """The hp file's rule, provenance, classes and sessions, after validating it."""
-    from kvprof.models.hp import PUBLISHED_FORMAT, load_hp
+    from kvprof.errors import HpFileError
+    from kvprof.models.hp import PUBLISHED_FORMAT, SCHEMAS, load_hp
+    from kvprof.results import SCHEMA as RESULTS_SCHEMA
 
-    hp = load_hp(hp_path)
+    try:
+        hp = load_hp(hp_path)
+    except HpFileError as exc:
+        if exc.where != "schema":
+            raise
+        raise KvprofError(f"{exc}; show reads hp files ({', '.join(SCHEMAS)}, or the published format) and "
+                          f"results files ({RESULTS_SCHEMA})") from None
     if json_out:
         print_json(hp.to_dict())
         return
