@@ -604,9 +604,12 @@ _KEY_END = re.compile(rb'"[ \t\r\n]*:')
 
 def _may_repeat_a_key(line: bytes, n_keys: int) -> bool:
     """Whether a line that decoded to an object of ``n_keys`` keys may have repeated one (the decoder keeps
-    the last value silently). Every key is followed by a colon: as many colons as keys (almost every
-    line) rule a repeat out, and failing that, as many key ends; more (a nested object, a colon after
-    a quote in a value, or a repeated key) are left to :func:`_repeated_key`."""
+    the last value silently).
+
+    Every key ends in a quote, maybe blanks, and a colon: as many colons as keys (almost every line)
+    rule a repeat out, and failing that (a colon in a value) as many key ends. More (a nested
+    object, a quote and a colon in a value, or a repeated key) are left to :func:`_repeated_key`.
+    """
     return line.count(b":") > n_keys and len(_KEY_END.findall(line)) > n_keys
 
 
