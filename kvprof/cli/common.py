@@ -142,7 +142,8 @@ def check_memory(capacities: Iterable[int], cpu_capacity: int, jobs: int, n_runs
         raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
-TraceArg = Annotated[Path, typer.Argument(help="Trace file: Bailian or Mooncake JSONL, plain, .gz or .zst.")]
+TraceArg = Annotated[Path, typer.Argument(help="Trace file (Bailian or Mooncake JSONL, plain, .gz or .zst), or a "
+                                                "vLLM recording directory (vllm serve --kv-record).")]
 FormatOpt = Annotated[
     Optional[str], typer.Option("--format", help=f"Force the trace format ({', '.join(FORMAT_BLOCK_SIZE)}).")
 ]
@@ -203,7 +204,26 @@ def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=
     if report.skipped:
         detail = ", ".join(f"{count} {kind}" for kind, count in sorted(report.skipped.items()))
         warn(f"skipped {sum(report.skipped.values())} invalid lines of {path}: {detail}")
+    if report.truncated:
+        say(f"note: {path} is a recording whose open file ends in an unfinished line or zstd frame "
+            f"(a server still writing, or killed): skipped {report.truncated} line(s) at its end")
+    if report.recording is not None and report.recording.dropped:
+        warn(f"the server could not record {report.recording.dropped:,} requests (recording.json says why): "
+             f"they are missing from {path}")
     return trace
+
+
+def recording_of(path):
+    """The ``recording.json`` of a vLLM recording directory (``vllm serve --kv-record``), None for a file.
+
+    Raises
+    ------
+    kvprof.recording.RecordingError
+        A directory that is not a valid recording.
+    """
+    from kvprof.recording import is_recording, load_recording
+
+    return load_recording(path) if is_recording(path) else None
 
 
 #: Marks a modelled QTTFT whose server was overloaded: the number grows with the trace's length.

@@ -25,6 +25,7 @@ from kvprof.cli.common import (
     TraceArg,
     TraceBlockTokensOpt,
     capacity_list,
+    recording_of,
     check_format,
     check_memory,
     guarded,
@@ -39,9 +40,18 @@ from kvprof.cli.common import (
 from kvprof.cli.output import print_json, progress, say, show, status, table, warn
 from kvprof import results as results_file
 from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, Bound
-from kvprof.sim.config import COST_BOUNDS, CostModel, SimConfig, SimulationError, default_engine_block, parse_schedule
+from kvprof.sim.config import (
+    COST_BOUNDS,
+    TIMINGS,
+    CostModel,
+    SimConfig,
+    SimulationError,
+    default_engine_block,
+    parse_schedule,
+)
 
 DEMO_CAPACITIES = tuple(range(1024, 8193, 1024))
+DEFAULT_CAPACITIES = "1024,2048,4096,8192"
 DEMO_POLICIES = ("lru", "wa-paper", "wa", "belady")
 #: The hp file compare writes when it fits one.
 FITTED_HP = "hp.json"
@@ -61,15 +71,22 @@ def compare(
     ] = None,
     policies: Annotated[str, typer.Option("--policies", help="Comma-separated policy names.")] = "lru,wa,belady",
     capacity: Annotated[
-        Optional[str], typer.Option("--capacity", help="Comma-separated GPU capacities in engine blocks "
-                                                       "(default 1024,2048,4096,8192).")
+        Optional[str],
+        typer.Option("--capacity", help="Comma-separated GPU capacities in engine blocks (default 1024,2048,4096,8192; "
+                                        "for a vLLM recording, the server's usable blocks).")
     ] = None,
     block_size: Annotated[
         Optional[int],
         number_option("--block-size", bound=BLOCK_TOKENS,
                       help="Engine block size in tokens, a multiple of the trace's block size "
-                           "(default: the smallest such multiple >= 128)."),
+                           "(default: the smallest such multiple >= 128; for a vLLM recording, the server's)."),
     ] = None,
+    timing: Annotated[
+        str,
+        typer.Option("--timing", help="How long requests hold their blocks: recorded (as the server did: a vLLM "
+                                      "recording's scheduled and finished times), model (the cost model below), or "
+                                      "auto (recorded where the trace has it).")
+    ] = "auto",
     cpu_capacity: Annotated[
         int, number_option("--cpu-capacity", bound=COUNT, help="Blocks in a CPU offload tier (0: none).")
     ] = 0,
@@ -148,10 +165,15 @@ def compare(
 
     names = _policy_list(policies)
     schedule = _schedule(capacity_schedule)
+    if timing not in TIMINGS:
+        raise typer.BadParameter(f"{timing!r} is not one of {', '.join(TIMINGS)}", param_hint="--timing")
     if schedule and capacity is not None:
         raise typer.BadParameter("give --capacity or --capacity-schedule, not both (a schedule sets the capacity)",
                                  param_hint="--capacity/--capacity-schedule")
-    capacities = (schedule[0][1],) if schedule else _capacity_list(capacity or "1024,2048,4096,8192")
+    recording = recording_of(trace_path)
+    if capacity is None:
+        capacity = str(max(recording.num_gpu_blocks - 1, 1)) if recording else DEFAULT_CAPACITIES
+    capacities = (schedule[0][1],) if schedule else _capacity_list(capacity)
     check_memory([*capacities, *(blocks for _, blocks in schedule)], cpu_capacity, jobs, len(names) * len(capacities),
                  "--capacity/--cpu-capacity/--capacity-schedule")
     fit_bounds = parse_window_option(fit_window, "--fit-window")
@@ -166,7 +188,7 @@ def compare(
     if decode_time is not None and not cost.decode:
         raise typer.BadParameter("is the time per output token of --decode; give --decode too (or a --cost file "
                                  "with decode: true)", param_hint="--decode-time")
-    trace_block = trace_block_size(trace_path, format, trace_block_tokens)
+    trace_block = recording.block_size if recording else trace_block_size(trace_path, format, trace_block_tokens)
     if block_size is not None and trace_block is not None:
         _check_multiple(block_size, trace_block)
     hp = hp_input = None
@@ -188,8 +210,8 @@ def compare(
             f"(the trace's arrivals span {first:g}..{last:g} s); for a trace this short pass e.g. "
             f"--fit-window {first:.0f}:{split} --eval-window {split}:"
         )
-    sim_config = _sim_config(block_size or default_engine_block(trace.block_size), cpu_capacity, schedule, cost,
-                             rate_scale)
+    engine_block = block_size or (trace.block_size if recording else default_engine_block(trace.block_size))
+    sim_config = dataclasses.replace(_sim_config(engine_block, cpu_capacity, schedule, cost, rate_scale), timing=timing)
     fitted = None
     if fits:
         hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs)
@@ -197,7 +219,7 @@ def compare(
     document_inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit,
                        "seed": seed}
     _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, document_inputs, fitted,
-                    default_block=block_size is None, cost_file=cost_file)
+                    default_block=block_size is None and recording is None, cost_file=cost_file)
 
 
 @guarded

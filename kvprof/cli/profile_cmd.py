@@ -16,6 +16,7 @@ from kvprof.cli.common import (
     SkipOpt,
     TraceArg,
     capacity_list,
+    recording_of,
     check_format,
     check_memory,
     guarded,
@@ -132,7 +133,8 @@ def fit(
     min_gap: MinGapOpt = 0.3,
     capacity: Annotated[
         Optional[str], typer.Option("--capacity", help="Comma-separated GPU capacities (engine blocks) to tune wa "
-                                                       "for, by replaying the fit window; without it, defaults.")
+                                                       "for, by replaying the fit window; without it, defaults (for a "
+                                                       "vLLM recording: the server's usable blocks).")
     ] = None,
     engine_block_size: Annotated[
         Optional[int], number_option("--engine-block-size", bound=BLOCK_TOKENS,
@@ -155,6 +157,9 @@ def fit(
 
     rule = _class_rule(class_key, turn_cap, class_field)
     bounds = parse_window_option(window)
+    recording = recording_of(trace_path)
+    if recording is not None and capacity is None:  # tune for the server that recorded it
+        capacity = str(max(recording.num_gpu_blocks - 1, 1))
     capacities = _capacities(capacity, jobs)
     if engine_block_size is not None and not capacities:
         raise typer.BadParameter("is the block of the tuning replays: give it with --capacity",
@@ -162,11 +167,13 @@ def fit(
     fields = _cell_fields(cell_fields)
     check_format(format)
     output_file(output, inputs=[trace_path])
-    trace_block = trace_block_size(trace_path, format, block_size)
+    trace_block = recording.block_size if recording else trace_block_size(trace_path, format, block_size)
     if capacities and trace_block is not None:
         _engine_block(engine_block_size, trace_block)
     trace = open_trace(trace_path, format=format, block_size=block_size, skip_invalid=skip_invalid)
     _check_trace_fields(trace, rule, fields)
+    if recording is not None:
+        engine_block_size = engine_block_size or trace.block_size
     engine_block = _engine_block(engine_block_size, trace.block_size) if capacities else None
     fitted = trace.time_window(*bounds)
     if fitted.n_requests == 0:

@@ -154,7 +154,7 @@ def release(gpu, slots, n, now):
         gpu.refs[slot] -= 1
         if not gpu.refs[slot]:
             if gpu.slot_block[slot] == NONE:
-                _push_empty(gpu, slot)
+                push_empty(gpu, slot)
             else:
                 evictable[k] = slot
                 k += 1
@@ -165,7 +165,7 @@ def release(gpu, slots, n, now):
 
 
 @njit(cache=True)
-def _push_empty(gpu, slot):
+def push_empty(gpu, slot):
     if gpu.n_empty == len(gpu.empty):
         gpu.empty = grown(gpu.empty, gpu.n_empty + 1, 0)
     gpu.empty[gpu.n_empty] = slot
@@ -186,7 +186,7 @@ def set_limit(gpu, limit, now):
             if slot >= len(gpu.refs):
                 gpu.refs = grown(gpu.refs, slot + 1, 0)
                 gpu.slot_block = grown(gpu.slot_block, slot + 1, NONE)
-        _push_empty(gpu, slot)
+        push_empty(gpu, slot)
         gpu.n_live += 1
     _shrink(gpu, now)
 

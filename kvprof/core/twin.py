@@ -16,6 +16,7 @@ import numpy as np
 
 from kvprof.core import handle
 from kvprof.core.build import compile_policy
+from kvprof.core.policy import outcome
 from kvprof.policy.base import EvictionPolicy
 
 #: Content numbers kept per block of the pool (and at least :data:`MIN_CONTENTS`); see :class:`CompiledTwin`.
@@ -168,6 +169,14 @@ class CompiledTwin(EvictionPolicy):
         if n:
             handle.order(self._address, n, float(now), out)
         return out.tolist()
+
+    def safety_net(self) -> tuple[int, np.ndarray] | None:
+        """``wa``'s leading candidate (its index in ``reference.order_names``) and each shadow's
+        hits so far; None for a policy without a safety net."""
+        if not getattr(self.reference, "_shadows", None):
+            return None
+        leader, hits = outcome(self.handle)
+        return int(leader), hits
 
     def clear(self) -> None:
         self._content_id.clear()

@@ -41,11 +41,19 @@ Decisions worth knowing (the README documents them):
   time-order check, so ``time_tolerance`` is in seconds for both formats.
 * Window: without ``window`` the trace covers ``[floor(first timestamp), inf)``, so a slice of a
   longer trace keeps its own origin; with one, the validated trace is cut with
-  :meth:`Trace.time_window` and reuse is censored at its end.
+  :meth:`Trace.time_window` and reuse is censored at its end. A negative bound counts back from
+  the last arrival (``(-3600, None)``: the last hour).
+* Recordings: a directory written by ``vllm serve --kv-record`` (:mod:`kvprof.recording`) is read
+  as one trace: its files in write order, as if concatenated (errors name the file and its own
+  line), at the recording's block size. Lines are written when requests finish, so they are
+  sorted by arrival whatever their order. A still-open ``.part`` file (a running or killed
+  server) may end inside a zstd frame or a line: what cannot be read at its end is counted as
+  ``truncated``, never an error.
 """
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import hashlib
 import json
@@ -64,6 +72,7 @@ import zstandard
 
 from kvprof.errors import TraceError
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE, Trace
+from kvprof.recording import Recording, RecordingError, load_recording, trace_files
 
 __all__ = ["SKIP_KINDS", "ReadReport", "detect_format", "peek_format", "read_trace", "required_fields"]
 
@@ -79,6 +88,8 @@ SKIP_KINDS = (
     "duplicate_chat_id",
     "unknown_parent",
 )
+#: Lines lost at the end of a recording's still-open file (not an error, always counted).
+TRUNCATED = "truncated"
 
 #: Fields each format requires, with the JSON types they may have.
 _INT, _NUMBER, _STR, _INT_LIST = "an integer", "a number", "a string", "a list of integers"
@@ -132,6 +143,11 @@ class ReadReport:
         Valid requests left out because they arrive outside the window.
     ignored_fields : tuple of str
         Fields that held a list or an object on some line; those values are not kept.
+    truncated : int
+        Lines lost at the end of a recording's still-open (``.part``) files: an unfinished last
+        line, or one cut off inside an unfinished zstd frame.
+    recording : Recording or None
+        The recording's ``recording.json`` when ``path`` was a recording directory.
     """
 
     lines: int = 0
@@ -139,6 +155,8 @@ class ReadReport:
     skipped: dict[str, int] = field(default_factory=dict)
     outside_window: int = 0
     ignored_fields: tuple[str, ...] = ()
+    truncated: int = 0
+    recording: Recording | None = None
 
     @property
     def n_skipped(self) -> int:
@@ -195,15 +213,20 @@ def read_trace(
     _check_arguments(format, block_size, window, time_tolerance)
     name = str(path)
     report = ReadReport()
-    with _StoredFile(path, progress) as stored:
+    files = [(path, False)]
+    if Path(path).is_dir():
+        report.recording, files = _recording(path, block_size)
+        block_size, time_tolerance = report.recording.block_size, math.inf
+    with _StoredFiles(files, progress) as stored:
         parser = _Parser(format, skip_invalid, report)
         parser.parse(stored.lines())
+        report.truncated = stored.truncated
         rows = parser.rows
         if rows is None:
-            raise _trace_error(name, parser.problem) if parser.problem else _no_requests(name, report, stored.is_stream)
+            raise stored.error(parser.problem) if parser.problem else _no_requests(name, report, stored.is_stream)
         size = block_size or FORMAT_BLOCK_SIZE[rows.format]
         columns = rows.arrays()
-        keep = _validate(name, columns, size, time_tolerance, skip_invalid, report, parser.problem)
+        keep = _validate(stored, columns, size, time_tolerance, skip_invalid, report, parser.problem)
         sha256 = stored.sha256()
     if not keep.any():
         raise _no_requests(name, report, False)
@@ -213,6 +236,22 @@ def read_trace(
         trace = _cut_window(name, trace, window, report)
     report.requests = trace.n_requests
     return trace, report
+
+
+def _recording(path, block_size: int | None) -> tuple[Recording, list[tuple[Path, bool]]]:
+    """A recording directory's ``recording.json`` and trace files (each with whether it is still open)."""
+    try:
+        recording = load_recording(path)
+    except RecordingError as exc:
+        raise TraceError(exc.path, exc.reason if exc.where is None else f"at {exc.where}: {exc.reason}") from None
+    if block_size is not None and block_size != recording.block_size:
+        raise TraceError(str(path), f"the recording's hash ids are {recording.block_size}-token blocks "
+                                    f"(recording.json), not {block_size}: leave out --block-size")
+    files = trace_files(path)
+    if not files:
+        raise TraceError(str(path), "the recording holds no trace files yet (the server writes its first "
+                                    "when a request finishes)")
+    return recording, files
 
 
 def detect_format(record: dict) -> str:
@@ -260,10 +299,6 @@ def _check_arguments(format, block_size, window, time_tolerance) -> None:
             raise ValueError(f"window {window!r}: the end must be greater than the start")
 
 
-def _trace_error(name: str, problem: _Problem) -> TraceError:
-    return TraceError(name, problem.message, line=problem.line, field=problem.field)
-
-
 def _no_requests(name: str, report: ReadReport, is_stream: bool) -> TraceError:
     if not report.lines:
         if is_stream:
@@ -279,8 +314,13 @@ def _no_requests(name: str, report: ReadReport, is_stream: bool) -> TraceError:
 class _StoredFile:
     """A trace file read as lines, hashing and counting its stored bytes on the way."""
 
-    def __init__(self, path, progress: Callable[[int, int], None] | None):
+    def __init__(self, path, progress: Callable[[int, int], None] | None, tolerant: bool = False):
         self._name = str(path)
+        #: A still-open recording file: what cannot be read at its end is counted, not an error.
+        self._tolerant = tolerant
+        self.truncated = 0
+        self._cut = False
+        self.n_lines = 0  # lines (blank ones included) seen so far
         self._file = open(path, "rb")  # noqa: SIM115 - closed by __exit__
         info = os.fstat(self._file.fileno())
         self.is_stream = not stat.S_ISREG(info.st_mode)
@@ -297,7 +337,15 @@ class _StoredFile:
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
         self._file.close()
+
+    @property
+    def size(self) -> int:
+        """Stored bytes read so far."""
+        return self._done
 
     def read(self, size: int = -1) -> bytes:
         """Stored bytes (gzip reads through this too)."""
@@ -324,8 +372,13 @@ class _StoredFile:
                 if line and not line.isspace():
                     yield line_no + offset, line
             line_no += len(lines)
-        if tail and not tail.isspace():
+            self.n_lines = line_no
+        partial = bool(tail) and not tail.isspace()
+        if partial and not self._tolerant:
             yield line_no + 1, tail
+        elif partial or self._cut:  # the writer died inside this line, or inside a frame
+            self.truncated += 1
+        self.n_lines = line_no + partial
 
     def sha256(self) -> str:
         """Hex digest of every stored byte (reads whatever the decompressor left)."""
@@ -347,7 +400,9 @@ class _StoredFile:
             else:
                 yield from self._zstd_chunks()
         except (OSError, EOFError, zstandard.ZstdError) as exc:
-            raise TraceError(self._name, f"cannot decompress the {self._codec} stream: {exc}") from None
+            if not self._tolerant:
+                raise TraceError(self._name, f"cannot decompress the {self._codec} stream: {exc}") from None
+            self._cut = True  # the writer died inside a frame: at least one line is lost
 
     def _zstd_chunks(self) -> Iterator[bytes]:
         # One decompressobj per frame: unlike zstandard's stream reader, it tells a truncated file (no eof).
@@ -363,6 +418,74 @@ class _StoredFile:
                 frame = decompressor.decompressobj()
         if in_frame:
             raise EOFError("the file ends inside a zstd frame (truncated?)")
+
+
+class _StoredFiles:
+    """Several stored files read as one text, in order: lines are numbered across them, and
+    :meth:`error` and :meth:`label` turn such a number back into a file and its own line.
+
+    A single file is the common case; a recording directory is several.
+    """
+
+    def __init__(self, files: list[tuple[object, bool]], progress: Callable[[int, int], None] | None):
+        self._files = files
+        self._progress = progress
+        self._opened: list[_StoredFile] = []
+        self._first_lines: list[int] = []  # global number of each opened file's line 1
+        self._sha = hashlib.sha256() if len(files) > 1 else None
+        self.truncated = 0
+        self._total = sum(os.stat(f).st_size for f, _ in files) if len(files) > 1 else None
+        self._done = 0
+        self.is_stream = False
+
+    def __enter__(self) -> _StoredFiles:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for stored in self._opened:
+            stored.close()
+
+    def lines(self) -> Iterator[tuple[int, bytes]]:
+        offset = 0
+        for path, still_open in self._files:
+            stored = _StoredFile(path, self._file_progress, tolerant=still_open)
+            self._opened.append(stored)
+            self._first_lines.append(offset + 1)
+            self.is_stream = stored.is_stream
+            last = 0
+            for last, line in stored.lines():
+                yield offset + last, line
+            self.truncated += stored.truncated
+            offset += stored.n_lines
+            if self._sha is not None:
+                self._sha.update(bytes.fromhex(stored.sha256()))
+                self._done += stored.size
+
+    def _file_progress(self, done: int, total: int) -> None:
+        if self._progress is not None:
+            self._progress(self._done + done, total if self._total is None else self._total)
+
+    def sha256(self) -> str:
+        """Hex digest of a single file's stored bytes; of the files' digests in order for several."""
+        if self._sha is None:
+            return self._opened[0].sha256()
+        return self._sha.hexdigest()
+
+    def locate(self, line: int) -> tuple[str, int]:
+        """The file and its own line number of global line ``line``."""
+        if len(self._files) == 1:
+            return str(self._files[0][0]), line
+        k = max(bisect.bisect_right(self._first_lines, line) - 1, 0)
+        return str(self._files[k][0]), line - self._first_lines[k] + 1
+
+    def label(self, line: int) -> str:
+        """``line 12`` or, across several files, ``line 12 of NAME``."""
+        path, own = self.locate(line)
+        return f"line {own}" if len(self._files) == 1 else f"line {own} of {Path(path).name}"
+
+    def error(self, problem: _Problem) -> TraceError:
+        path, line = self.locate(problem.line)
+        return TraceError(path, problem.message, line=line, field=problem.field)
 
 
 # --- parsing lines ------------------------------------------------------------------------------
@@ -647,7 +770,7 @@ class _BadRows:
 
 
 def _validate(
-    name: str,
+    stored: _StoredFiles,
     columns: dict[str, np.ndarray],
     block_size: int,
     tolerance: float,
@@ -664,7 +787,7 @@ def _validate(
     keep = np.ones(columns["line"].shape, dtype=bool)
     first = stopped_at
     for check in (_value_checks, _hash_length_check, _time_order_check, _duplicate_check, _parent_check):
-        for bad in check(columns, keep, block_size=block_size, tolerance=tolerance):
+        for bad in check(columns, keep, block_size=block_size, tolerance=tolerance, label=stored.label):
             bad_rows = np.flatnonzero(bad.mask & keep)
             if not bad_rows.size:
                 continue
@@ -675,7 +798,7 @@ def _validate(
                 row = bad_rows[0]
                 first = _Problem(bad.kind, int(columns["line"][row]), bad.field, bad.message(row))
     if first is not None:
-        raise _trace_error(name, first)
+        raise stored.error(first)
     return keep
 
 
@@ -731,7 +854,7 @@ def _hash_length_check(columns, keep, *, block_size, **_) -> Iterator[_BadRows]:
     yield _BadRows("hash_length", "hash_ids", n_ids != expected, message)
 
 
-def _time_order_check(columns, keep, *, tolerance, **_) -> Iterator[_BadRows]:
+def _time_order_check(columns, keep, *, tolerance, label, **_) -> Iterator[_BadRows]:
     """No timestamp more than ``tolerance`` seconds below the latest earlier kept one."""
     kept = np.flatnonzero(keep)
     ts = columns["timestamp"][kept]
@@ -744,14 +867,14 @@ def _time_order_check(columns, keep, *, tolerance, **_) -> Iterator[_BadRows]:
         j = earlier[np.argmax(columns["timestamp"][earlier])]
         t_i, t_j = columns["timestamp"][i], columns["timestamp"][j]
         return (
-            f"timestamp {t_i:g} s goes back {t_j - t_i:g} s from line {columns['line'][j]} "
+            f"timestamp {t_i:g} s goes back {t_j - t_i:g} s from {label(columns['line'][j])} "
             f"({t_j:g} s); at most {tolerance:g} s of jitter is accepted"
         )
 
     yield _BadRows("timestamp_backwards", "timestamp", bad, message)
 
 
-def _duplicate_check(columns, keep, **_) -> Iterator[_BadRows]:
+def _duplicate_check(columns, keep, *, label, **_) -> Iterator[_BadRows]:
     """No kept row repeats the chat_id of an earlier kept row (file order)."""
     kept = np.flatnonzero(keep)
     chat_id = columns["chat_id"]
@@ -762,7 +885,7 @@ def _duplicate_check(columns, keep, **_) -> Iterator[_BadRows]:
 
     def message(i):
         j = kept[np.argmax(chat_id[kept] == chat_id[i])]
-        return f"chat_id {chat_id[i]} is already the chat_id of line {columns['line'][j]}"
+        return f"chat_id {chat_id[i]} is already the chat_id of {label(columns['line'][j])}"
 
     yield _BadRows("duplicate_chat_id", "chat_id", bad, message)
 

@@ -153,21 +153,30 @@ class Trace:
         return self.select(np.arange(n), window=(self.window[0], float(self.timestamp[n])))
 
     def time_window(self, start: float | None, end: float | None) -> Trace:
-        """Requests arriving in ``[start, end)``; ``None`` leaves that side open.
+        """Requests arriving in ``[start, end)``; ``None`` leaves that side open, and a negative
+        bound counts back from the last arrival (``(-3600, None)`` is the last hour).
 
         The result's ``window`` is the intersection with this trace's window, so reuse in it is
         censored at ``end``.
         """
+        start, end = (self._from_end(bound) for bound in (start, end))
         lo = self.window[0] if start is None else max(float(start), self.window[0])
         hi = self.window[1] if end is None else min(float(end), self.window[1])
         first, last = np.searchsorted(self.timestamp, [lo, hi], side="left")
         return self.select(np.arange(first, last), window=(lo, hi))
 
 
+    def _from_end(self, bound: float | None) -> float | None:
+        if bound is None or bound >= 0 or not self.n_requests:
+            return bound
+        return float(self.timestamp[-1]) + bound
+
+
 def parse_window(text: str) -> tuple[float | None, float | None]:
     """Parse ``"START:END"`` (seconds; either side may be empty) into a pair.
 
-    ``"0:3600"`` is the first hour, ``"3600:"`` everything from the second hour on.
+    ``"0:3600"`` is the first hour, ``"3600:"`` everything from the second hour on, ``"-3600:"``
+    the last hour (negative bounds count back from the last arrival: :meth:`Trace.time_window`).
     """
     if text.count(":") != 1:
         raise ValueError(f"window {text!r} must look like START:END, e.g. 0:3600 or 3600:")

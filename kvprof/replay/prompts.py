@@ -54,14 +54,25 @@ def prompt_tokens(hash_ids: np.ndarray, block_tokens: int, vocab_size: int, leng
 
 
 def requests_of(trace: Trace) -> list[ReplayRequest]:
-    """The trace's requests in arrival order, arrival times from its first request."""
+    """The trace's requests in arrival order, arrival times from its first request.
+
+    Each is tagged with its type and turn (the plugin's class rule) and, when it belongs to a
+    conversation (it has a parent or children), ``session``: the chat id of the conversation's
+    first request, so that a server recording the replay (``--kv-record``) links the turns.
+    """
     start = float(trace.timestamp[0])
     types = trace.types
+    root: dict[int, int] = {}  # chat id -> its conversation's first chat id
+    parents = set(trace.parent_chat_id.tolist()) - {-1}
     out = []
     for i in range(trace.n_requests):
+        chat, parent = int(trace.chat_id[i]), int(trace.parent_chat_id[i])
+        root[chat] = root.get(parent, chat) if parent != -1 else chat
         workload = {}
         if trace.has_types:  # an empty type is no type: the plugin's default class
             workload = {"type": types[i], "turn": int(trace.turn[i])} if types[i] else {"turn": int(trace.turn[i])}
+        if parent != -1 or chat in parents:
+            workload["session"] = root[chat]
         out.append(ReplayRequest(chat_id=int(trace.chat_id[i]), arrival_s=float(trace.timestamp[i]) - start,
                                  hash_ids=trace.blocks_of(i), input_length=int(trace.input_length[i]),
                                  output_length=int(trace.output_length[i]), workload=workload))

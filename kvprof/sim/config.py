@@ -21,6 +21,8 @@ DEFAULT_ENGINE_BLOCK_TOKENS = 128
 #: Bytes one replay holds per block slot of a cache tier (its slot lists), measured at 57 for
 #: every policy on an idle pool of 10^6 slots; cached contents come on top, bounded by the trace.
 BYTES_PER_SLOT = 64
+#: How a replay decides how long requests hold their blocks (``SimConfig.timing``).
+TIMINGS = ("auto", "recorded", "model")
 
 
 class SimulationError(KvprofError):
@@ -144,6 +146,10 @@ class SimConfig:
     rate_scale : float
         Arrivals come this many times as fast as in the trace (``kvprof replay --rate-scale``);
         the schedule's times are in the sped-up clock.
+    timing : {"auto", "recorded", "model"}
+        How long requests hold their blocks: as the server did (``recorded``: a vLLM recording's
+        ``scheduled``/``finished`` times, :mod:`kvprof.sim.timed`), as the cost model says
+        (``model``), or recorded where the workload has it (``auto``).
     """
 
     engine_block_size: int = 128
@@ -152,8 +158,11 @@ class SimConfig:
     cpu_policy: str = "lru"
     capacity_schedule: tuple[tuple[float, int], ...] = ()
     rate_scale: float = 1.0
+    timing: str = "auto"
 
     def __post_init__(self):
+        if self.timing not in TIMINGS:
+            raise SimulationError(f"timing must be one of {', '.join(TIMINGS)}, got {self.timing!r}")
         if self.engine_block_size < 1:
             raise SimulationError(f"engine block size must be >= 1 token, got {self.engine_block_size}")
         if self.cpu_capacity < 0:

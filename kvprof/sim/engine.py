@@ -146,6 +146,16 @@ def simulate(
         engine = "compiled" if compiled else "python"
     if engine not in ("compiled", "python"):
         raise SimulationError(f"engine must be 'compiled' or 'python', got {engine!r}")
+    if config.timing == "recorded" or (config.timing == "auto" and workload.timing is not None):
+        if workload.timing is None:
+            raise SimulationError("the trace has no recorded timing (the scheduled and finished times of a "
+                                  "`vllm serve --kv-record` recording, read at the server's block size and rate)")
+        if observer is not None or (engine == "compiled" and not compiled):
+            raise SimulationError("a replay on recorded timing runs the compiled twins or the Python policies, "
+                                  "without an observer")
+        from kvprof.sim.timed import simulate_recorded
+
+        return simulate_recorded(workload, policy, schedule[0][1], config, engine)
     if engine == "compiled":
         if not compiled:
             raise SimulationError("the compiled engine needs policies with compiled twins and no observer")

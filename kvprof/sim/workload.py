@@ -16,6 +16,7 @@ from kvprof.profiler.cells import cells_of_trace
 from kvprof.profiler.reuse import next_access
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimulationError
+from kvprof.sim.timed import RecordedTiming, recorded_timing
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,6 +58,9 @@ class Workload:
         Length of the evaluation window, seconds (divided by ``rate_scale``).
     rate_scale : float
         How many times as fast as in the trace requests arrive.
+    timing : RecordedTiming or None
+        When the server held each request's blocks, for a trace recorded by ``vllm serve
+        --kv-record`` read at the server's block size and rate (:mod:`kvprof.sim.timed`).
     """
 
     arrival: np.ndarray
@@ -73,6 +77,7 @@ class Workload:
     engine_block_size: int
     duration: float
     rate_scale: float = 1.0
+    timing: RecordedTiming | None = None
 
     @property
     def n_requests(self) -> int:
@@ -146,6 +151,11 @@ def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128, rate_s
     next_use[reused] = arrival[owner[nxt[reused]]]
     workload, names = _classes(trace, hp)
     cell = _cells(trace, hp)
+    # The recorded times are the server's: only at its own block size and speed do they apply.
+    timing = None
+    if rate_scale == 1.0 and group == 1:
+        timing = recorded_timing(trace, start, offsets, block, prompt, trace.output_length.astype(np.int64),
+                                 engine_block_size)
     return Workload(
         arrival=arrival,
         prompt_tokens=prompt,
@@ -161,6 +171,7 @@ def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128, rate_s
         engine_block_size=engine_block_size,
         duration=trace.duration / rate_scale,
         rate_scale=rate_scale,
+        timing=timing,
     )
 
 

@@ -43,6 +43,7 @@ import numpy as np
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
+from kvprof.cells import TIER_EDGES
 from kvprof.vllm.spec import PolicySpec, request_extra_args
 
 #: Up to this many victims a list comprehension turns ids into blocks faster than numpy would.
@@ -67,6 +68,10 @@ class PolicyFreeQueue:
 
     def __init__(self, blocks: list[KVCacheBlock], policy, clock=time.monotonic) -> None:
         self._blocks = blocks
+        #: Cached blocks the policy evicted so far.
+        self.evictions = 0
+        #: When each block was last accessed or freed (the policy's clock), for a reload.
+        self.last_touch = [0.0] * len(blocks)
         # The same blocks as an object array: victims come back as an id array, and one gather
         # turns it into blocks three times faster than a list comprehension would.
         self._block_array = np.empty(len(blocks), dtype=object)
@@ -87,6 +92,7 @@ class PolicyFreeQueue:
         if self._front:
             return self._front.popleft()
         if len(self.policy):
+            self.evictions += 1
             return self._blocks[self.policy.evict(self._clock())]
         if self._back:
             return self._back.popleft()
@@ -104,6 +110,7 @@ class PolicyFreeQueue:
         if n:
             m = min(n, len(self.policy))
             if m:
+                self.evictions += m
                 if m <= _FEW:
                     blocks = self._blocks
                     out.extend([blocks[i] for i in self.policy.evict_n(m, self._clock())])
@@ -142,7 +149,11 @@ class PolicyFreeQueue:
         if len(cached) < len(blocks):
             self._back.extend(block for block in blocks if block._block_hash is None)
         if cached:
-            self.policy.free(cached, self._clock())
+            now = self._clock()
+            last_touch = self.last_touch
+            for i in cached:
+                last_touch[i] = now
+            self.policy.free(cached, now)
 
     def prepend_n(self, blocks) -> None:
         """Blocks to reuse first, the first of ``blocks`` first."""
@@ -186,6 +197,11 @@ class KvprofBlockPool(BlockPool):
     while the scheduler is constructed). ``kvprof_spec`` is the validated ``kv_policy``
     configuration; the request being scheduled is set in :attr:`current_request` by the plugin's
     wrapper around ``KVCacheManager.allocate_slots`` so that hits know their class.
+
+    For a reload (:meth:`replace_policy`) the pool remembers of every cached block what the new
+    policy is told again: its depth, how often it was hit since it was cached, and the tags and
+    prompt length of the request that last accessed it (``_depth``, ``_hits``, ``_owner``); when
+    it was last accessed or freed is the queue's ``last_touch``.
     """
 
     def __init__(self, *args, kvprof_spec: PolicySpec, clock=time.monotonic, **kwargs) -> None:
@@ -194,19 +210,19 @@ class KvprofBlockPool(BlockPool):
         self.policy = kvprof_spec.make_policy(capacity=self.num_gpu_blocks, n_blocks=self.num_gpu_blocks)
         self.current_request = None
         self._clock = clock
+        n = len(self.blocks)
+        self._depth = [0] * n
+        self._hits = [0] * n
+        self._owner: list = [None] * n  # (extra_args, prompt tokens) of the last request to access it
         # vLLM's queue has popped the null block already; keep its order for the rest.
         free = self.free_block_queue.get_all_free_blocks()
         self.free_block_queue = PolicyFreeQueue(self.blocks, self.policy, clock)
         self.free_block_queue._front = deque(free)
 
-    def _class_of(self, request) -> int:
-        return self.kvprof_spec.class_index(request_extra_args(request), request.num_prompt_tokens)
-
     def touch(self, blocks, *args, **kwargs) -> None:
         super().touch(blocks, *args, **kwargs)  # takes free hit blocks out of the queue (policy.remove)
-        request = self.current_request
-        cls = self._class_of(request) if request is not None else self.kvprof_spec.default_index
-        self._access_chain([(depth, block) for depth, block in enumerate(blocks) if not block.is_null], cls, hit=True)
+        self._access_chain([(depth, block) for depth, block in enumerate(blocks) if not block.is_null],
+                           self.current_request, hit=True)
 
     def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs) -> None:
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
@@ -214,12 +230,56 @@ class KvprofBlockPool(BlockPool):
             return
         cached = [(depth, blocks[depth]) for depth in range(num_cached_blocks, num_full_blocks)
                   if not blocks[depth].is_null and blocks[depth].block_hash is not None]
-        self._access_chain(cached, self._class_of(request), hit=False)
+        self._access_chain(cached, request, hit=False)
 
-    def _access_chain(self, chain: list, cls: int, hit: bool) -> None:
+    def _access_chain(self, chain: list, request, hit: bool) -> None:
         """One compiled call for a request's ``(depth, block)`` pairs, shallowest first."""
-        self.policy.access_chain([block.block_id for _, block in chain], [depth for depth, _ in chain],
-                                 [block.block_hash for _, block in chain], self._clock(), cls, hit=hit)
+        spec = self.kvprof_spec
+        if request is None:
+            owner, cls = None, spec.default_index
+        else:
+            owner = (request_extra_args(request), request.num_prompt_tokens)
+            cls = spec.class_index(*owner)
+        now = self._clock()
+        ids, depths, hashes = [], [], []
+        depth_of, hits_of, owner_of, last_touch = self._depth, self._hits, self._owner, self.free_block_queue.last_touch
+        for depth, block in chain:
+            i = block.block_id
+            ids.append(i)
+            depths.append(depth)
+            hashes.append(block.block_hash)
+            depth_of[i] = depth
+            hits_of[i] = hits_of[i] + 1 if hit else 0
+            owner_of[i] = owner
+            last_touch[i] = now
+        self.policy.access_chain(ids, depths, hashes, now, cls, hit=hit)
+
+    def replace_policy(self, spec: PolicySpec, policy) -> None:
+        """Serve with ``policy`` (a fresh compiled twin built from ``spec``) from now on.
+
+        The cached blocks carry over, oldest first: each is accessed in the new policy as often as
+        it was hit since it was cached (its reuse tier), with its depth, at the time it was last
+        accessed or freed, classified by the new hp file from the tags of the request that
+        accessed it last; the free ones are then freed, in the order they were freed. What the old
+        policy had learnt beyond that (ghosts of evicted contents, ``wa``'s shadows) starts afresh.
+        """
+        queue = self.free_block_queue
+        last_touch = queue.last_touch
+        cached = sorted((b for b in self.blocks if b._block_hash is not None and not b.is_null),
+                        key=lambda b: last_touch[b.block_id])
+        for block in cached:
+            i = block.block_id
+            owner = self._owner[i]
+            cls = spec.default_index if owner is None else spec.class_index(*owner)
+            for k in range(min(self._hits[i], TIER_EDGES[-1]) + 1):
+                policy.access_chain([i], [self._depth[i]], [block.block_hash], last_touch[i], cls, hit=k > 0)
+        for block in cached:
+            if block.ref_cnt == 0:
+                policy.free([block.block_id], last_touch[block.block_id])
+        self.kvprof_spec = spec
+        self.policy = policy
+        queue.policy = policy
+        queue._take = policy.take
 
     def reset_prefix_cache(self) -> bool:
         ok = super().reset_prefix_cache()

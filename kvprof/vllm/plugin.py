@@ -6,26 +6,33 @@ parser. Without a ``kv_policy`` configuration nothing changes: the hooks below p
 
 Hooks, all installed once per process and all pass-through unless ``kv_policy`` is configured:
 
-* ``EngineArgs.add_cli_args`` -- adds ``--kv-policy-config PATH`` and ``--kv-policy NAME`` (group
-  "kvprof") to ``vllm serve``;
-* ``EngineArgs.from_cli_args`` -- carries them into
-  ``additional_config={"kv_policy": {"config": PATH, "policy": NAME}}`` (``--additional-config`` and
-  offline ``LLM(..., additional_config=...)`` reach the same place directly);
+* ``EngineArgs.add_cli_args`` -- adds kvprof's flags (group "kvprof": ``--kv-policy-config``,
+  ``--kv-policy``, ``--kv-policy-mode``, ``--kv-record``, ``--kv-record-rotate``,
+  ``--kv-policy-reload-interval``, ``--kv-log-interval``) to ``vllm serve``;
+* ``EngineArgs.from_cli_args`` -- carries them into ``additional_config={"kv_policy": {...}}``
+  (:mod:`kvprof.vllm.spec`; ``--additional-config`` and offline ``LLM(..., additional_config=...)``
+  reach the same place directly);
 * ``EngineArgs.create_engine_config`` -- validates the configuration where the user started vLLM,
   before any model is loaded: supported vLLM version, prefix caching on, hp file loadable, policy
-  buildable. Any failure raises :class:`kvprof.vllm.spec.KvPolicyConfigError`: vLLM does not start,
-  it never falls back to LRU silently;
+  buildable, recording directory usable. A failure stops ``vllm serve`` with one log line and exit
+  status 2 (elsewhere it raises :class:`kvprof.vllm.spec.KvPolicyConfigError`): vLLM never falls
+  back to LRU silently. There too the API server gets the collector that serves kvprof's metrics
+  on vLLM's ``/metrics`` (:mod:`kvprof.vllm.metrics`);
 * ``SchedulerConfig.get_scheduler_cls`` -- in the process that builds a scheduler (the engine core),
-  wraps ``Scheduler.__init__`` so that, when ``kv_policy`` is configured, the KV-cache coordinator
-  builds :class:`kvprof.vllm.block_pool.KvprofBlockPool` (the coordinator imports ``BlockPool`` by
-  name: that name is rebound for the duration of the constructor) and ``KVCacheManager`` tells the
-  pool which request it is serving.
+  wraps ``Scheduler.__init__``: in enforce mode the KV-cache coordinator builds
+  :class:`kvprof.vllm.block_pool.KvprofBlockPool` (the coordinator imports ``BlockPool`` by name:
+  that name is rebound for the duration of the constructor); in every mode a
+  :class:`kvprof.vllm.live.LiveLoop` hears when requests are first scheduled
+  (``KVCacheManager.allocate_slots``) and freed (``Scheduler._free_request``), and the compiled
+  core is compiled (or loaded from its cache) before the engine reports ready.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import time
 
 from kvprof.vllm.spec import CONFIG_KEY, DEFAULT_POLICY, KvPolicyConfigError, PolicySpec, check_version
 
@@ -71,43 +78,51 @@ def register() -> None:
 # --- CLI ------------------------------------------------------------------------------------------
 
 
+#: kvprof's flags: (flag, ``kv_policy`` key, type, metavar, help).
+FLAGS = (
+    ("--kv-policy-config", "config", str, "PATH",
+     "kvprof hyperparameter file (from `kvprof fit`); serve with kvprof's eviction policy. Same as "
+     "--additional-config '{\"kv_policy\": {\"config\": PATH}}'. Requests name their workload with vllm_xargs "
+     "{\"workload\": \"text_2\"} or {\"type\": \"text\", \"turn\": 2}."),
+    ("--kv-policy", "policy", str, "NAME",
+     f"Eviction policy to serve: {DEFAULT_POLICY} (the default with --kv-policy-config) or wa-paper, which need "
+     "--kv-policy-config; lru, lfu, s3fifo, arc, which need none."),
+    ("--kv-policy-mode", "mode", str, "{enforce,shadow}",
+     "enforce (default): the policy evicts. shadow: vLLM's own eviction stays, and the policy runs beside it on "
+     "block hashes only; the metrics and the log say what it would have hit."),
+    ("--kv-record", "record", str, "DIR",
+     "Record the served requests into DIR as a trace kvprof reads (`kvprof fit DIR`): block-hash ids, lengths, "
+     "tags, timing; no tokens or text. Without --kv-policy-config vLLM's eviction is unchanged."),
+    ("--kv-record-rotate", "record_rotate_s", float, "SECONDS", "Seconds per recorded file (default 3600)."),
+    ("--kv-policy-reload-interval", "reload_interval_s", float, "SECONDS",
+     "Re-read the hp file every SECONDS when it changed (default 10; 0: never)."),
+    ("--kv-log-interval", "log_interval_s", float, "SECONDS",
+     "Log the hit ratio of what serves and of LRU on the same traffic every SECONDS (default 300; 0: never)."),
+)
+
+
 def add_arguments(parser) -> None:
     """Add kvprof's flags to a vLLM argument parser (a no-op if they are there already)."""
     if any("--kv-policy-config" in a.option_strings for a in getattr(parser, "_actions", [])):
         return
     group = parser.add_argument_group(
         title="kvprof",
-        description="Profile-driven KV-cache eviction (kvprof plugin). Without --kv-policy-config "
-        "vLLM's own LRU eviction is used.",
+        description="Profile-driven KV-cache eviction (kvprof plugin). Without these flags vLLM is unchanged.",
     )
-    group.add_argument(
-        "--kv-policy-config",
-        metavar="PATH",
-        default=None,
-        help="kvprof hyperparameter file (from `kvprof fit`); serve with kvprof's eviction policy. "
-        "Same as --additional-config '{\"kv_policy\": {\"config\": PATH}}'. Requests name their "
-        "workload with vllm_xargs {\"workload\": \"text_2\"} or {\"type\": \"text\", \"turn\": 2}.",
-    )
-    group.add_argument(
-        "--kv-policy",
-        metavar="NAME",
-        default=None,
-        help=f"Eviction policy to serve with --kv-policy-config; {DEFAULT_POLICY} when not given.",
-    )
+    for flag, _, kind, metavar, help_text in FLAGS:
+        group.add_argument(flag, metavar=metavar, type=kind, default=None, help=help_text)
 
 
-def merge_cli_into(additional_config: dict | None, config_path: str | None, policy: str | None) -> dict | None:
-    """``additional_config`` with the CLI flags merged into its ``kv_policy`` entry."""
-    if config_path is None and policy is None:
+def merge_cli_into(additional_config: dict | None, values: dict) -> dict | None:
+    """``additional_config`` with the CLI flags' ``values`` (``kv_policy`` key -> value; None: not
+    given) merged into its ``kv_policy`` entry."""
+    given = {key: value for key, value in values.items() if value is not None}
+    if not given:
         return additional_config
     merged = dict(additional_config or {})
     entry = merged.get(CONFIG_KEY) or {}
     entry = {"config": entry} if isinstance(entry, str) else dict(entry)
-    if config_path is not None:
-        entry["config"] = config_path
-    if policy is not None:
-        entry["policy"] = policy
-    entry.setdefault("policy", DEFAULT_POLICY)
+    entry.update(given)
     merged[CONFIG_KEY] = entry
     return merged
 
@@ -128,9 +143,12 @@ def _hook_cli(engine_args_cls) -> None:
     @functools.wraps(original_from)
     def from_cli_args(cls, args, *more, **kwargs):
         engine_args = original_from(cls, args, *more, **kwargs)
-        path, policy = getattr(args, "kv_policy_config", None), getattr(args, "kv_policy", None)
-        if path is not None or policy is not None:
-            engine_args.additional_config = merge_cli_into(engine_args.additional_config, path, policy)
+        values = {key: getattr(args, flag[2:].replace("-", "_"), None) for flag, key, *_ in FLAGS}
+        engine_args.additional_config = merge_cli_into(engine_args.additional_config, values)
+        try:
+            engine_args._kvprof_cli = True  # refusals end `vllm serve` with one line, not a traceback
+        except AttributeError:  # a slotted EngineArgs
+            pass
         return engine_args
 
     engine_args_cls.add_cli_args = staticmethod(add_cli_args)
@@ -146,26 +164,58 @@ def validate_vllm_config(vllm_config) -> PolicySpec | None:
     Raises
     ------
     KvPolicyConfigError
-        Unsupported vLLM, prefix caching off, or an unusable hp file / policy.
+        Unsupported vLLM, prefix caching off, an unusable hp file / policy or recording directory.
     """
     additional = getattr(vllm_config, "additional_config", None)
     if not additional or additional.get(CONFIG_KEY) is None:
         return None
     check_version(vllm_version())
+    spec = PolicySpec.from_additional_config(additional)
     cache_config = vllm_config.cache_config
     if not getattr(cache_config, "enable_prefix_caching", False):
-        raise KvPolicyConfigError(
-            "prefix caching is off, so there is nothing to evict: enable it (--enable-prefix-caching) "
-            "or remove kv_policy"
-        )
-    spec = PolicySpec.from_additional_config(additional)
+        what = ("a recording could not say which prompts share prefixes (vLLM hashes no blocks without it)"
+                if spec.policy is None else "there is nothing to evict")
+        raise KvPolicyConfigError(f"prefix caching is off, so {what}: enable it (--enable-prefix-caching) "
+                                  "or remove kvprof's flags")
     scheduler_cls = vllm_config.scheduler_config.scheduler_cls
     if scheduler_cls is not None and not isinstance(scheduler_cls, str):
         from vllm.v1.core.sched.scheduler import Scheduler
 
         if not issubclass(scheduler_cls, Scheduler):
             raise KvPolicyConfigError(f"scheduler class {scheduler_cls!r} is not a vLLM Scheduler subclass")
+    if spec.record:
+        check_recording_dir(spec.record, cache_config.block_size)
     return spec
+
+
+def check_recording_dir(directory: str, block_size: int) -> None:
+    """Refuse a recording directory that cannot be created or written, a corrupt ``recording.json``
+    or one recorded at another block size.
+
+    Raises
+    ------
+    KvPolicyConfigError
+    """
+    import tempfile
+    from pathlib import Path
+
+    from kvprof.recording import FILE, RecordingError, load_recording
+
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise KvPolicyConfigError(f"--kv-record {directory}: cannot write there ({exc.strerror or exc})") from None
+    if (path / FILE).exists():
+        try:
+            recording = load_recording(path)
+        except RecordingError as exc:
+            raise KvPolicyConfigError(f"--kv-record {directory}: {exc}") from None
+        if block_size is not None and recording.block_size != block_size:
+            raise KvPolicyConfigError(f"--kv-record {directory}: recorded at {recording.block_size}-token blocks, "
+                                      f"this server uses {block_size}: record into another directory")
 
 
 def _hook_engine_config(engine_args_cls) -> None:
@@ -174,9 +224,20 @@ def _hook_engine_config(engine_args_cls) -> None:
     @functools.wraps(original)
     def create_engine_config(self, *args, **kwargs):
         vllm_config = original(self, *args, **kwargs)
-        spec = validate_vllm_config(vllm_config)
+        try:
+            spec = validate_vllm_config(vllm_config)
+        except KvPolicyConfigError as err:
+            if not getattr(self, "_kvprof_cli", False):
+                raise
+            _logger().error("%s", err)
+            raise SystemExit(2) from None
         if spec is not None:
-            _logger().info("%s (checked before engine start)", spec.describe())
+            from kvprof.vllm.metrics import serve_on_vllm_metrics
+
+            serve_on_vllm_metrics()
+            cache = vllm_config.cache_config
+            blocks = getattr(cache, "num_gpu_blocks_override", None) or getattr(cache, "num_gpu_blocks", None)
+            _logger().info("%s (checked before engine start)", spec.describe(blocks))
         return vllm_config
 
     engine_args_cls.create_engine_config = create_engine_config
@@ -217,47 +278,96 @@ def _hook_scheduler_init() -> None:
 
 
 def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
-    """Run ``construct()`` (the scheduler's constructor) with kvprof's block pool at the seam."""
-    from vllm.v1.core import kv_cache_coordinator
+    """Run ``construct()`` (the scheduler's constructor) with kvprof at its seams."""
+    pool = None
+    if spec.policy is not None and spec.mode == "enforce":
+        from vllm.v1.core import kv_cache_coordinator
 
-    from kvprof.vllm.block_pool import KvprofBlockPool
+        from kvprof.vllm.block_pool import KvprofBlockPool
 
-    try:  # the CPU offload tier (kvprof.vllm.offload.KvprofCachePolicy) serves the same spec
-        from kvprof.vllm import offload
+        try:  # the CPU offload tier (kvprof.vllm.offload.KvprofCachePolicy) serves the same spec
+            from kvprof.vllm import offload
 
-        offload.ACTIVE_SPEC = spec
-    except ImportError:  # a vLLM without the pluggable offload CachePolicy
-        pass
-    saved = kv_cache_coordinator.BlockPool
-    kv_cache_coordinator.BlockPool = functools.partial(KvprofBlockPool, kvprof_spec=spec)
-    try:
-        construct()
-    finally:
-        kv_cache_coordinator.BlockPool = saved
-    manager = scheduler.kv_cache_manager
-    pool = manager.block_pool
-    if not isinstance(pool, KvprofBlockPool):
-        raise KvPolicyConfigError(
-            f"the KV-cache coordinator built {type(pool).__name__}, not kvprof's pool: "
-            "this vLLM build does not have the expected seam"
-        )
-    track_requests(manager, pool)
-    _logger().info(
-        "%s; GPU tier: %d blocks, policy %s (compiled)", spec.describe(), pool.num_gpu_blocks,
-        type(pool.policy.reference).__name__,
-    )
-
-
-def track_requests(manager, pool) -> None:
-    """Make ``pool.current_request`` name the request ``manager.allocate_slots`` is serving."""
-    original = manager.allocate_slots
-
-    @functools.wraps(original)
-    def allocate_slots(request, *args, **kwargs):
-        pool.current_request = request
+            offload.ACTIVE_SPEC = spec
+        except ImportError:  # a vLLM without the pluggable offload CachePolicy
+            pass
+        saved = kv_cache_coordinator.BlockPool
+        kv_cache_coordinator.BlockPool = functools.partial(KvprofBlockPool, kvprof_spec=spec)
         try:
-            return original(request, *args, **kwargs)
+            construct()
         finally:
-            pool.current_request = None
+            kv_cache_coordinator.BlockPool = saved
+        pool = scheduler.kv_cache_manager.block_pool
+        if not isinstance(pool, KvprofBlockPool):
+            raise KvPolicyConfigError(
+                f"the KV-cache coordinator built {type(pool).__name__}, not kvprof's pool: "
+                "this vLLM build does not have the expected seam"
+            )
+    else:
+        construct()
+    from kvprof import __version__
+    from kvprof.vllm.live import LiveLoop
+    from kvprof.vllm.warmup import warm_up
+
+    manager = scheduler.kv_cache_manager
+    num_gpu_blocks = manager.block_pool.num_gpu_blocks
+    block_size = getattr(scheduler, "hash_block_size", None) or scheduler.cache_config.block_size
+    seconds = warm_up(spec, pool, block_size)
+    start = {"pid": os.getpid(), "model": str(getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
+                                                and scheduler.vllm_config.model_config.model),
+             "vllm": vllm_version(), "kvprof": __version__, "policy": spec.policy or "vllm-lru"}
+    live = LiveLoop(spec, num_gpu_blocks=num_gpu_blocks, block_size=block_size, start=start, pool=pool)
+    track_requests(scheduler, manager, pool, live)
+    live.begin()
+    scheduler._kvprof_live = live
+    _logger().info("%s; GPU tier: %d blocks; compiled core ready in %.1f s", spec.describe(num_gpu_blocks),
+                   num_gpu_blocks, seconds)
+
+
+def track_requests(scheduler, manager, pool, live) -> None:
+    """Tell ``pool`` which request ``manager.allocate_slots`` serves, ``live`` when a request gets
+    its first blocks and when vLLM frees it, and close ``live`` with the scheduler."""
+    original_allocate = manager.allocate_slots
+    clock = time.time
+
+    @functools.wraps(original_allocate)
+    def allocate_slots(request, *args, **kwargs):
+        live.poll()
+        if pool is not None:
+            pool.current_request = request
+        try:
+            blocks = original_allocate(request, *args, **kwargs)
+        finally:
+            if pool is not None:
+                pool.current_request = None
+        if blocks is not None and request.request_id not in first_scheduled:
+            now = clock()
+            # vLLM's signature since 0.9: (request, num_new_tokens, num_new_computed_tokens, ...)
+            hit_tokens = args[1] if len(args) > 1 else kwargs.get("num_new_computed_tokens", 0)
+            first_scheduled[request.request_id] = (now, hit_tokens)
+            live.scheduled(request, now)
+        return blocks
+
+    first_scheduled: dict[str, tuple[float, int]] = {}  # request id -> (when, prefix-cache hit tokens)
+    original_free = scheduler._free_request
+
+    @functools.wraps(original_free)
+    def _free_request(request, *args, **kwargs):
+        try:
+            return original_free(request, *args, **kwargs)
+        finally:
+            scheduled, hit_tokens = first_scheduled.pop(request.request_id, (None, 0))
+            live.finished(request, scheduled, hit_tokens, clock())
+
+    original_shutdown = scheduler.shutdown
+
+    @functools.wraps(original_shutdown)
+    def shutdown(*args, **kwargs):
+        try:
+            return original_shutdown(*args, **kwargs)
+        finally:
+            live.close()
 
     manager.allocate_slots = allocate_slots
+    scheduler._free_request = _free_request
+    scheduler.shutdown = shutdown

@@ -4,14 +4,24 @@ This module does not import vLLM, so it is shared by the plugin (API-server side
 configuration is checked before the engine starts) and the engine core (where the block pool is
 built), and can be tested without vLLM.
 
-The configuration::
+The configuration (every key optional; ``vllm serve`` flags in brackets)::
 
-    additional_config = {"kv_policy": {"config": "hp.json", "policy": "wa"}}
+    additional_config = {"kv_policy": {
+        "config": "hp.json",          # [--kv-policy-config] a kvprof hyperparameter file (kvprof fit)
+        "policy": "wa",               # [--kv-policy] a live policy of kvprof.policy.POLICIES
+        "mode": "enforce",            # [--kv-policy-mode] enforce: the policy evicts; shadow: vLLM's
+                                      #   own eviction stays, the policy runs beside it on block hashes
+        "record": "DIR",              # [--kv-record] write the served requests as a trace
+        "record_rotate_s": 3600,      # [--kv-record-rotate] seconds per trace file
+        "reload_interval_s": 10,      # [--kv-policy-reload-interval] re-read a changed hp file; 0: never
+        "log_interval_s": 300,        # [--kv-log-interval] seconds between hit-ratio log lines; 0: never
+    }}
 
-``config`` is a kvprof hyperparameter file (``kvprof fit``), ``policy`` a name of
-:data:`kvprof.policy.POLICIES` (default ``wa``). A policy that needs no hp file (``lru``) may omit
-``config``. Anything wrong -- unknown keys, a missing or invalid file, an unknown policy -- raises
-:class:`KvPolicyConfigError`; there is no silent fall-back to vLLM's LRU.
+``policy`` defaults to ``wa`` when ``config`` is given; a policy that needs no hp file (``lru``,
+``lfu``, ``s3fifo``, ``arc``) may omit ``config``. ``record`` alone records and leaves vLLM's
+eviction untouched (a new user's first step). Anything wrong -- unknown keys, a missing or invalid
+file, an unknown policy, a bad number -- raises :class:`KvPolicyConfigError`; there is no silent
+fall-back to vLLM's LRU.
 
 Requests name their workload in ``SamplingParams.extra_args`` (the OpenAI server fills it from
 ``vllm_xargs``): either ``{"workload": "text_2"}`` or the trace fields ``{"type": "text", "turn": 2}``
@@ -24,8 +34,11 @@ gives a request of no class).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvprof.errors import KvprofError
@@ -35,7 +48,10 @@ CONFIG_KEY = "kv_policy"
 DEFAULT_POLICY = "wa"
 #: vLLM releases the adaptor was built against: 0.30 <= version < 0.34.
 SUPPORTED = ((0, 30), (0, 34))
-_KEYS = {"config", "policy"}
+MODES = ("enforce", "shadow")
+#: Numeric settings: name -> (default, whether 0 is allowed: "off").
+_SECONDS = {"record_rotate_s": (3600.0, False), "reload_interval_s": (10.0, True), "log_interval_s": (300.0, True)}
+_KEYS = ("config", "policy", "mode", "record", *_SECONDS)
 
 
 class KvPolicyConfigError(KvprofError, ValueError):
@@ -72,8 +88,8 @@ class PolicySpec:
 
     Attributes
     ----------
-    policy : str
-        Policy name (a key of :data:`kvprof.policy.POLICIES`).
+    policy : str or None
+        Policy name (a key of :data:`kvprof.policy.POLICIES`); None when kvprof only records.
     config : str or None
         Path of the hp file.
     hp : kvprof.models.hp.HpFile or None
@@ -81,13 +97,27 @@ class PolicySpec:
         Class names in the policy's index order, the default last (``HpFile.table()``).
     keyed_by : {"class", "cell"}
         What the policy's ``access`` is told (its class ``keyed_by``).
+    hp_sha256 : str or None
+        sha256 of the hp file's bytes as loaded.
+    mode : {"enforce", "shadow"}
+        Whether the policy evicts in vLLM's pool or runs beside vLLM's own eviction.
+    record : str or None
+        Recording directory (``--kv-record``).
+    record_rotate_s, reload_interval_s, log_interval_s : float
+        See the module's configuration; 0 turns reloading or logging off.
     """
 
-    policy: str
+    policy: str | None
     config: str | None
     hp: Any = None
     class_names: tuple[str, ...] = ("<default>",)
     keyed_by: str = "class"
+    mode: str = "enforce"
+    record: str | None = None
+    record_rotate_s: float = 3600.0
+    reload_interval_s: float = 10.0
+    log_interval_s: float = 300.0
+    hp_sha256: str | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -106,36 +136,56 @@ class PolicySpec:
         if isinstance(raw, str):  # the bare path is accepted too
             raw = {"config": raw}
         if not isinstance(raw, dict):
-            raise KvPolicyConfigError(f"expected an object {{'config': PATH, 'policy': NAME}}, got {raw!r}")
-        unknown = set(raw) - _KEYS
+            raise KvPolicyConfigError(f"expected an object {{'config': PATH, 'policy': NAME}}, got {raw!r:.80}")
+        unknown = sorted(set(raw) - set(_KEYS), key=str)
         if unknown:
-            raise KvPolicyConfigError(f"unknown key(s) {sorted(unknown)}; known: {sorted(_KEYS)}")
-        name = raw.get("policy") or DEFAULT_POLICY
-        path = raw.get("config")
+            raise KvPolicyConfigError(f"unknown key(s) {unknown}; known: {', '.join(_KEYS)}")
+        path, record = raw.get("config"), raw.get("record")
+        for key, value in (("config", path), ("record", record)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise KvPolicyConfigError(f"{key} must be a path, got {value!r:.80}")
+        name = raw.get("policy") or (DEFAULT_POLICY if path is not None or record is None else None)
+        mode = raw.get("mode") or "enforce"
+        if mode not in MODES:
+            raise KvPolicyConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r:.80}")
+        seconds = {key: _seconds(key, raw.get(key), default, zero) for key, (default, zero) in _SECONDS.items()}
+        if name is None:
+            if mode == "shadow":
+                raise KvPolicyConfigError("shadow mode runs a policy beside vLLM's eviction: pass --kv-policy-config "
+                                          "PATH (and --kv-policy NAME for another policy than wa)")
+            return cls(policy=None, config=None, mode=mode, record=record, **seconds)
         from kvprof.policy import POLICIES
 
-        if name not in POLICIES:
-            raise KvPolicyConfigError(f"unknown policy {name!r}; known policies: {', '.join(POLICIES)}")
+        live = [known for known in POLICIES if known != "belady"]
         if name == "belady":
             raise KvPolicyConfigError("policy 'belady' needs the future and cannot serve live traffic")
-        hp = None
+        if name not in live:
+            raise KvPolicyConfigError(f"unknown policy {name!r:.80}; live policies: {', '.join(live)}")
+        hp = sha256 = None
         if path is not None:
-            from kvprof.errors import HpFileError
-            from kvprof.models.hp import load_hp
-
-            try:
-                hp = load_hp(path)
-            except HpFileError as err:
-                raise KvPolicyConfigError(f"cannot use hp file: {err}") from None
+            hp, sha256 = load_spec_hp(path)
         elif hasattr(POLICIES[name], "from_hp"):
             raise KvPolicyConfigError(
                 f"policy {name!r} needs an hp file: pass --kv-policy-config PATH "
                 f"(or additional_config={{'kv_policy': {{'config': PATH}}}})"
             )
-        spec = cls(policy=name, config=None if path is None else str(path), hp=hp, keyed_by=POLICIES[name].keyed_by)
+        spec = cls(policy=name, config=None if path is None else str(path), hp=hp, keyed_by=POLICIES[name].keyed_by,
+                   mode=mode, record=record, hp_sha256=sha256, **seconds)
         if hp is not None:
             spec.class_names = tuple(hp.table()[0])
         spec.reference_policy()  # fail here, not in the engine core, if the hp file does not fit the policy
+        return spec
+
+    def with_hp(self, hp, sha256: str) -> PolicySpec:
+        """This spec serving another hp file (a reload of the same path): the same policy, mode and settings.
+
+        Raises
+        ------
+        KvPolicyConfigError
+            The file does not fit the policy.
+        """
+        spec = dataclasses.replace(self, hp=hp, class_names=tuple(hp.table()[0]), hp_sha256=sha256, _cache={})
+        spec.reference_policy()
         return spec
 
     def reference_policy(self, capacity: int | None = None):
@@ -162,16 +212,37 @@ class PolicySpec:
             return len(self.hp.cell_names()) - 1
         return len(self.class_names) - 1
 
-    def describe(self) -> str:
-        """One line for the startup log."""
+    def describe(self, capacity: int | None = None) -> str:
+        """One line for the startup log: what runs, as the pool of ``capacity`` blocks builds it
+        (the horizon and first candidate of ``wa`` come from the tuning nearest that size)."""
+        if self.policy is None:
+            return f"kvprof: recording to {self.record}; vLLM's own eviction is unchanged"
         src = self.config or "no hp file"
-        n = len(self.class_names) - 1
-        rule = self.hp.class_rule.to_dict() if self.hp is not None else None
-        cells = f", {len(self.hp.cell_names()) - 1} cells" if self.keyed_by == "cell" and self.hp is not None else ""
-        return (
-            f"kvprof eviction policy '{self.policy}' in force from {src}: {n} fitted classes + default{cells}"
-            + (f", class rule {rule}, horizon {self.hp.horizon:g} s" if rule else "")
-        )
+        what = (f"kvprof eviction policy '{self.policy}' {'in force' if self.mode == 'enforce' else 'in shadow mode'} "
+                f"from {src}")
+        if self.hp is not None:
+            reference = self.reference_policy(capacity)
+            n = len(self.class_names) - 1
+            what += f": {n} fitted classes + default"
+            if self.keyed_by == "cell":
+                what += f", {len(self.hp.cell_names()) - 1} cells"
+            what += f", class rule {self.hp.class_rule.to_dict()}"
+            horizon = getattr(reference, "horizon", self.hp.horizon)
+            tuned = self.hp.tuned(capacity)
+            if capacity is None and self.hp.tuning and hasattr(reference, "order_name"):
+                what += (f", horizon and first order from the tuning nearest the cache size "
+                         f"({len(self.hp.tuning)} sizes tuned)")
+            else:
+                what += f", horizon {horizon:g} s"
+                if hasattr(reference, "order_name"):
+                    what += f", starting on order '{reference.order_name}'"
+                    what += f" (tuned for {tuned['capacity']} blocks)" if tuned else " (not tuned: fitted defaults)"
+            what += f", sha256 {self.hp_sha256[:12]}"
+        if self.mode == "shadow":
+            what += "; vLLM's own eviction is unchanged"
+        if self.record:
+            what += f"; recording to {self.record}"
+        return what
 
     def class_name(self, extra_args: dict | None) -> str | None:
         """The workload class a request's ``extra_args`` name, or None when untagged."""
@@ -241,6 +312,39 @@ class PolicySpec:
         features = request_features(class_name or "", turn, prompt_tokens,
                                     {name: extra_args.get(name) for name in rule.fields})
         return hp.cell_index(rule.names[rule.cell_of(features)])
+
+
+def load_spec_hp(path):
+    """The hp file at ``path`` for serving, and the sha256 of the bytes it was loaded from.
+
+    Raises
+    ------
+    KvPolicyConfigError
+        Any loader error, with its location.
+    """
+    import hashlib
+
+    from kvprof.errors import HpFileError
+    from kvprof.models.hp import load_hp
+
+    try:
+        data = Path(path).read_bytes()
+        hp = load_hp(path)
+    except HpFileError as err:
+        raise KvPolicyConfigError(f"cannot use hp file: {err}") from None
+    except OSError as err:
+        raise KvPolicyConfigError(f"cannot use hp file {path}: {err.strerror or err}") from None
+    return hp, hashlib.sha256(data).hexdigest()
+
+
+def _seconds(key: str, value, default: float, zero_allowed: bool) -> float:
+    if value is None:
+        return default
+    allowed = "from 0 (off) to 1e9" if zero_allowed else "above 0 and at most 1e9"
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < 0 or (value == 0 and not zero_allowed) or value > 10**9):
+        raise KvPolicyConfigError(f"{key} must be a number of seconds {allowed}, got {value!r:.80}")
+    return float(value)
 
 
 def request_extra_args(request) -> dict | None:

@@ -1,0 +1,166 @@
+"""The live counterfactual: what other policies would have hit on the server's own traffic.
+
+:class:`Counterfactual` keeps, per policy, a simulated GPU tier of the server's size
+(:mod:`kvprof.core.tiers`, the simulator's) and feeds it the requests as the server scheduled and
+finished them, content by content (vLLM's block hashes), with the two steps of a replay on recorded
+timing (:func:`kvprof.core.timed.admit` / :func:`~kvprof.core.timed.finish`). So its hits are
+what that policy would have hit with the server's own concurrency, and ``kvprof compare`` of a
+recording of the same traffic computes the same numbers. It runs on the plugin's background
+thread, never on the scheduler's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from kvprof.core import tiers
+from kvprof.core.build import compile_policy
+from kvprof.core.policy import outcome
+from kvprof.core.structs import NONE
+from kvprof.core.timed import admit, finish, forget
+from kvprof.policy.base import EvictionPolicy
+
+#: Content numbers per block of the tier (and at least :data:`MIN_CONTENTS`), as the pool's twin keeps.
+CONTENTS_PER_BLOCK = 16
+MIN_CONTENTS = 1 << 16
+
+
+class _Tier:
+    """One policy's simulated tier and the slots each running request holds in it."""
+
+    def __init__(self, reference: EvictionPolicy, capacity: int, n_contents: int) -> None:
+        self.reference = reference
+        self.keyed_by = reference.keyed_by
+        self.compiled = compile_policy(reference, capacity)
+        self.gpu = tiers.new_device(self.compiled, capacity, n_contents)
+        self.running: dict[Hashable, tuple[np.ndarray, int]] = {}  # request -> (slots, held)
+        self.hits = 0
+
+
+class Counterfactual:
+    """Policies run beside the server on its block hashes, each in a tier of ``capacity`` blocks.
+
+    Invariants: content numbers name at most ``max_contents`` distinct hashes, densely; when one
+    is given to a new hash, the old hash is first made uncached in every tier (:func:`forget`), so
+    a tier never takes one content for another (a ghost or shadow of ``wa`` may, as in the pool's
+    twin: it only shifts the safety net's statistics). Every admitted request is in ``running``
+    of every tier until it finishes.
+
+    Parameters
+    ----------
+    policies : dict of str to EvictionPolicy
+        Fresh reference instances, by the name metrics report them under.
+    capacity : int
+        Usable blocks of the server's GPU tier (vLLM's ``num_gpu_blocks`` less its null block).
+    block_size : int
+        Tokens per block.
+    """
+
+    def __init__(self, policies: dict[str, EvictionPolicy], capacity: int, block_size: int,
+                 max_contents: int | None = None) -> None:
+        self.capacity = capacity
+        self.block_size = block_size
+        self.max_contents = max_contents or max(CONTENTS_PER_BLOCK * capacity, MIN_CONTENTS)
+        self._numbers: OrderedDict[Hashable, int] = OrderedDict()
+        self.tiers = {name: _Tier(policy, capacity, self.max_contents) for name, policy in policies.items()}
+        self.lookups = 0  # prompt blocks that could have been hits, over admitted requests
+        self._no_use = np.full(0, math.inf)
+
+    def replace(self, name: str, policy: EvictionPolicy) -> None:
+        """Run ``policy`` under ``name`` from now on, in a new (empty) tier."""
+        self.tiers[name] = _Tier(policy, self.capacity, self.max_contents)
+
+    @property
+    def hits(self) -> dict[str, int]:
+        return {name: tier.hits for name, tier in self.tiers.items()}
+
+    def safety_net(self, name: str) -> tuple[int, np.ndarray] | None:
+        """``wa``'s leader and its shadows' hits in tier ``name``; None for another policy."""
+        tier = self.tiers[name]
+        if not hasattr(tier.reference, "order_names"):
+            return None
+        leader, hits = outcome(tier.compiled)
+        return int(leader), hits
+
+    # -- events ----------------------------------------------------------------------------
+    def admit(self, key: Hashable, hashes: Sequence, prompt_tokens: int, classes: tuple[int, int], now: float) -> None:
+        """Request ``key`` was scheduled at ``now``: it takes its prompt's blocks in every tier.
+
+        ``hashes`` are vLLM's block hashes of the request (its prompt's full blocks first);
+        ``classes`` its class and its cell index (a tier's policy is told the one it is keyed by).
+        """
+        size = self.block_size
+        n_full = min(prompt_tokens // size, len(hashes))
+        n_prompt = -(-prompt_tokens // size)
+        blocks = np.full(n_prompt, NONE, np.int64)
+        blocks[:n_full] = self._contents(hashes[:n_full])
+        n_lookup = min(max(prompt_tokens - 1, 0) // size, n_full)
+        self.lookups += n_lookup
+        next_use = self._next_use(n_prompt)
+        for tier in self.tiers.values():
+            slots = np.zeros(n_prompt, np.int64)
+            workload = classes[tier.keyed_by == "cell"]
+            n_hit, held = admit(tier.gpu, blocks, next_use, 0, n_full, n_lookup, n_prompt, now, workload, slots)
+            tier.hits += int(n_hit)
+            tier.running[key] = (slots, int(held), workload)
+
+    def finish(self, key: Hashable, hashes: Sequence, prompt_tokens: int, output_tokens: int, now: float) -> None:
+        """Request ``key`` finished at ``now``: the blocks its output filled are cached (their
+        hashes follow the prompt's in ``hashes``), then all its blocks are freed."""
+        size = self.block_size
+        n_full = min(prompt_tokens // size, len(hashes))
+        n_prompt = -(-prompt_tokens // size)
+        written = prompt_tokens + max(output_tokens, 1) - 1
+        n_output_full = max(min(written // size, len(hashes)) - n_full, 0)
+        n_new = max(-(-written // size) - n_prompt, n_output_full)
+        blocks = np.full(n_prompt + n_output_full, NONE, np.int64)  # the layout of RecordedTiming
+        blocks[:n_full] = self._contents(hashes[:n_full])  # (blocks a full tier could not give at admission)
+        blocks[n_prompt:] = self._contents(hashes[n_full:n_full + n_output_full])
+        next_use = self._next_use(len(blocks))
+        for tier in self.tiers.values():
+            entry = tier.running.pop(key, None)
+            if entry is None:  # admitted before this tier was replaced
+                continue
+            slots, held, workload = entry
+            slots = np.concatenate([slots, np.zeros(n_new, np.int64)])
+            finish(tier.gpu, blocks, next_use, 0, held, len(blocks), n_new, now, workload, slots)
+
+    def forget_request(self, key: Hashable, now: float) -> None:
+        """Request ``key`` left without a finish the counterfactual heard of: free what it holds."""
+        for tier in self.tiers.values():
+            entry = tier.running.pop(key, None)
+            if entry is not None:
+                tiers.release(tier.gpu, entry[0], entry[1], now)
+
+    # -- contents --------------------------------------------------------------------------
+    def _contents(self, hashes: Sequence) -> list[int]:
+        numbers = self._numbers
+        out = []
+        for h in hashes:
+            number = numbers.get(h)
+            if number is None:
+                number = self._number(h)
+            else:
+                numbers.move_to_end(h)
+            out.append(number)
+        return out
+
+    def _number(self, content: Hashable) -> int:
+        numbers = self._numbers
+        if len(numbers) < self.max_contents:
+            number = len(numbers)
+        else:
+            number = numbers.popitem(last=False)[1]
+            for tier in self.tiers.values():
+                forget(tier.gpu, number)
+        numbers[content] = number
+        return number
+
+    def _next_use(self, n: int) -> np.ndarray:
+        if len(self._no_use) < n:
+            self._no_use = np.full(max(n, 2 * len(self._no_use)), math.inf)
+        return self._no_use

@@ -1,0 +1,330 @@
+"""``vllm serve --kv-record DIR``: the served requests written as a trace kvprof reads.
+
+The scheduler thread hands each finished request to :meth:`Recorder.submit`, which only puts a
+tuple of references on a bounded queue (a few microseconds; ``benchmarks/bench_record.py``) and
+never blocks: a full queue drops the record and counts it. One writer thread does the rest: block
+hashes to ids, JSON, zstd, files, ``recording.json`` (:mod:`kvprof.recording` describes the layout).
+
+What an id reveals. ``hash_ids[i]`` is a keyed BLAKE2b of vLLM's hash of block ``i`` (which chains
+the prompt's tokens up to the end of that block with the request's cache salt and extra keys),
+63 bits, under a random key that exists only in the server's memory. Two ids are equal when (and,
+up to a 2**-63 chance per pair, only when) vLLM's hashes are, so a recording shows which requests
+shared how long a prefix, and nothing else of the text: no token, no text and no hash that
+could be recomputed from a guessed prompt leaves the server. The key changes with every server
+start, and so does vLLM's own hash seed: ids of different starts never match, exactly as the
+server's cache never outlives a restart. The trailing partial block gets a fresh random id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import queue
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import zstandard
+
+from kvprof.atomic import atomic_write_text
+from kvprof.recording import (
+    DROP_REASONS, FILE, FINISHED_SUFFIX, OPEN_SUFFIX, Recording, RecordingError, Start, load_recording,
+)
+
+logger = logging.getLogger("vllm.kvprof")
+
+#: Fields of a trace line that a client tag must not replace (its value is dropped and counted).
+RESERVED = frozenset({"chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn",
+                      "hash_ids", "scheduled", "finished", "finish_reason", "cached_tokens", "session"})
+#: Tags that name a conversation: a request's parent is the previous finished request of it.
+SESSION_TAGS = ("session",)
+_SESSIONS_KEPT = 1 << 20
+
+
+class Recorder:
+    """Writes finished requests to ``directory`` from one background thread.
+
+    Invariants: :meth:`submit` never blocks and never raises (a record it cannot queue is counted
+    under ``dropped["queue_full"]``); only the writer thread touches files, ids and sessions;
+    every record handed to the thread is either written or counted as dropped; a finished file
+    (``.jsonl.zst``) is complete, the open one (``.part``) ends with a closed zstd frame at most
+    ``flush_s`` seconds old.
+
+    Parameters
+    ----------
+    directory : path
+        The recording directory (created if missing; a ``recording.json`` there is continued).
+    block_size : int
+        The server's KV-cache block size: tokens per hash id.
+    start : dict
+        This server start's fields of :class:`kvprof.recording.Start` other than ``time``,
+        ``chat_id_base``, ``written`` and ``dropped`` (model, versions, num_gpu_blocks, policy, ...).
+    rotate_s : float
+        Seconds per file; a file is closed and renamed when it is that old.
+    flush_s : float
+        Seconds between closed zstd frames (what a ``kill -9`` can lose).
+    queue_size : int
+        Records waiting for the writer at most.
+    clock : callable
+        Seconds since the epoch; the same clock as vLLM's ``Request.arrival_time``.
+
+    Raises
+    ------
+    RecordingError
+        ``directory`` cannot be used: not creatable or writable, a corrupt ``recording.json``, or one
+        recorded at another block size.
+    """
+
+    def __init__(self, directory, *, block_size: int, start: dict, rotate_s: float = 3600.0, flush_s: float = 2.0,
+                 queue_size: int = 65536, clock=time.time) -> None:
+        self.directory = Path(directory)
+        self.block_size = block_size
+        self.rotate_s = rotate_s
+        self.flush_s = flush_s
+        self._clock = clock
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._key = secrets.token_bytes(32)
+        self._sessions: OrderedDict = OrderedDict()  # session tag -> (chat_id, turn) of its last record
+        self.recording = self._open_recording(start)
+        self.start = self.recording.starts[-1]
+        self._next_chat_id = self.start.chat_id_base
+        self._file = None
+        self._writer = None
+        self._path: Path | None = None
+        self._file_started = 0.0
+        self._last_flush = 0.0
+        self._unflushed = 0  # records in the current, unclosed frame
+        self._disk_failed_at = -math.inf
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvprof-recorder", daemon=True)
+
+    # -- scheduler thread -----------------------------------------------------------------
+    def submit(self, request, scheduled: float | None, cached_tokens: int, finished: float) -> None:
+        """Queue a finished vLLM ``Request`` that found ``cached_tokens`` of its prompt in the
+        prefix cache (references only; never blocks, never raises)."""
+        try:
+            params = request.sampling_params
+            self._queue.put_nowait((
+                request.arrival_time, scheduled, finished, request.num_prompt_tokens, request.num_output_tokens,
+                request.get_finished_reason(), params.extra_args if params is not None else None,
+                request.block_hashes, cached_tokens,
+            ))
+        except queue.Full:
+            self.start.dropped["queue_full"] += 1
+        except Exception:  # noqa: BLE001 - a record must never disturb serving
+            self.start.dropped["error"] += 1
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def begin(self) -> Recorder:
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued, close and rename the open file, update ``recording.json``."""
+        if not self._thread.is_alive():
+            return
+        self._stop.set()
+        self._thread.join(timeout)
+
+    @property
+    def written(self) -> int:
+        return self.start.written
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        return dict(self.start.dropped)
+
+    # -- writer thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=self.flush_s / 4)
+            except queue.Empty:
+                item = None
+            if item is not None:
+                try:
+                    line = self._line(item)
+                except Exception:  # noqa: BLE001 - the writer thread must outlive any one record
+                    self.start.dropped["error"] += 1
+                    logger.exception("kvprof --kv-record: could not write a record (counted as dropped)")
+                else:
+                    try:
+                        self._write(line)  # counted in _unflushed once the compressor took it
+                    except OSError as exc:
+                        self._disk_error(exc, lost=1)
+            try:
+                self._maybe_flush()
+            except OSError as exc:
+                self._disk_error(exc, lost=0)
+            if self._stop.is_set() and self._queue.empty():
+                break
+        try:
+            self._close_file()
+        except OSError as exc:
+            self._disk_error(exc, lost=0)
+        self._save_recording()
+
+    def _line(self, item) -> bytes:
+        arrival, scheduled, finished, n_prompt, n_output, reason, tags, hashes, cached_tokens = item
+        origin, size = self.recording.origin, self.block_size
+        n_ids = -(-n_prompt // size)
+        n_full = min(n_prompt // size, len(hashes))
+        ids = [self._id(h) for h in hashes[:n_full]]
+        ids.extend(secrets.randbits(63) for _ in range(n_ids - n_full))
+        chat_id = self._next_chat_id
+        self._next_chat_id += 1
+        record = {"chat_id": chat_id, "parent_chat_id": -1, "timestamp": round(arrival - origin, 6),
+                  "input_length": n_prompt, "output_length": n_output, "type": "", "turn": 1, "hash_ids": ids,
+                  "scheduled": None if scheduled is None else round(scheduled - origin, 6),
+                  "finished": round(finished - origin, 6),
+                  "finish_reason": "" if reason is None else str(reason), "cached_tokens": cached_tokens}
+        if tags:
+            self._tag(record, tags)
+        return json.dumps(record, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+
+    def _tag(self, record: dict, tags: dict) -> None:
+        """The client's scalar tags as fields; ``type``, ``turn`` and the session set the Bailian fields."""
+        kind = tags.get("type")
+        if isinstance(kind, (str, int)) and not isinstance(kind, bool):
+            record["type"] = str(kind)
+        session = next((tags[k] for k in SESSION_TAGS if _scalar(tags.get(k))), None)
+        turn = tags.get("turn")
+        turn = turn if type(turn) is int and 1 <= turn < 2**31 else None
+        if session is not None:
+            record["session"] = session
+            previous = self._sessions.pop(session, None)
+            if previous is not None:
+                record["parent_chat_id"], last_turn = previous
+                turn = turn or last_turn + 1
+            self._sessions[session] = (record["chat_id"], turn or 1)
+            if len(self._sessions) > _SESSIONS_KEPT:
+                self._sessions.popitem(last=False)
+        record["turn"] = turn or 1
+        for name, value in tags.items():
+            if name not in RESERVED and _scalar(value):
+                record[name] = value
+
+    def _id(self, block_hash) -> int:
+        data = block_hash if isinstance(block_hash, bytes) else repr(block_hash).encode()
+        return int.from_bytes(hashlib.blake2b(data, digest_size=8, key=self._key).digest(), "big") >> 1
+
+    def _write(self, line: bytes) -> None:
+        now = self._clock()
+        if self._file is None:
+            if now - self._disk_failed_at < 10 * self.flush_s:  # the disk failed a moment ago
+                self.start.dropped["disk"] += 1
+                return
+            self._open_file(now)
+        elif now - self._file_started >= self.rotate_s:
+            self._close_file()
+            self._open_file(now)
+        self._writer.write(line)
+        self._unflushed += 1
+
+    def _maybe_flush(self) -> None:
+        if self._file is None or not self._unflushed:
+            return
+        if self._clock() - self._last_flush < self.flush_s and not self._stop.is_set():
+            return
+        self._writer.flush(zstandard.FLUSH_FRAME)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.start.written += self._unflushed
+        self._unflushed = 0
+        self._last_flush = self._clock()
+
+    def _open_file(self, now: float) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+        n = 1
+        while True:  # numbered, so that name order is write order
+            path = self.directory / f"trace-{stamp}-{os.getpid()}-{n:03d}{OPEN_SUFFIX}"
+            if not path.exists() and not path.with_name(path.name[: -len(".part")]).exists():
+                break
+            n += 1
+        self._file = open(path, "xb")  # noqa: SIM115 - closed by _close_file
+        self._writer = zstandard.ZstdCompressor(level=3).stream_writer(self._file, closefd=False)
+        self._path = path
+        self._file_started = self._last_flush = now
+
+    def _close_file(self) -> None:
+        if self._file is None:
+            return
+        self._maybe_flush_all()
+        self._file.close()
+        final = self._path.with_name(self._path.name[: -len(".part")])
+        os.replace(self._path, final)
+        self._file = self._writer = None
+        self._save_recording()
+
+    def _maybe_flush_all(self) -> None:
+        if self._unflushed:
+            self._last_flush = -math.inf
+            self._maybe_flush()
+
+    def _disk_error(self, exc: OSError, lost: int) -> None:
+        """A write failed (full or failing disk): count what is lost, abandon the open file, retry later.
+
+        The abandoned ``.part`` file stays readable up to its last closed frame.
+        """
+        self.start.dropped["disk"] += lost + self._unflushed
+        self._unflushed = 0
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = self._writer = None
+        if self._clock() - self._disk_failed_at > 60:
+            logger.error("kvprof --kv-record %s: cannot write (%s); records are dropped and counted until "
+                         "it works again, serving goes on", self.directory, exc)
+        self._disk_failed_at = self._clock()
+
+    # -- recording.json -------------------------------------------------------------------
+    def _open_recording(self, start: dict) -> Recording:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RecordingError(str(self.directory), f"cannot create the recording directory: "
+                                                      f"{exc.strerror or exc}") from None
+        now = self._clock()
+        if (self.directory / FILE).exists():
+            recording = load_recording(self.directory)
+            if recording.block_size != self.block_size:
+                raise RecordingError(str(self.directory / FILE), f"recorded at {recording.block_size}-token "
+                                     f"blocks, this server uses {self.block_size}: record into another directory",
+                                     "block_size")
+        else:
+            recording = Recording(block_size=self.block_size, origin=now)
+        recording.starts.append(Start(time=round(now - recording.origin, 6), chat_id_base=recording.next_chat_id_base(),
+                                      dropped=dict.fromkeys(DROP_REASONS, 0), **start))
+        self.recording = recording
+        if not self._save_recording(raise_errors=True):
+            raise RecordingError(str(self.directory / FILE), "cannot write it")
+        return recording
+
+    def _save_recording(self, raise_errors: bool = False) -> bool:
+        try:
+            atomic_write_text(self.directory / FILE, json.dumps(self.recording.to_dict(), indent=1) + "\n")
+            return True
+        except OSError as exc:
+            if raise_errors:
+                raise RecordingError(str(self.directory / FILE), f"cannot write it: {exc.strerror or exc}") from None
+            logger.error("kvprof --kv-record: cannot update %s (%s)", self.directory / FILE, exc)
+            return False
+
+
+def _scalar(value) -> bool:
+    """A tag value a trace field can hold: a string, a bool, an int within 64 bits, a finite float."""
+    if isinstance(value, (str, bool)):
+        return True
+    if isinstance(value, int):
+        return -(2**63) <= value < 2**63
+    return isinstance(value, float) and math.isfinite(value)
+
+
+__all__ = ["FINISHED_SUFFIX", "Recorder"]

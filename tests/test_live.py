@@ -1,0 +1,220 @@
+"""What the vLLM plugin runs beside the scheduler, without vLLM: the live counterfactual, metrics, log
+lines and reloads (kvprof.vllm.live, observe, metrics), and the warm-up that compiles it all first.
+
+vLLM's ``Request`` is stood in for by the attributes kvprof reads; the real server runs the same code
+in tests/vllm/test_loop.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvprof.models.hp import HpFile
+from kvprof.policy import make_policy
+from kvprof.sim.config import SimConfig
+from kvprof.sim.engine import simulate
+from kvprof.sim.workload import prepare_workload
+from kvprof.vllm.live import LiveLoop
+from kvprof.vllm.metrics import SnapshotCollector, read_snapshots
+from kvprof.vllm.observe import Counterfactual
+from kvprof.vllm.spec import PolicySpec
+
+from tests.helpers import make_trace
+
+BS = 4
+HP = {
+    "schema": "kvprof.hp/1", "horizon_s": 60.0, "min_gap_s": 0.3, "block_size": BS,
+    "class_rule": {"key": "type_turn", "turn_cap": 5},
+    "classes": {"hot_1": {"p": 0.95, "lambda": 0.01}, "cold_1": {"p": 0.01, "lambda": 1.0}},
+    "default": {"p": 0.3, "lambda": 0.1, "source": "pooled"},
+}
+
+
+def fake_request(rid, chain, *, partial=0, output=1, tags=None, output_chain=()):
+    """A vLLM Request as kvprof reads it; ``chain`` are its prompt's full blocks' hashes."""
+    return SimpleNamespace(request_id=rid, arrival_time=0.0, num_prompt_tokens=BS * len(chain) + partial,
+                           num_output_tokens=output, block_hashes=list(chain) + list(output_chain),
+                           sampling_params=SimpleNamespace(extra_args=tags), get_finished_reason=lambda: "stop")
+
+
+@st.composite
+def traffic(draw):
+    """Requests with prefix-chained hashes, scheduled and finished at random times (a recording's worth)."""
+    ids: dict[tuple, int] = {}
+    rows, events, t = [], [], 0.0
+    for r in range(draw(st.integers(1, 25))):
+        symbols = draw(st.lists(st.integers(0, 2), min_size=1, max_size=6))
+        chain = [ids.setdefault(tuple(symbols[: k + 1]), len(ids)) for k in range(len(symbols))]
+        partial = draw(st.integers(0, BS - 1))
+        output = draw(st.integers(1, 3 * BS))
+        t += draw(st.sampled_from([0.0, 0.1, 1.0]))
+        start = t + draw(st.sampled_from([0.0, 0.2]))
+        end = start + draw(st.sampled_from([0.05, 0.5, 3.0]))
+        rows.append(dict(chain=chain, partial=partial, output=output, arrival=t, scheduled=start, finished=end,
+                         kind=draw(st.sampled_from(["hot", "cold"]))))
+    return rows, draw(st.integers(2, 12)), draw(st.sampled_from(["lru", "s3fifo", "arc", "wa"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(traffic())
+def test_the_live_counterfactual_computes_what_compare_of_a_recording_does(case):
+    """Fed the server's events as they happen, the counterfactual hits what the replay on recorded
+    timing of the same traffic hits, request for request."""
+    rows, capacity, policy = case
+    hp = HpFile.from_dict(HP)
+    spec = PolicySpec(policy=policy, config=None, hp=hp, class_names=tuple(hp.table()[0]),
+                      keyed_by=make_policy(policy, hp=hp).keyed_by)
+    # live: events in the order vLLM makes them (finishes before admissions at one instant)
+    live = Counterfactual({policy: make_policy(policy, hp=hp, capacity=capacity)}, capacity, BS)
+    fresh = iter(range(10**6, 10**7))
+    output_chains = [[next(fresh) for _ in range(max((r["partial"] + BS * len(r["chain"]) + r["output"] - 1) // BS
+                                                     - len(r["chain"]), 0))] for r in rows]
+    events = []
+    for i, r in enumerate(rows):
+        events.append((r["scheduled"], 1, i, "admit"))
+        events.append((r["finished"], 2 if r["finished"] == r["scheduled"] else 0, i, "finish"))
+    for _, _, i, kind in sorted(events):
+        r = rows[i]
+        request = fake_request(i, r["chain"], partial=r["partial"], output=r["output"], tags={"type": r["kind"], "turn": 1},
+                               output_chain=output_chains[i])
+        if kind == "admit":
+            index = spec.class_index(request.sampling_params.extra_args, request.num_prompt_tokens)
+            live.admit(i, request.block_hashes, request.num_prompt_tokens, (index, index), r["scheduled"])
+        else:
+            live.finish(i, request.block_hashes, request.num_prompt_tokens, r["output"], r["finished"])
+    # batch: the same traffic as a recording, replayed by the simulator
+    trace = make_trace([(r["arrival"], r["kind"], 1, r["chain"] + ([10**8 + i] if r["partial"] else []))
+                        for i, r in enumerate(rows)], block_size=BS)
+    trace = dataclasses.replace(
+        trace, input_length=np.array([BS * len(r["chain"]) + r["partial"] for r in rows], dtype=np.int64),
+        output_length=np.array([r["output"] for r in rows], dtype=np.int64),
+        extra={"scheduled": np.array([r["scheduled"] for r in rows]), "finished": np.array([r["finished"] for r in rows])})
+    workload = prepare_workload(trace, hp, engine_block_size=BS)
+    m = simulate(workload, make_policy(policy, hp=hp, capacity=capacity), capacity, SimConfig(engine_block_size=BS))
+    assert live.lookups == m.block_lookups
+    assert live.hits[policy] == m.hits_device
+
+
+def run_loop(tmp_path, spec, requests, clock, **kwargs):
+    loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start={"pid": 1, "model": "m", "vllm": "0.32.0",
+                                                                 "kvprof": "0.1.0", "policy": "lru"}, clock=clock,
+                    **kwargs).begin()
+    for request, hits in requests:
+        clock.t += 1
+        loop.scheduled(request, clock.t)
+        clock.t += 1
+        loop.finished(request, clock.t - 1, hits * BS, clock.t)
+    time.sleep(0.5)
+    return loop
+
+
+class Clock:
+    t = 1_000_000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_metrics_count_classes_counterfactual_and_records(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("KVPROF_METRICS_DIR", str(tmp_path))
+    hp_path = tmp_path / "hp.json"
+    hp_path.write_text(json.dumps(HP))
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "mode": "shadow",
+                                                            "record": str(tmp_path / "rec"), "log_interval_s": 1}})
+    hot = [f"h{i}".encode() for i in range(3)]
+    requests = [(fake_request(f"r{i}", hot, tags={"type": "hot", "turn": 1}), 0 if i == 0 else 3) for i in range(4)]
+    requests += [(fake_request("odd", [b"x"], tags={"type": "hot", "turn": "two"}), 0),
+                 (fake_request("new", [b"y"], tags={"workload": "nope"}), 0),
+                 (fake_request("bare", [b"z"]), 0)]
+    clock = Clock()
+    with caplog.at_level(logging.INFO, logger="vllm.kvprof"):
+        loop = run_loop(tmp_path, spec, requests, clock)
+        clock.t += 5
+        time.sleep(1.5)  # a snapshot and a log line
+        loop.close()
+    samples = {(name, tuple(sorted(labels.items()))): value for name, labels, value in read_snapshots(tmp_path)}
+    engine = ("engine", loop._engine)
+
+    def value(name, **labels):
+        return samples[(name, tuple(sorted({**labels, "engine": engine[1]}.items())))]
+
+    assert value("kvprof_prompt_blocks_total", **{"class": "hot_1"}) == 4 * 2  # (12 - 1) // 4 lookups each
+    assert value("kvprof_cached_blocks_total", **{"class": "hot_1"}) == 3 * 2
+    assert value("kvprof_counterfactual_cached_blocks_total", policy="lru") == 6
+    assert value("kvprof_counterfactual_cached_blocks_total", policy="wa") == 6
+    assert value("kvprof_unclassified_requests_total", reason="bad_turn") == 1
+    assert value("kvprof_unclassified_requests_total", reason="unknown_workload") == 1
+    assert value("kvprof_unclassified_requests_total", reason="untagged") == 1
+    assert value("kvprof_records_total", result="written") == len(requests)
+    assert value("kvprof_info", hp=str(hp_path), hp_sha256=spec.hp_sha256, mode="shadow", policy="wa",
+                 recording=str(tmp_path / "rec")) == 1
+    assert sum(name == "kvprof_shadow_cached_blocks_total" for name, _ in samples) == 6  # one per candidate
+    families = {f.name: f for f in SnapshotCollector(tmp_path).collect()}
+    assert families["kvprof_cached_blocks"].type == "counter"  # prometheus_client adds _total
+    text = caplog.text
+    assert "would have hit" in text and "vLLM's own eviction hit" in text
+    assert text.count("went to the default class (bad_turn)") == 1
+
+
+def test_a_changed_hp_file_is_reloaded_and_a_broken_one_is_not(tmp_path, caplog):
+    hp_path = tmp_path / "hp.json"
+    hp_path.write_text(json.dumps(HP))
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "mode": "shadow",
+                                                            "reload_interval_s": 0.2}})
+    clock = Clock()
+    with caplog.at_level(logging.INFO, logger="vllm.kvprof"):
+        loop = run_loop(tmp_path, spec, [], clock)
+        changed = dict(HP, horizon_s=30.0)
+        hp_path.write_text(json.dumps(changed))
+        clock.t += 1
+        time.sleep(1.0)
+        assert loop.spec.hp.horizon == 30.0 and loop.spec.hp_sha256 != spec.hp_sha256
+        hp_path.write_text(json.dumps(dict(HP, horizon_s=-1)))
+        clock.t += 1
+        time.sleep(1.0)
+        loop.close()
+    assert loop.spec.hp.horizon == 30.0  # the broken file was refused, the reloaded one stays
+    assert loop.metrics.get("kvprof_reloads_total", result="ok") == 1
+    assert loop.metrics.get("kvprof_reloads_total", result="error") == 1
+    assert "not reloading" in caplog.text and "horizon_s" in caplog.text
+
+
+def test_warm_up_leaves_nothing_to_compile_for_serving(tmp_path):
+    """After warm_up, the calls the pool and the live loop make compile nothing more."""
+    from numba.core.registry import CPUDispatcher
+
+    import kvprof.core as core_package
+    from kvprof.vllm.warmup import _drive_counterfactual, _drive_twin, warm_up
+
+    hp_path = tmp_path / "hp.json"
+    hp_path.write_text(json.dumps(HP))
+    for mode in ("enforce", "shadow"):
+        spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "mode": mode}})
+        warm_up(spec, object() if mode == "enforce" else None, BS)
+
+    def signatures():
+        import sys
+
+        out = {}
+        for name, module in list(sys.modules.items()):
+            if name.startswith(core_package.__name__ + ".") and module is not None:
+                for attr, value in vars(module).items():
+                    if isinstance(value, CPUDispatcher):
+                        out[f"{name}.{attr}"] = len(value.signatures)
+        return out
+
+    before = signatures()
+    twin = spec.make_policy(capacity=64, n_blocks=64)
+    _drive_twin(twin, 1)
+    policies = {"lru": make_policy("lru"), "wa": spec.reference_policy(64)}
+    _drive_counterfactual(Counterfactual(policies, 32, BS), BS)
+    assert signatures() == before

@@ -1,0 +1,211 @@
+"""The recorder behind ``vllm serve --kv-record`` (kvprof.vllm.record) and reading its directory as one trace.
+
+The recorder is driven here with stand-ins for vLLM's ``Request`` (the attributes it reads); the
+real server is exercised in tests/vllm/test_record.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from kvprof.errors import TraceError
+from kvprof.profiler.reader import read_trace
+from kvprof.recording import CHAT_IDS_PER_START, RecordingError, load_recording, trace_files
+from kvprof.vllm.record import Recorder
+
+START = {"pid": 1, "model": "tiny", "vllm": "0.32.0", "kvprof": "0.1.0", "num_gpu_blocks": 64, "policy": "lru"}
+BS = 4
+
+
+class Clock:
+    def __init__(self, t=1_000_000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def request(arrival, prompt_blocks, *, partial=0, output=3, tags=None, reason="stop"):
+    """A finished vLLM request: ``prompt_blocks`` are its full blocks' hashes (bytes)."""
+    hashes = [b"h" + bytes(str(tuple(prompt_blocks[: i + 1])), "ascii") for i in range(len(prompt_blocks))]
+    return SimpleNamespace(arrival_time=arrival, num_prompt_tokens=BS * len(prompt_blocks) + partial,
+                           num_output_tokens=output, get_finished_reason=lambda: reason,
+                           sampling_params=SimpleNamespace(extra_args=tags), block_hashes=hashes)
+
+
+def record(directory, requests, clock=None, **kwargs):
+    clock = clock or Clock()
+    recorder = Recorder(directory, block_size=BS, start=START, clock=clock, **kwargs).begin()
+    for r, scheduled, finished in requests:
+        recorder.submit(r, scheduled, 0, finished)
+    recorder.close()
+    return recorder
+
+
+def test_a_recording_reads_as_one_trace(tmp_path):
+    t0 = 1_000_000.0
+    reqs = [
+        (request(t0 + 1, [1, 2, 3], partial=2, tags={"type": "text", "session": "s1", "tenant": "acme"}), t0 + 1.5, t0 + 2),
+        (request(t0 + 3, [1, 2, 3, 4], tags={"type": "text", "session": "s1"}), t0 + 3.1, t0 + 4),
+        (request(t0 + 2, [7], tags={"type": "api", "turn": 5}, reason="length"), None, t0 + 2.5),
+    ]
+    recorder = record(tmp_path / "rec", reqs, clock=Clock(t0))
+    assert recorder.written == 3 and not any(recorder.dropped.values())
+    trace, report = read_trace(tmp_path / "rec")
+    assert report.recording.block_size == BS and report.truncated == 0
+    assert trace.block_size == BS and trace.n_requests == 3
+    assert trace.timestamp.tolist() == pytest.approx([1, 2, 3])  # sorted by arrival, seconds since the origin
+    first, api, second = (trace.blocks_of(i).tolist() for i in range(3))
+    assert len(first) == 4 and first[:3] == second[:3] and first[3] != second[3]  # the partial block is fresh
+    assert not set(api) & set(first)
+    assert [trace.types[i] for i in range(3)] == ["text", "api", "text"]
+    assert trace.turn.tolist() == [1, 5, 2]  # a session's next request is its next turn; a tag wins
+    assert trace.parent_chat_id[2] == trace.chat_id[0] and trace.parent_chat_id[:2].tolist() == [-1, -1]
+    assert trace.extra["tenant"].tolist() == ["acme", None, None]
+    assert trace.extra["scheduled"].tolist() == [pytest.approx(1.5), None, pytest.approx(3.1)]
+    assert trace.extra["finish_reason"].tolist() == ["stop", "length", "stop"]
+    assert trace.input_length.tolist() == [3 * BS + 2, BS, 4 * BS]
+
+
+def test_ids_reveal_no_hash_and_change_with_every_start(tmp_path):
+    reqs = [(request(1e6 + 1, [1, 2]), 1e6 + 1, 1e6 + 2)]
+    record(tmp_path / "a", reqs)
+    record(tmp_path / "a", reqs)  # a second start of the same recording
+    trace, report = read_trace(tmp_path / "a")
+    assert len(report.recording.starts) == 2
+    assert trace.chat_id.tolist() == [0, CHAT_IDS_PER_START]  # chat ids of the starts stay apart
+    assert not set(trace.blocks_of(0).tolist()) & set(trace.blocks_of(1).tolist())  # a fresh key each start
+    text = b"".join(Path(p).read_bytes() for p, _ in trace_files(tmp_path / "a"))
+    assert b"h(1," not in text
+
+
+def test_files_rotate_and_parents_cross_them(tmp_path):
+    clock = Clock()
+    recorder = Recorder(tmp_path / "r", block_size=BS, start=START, clock=clock, rotate_s=10, flush_s=0.05).begin()
+    for i in range(6):
+        clock.t += 4
+        recorder.submit(request(clock.t, [1, 2, i + 10], tags={"session": 7}), clock.t, 0, clock.t + 0.5)
+        time.sleep(0.1)
+    recorder.close()
+    files = trace_files(tmp_path / "r")
+    assert len(files) >= 2 and not any(still_open for _, still_open in files)
+    trace, _ = read_trace(tmp_path / "r")
+    assert trace.n_requests == 6
+    assert trace.parent_chat_id[1:].tolist() == trace.chat_id[:-1].tolist()
+    assert trace.turn.tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_windows_count_back_from_the_end(tmp_path):
+    t0 = 1_000_000.0
+    reqs = [(request(t0 + t, [t]), t0 + t, t0 + t + 1) for t in range(0, 7200, 600)]
+    record(tmp_path / "w", reqs, clock=Clock(t0))
+    trace, _ = read_trace(tmp_path / "w", window=(-3600, None))
+    assert trace.timestamp.tolist() == [3000.0 + 600 * k for k in range(7)]  # [6600 - 3600, inf)
+
+
+def test_a_killed_servers_open_file_reads_up_to_its_last_frame(tmp_path):
+    # Frames are closed every 0.05 s; the process is killed with SIGKILL while writing.
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+from tests.test_recording import request, START, BS
+from kvprof.vllm.record import Recorder
+rec = Recorder({str(tmp_path / 'k')!r}, block_size=BS, start=START, flush_s=0.05).begin()
+t0 = time.time()
+for i in range(100000):
+    rec.submit(request(t0 + i, [1, 2, i]), t0 + i, 0, t0 + i + 0.5)
+    if i % 200 == 0:
+        time.sleep(0.01)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    time.sleep(3)
+    proc.kill()
+    proc.wait()
+    (part, still_open), = trace_files(tmp_path / "k")
+    assert still_open and part.name.endswith(".part")
+    # Cut inside the last frame, as a dying writer would leave it.
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) - 7])
+    trace, report = read_trace(tmp_path / "k")
+    assert trace.n_requests > 100 and report.truncated == 1
+    ts = trace.timestamp
+    assert np.allclose(np.diff(ts), 1.0)  # nothing lost before the cut
+    with pytest.raises(TraceError, match="cannot decompress"):  # a finished file is held to the letter
+        os.replace(part, part.with_name(part.name[: -len(".part")]))
+        read_trace(tmp_path / "k")
+
+
+def test_a_full_queue_drops_and_counts_without_blocking(tmp_path):
+    recorder = Recorder(tmp_path / "q", block_size=BS, start=START, queue_size=2)  # writer not started
+    started = time.perf_counter()
+    for i in range(50):
+        recorder.submit(request(1e6 + 1, [1]), 1e6 + 1, 0, 1e6 + 2)
+    assert time.perf_counter() - started < 1.0
+    assert recorder.dropped["queue_full"] == 48
+    recorder.submit(object(), 1.0, 0, 2.0)  # whatever it is handed, it never raises
+    recorder.begin().close()
+    assert recorder.written == 2
+    assert load_recording(tmp_path / "q").starts[0].dropped["queue_full"] == 48
+
+
+def test_a_full_disk_drops_and_counts_and_recording_goes_on(tmp_path):
+    # RLIMIT_FSIZE makes writes past 20 kB fail with EFBIG, as a full disk fails them.
+    script = f"""
+import resource, signal, sys, time
+sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+from tests.test_recording import request, START, BS
+from kvprof.vllm.record import Recorder
+rec = Recorder({str(tmp_path / 'f')!r}, block_size=BS, start=START, flush_s=0.01).begin()
+resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+t0 = time.time()
+for i in range(3000):
+    rec.submit(request(t0 + i, [i, i + 1, i + 2]), t0 + i, 0, t0 + i + 0.5)
+    if i % 100 == 0:
+        time.sleep(0.02)
+rec.close()
+print(rec.written, rec.dropped["disk"], rec.dropped["queue_full"])
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    written, disk, queue_full = map(int, out.stdout.split())
+    assert disk > 0 and written > 0 and written + disk + queue_full == 3000
+    assert "cannot write" in out.stderr
+    trace, report = read_trace(tmp_path / "f")  # what was written is readable
+    assert trace.n_requests >= written
+
+
+def test_unusable_directories_are_refused_with_the_reason(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RecordingError, match="cannot create the recording directory"):
+        Recorder(tmp_path / "file" / "rec", block_size=BS, start=START)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "recording.json").write_text('{"schema": "kvprof.recording/1", "block_size": 0}')
+    with pytest.raises(RecordingError, match=r"recording\.json, at"):
+        Recorder(bad, block_size=BS, start=START)
+    record(tmp_path / "other", [(request(1e6 + 1, [1]), 1e6 + 1, 1e6 + 2)])
+    with pytest.raises(RecordingError, match="recorded at 4-token blocks, this server uses 16"):
+        Recorder(tmp_path / "other", block_size=16, start=START)
+
+
+def test_reading_a_directory_that_is_no_recording(tmp_path):
+    with pytest.raises(TraceError, match="not a kvprof recording"):
+        read_trace(tmp_path)
+    record(tmp_path / "r", [(request(1e6 + 1, [1]), 1e6 + 1, 1e6 + 2)])
+    with pytest.raises(TraceError, match="4-token blocks"):
+        read_trace(tmp_path / "r", block_size=16)
+    doc = json.loads((tmp_path / "r" / "recording.json").read_text())
+    doc["starts"][0]["chat_id_base"] = 5
+    (tmp_path / "r" / "recording.json").write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"starts\[0\]\.chat_id_base"):
+        read_trace(tmp_path / "r")

@@ -1,0 +1,299 @@
+"""The loop on a user's own server, end to end on real vLLM: record -> inspect -> fit -> shadow -> enforce ->
+refit -> reload (README, "On your own server").
+
+Three servers run one after another (never two at once), each with 16 blocks of 32 tokens and the
+same replayed traffic (chat sessions growing their prefix, API calls sharing a system prompt,
+one-off documents) at two requests at a time:
+
+* A records only (``--kv-record``): vLLM's eviction is untouched;
+* ``kvprof fit`` on A's recording gives the hp file, tuned for A's cache size from recording.json;
+* C runs that file in shadow mode (``--kv-policy-mode shadow``): vLLM's eviction is untouched and the
+  metrics say what ``wa`` would have hit;
+* B enforces it (``--kv-policy-config``), then reloads a refit of its own recording and a broken file
+  while requests flow.
+
+Every command a user runs goes through vLLM's and kvprof's own CLIs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from vllm_support import completion, vllm_server
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+BLOCKS = 16  # 15 usable: block 0 is vLLM's null block
+BS = 32
+OUTPUT = 4
+
+
+def traffic_trace(path: Path) -> Path:
+    """A Bailian-format trace at the server's block size: ~60 requests over ~15 s."""
+    rows, next_id, chat = [], 1000, 0
+    system = [1, 2, 3]
+
+    def add(t, kind, turn, ids, parent=-1):
+        nonlocal chat
+        rows.append({"chat_id": chat, "parent_chat_id": parent, "timestamp": round(t, 3),
+                     "input_length": BS * len(ids) - 5, "output_length": OUTPUT, "type": kind, "turn": turn,
+                     "hash_ids": ids})
+        chat += 1
+        return chat - 1
+
+    sessions = {}  # session -> (last chat id, ids, turn)
+    t = 0.0
+    for step in range(60):
+        t += 0.25
+        kind = ("chat", "api", "chat", "doc", "api")[step % 5]
+        if kind == "api":
+            add(t, "api", 1, system + [next_id])
+            next_id += 1
+        elif kind == "doc":
+            add(t, "doc", 1, list(range(next_id, next_id + 5)))
+            next_id += 5
+        else:
+            key = step % 3
+            last, ids, turn = sessions.get(key, (-1, [next_id + 50], 0))
+            if len(ids) >= 6:  # a session ends; a new one starts
+                last, ids, turn = -1, [next_id + 50], 0
+            ids = ids + [next_id]
+            next_id += 100
+            sessions[key] = (add(t, "chat", turn + 1, ids, last), ids, turn + 1)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def kvprof(venv: Path, *args, cwd: Path) -> str:
+    """Run kvprof's CLI from the vLLM venv; return its stdout."""
+    proc = subprocess.run([str(venv / "bin" / "kvprof"), *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=900)
+    assert proc.returncode == 0, f"kvprof {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def replay(url: str, trace_path: Path, out: Path) -> dict:
+    from kvprof.profiler.reader import read_trace
+    from kvprof.replay import Pacing, ReplaySettings, run_replay
+
+    trace, _ = read_trace(trace_path, block_size=BS)
+    settings = ReplaySettings(url=url, model="tiny", timeout_s=120, policy="lru",
+                              pacing=Pacing(rate_scale=1.0, max_concurrency=2, max_output_tokens=OUTPUT, block_tokens=BS,
+                                            vocab_size=500))
+    out.mkdir()
+    document = run_replay(trace, settings, out).document
+    requests = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    return {"document": document, "requests": requests}
+
+
+def metrics(url: str) -> dict[str, float]:
+    """kvprof's samples on the server's /metrics, keyed by ``name{labels}`` without the engine label."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kvprof_"):
+            key, value = line.rsplit(" ", 1)
+            out[re.sub(r',?engine="[^"]*"', "", key).replace("{,", "{").replace("{}", "")] = float(value)
+    return out
+
+
+def outputs(url: str) -> list:
+    """Greedy outputs of fixed prompts (the same on every server unless kvprof changed what vLLM computes)."""
+    prompts = [[(7 * i + j) % 400 + 5 for i in range(70)] for j in range(3)]
+    return [completion(url, p, max_tokens=6, xargs={"type": "chat", "turn": 1})["choices"][0]["token_ids"]
+            for p in prompts]
+
+
+def serve(venv, model, tmp, name, *extra):
+    return vllm_server(venv, model, "--kv-log-interval", "3", *extra, log=tmp / f"{name}.log", blocks=BLOCKS)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, vllm_venv):
+    tmp = tmp_path_factory.mktemp("loop")
+    return {"tmp": tmp, "trace": traffic_trace(tmp / "traffic.jsonl"), "venv": vllm_venv}
+
+
+@pytest.fixture(scope="module")
+def server_a(work, tiny_model):
+    tmp = work["tmp"]
+    with serve(work["venv"], tiny_model, tmp, "a", "--kv-record", str(tmp / "rec-a")) as url:
+        run = replay(url, work["trace"], tmp / "replay-a")
+        run["outputs"] = outputs(url)
+        time.sleep(4)  # one more snapshot and log line
+        run["metrics"] = metrics(url)
+    run["log"] = (tmp / "a.log").read_text()
+    return run
+
+
+@pytest.fixture(scope="module")
+def hp_file(work, server_a):
+    tmp = work["tmp"]
+    kvprof(work["venv"], "inspect", tmp / "rec-a", cwd=tmp)
+    kvprof(work["venv"], "fit", tmp / "rec-a", "--window", "-3600:", "-o", tmp / "hp.json", "-j", "1", cwd=tmp)
+    return tmp / "hp.json"
+
+
+@pytest.fixture(scope="module")
+def server_c(work, tiny_model, hp_file):
+    tmp = work["tmp"]
+    with serve(work["venv"], tiny_model, tmp, "c", "--kv-policy-config", str(hp_file), "--kv-policy-mode", "shadow",
+               "--kv-record", str(tmp / "rec-c")) as url:
+        run = replay(url, work["trace"], tmp / "replay-c")
+        time.sleep(4)
+        run["metrics"] = metrics(url)
+    run["log"] = (tmp / "c.log").read_text()
+    return run
+
+
+@pytest.fixture(scope="module")
+def server_b(work, tiny_model, hp_file, server_c):  # after C: one server at a time
+    tmp = work["tmp"]
+    served = tmp / "hp-served.json"
+    shutil.copy(hp_file, served)
+    with serve(work["venv"], tiny_model, tmp, "b", "--kv-policy-config", str(served), "--kv-record",
+               str(tmp / "rec-b"), "--kv-policy-reload-interval", "1") as url:
+        run = replay(url, work["trace"], tmp / "replay-b")
+        run["metrics_before"] = metrics(url)
+        # Requests keep flowing while the hp file changes under the server: a refit of the last
+        # hour of its own recording (atomic, as kvprof writes), then a broken file.
+        failures, stop = [], threading.Event()
+
+        def load():
+            while not stop.is_set():
+                try:
+                    completion(url, [(11 * i) % 400 + 5 for i in range(90)], max_tokens=2, xargs={"type": "api"})
+                except Exception as err:  # noqa: BLE001 - counted
+                    failures.append(repr(err))
+
+        flow = threading.Thread(target=load)
+        flow.start()
+        try:
+            kvprof(work["venv"], "fit", tmp / "rec-b", "--window", "-3600:", "-o", served, "-j", "1", cwd=tmp)
+            time.sleep(4)
+            served.write_text('{"schema": "kvprof.hp/2", "horizon_s": "soon"}')
+            time.sleep(4)
+        finally:
+            stop.set()
+            flow.join()
+        run["failures"] = failures
+        run["outputs"] = outputs(url)
+        run["metrics"] = metrics(url)
+    run["log"] = (tmp / "b.log").read_text()
+    return run
+
+
+def compare(work, recording, policy, hp=None) -> dict:
+    out = work["tmp"] / f"compare-{recording}-{policy}"
+    args = ["compare", work["tmp"] / recording, "--policies", policy, "--eval-window", "0:", "-o", out, "-j", "1"]
+    if hp is not None:
+        args += ["--config", hp]
+    kvprof(work["venv"], *args, cwd=work["tmp"])
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    return run
+
+
+def live_cached(run) -> int:
+    return sum(r["cached_tokens"] for r in run["requests"] if r["error"] is None)
+
+
+# -- A: recording ---------------------------------------------------------------------------------
+def test_recording_has_the_prefix_structure_of_the_traffic(work, server_a):
+    from kvprof.profiler.reader import read_trace
+
+    assert all(r["error"] is None for r in server_a["requests"])
+    source, _ = read_trace(work["trace"], block_size=BS)
+    recorded, report = read_trace(work["tmp"] / "rec-a")
+    assert report.recording.block_size == BS and report.recording.num_gpu_blocks == BLOCKS
+    assert recorded.n_requests == source.n_requests
+    assert recorded.input_length.tolist() == source.input_length.tolist()
+
+    def shape(trace):  # each request's full blocks, numbered by first appearance: equal ids <=> shared prefix
+        names: dict[int, int] = {}
+        out = []
+        for i in range(trace.n_requests):
+            full = trace.blocks_of(i)[: int(trace.input_length[i]) // BS].tolist()
+            out.append([names.setdefault(h, len(names)) for h in full])
+        return out
+
+    assert shape(recorded) == shape(source)
+    assert [recorded.types[i] for i in range(recorded.n_requests)] == [source.types[i] for i in range(source.n_requests)]
+    # turns and conversations come back from the session tag replay sends
+    assert recorded.turn.tolist() == source.turn.tolist()
+    assert ((recorded.parent_chat_id == -1) == (source.parent_chat_id == -1)).all()
+    # the server's own cached tokens, per request, are in the recording
+    assert recorded.extra["cached_tokens"].tolist() == [r["cached_tokens"] for r in server_a["requests"]]
+
+
+def test_compare_of_the_recording_gives_the_live_lru_hits(work, server_a):
+    run = compare(work, "rec-a", "lru")
+    assert run["capacity"] == BLOCKS - 1
+    assert run["cached_tokens"] == live_cached(server_a)  # token for token: same timing, same eviction
+
+
+def test_lru_replayed_beside_the_server_hits_what_it_hit(server_a):
+    m = server_a["metrics"]
+    real = sum(v for k, v in m.items() if k.startswith("kvprof_cached_blocks_total"))
+    assert real == live_cached(server_a) // BS > 0
+    assert m['kvprof_counterfactual_cached_blocks_total{policy="lru"}'] == real
+    (info,) = [k for k in m if k.startswith("kvprof_info")]
+    assert 'mode="record"' in info and 'policy="none"' in info and "rec-a" in info
+    assert m['kvprof_records_total{result="written"}'] >= len(server_a["requests"])
+    assert "vLLM's own eviction hit" in server_a["log"] and "lru replayed beside it" in server_a["log"]
+    assert "compiled core ready in" in server_a["log"]
+
+
+def test_recording_only_does_not_change_vllms_outputs(server_a, server_b):
+    assert server_a["outputs"] == server_b["outputs"]
+
+
+def test_fit_of_the_recording_is_tuned_for_its_server(hp_file):
+    hp = json.loads(hp_file.read_text())
+    assert hp["block_size"] == BS
+    assert [entry["capacity"] for entry in hp["tuning"]] == [BLOCKS - 1]
+    assert {"api_1", "chat_1", "doc_1"} <= set(hp["classes"])
+
+
+# -- C: shadow mode -------------------------------------------------------------------------------
+def test_shadow_mode_leaves_vllms_eviction_alone(work, server_c):
+    assert all(r["error"] is None for r in server_c["requests"])
+    assert compare(work, "rec-c", "lru")["cached_tokens"] == live_cached(server_c)
+    assert "in shadow mode" in server_c["log"] and "wa would have hit" in server_c["log"]
+
+
+# -- B: enforce, reload ---------------------------------------------------------------------------
+def test_compare_of_the_recording_gives_the_live_wa_hits(work, server_b, hp_file):
+    assert all(r["error"] is None for r in server_b["requests"])
+    run = compare(work, "rec-b", "wa", hp=hp_file)
+    live = sum(r["cached_tokens"] for r in server_b["requests"])
+    assert abs(run["cached_tokens"] - live) <= 0.005 * sum(r["prompt_tokens"] for r in server_b["requests"])
+
+
+def test_shadow_mode_predicts_the_real_wa(server_b, server_c):
+    m_c, m_b = server_c["metrics"], server_b["metrics_before"]
+    lookups_c = sum(v for k, v in m_c.items() if k.startswith("kvprof_prompt_blocks_total"))
+    predicted = m_c['kvprof_counterfactual_cached_blocks_total{policy="wa"}'] / lookups_c
+    lookups_b = sum(v for k, v in m_b.items() if k.startswith("kvprof_prompt_blocks_total"))
+    real = sum(v for k, v in m_b.items() if k.startswith("kvprof_cached_blocks_total")) / lookups_b
+    assert abs(predicted - real) <= 0.01, (predicted, real)
+
+
+def test_reloads_keep_serving(server_b):
+    assert server_b["failures"] == []
+    m = server_b["metrics"]
+    assert m['kvprof_reloads_total{result="ok"}'] == 1
+    assert m['kvprof_reloads_total{result="error"}'] == 1
+    log = server_b["log"]
+    assert "kvprof: reloaded" in log
+    assert "not reloading" in log and "the running policy stays" in log and "horizon_s" in log
+    assert "wa hit" in log and "lru would have hit" in log
