@@ -62,7 +62,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     tmp = None
     try:
         with _naming(path):
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            # A name near the file system's limit would make the temporary one too long: keep its start.
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name[:64]}.", suffix=".tmp")
             os.fchmod(fd, 0o666 & ~_umask())
         with open(fd, mode, **kwargs) as handle:
             yield handle

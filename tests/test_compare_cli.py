@@ -219,6 +219,11 @@ def test_cost_model_options_file_and_the_overload_mark(small_trace, tmp_path):
     assert document["config"]["cost"] == {**document["config"]["cost"], "prefill_tokens_per_s": 1e6,
                                           "step_overhead_s": 0.01, "max_batched_tokens": 4096}
     assert document["runs"][0]["qttft_overloaded"] is False and document["runs"][0]["offered_load"] < 1
+    # issue 14, item 26: with --cost given, the warning no longer tells to pass --cost FILE
+    cost.write_text(json.dumps({"schema": "kvprof.cost/1", "prefill_tokens_per_s": 1000.0}))
+    slow_file = invoke("compare", small_trace, *base, "--cost", cost, "-o", tmp_path / "slow-file")
+    assert slow_file.exit_code == 0 and f"The server of {cost} is slower than this traffic" in one_line(slow_file.stderr)
+    assert "--cost FILE" not in slow_file.stderr and "--cost FILE" in slow.stderr
     cost.write_text(json.dumps({"schema": "kvprof.cost/1", "prefill_tokens_per_s": "fast"}))
     bad = invoke("compare", small_trace, *base, "--cost", cost, "-o", tmp_path / "bad")
     assert bad.exit_code == 1 and f"{cost}, at prefill_tokens_per_s: must be a finite number" in bad.stderr

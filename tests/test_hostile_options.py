@@ -149,6 +149,9 @@ def test_list_and_window_options_follow_the_same_rule(tmp_path, command, option)
     (["replay", "{missing}", "--model", "m", "-o", "{tmp}/out", "--policy", "belady"], "needs the future"),
     (["replay", "{missing}", "--model", "m", "-o", "{tmp}/out", "--too-long", "drop"], "not one of skip, clip"),
     (["replay", "{missing}", "--model", "m", "-o", "{tmp}/out", "--url", "http://h:port"], "is not an http"),
+    (["replay", "{missing}", "--model", "m", "-o", "{tmp}/out", "--url", "http://a..b/"], "is not an http"),
+    (["replay", "{missing}", "--model", "m", "-o", "{tmp}/out", "--url", "http://\udcff/"], "is not an http"),
+    (["replay", "{missing}", "--model", "m", "-o", "{tmp}/out", "--url", "http://127.0.0.1:99999"], "is not an http"),
 ])
 def test_contradicting_or_impossible_options_exit_2_before_any_work(tmp_path, args, words):
     filled = [a.format(missing=tmp_path / "no-such-trace.jsonl", tmp=tmp_path) for a in args]

@@ -294,6 +294,28 @@ def test_an_output_that_cannot_be_written_is_refused_by_its_given_path_before_an
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("command", ["fit", "synth", "compare", "show"])
+@pytest.mark.parametrize("target", ["name of 300 bytes", "a loop of links", "under a loop of links", "no such dir"])
+def test_odd_output_paths_are_refused_before_any_work(tmp_path, command, target):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(GOOD_LINES)
+    results_path = tmp_path / "r.json"
+    results_path.write_text(json.dumps(RESULTS))
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    path = {"name of 300 bytes": tmp_path / ("x" * 300), "a loop of links": tmp_path / "loop1",
+            "under a loop of links": tmp_path / "loop1" / "x", "no such dir": tmp_path / "nope" / "x"}[target]
+    if command in ("compare", "show") and target == "no such dir":
+        return  # an output directory is made with its parents
+    args = {"fit": [trace, "-o", path], "synth": ["-o", path], "compare": [trace, "-o", path],
+            "show": [results_path, "-o", path]}[command]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = invoke(command, *args)
+    clean_exit(result)
+    assert result.exit_code == 2, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 @pytest.mark.parametrize("args", [
     ["compare", "{trace}", "-o", "{out}", "--eval-window", "999:"],
     ["compare", "{bad}", "-o", "{out}"],

@@ -558,3 +558,18 @@ def test_a_big_cell_rule_is_shown_in_part(tmp_path):
     path.write_text(json.dumps(document))
     shown = invoke("show", path)
     assert shown.exit_code == 0 and "and 1,438 more cells (--json shows them all)" in one_line(shown.stdout)
+
+
+def test_a_long_cell_name_is_shown_whole(tmp_path):
+    """Cell names were cut (an ellipsis) in fit's and show's tables; the name column now folds."""
+    document = json.loads(Path("configs/bailian-a-hp.json").read_text())
+    long_name = "class=text_1,10.7<log2_prompt_tokens<=11.8,turn>4.5," + "".join(chr(97 + i % 26) for i in range(150))
+    first = next(iter(document["cells"]))
+    document["cells"] = {long_name: document["cells"][first]}
+    document["cell_rule"] = {"features": [], "fields": [], "nodes": [{"cell": long_name}]}
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(document))
+    shown = invoke("show", path)
+    assert shown.exit_code == 0 and "…" not in shown.stdout
+    rest = iter(shown.stdout)
+    assert all(char in rest for char in long_name)  # every character, in order, across the folded lines

@@ -255,3 +255,43 @@ def test_a_server_that_falls_behind_is_said_so(stub, trace, tmp_path):
     result = replay(trace, url, tmp_path, "--max-concurrency", "1")
     assert result.exit_code == 0, result.output
     assert "the server fell behind" in one_line(result.stderr) and "--max-concurrency 1" in one_line(result.stderr)
+
+
+# --- a server that sends without end ------------------------------------------------------------------
+
+
+def test_answers_are_read_up_to_a_bound_never_into_all_memory(stub, trace, tmp_path, monkeypatch):
+    """A stream that never ends an event, an error body or a /metrics page without end: each is cut at a
+    bound (here made small) and counted as an error, instead of growing in memory for --timeout seconds."""
+    from kvprof.replay import server
+
+    monkeypatch.setattr(server, "MAX_STREAM_BYTES", 64 << 10)
+    monkeypatch.setattr(server, "MAX_PAGE_BYTES", 64 << 10)
+    url, handler = stub
+
+    def endless(self, body):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        try:
+            self.wfile.write(b"data: " + b"x" * (200 << 10))  # one event that never ends
+        except OSError:
+            pass
+
+    handler.respond = endless
+    result = replay(trace, url, tmp_path / "a", "--limit", "2")
+    assert result.exit_code == 1 and "a stream of more than 65,536 bytes" in one_line(result.stderr)
+    assert all("a stream of more than" in r["error"] for r in records_of(tmp_path / "a"))
+
+    def long_error(self, body):
+        self._reply("text/plain", b"[bold]" + b"e" * (1 << 20), status=500)
+
+    handler.respond = long_error
+    handler.bodies.clear()  # the next test request is answered well again
+    result = replay(trace, url, tmp_path / "b", "--limit", "2")
+    assert result.exit_code == 1 and "HTTP 500: [bold]eee" in one_line(result.stderr)
+    assert all(len(r["error"]) < 1000 for r in records_of(tmp_path / "b"))
+
+    handler.metrics = METRICS + CACHE_INFO + "# " + "m" * (100 << 10) + "\n"
+    result = replay(trace, url, tmp_path / "c", "--limit", "2")
+    assert result.exit_code == 1 and "/metrics sent more than" in result.stderr and not (tmp_path / "c").exists()

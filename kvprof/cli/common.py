@@ -24,9 +24,9 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import DownloadColumn, TimeRemainingColumn
 
-from kvprof.cli.output import EXIT_DATA_ERROR, end_quietly_on_closed_stdout, fail, progress, warn
+from kvprof.cli.output import end_quietly_on_closed_stdout, fail, progress, say, warn
 from kvprof.errors import KvprofError
-from kvprof.limits import BLOCK_TOKENS, BLOCKS, COUNT, INT64_MAX, Bound
+from kvprof.limits import BLOCK_TOKENS, BLOCKS, INT64_MAX, Bound
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
 
 #: Exit code of a command stopped by SIGINT; SIGTERM (:class:`kvprof.cli.app.Terminated`) says its own.
@@ -185,7 +185,6 @@ def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=
     An unknown ``format`` is a usage error (exit 2). Skipped lines (``--skip-invalid``) are always
     reported, never dropped silently.
     """
-    from kvprof.cli.output import say
     from kvprof.profiler.reader import read_trace
 
     check_format(format)
@@ -245,12 +244,22 @@ def output_file(path: Path, inputs: Iterable[Path | None] = (), option: str = "-
     file, or a directory not made yet, are refused), ``path`` is not a directory, and ``path`` is
     not one of ``inputs`` (``fit t.jsonl -o t.jsonl``).
     """
-    if path.is_dir():
-        raise typer.BadParameter(f"{path} is a directory; give a file name", param_hint=option)
     directory = path.parent
     if not directory.is_dir():
         what = "is not a directory" if os.path.lexists(directory) else "does not exist"
         raise typer.BadParameter(f"{path}: {directory} {what}", param_hint=option)
+    longest = os.pathconf(directory, "PC_NAME_MAX")
+    if len(os.fsencode(path.name)) > longest:
+        raise typer.BadParameter(f"{path}: the file name is longer than {longest} bytes, the most its directory takes",
+                                 param_hint=option)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        pass  # a new file, or a link to one
+    except OSError as exc:  # a loop of links, a component that cannot be searched
+        raise typer.BadParameter(f"{path}: {exc.strerror}", param_hint=option) from None
+    if path.is_dir():
+        raise typer.BadParameter(f"{path} is a directory; give a file name", param_hint=option)
     _check_creatable(directory, path, option)
     _check_not_an_input(path, inputs, option)
     return path
@@ -263,8 +272,11 @@ def output_dir(path: Path, files: Iterable[str] = (), inputs: Iterable[Path | No
     Nothing is created here (a refused run creates nothing): :func:`make_dir` makes the directory
     when there is something to write.
     """
-    if path.exists() and not path.is_dir():
-        raise typer.BadParameter(f"{path} exists and is not a directory", param_hint=option)
+    try:
+        if path.exists() and not path.is_dir():
+            raise typer.BadParameter(f"{path} exists and is not a directory", param_hint=option)
+    except OSError as exc:  # a name too long, a loop of links
+        raise typer.BadParameter(f"{path}: {exc.strerror}", param_hint=option) from None
     _check_creatable(path, path, option)
     for name in files:
         _check_not_an_input(path / name, inputs, option)

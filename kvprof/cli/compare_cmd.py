@@ -39,7 +39,7 @@ from kvprof.cli.common import (
 )
 from kvprof.cli.output import print_json, progress, say, show, status, table, warn
 from kvprof import results as results_file
-from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, Bound
+from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE
 from kvprof.sim.config import (
     COST_BOUNDS,
     TIMINGS,

@@ -40,7 +40,9 @@ def _http_url(url: str) -> str:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises for a port that is not a number
         valid = parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:  # a port that is not a number, a bad IPv6 address
+        if valid:
+            parts.hostname.encode("idna")  # what name resolution will do: empty or long labels, surrogates fail
+    except (ValueError, UnicodeError):  # a port that is not a number, a bad IPv6 address or host name
         valid = False
     if not valid:
         raise typer.BadParameter(f"{url!r} is not an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")

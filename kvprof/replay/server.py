@@ -30,6 +30,11 @@ from kvprof.replay.response import (
 
 #: vLLM's CacheConfig gauge; its labels are the config's fields, as strings.
 CACHE_INFO = "vllm:cache_config_info"
+#: Most bytes read of one answer: a page (/metrics, /v1/models), an error's body, a completion's stream.
+#: A server sending more is misbehaving, and reading on would only fill memory.
+MAX_PAGE_BYTES = 16 << 20
+MAX_ERROR_BYTES = 64 << 10
+MAX_STREAM_BYTES = 16 << 20
 
 
 class ServerUnreachable(KvprofError):
@@ -59,8 +64,11 @@ class Server:
         self.url = url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
-        self._client = httpx.Client(base_url=self.url, timeout=timeout_s,
-                                    limits=httpx.Limits(max_connections=max_connections))
+        try:
+            self._client = httpx.Client(base_url=self.url, timeout=timeout_s,
+                                        limits=httpx.Limits(max_connections=max_connections))
+        except httpx.InvalidURL as exc:
+            raise KvprofError(f"{url} is not a URL replay can use: {exc}") from None
 
     def __enter__(self) -> Server:
         return self
@@ -163,8 +171,8 @@ class Server:
             with connect_sse(self._client, "POST", "/v1/completions", json=body) as source:
                 response = source.response
                 if response.status_code >= 400:
-                    response.read()
-                    raise RequestFailed(f"HTTP {response.status_code}: {error_body_message(response.text)}",
+                    body = _read_at_most(response, MAX_ERROR_BYTES).decode("utf-8", "replace")
+                    raise RequestFailed(f"HTTP {response.status_code}: {error_body_message(body)}",
                                         f"HTTP {response.status_code}")
                 events = (event.data for event in EventSource(_Watched(response, progress)).iter_sse())
                 prompt_tokens, cached = read_stream(events, progress.token, prompt_tokens=len(prompt),
@@ -181,16 +189,31 @@ class Server:
                       cached_tokens=cached)
 
     def _get_text(self, path: str) -> str:
+        """The text of ``GET path``, at most :data:`MAX_PAGE_BYTES` of it (more is an error)."""
         where = f"{self.url}{path}"
         try:
-            response = self._client.get(path)
-        except httpx.ConnectError as exc:
+            with self._client.stream("GET", path) as response:
+                if response.status_code >= 400:
+                    raise KvprofError(f"cannot read {where}: HTTP {response.status_code}")
+                data = _read_at_most(response, MAX_PAGE_BYTES + 1)
+                encoding = response.encoding or "utf-8"
+        except (httpx.ConnectError, UnicodeError) as exc:  # UnicodeError: a host name no resolver takes
             raise ServerUnreachable(f"cannot reach the server at {self.url} ({exc}); is it running?") from None
         except httpx.HTTPError as exc:
             raise ServerUnreachable(f"no answer from {where}: {type(exc).__name__}: {exc}") from None
-        if response.status_code >= 400:
-            raise KvprofError(f"cannot read {where}: HTTP {response.status_code}")
-        return response.text
+        if len(data) > MAX_PAGE_BYTES:
+            raise KvprofError(f"{where} sent more than {MAX_PAGE_BYTES:,} bytes; no server's page is so long")
+        return data.decode(encoding, "replace")
+
+
+def _read_at_most(response: httpx.Response, limit: int) -> bytes:
+    """The first ``limit`` bytes of a streamed response's body (fewer if it ends sooner)."""
+    data = bytearray()
+    for chunk in response.iter_bytes():
+        data += chunk[: limit - len(data)]
+        if len(data) >= limit:
+            break
+    return bytes(data)
 
 
 class _Progress:
@@ -215,7 +238,8 @@ class _Progress:
 
 class _Watched:
     """What :class:`httpx_sse.EventSource` reads of a response (its headers, its text as it arrives),
-    with the progress checked as each piece arrives: keep-alive comments are bytes, not progress."""
+    with the progress checked as each piece arrives (keep-alive comments are bytes, not progress)
+    and the stream's length bounded."""
 
     def __init__(self, response: httpx.Response, progress: _Progress):
         self._response = response
@@ -223,8 +247,12 @@ class _Watched:
         self.headers = response.headers
 
     def iter_text(self):
+        received = 0
         for text in self._response.iter_text():
             self._progress.check()
+            received += len(text)
+            if received > MAX_STREAM_BYTES:
+                raise RequestFailed(f"bad response: a stream of more than {MAX_STREAM_BYTES:,} bytes")
             yield text
 
 
