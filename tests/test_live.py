@@ -156,7 +156,7 @@ def test_metrics_count_classes_counterfactual_and_records(tmp_path, monkeypatch,
     assert value("kvprof_unclassified_requests_total", reason="untagged") == 1
     assert value("kvprof_records_total", result="written") == len(requests)
     assert value("kvprof_info", hp=str(hp_path), hp_sha256=spec.hp_sha256, mode="shadow", policy="wa",
-                 recording=str(tmp_path / "rec")) == 1
+                 recording=str(tmp_path / "rec"), classes="2", cells="2") == 1
     assert sum(name == "kvprof_shadow_cached_blocks_total" for name, _ in samples) == 6  # one per candidate
     families = {f.name: f for f in SnapshotCollector(tmp_path).collect()}
     assert families["kvprof_cached_blocks"].type == "counter"  # prometheus_client adds _total
@@ -218,3 +218,54 @@ def test_warm_up_leaves_nothing_to_compile_for_serving(tmp_path):
     policies = {"lru": make_policy("lru"), "wa": spec.reference_policy(64)}
     _drive_counterfactual(Counterfactual(policies, 32, BS), BS)
     assert signatures() == before
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_a_reload_racing_a_write_never_serves_half_a_file(tmp_path, atomic):
+    """Two valid hp files written over each other while the loop re-reads every 10 ms: what serves is
+    always one of them whole. Written atomically (as kvprof fit does) no reload ever fails; written in
+    place, a half-written file is refused and read again once it changes."""
+    import hashlib
+    import threading
+
+    from kvprof.atomic import atomic_write_text
+
+    hp_path = tmp_path / "hp.json"
+    texts = [json.dumps(dict(HP, horizon_s=h), indent=2) for h in (30.0, 90.0)]
+    sha = {hashlib.sha256(text.encode()).hexdigest() for text in texts}
+    hp_path.write_text(texts[0])
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "mode": "shadow",
+                                                            "reload_interval_s": 0.01}})
+    loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start={}).begin()
+    stop, seen = threading.Event(), set()
+
+    def write():
+        k = 0
+        while not stop.is_set():
+            k += 1
+            text = texts[k % 2]
+            if atomic:
+                atomic_write_text(hp_path, text)
+            else:
+                with open(hp_path, "w") as handle:
+                    for start in range(0, len(text), 64):
+                        handle.write(text[start:start + 64])
+                        handle.flush()
+                        time.sleep(0.001)
+            time.sleep(0.02)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            seen.add(loop.spec.hp_sha256)
+            time.sleep(0.005)
+    finally:
+        stop.set()
+        writer.join()
+        loop.close()
+    assert seen <= sha  # never half a file
+    assert loop.metrics.get("kvprof_reloads_total", result="ok") >= 2
+    if atomic:
+        assert loop.metrics.get("kvprof_reloads_total", result="error") == 0

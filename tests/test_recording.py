@@ -209,3 +209,54 @@ def test_reading_a_directory_that_is_no_recording(tmp_path):
     (tmp_path / "r" / "recording.json").write_text(json.dumps(doc))
     with pytest.raises(TraceError, match=r"starts\[0\]\.chat_id_base"):
         read_trace(tmp_path / "r")
+
+
+def test_every_command_reads_a_recording(tmp_path):
+    """inspect, fit (tuned for the recorded server's size) and compare (on recorded timing) of a recording."""
+    from tests.helpers import invoke
+
+    t0 = 1_000_000.0
+    system = [b"sys-a", b"sys-b", b"sys-c"]
+    reqs = []
+    for i in range(120):
+        chain = system + [f"q{i}".encode()] if i % 2 else [f"d{i}-{k}".encode() for k in range(3)]
+        r = request(t0 + 10 * i, [], tags={"type": "api" if i % 2 else "doc", "turn": 1})
+        r.block_hashes, r.num_prompt_tokens = chain, BS * len(chain) + 1
+        reqs.append((r, t0 + 10 * i + 0.1, t0 + 10 * i + 2))
+    record(tmp_path / "rec", reqs, clock=Clock(t0))
+    start = load_recording(tmp_path / "rec").starts[0]
+    assert start.num_gpu_blocks == 64
+
+    result = invoke("inspect", tmp_path / "rec")
+    assert result.exit_code == 0, result.output
+    result = invoke("fit", tmp_path / "rec", "--window", "-600:", "-o", tmp_path / "hp.json", "-j", "1")
+    assert result.exit_code == 0, result.output
+    hp = json.loads((tmp_path / "hp.json").read_text())
+    assert [entry["capacity"] for entry in hp["tuning"]] == [63] and hp["block_size"] == BS
+
+    out = tmp_path / "cmp"
+    result = invoke("compare", tmp_path / "rec", "--config", tmp_path / "hp.json", "--eval-window", "0:",
+                    "--policies", "lru,wa,belady", "-o", out, "-j", "1")
+    assert result.exit_code == 0, result.output
+    document = json.loads((out / "results.json").read_text())
+    assert document["config"]["timing"] == "auto" and document["config"]["engine_block_size"] == BS
+    assert {run["capacity"] for run in document["runs"]} == {63}
+    by_policy = {run["policy"]: run for run in document["runs"]}
+    assert by_policy["lru"]["cached_tokens"] == 59 * 3 * BS  # every api request after the first hits the system prompt
+    assert by_policy["belady"]["cached_tokens"] >= by_policy["wa"]["cached_tokens"]
+    result = invoke("compare", tmp_path / "rec", "--eval-window", "0:", "--policies", "lru", "--timing", "model",
+                    "-o", tmp_path / "model", "-j", "1")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "model" / "results.json").read_text())["config"]["timing"] == "model"
+
+
+def test_recorded_timing_needs_a_recording(tmp_path):
+    from tests.helpers import invoke
+
+    (tmp_path / "t.jsonl").write_text(json.dumps({"chat_id": 0, "parent_chat_id": -1, "timestamp": 0, "input_length": 32,
+                                                  "output_length": 1, "type": "a", "turn": 1, "hash_ids": [1, 2]}) + "\n")
+    result = invoke("compare", tmp_path / "t.jsonl", "--eval-window", "0:", "--policies", "lru", "--timing", "recorded",
+                    "--block-size", "16", "-o", tmp_path / "o")
+    assert result.exit_code == 1 and "no recorded timing" in result.output
+    result = invoke("compare", tmp_path / "t.jsonl", "--policies", "lru", "--timing", "soon", "-o", tmp_path / "o")
+    assert result.exit_code == 2 and "--timing" in result.output

@@ -38,19 +38,35 @@ def has_twin(policy) -> bool:
 
 
 def drop_stale_caches(package: Path = Path(__file__).parent) -> None:
-    """Delete numba's cache files in ``package/__pycache__`` older than the newest ``package/*.py``.
+    """Delete numba's cache files of ``package`` older than the newest ``package/*.py``.
 
     After an edit or a ``git pull`` that changes one module (a struct's fields, say), functions
-    of the other modules cached against the old layout would otherwise load and misbehave.
-    A cache directory that cannot be written is left alone.
+    of the other modules cached against the old layout would otherwise load and misbehave. The
+    cache is next to the sources (``__pycache__``), or where numba puts it when that cannot be
+    written or ``NUMBA_CACHE_DIR`` says so (:func:`cache_directories`). A cache directory that
+    cannot be written is left alone.
     """
     newest = max((source.stat().st_mtime for source in package.glob("*.py")), default=0.0)
-    for cached in (package / "__pycache__").glob("*.nb[ic]"):
-        try:
-            if cached.stat().st_mtime < newest:
-                cached.unlink()
-        except OSError:
-            pass  # gone already (another process), or read-only
+    for directory in cache_directories(package):
+        for cached in directory.glob("*.nb[ic]"):
+            try:
+                if cached.stat().st_mtime < newest:
+                    cached.unlink()
+            except OSError:
+                pass  # gone already (another process), or read-only
+
+
+def cache_directories(package: Path) -> list[Path]:
+    """Where numba may cache the functions of ``package``: its ``__pycache__``, and the directory
+    numba derives from the package's path under ``NUMBA_CACHE_DIR`` and under the per-user cache."""
+    import hashlib
+    import os
+
+    source_dir = os.path.abspath(package)
+    subpath = f"{os.path.basename(source_dir)}_{hashlib.sha1(source_dir.encode()).hexdigest()}"
+    roots = [os.environ.get("NUMBA_CACHE_DIR"),
+             os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "numba")]
+    return [package / "__pycache__", *(Path(root) / subpath for root in roots if root)]
 
 
 drop_stale_caches()

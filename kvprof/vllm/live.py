@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 
 from kvprof.policy import make_policy
+from kvprof.vllm.handoff import Handoff
 from kvprof.vllm.metrics import METRICS_DIR_ENV, Metrics
 from kvprof.vllm.observe import Counterfactual
-from kvprof.vllm.spec import KvPolicyConfigError, PolicySpec, load_spec_hp, request_extra_args
+from kvprof.vllm.spec import ChangedWhileRead, KvPolicyConfigError, PolicySpec, load_spec_hp, request_extra_args
 
 logger = logging.getLogger("vllm.kvprof")
 
@@ -40,6 +40,8 @@ logger = logging.getLogger("vllm.kvprof")
 EVENT_QUEUE = 1 << 16
 #: Seconds between metric snapshots (what /metrics lags behind at most).
 SNAPSHOT_S = 1.0
+#: Seconds the background thread sleeps when no event waits.
+POLL_S = 0.05
 #: Distinct tag values logged (once each) as unclassified, and type values used as metric labels.
 _DISTINCT_KEPT = 256
 
@@ -82,7 +84,7 @@ class LiveLoop:
         if spec.policy is not None and spec.mode == "shadow" and spec.policy != "lru":
             policies[spec.policy] = spec.reference_policy(self.capacity)
         self.counterfactual = Counterfactual(policies, self.capacity, block_size)
-        self._events: queue.Queue = queue.Queue(maxsize=EVENT_QUEUE)
+        self._events = Handoff(EVENT_QUEUE)
         self._pending = None  # (spec, compiled twin) for the scheduler thread to swap in
         self._stop = threading.Event()
         self._seen: set = set()  # tag values already logged as unclassified
@@ -107,6 +109,7 @@ class LiveLoop:
         return self
 
     def close(self) -> None:
+        """Take the events still waiting, write the last snapshot, close the recording."""
         self._stop.set()
         self._thread.join(10)
         if self.recorder is not None:
@@ -135,24 +138,24 @@ class LiveLoop:
             self.spec = spec
 
     def _put(self, event) -> None:
-        try:
-            self._events.put_nowait(event)
-        except queue.Full:
+        if not self._events.put(event):
             self.metrics.inc("kvprof_events_dropped_total")
 
     # -- background thread ----------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                event = self._events.get(timeout=SNAPSHOT_S / 2)
-            except queue.Empty:
-                event = None
+        while True:
+            event = self._events.take()
+            if event is None:
+                if self._stop.is_set():
+                    break
+                time.sleep(POLL_S)
             try:
                 if event is not None:
                     self._handle(event)
                 self._periodic()
             except Exception:  # noqa: BLE001 - kvprof must never stop serving
                 logger.exception("kvprof: the background thread hit an error (serving goes on)")
+            time.sleep(0)  # hand the GIL to the scheduler thread if it waits for it
 
     def _handle(self, event) -> None:
         kind, now, request = event[:3]
@@ -291,10 +294,13 @@ class LiveLoop:
         logger.info(line)
 
     def _set_info(self, spec: PolicySpec) -> None:
+        hp = spec.hp
         self.metrics.clear("kvprof_info")
         self.metrics.set("kvprof_info", 1, policy=spec.policy or "none",
                          mode="record" if spec.policy is None else spec.mode, hp=spec.config or "",
-                         hp_sha256=spec.hp_sha256 or "", recording=spec.record or "")
+                         hp_sha256=spec.hp_sha256 or "", recording=spec.record or "",
+                         classes=len(spec.class_names) - 1 if hp is not None else 0,
+                         cells=len(hp.cell_names()) - 1 if hp is not None else 0)
 
     # -- reloads (background thread) ----------------------------------------------------------
     def _maybe_reload(self) -> None:
@@ -314,6 +320,9 @@ class LiveLoop:
                 if spec.policy in self.counterfactual.tiers:
                     self.counterfactual.replace(spec.policy, spec.reference_policy(self.capacity))
                 self.spec = spec
+        except ChangedWhileRead:
+            self._file_state = None  # read it again at the next look
+            return
         except KvPolicyConfigError as err:
             self.metrics.inc("kvprof_reloads_total", result="error")
             logger.error("kvprof: not reloading %s, the running policy stays: %s", self.spec.config, err)

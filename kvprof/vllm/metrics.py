@@ -31,8 +31,8 @@ METRICS_DIR_ENV = "KVPROF_METRICS_DIR"
 
 #: name -> (type, help); every metric kvprof reports.
 FAMILIES = {
-    "kvprof_info": ("gauge", "What kvprof runs in this engine: policy, mode (enforce, shadow, record), hp file and its "
-                             "sha256; value 1."),
+    "kvprof_info": ("gauge", "What kvprof runs in this engine: policy, mode (enforce, shadow, record), hp file, its "
+                             "sha256, its classes and cells; value 1."),
     "kvprof_prompt_blocks_total": ("counter", "Prompt blocks that could have been prefix-cache hits "
                                               "((prompt tokens - 1) // block size), by workload class."),
     "kvprof_cached_blocks_total": ("counter", "Prompt blocks the server found in its prefix cache, by workload class."),

@@ -37,7 +37,8 @@ class _Tier:
         self.keyed_by = reference.keyed_by
         self.compiled = compile_policy(reference, capacity)
         self.gpu = tiers.new_device(self.compiled, capacity, n_contents)
-        self.running: dict[Hashable, tuple[np.ndarray, int]] = {}  # request -> (slots, held)
+        # request -> (its slots, how many it holds, its class or cell, its prompt's contents)
+        self.running: dict[Hashable, tuple[np.ndarray, int, int, np.ndarray]] = {}
         self.hits = 0
 
 
@@ -106,7 +107,7 @@ class Counterfactual:
             workload = classes[tier.keyed_by == "cell"]
             n_hit, held = admit(tier.gpu, blocks, next_use, 0, n_full, n_lookup, n_prompt, now, workload, slots)
             tier.hits += int(n_hit)
-            tier.running[key] = (slots, int(held), workload)
+            tier.running[key] = (slots, int(held), workload, blocks)
 
     def finish(self, key: Hashable, hashes: Sequence, prompt_tokens: int, output_tokens: int, now: float) -> None:
         """Request ``key`` finished at ``now``: the blocks its output filled are cached (their
@@ -117,15 +118,15 @@ class Counterfactual:
         written = prompt_tokens + max(output_tokens, 1) - 1
         n_output_full = max(min(written // size, len(hashes)) - n_full, 0)
         n_new = max(-(-written // size) - n_prompt, n_output_full)
-        blocks = np.full(n_prompt + n_output_full, NONE, np.int64)  # the layout of RecordedTiming
-        blocks[:n_full] = self._contents(hashes[:n_full])  # (blocks a full tier could not give at admission)
-        blocks[n_prompt:] = self._contents(hashes[n_full:n_full + n_output_full])
-        next_use = self._next_use(len(blocks))
+        output = self._contents(hashes[n_full:n_full + n_output_full])
+        next_use = self._next_use(n_prompt + n_output_full)
         for tier in self.tiers.values():
             entry = tier.running.pop(key, None)
             if entry is None:  # admitted before this tier was replaced
                 continue
-            slots, held, workload = entry
+            slots, held, workload, prompt = entry
+            # the layout of RecordedTiming: the prompt's blocks (a full tier may give some only now), the output's
+            blocks = np.concatenate([prompt, np.array(output, np.int64)])
             slots = np.concatenate([slots, np.zeros(n_new, np.int64)])
             finish(tier.gpu, blocks, next_use, 0, held, len(blocks), n_new, now, workload, slots)
 

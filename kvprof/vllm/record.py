@@ -1,8 +1,8 @@
 """``vllm serve --kv-record DIR``: the served requests written as a trace kvprof reads.
 
-The scheduler thread hands each finished request to :meth:`Recorder.submit`, which only puts a
-tuple of references on a bounded queue (a few microseconds; ``benchmarks/bench_record.py``) and
-never blocks: a full queue drops the record and counts it. One writer thread does the rest: block
+The scheduler thread hands each finished request to :meth:`Recorder.submit`, which only appends a
+tuple of references to a bounded :class:`~kvprof.vllm.handoff.Handoff` (``benchmarks/bench_live.py``)
+and never blocks: a full one drops the record and counts it. One writer thread does the rest: block
 hashes to ids, JSON, zstd, files, ``recording.json`` (:mod:`kvprof.recording` describes the layout).
 
 What an id reveals. ``hash_ids[i]`` is a keyed BLAKE2b of vLLM's hash of block ``i`` (which chains
@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import os
-import queue
 import secrets
 import threading
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import zstandard
 
 from kvprof.atomic import atomic_write_text
+from kvprof.vllm.handoff import Handoff
 from kvprof.recording import (
     DROP_REASONS, FILE, FINISHED_SUFFIX, OPEN_SUFFIX, Recording, RecordingError, Start, load_recording,
 )
@@ -43,6 +43,8 @@ RESERVED = frozenset({"chat_id", "parent_chat_id", "timestamp", "input_length", 
                       "hash_ids", "scheduled", "finished", "finish_reason", "cached_tokens", "session"})
 #: Tags that name a conversation: a request's parent is the previous finished request of it.
 SESSION_TAGS = ("session",)
+#: Seconds the writer sleeps when it has nothing to write.
+_POLL_S = 0.05
 _SESSIONS_KEPT = 1 << 20
 
 
@@ -87,7 +89,7 @@ class Recorder:
         self.rotate_s = rotate_s
         self.flush_s = flush_s
         self._clock = clock
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._queue = Handoff(queue_size)
         self._key = secrets.token_bytes(32)
         self._sessions: OrderedDict = OrderedDict()  # session tag -> (chat_id, turn) of its last record
         self.recording = self._open_recording(start)
@@ -109,15 +111,16 @@ class Recorder:
         prefix cache (references only; never blocks, never raises)."""
         try:
             params = request.sampling_params
-            self._queue.put_nowait((
+            taken = self._queue.put((
                 request.arrival_time, scheduled, finished, request.num_prompt_tokens, request.num_output_tokens,
                 request.get_finished_reason(), params.extra_args if params is not None else None,
                 request.block_hashes, cached_tokens,
             ))
-        except queue.Full:
-            self.start.dropped["queue_full"] += 1
         except Exception:  # noqa: BLE001 - a record must never disturb serving
             self.start.dropped["error"] += 1
+            return
+        if not taken:
+            self.start.dropped["queue_full"] += 1
 
     # -- lifecycle ------------------------------------------------------------------------
     def begin(self) -> Recorder:
@@ -142,10 +145,9 @@ class Recorder:
     # -- writer thread ----------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            try:
-                item = self._queue.get(timeout=self.flush_s / 4)
-            except queue.Empty:
-                item = None
+            item = self._queue.take()
+            if item is None:
+                time.sleep(min(self.flush_s / 4, _POLL_S))
             if item is not None:
                 try:
                     line = self._line(item)
@@ -161,7 +163,8 @@ class Recorder:
                 self._maybe_flush()
             except OSError as exc:
                 self._disk_error(exc, lost=0)
-            if self._stop.is_set() and self._queue.empty():
+            time.sleep(0)  # hand the GIL to the scheduler thread if it waits for it
+            if self._stop.is_set() and not len(self._queue):
                 break
         try:
             self._close_file()

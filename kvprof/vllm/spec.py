@@ -61,6 +61,10 @@ class KvPolicyConfigError(KvprofError, ValueError):
         super().__init__(f"kvprof kv_policy: {message}")
 
 
+class ChangedWhileRead(KvPolicyConfigError):
+    """The hp file was replaced while it was read; read it again."""
+
+
 def parse_version(text: str) -> tuple[int, ...]:
     """``"0.32.0+cpu"`` -> ``(0, 32, 0)``; digits of the leading release segment only."""
     parts = []
@@ -328,13 +332,16 @@ def load_spec_hp(path):
     from kvprof.models.hp import load_hp
 
     try:
-        data = Path(path).read_bytes()
+        before = hashlib.sha256(Path(path).read_bytes()).hexdigest()
         hp = load_hp(path)
+        after = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except HpFileError as err:
         raise KvPolicyConfigError(f"cannot use hp file: {err}") from None
     except OSError as err:
         raise KvPolicyConfigError(f"cannot use hp file {path}: {err.strerror or err}") from None
-    return hp, hashlib.sha256(data).hexdigest()
+    if before != after:  # written while it was read: the digest may not be of what was loaded
+        raise ChangedWhileRead(f"cannot use hp file {path}: it changed while it was read")
+    return hp, after
 
 
 def _seconds(key: str, value, default: float, zero_allowed: bool) -> float:

@@ -133,7 +133,9 @@ def test_prediction_differs_from_lru():
 def test_startup_log_names_policy_file_and_classes(wa_run, hp_file):
     log = wa_run["log"]
     assert f"kvprof eviction policy 'wa' in force from {hp_file}: 2 fitted classes + default" in log
-    assert "GPU tier: 16 blocks, policy WorkloadAwarePolicy" in log
+    # the engine core says what runs at its own cache size: wa's horizon and first candidate
+    assert "horizon 60 s, starting on order 'model' (not tuned: fitted defaults)" in log
+    assert "GPU tier: 16 blocks; compiled core ready in" in log
 
 
 def test_wa_cached_tokens_match_kvprof_prediction(wa_run):
@@ -161,17 +163,32 @@ def test_policy_changes_cache_hits_not_outputs(wa_run, lru_run):
         ("missing", "kvprof kv_policy: cannot use hp file"),
         ("invalid", "kvprof kv_policy: cannot use hp file"),
         ("no-prefix-caching", "kvprof kv_policy: prefix caching is off"),
+        ("belady", "kvprof kv_policy: policy 'belady' needs the future"),
+        ("record-not-a-directory", "kvprof kv_policy: --kv-record"),
+        ("record-corrupt", "kvprof kv_policy: --kv-record"),
+        ("bad-mode", "kvprof kv_policy: mode must be one of enforce, shadow"),
+        ("unknown-policy", "kvprof kv_policy: unknown policy 'nope'; live policies: lru, wa, wa-paper, lfu, s3fifo, arc"),
     ],
 )
 def test_startup_fails_closed(case, expected, vllm_venv, tiny_model, hp_file, tmp_path):
+    corrupt = tmp_path / "rec"
+    corrupt.mkdir()
+    _write(corrupt / "recording.json", '{"schema": "kvprof.recording/1", "block_size": -3}')
     extra = {
         "missing": ["--kv-policy-config", str(tmp_path / "nope.json")],
         "invalid": ["--kv-policy-config", str(_write(tmp_path / "bad.json", '{"schema": "kvprof.hp/1", "classes": 3}'))],
         "no-prefix-caching": ["--kv-policy-config", str(hp_file), "--no-enable-prefix-caching"],
+        "belady": ["--kv-policy-config", str(hp_file), "--kv-policy", "belady"],
+        "record-not-a-directory": ["--kv-record", str(_write(tmp_path / "file", "x") / "rec")],
+        "record-corrupt": ["--kv-record", str(corrupt)],
+        "bad-mode": ["--kv-policy-config", str(hp_file), "--kv-policy-mode", "loud"],
+        "unknown-policy": ["--kv-policy-config", str(hp_file), "--kv-policy", "nope"],
     }[case]
     rc, out = run_to_exit(serve_command(vllm_venv, tiny_model, free_port(), *extra), timeout=240, cwd=tmp_path)
-    assert rc not in (0, -1), out[-3000:]
+    assert rc == 2, out[-3000:]
     assert expected in out, out[-3000:]
+    # one line says what is wrong; no traceback buries it
+    assert "Traceback" not in out and sum(expected in line for line in out.splitlines()) == 1, out[-3000:]
     assert "Application startup complete" not in out
 
 

