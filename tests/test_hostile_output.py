@@ -249,6 +249,7 @@ def test_hp_results_and_cost_files_may_start_with_a_byte_order_mark(tmp_path):
     ["replay", "{tmp}/r/requests.jsonl", "--model", "m", "-o", "{tmp}/r"],
     ["replay", "{trace}", "--config", "{tmp}/r/results.json", "--model", "m", "-o", "{tmp}/r"],
     ["show", "{tmp}/r/hit_ratio.png", "-o", "{tmp}/r"],
+    ["fit", "{tmp}/r", "-o", "{tmp}/r/recording.json"],  # a directory stands for its recording's files
 ])
 def test_an_output_never_replaces_an_input_of_the_same_run(tmp_path, args):
     trace = tmp_path / "t.jsonl"
@@ -256,7 +257,7 @@ def test_an_output_never_replaces_an_input_of_the_same_run(tmp_path, args):
     (tmp_path / "link.jsonl").symlink_to(trace)
     run = tmp_path / "r"
     run.mkdir()
-    for name in ("results.json", "hp.json", "requests.jsonl", "hit_ratio.png"):
+    for name in ("results.json", "hp.json", "requests.jsonl", "hit_ratio.png", "recording.json"):
         (run / name).write_text(GOOD_LINES)
     filled = [a.format(trace=trace, link=tmp_path / "link.jsonl", tmp=tmp_path, results_trace=run / "results.json")
               for a in args]

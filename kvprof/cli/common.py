@@ -305,9 +305,19 @@ def _check_creatable(directory: Path, given: Path, option: str) -> None:
 
 def _check_not_an_input(output: Path, inputs: Iterable[Path | None], option: str) -> None:
     for given in inputs:
-        if given is not None and _same_file(output, given):
+        if given is not None and any(_same_file(output, read) for read in _files_read(given)):
             raise typer.BadParameter(f"{output} is also an input of this run ({given}); it would be replaced",
                                      param_hint=option)
+
+
+def _files_read(given: Path) -> list[Path]:
+    """The files an input path stands for: itself, or a recording directory's files."""
+    from kvprof.recording import FILE, is_recording, trace_files
+
+    try:
+        return [given / FILE, *(path for path, _ in trace_files(given))] if is_recording(given) else [given]
+    except OSError:  # a directory that cannot be listed: the reader will say so
+        return [given]
 
 
 def _same_file(a: Path, b: Path) -> bool:

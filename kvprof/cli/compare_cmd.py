@@ -170,18 +170,20 @@ def compare(
     if schedule and capacity is not None:
         raise typer.BadParameter("give --capacity or --capacity-schedule, not both (a schedule sets the capacity)",
                                  param_hint="--capacity/--capacity-schedule")
-    recording = recording_of(trace_path)
-    if capacity is None:
-        capacity = str(max(recording.num_gpu_blocks - 1, 1)) if recording else DEFAULT_CAPACITIES
-    capacities = (schedule[0][1],) if schedule else _capacity_list(capacity)
-    check_memory([*capacities, *(blocks for _, blocks in schedule)], cpu_capacity, jobs, len(names) * len(capacities),
-                 "--capacity/--cpu-capacity/--capacity-schedule")
+    if capacity is not None:
+        _capacity_list(capacity)  # checked before the paths
     fit_bounds = parse_window_option(fit_window, "--fit-window")
     eval_bounds = parse_window_option(eval_window, "--eval-window")
     check_format(format)
     fits = config is None and _needs_hp(names)
     output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ())],
                inputs=[trace_path, config, cost_file])
+    recording = recording_of(trace_path)
+    if capacity is None:
+        capacity = str(max(recording.num_gpu_blocks - 1, 1)) if recording else DEFAULT_CAPACITIES
+    capacities = (schedule[0][1],) if schedule else _capacity_list(capacity)
+    check_memory([*capacities, *(blocks for _, blocks in schedule)], cpu_capacity, jobs, len(names) * len(capacities),
+                 "--capacity/--cpu-capacity/--capacity-schedule")
     cost = _cost_model(cost_file, prefill_tokens_per_s=prefill_rate, step_overhead_s=step_overhead,
                        max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs, decode=decode,
                        time_per_output_token_s=decode_time)

@@ -157,6 +157,9 @@ def fit(
 
     rule = _class_rule(class_key, turn_cap, class_field)
     bounds = parse_window_option(window)
+    fields = _cell_fields(cell_fields)
+    check_format(format)
+    output_file(output, inputs=[trace_path])
     recording = recording_of(trace_path)
     if recording is not None and capacity is None:  # tune for the server that recorded it
         capacity = str(max(recording.num_gpu_blocks - 1, 1))
@@ -164,9 +167,6 @@ def fit(
     if engine_block_size is not None and not capacities:
         raise typer.BadParameter("is the block of the tuning replays: give it with --capacity",
                                  param_hint="--engine-block-size")
-    fields = _cell_fields(cell_fields)
-    check_format(format)
-    output_file(output, inputs=[trace_path])
     trace_block = recording.block_size if recording else trace_block_size(trace_path, format, block_size)
     if capacities and trace_block is not None:
         _engine_block(engine_block_size, trace_block)
