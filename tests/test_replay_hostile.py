@@ -20,6 +20,13 @@ from tests.test_replay_cli import CACHE_INFO, N_REQUESTS, good_answer, replay, r
 METRICS = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
 
 
+def open_stream(handler) -> None:
+    """Start an event-stream answer of unknown length, the caller writing its body."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.end_headers()
+
+
 def records_of(out) -> list[dict]:
     return [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
 
@@ -95,9 +102,7 @@ def test_keep_alive_comments_are_no_progress(stub, trace, tmp_path):
     url, handler = stub
 
     def pings(self, body):
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
+        open_stream(self)
         try:
             for _ in range(100):
                 self.wfile.write(b": ping\n\n")
@@ -270,9 +275,7 @@ def test_answers_are_read_up_to_a_bound_never_into_all_memory(stub, trace, tmp_p
     url, handler = stub
 
     def endless(self, body):
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
+        open_stream(self)
         try:
             self.wfile.write(b"data: " + b"x" * (200 << 10))  # one event that never ends
         except OSError:
