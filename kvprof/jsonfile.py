@@ -26,6 +26,19 @@ from kvprof.limits import INT64_MAX, Bound
 _BOM = "\ufeff"
 
 
+def json_safe(value):
+    """``value`` with NaN and infinities as None (JSON has no such numbers), numpy scalars as Python's."""
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):  # a numpy scalar
+        return json_safe(value.item())
+    return value
+
+
 def member(where: str | None, key: str) -> str:
     """The location of ``key`` in the object at ``where`` (None: the document itself)."""
     return f"{where}.{key}" if where else key

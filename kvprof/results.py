@@ -18,7 +18,7 @@ from pathlib import Path
 from kvprof import __version__
 from kvprof.atomic import atomic_write_text
 from kvprof.errors import ResultsFileError
-from kvprof.jsonfile import JsonChecks, read_json
+from kvprof.jsonfile import JsonChecks, json_safe, read_json
 from kvprof.limits import RATE_SCALE
 
 SCHEMA = "kvprof.results/1"
@@ -37,7 +37,7 @@ def build(*, inputs: dict, config: dict, runs: Sequence[dict], wall_s: float, co
     until then). Non-finite numbers become ``null`` (JSON has none). The document is validated, so
     a producer cannot write what :func:`load` would refuse.
     """
-    document = _json_safe({
+    document = json_safe({
         "schema": SCHEMA,
         "kvprof_version": __version__,
         "created": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
@@ -159,17 +159,6 @@ def _origin(document: dict, measured: bool) -> str:
     if document.get("complete") is False:
         parts.append("incomplete")
     return ", ".join(parts)
-
-
-def _json_safe(value):
-    """NaN and infinities become None (JSON has no such numbers)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 # --- what a reader relies on ----------------------------------------------------------------------

@@ -397,3 +397,18 @@ def test_a_signal_during_a_write_leaves_no_temporary_file(tmp_path, signum, code
     process.send_signal(signum)
     assert process.wait(timeout=60) == code
     assert list(tmp_path.iterdir()) == [], process.stderr.read()
+
+
+def test_json_output_is_strict_json(capsys):
+    """--json output is read by scripts: no NaN or Infinity tokens, no numpy scalars, whatever the data."""
+    import numpy as np
+
+    from kvprof.cli.output import print_json
+
+    print_json({"a": float("nan"), "b": [np.float64("inf"), np.int64(3), (1.5, -float("inf"))], "c": "\ud800"})
+
+    def refuse(token):
+        raise AssertionError(f"{token} in the output")
+
+    assert json.loads(capsys.readouterr().out, parse_constant=refuse) == {"a": None, "b": [None, 3, [1.5, None]],
+                                                                          "c": "\ud800"}

@@ -113,8 +113,11 @@ def show(renderable) -> None:
 
 
 def print_json(data) -> None:
-    """Machine-readable output on stdout, nothing else on it (JSON escapes what UTF-8 cannot encode)."""
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    """Machine-readable output on stdout, nothing else on it: strict JSON (a NaN or an infinity is null,
+    and JSON escapes what UTF-8 cannot encode)."""
+    from kvprof.jsonfile import json_safe
+
+    sys.stdout.write(json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 #: Rows a table shows at most (rich takes about 2 ms a row); the rest are counted under it, ``--json`` has all.
