@@ -1,9 +1,16 @@
-"""Profiler speed on a two-hour bailian-a synthetic trace: load time, peak memory, fit time.
+"""Profiler speed as users run it: ``kvprof fit`` of a two-hour bailian-a trace, and its parts.
 
-Targets (one core): loading >= 1M block ids per second; fitting the first hour <= 5 s.
-Each measurement runs in a fresh child process so peak RSS is that step's alone.
+Targets (this 2-core machine, one process): ``kvprof fit TRACE -o hp.json`` with the default
+window 0:3600 (so the held-out scores run on hour two) in <= 5 s wall, start to exit; reading
+>= 1M block ids per second. Every measurement runs in a fresh child process, so imports,
+numba's cached code and peak RSS (the child's own) are counted as a user's run counts them.
 
     python benchmarks/bench_profiler.py [--hours 2] [--seed 0] [--repeat 3]
+
+1. ``kvprof fit`` itself, timed from outside (best of ``--repeat``).
+2. The same steps inside one child, timed each (wall and CPU): imports, reading, the fit with its
+   held-out scores, writing; what the CLI adds around them is the rest of (1).
+3. Reading alone: block ids per second and peak RSS.
 """
 
 from __future__ import annotations
@@ -15,34 +22,51 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-CHILD = r"""
+STEPS = r"""
 import json, sys, time
-from kvprof.profiler.reader import read_trace
+marks, wall0, cpu0 = {}, time.perf_counter(), time.process_time()
+def mark(name):
+    marks[name] = (time.perf_counter() - wall0 - sum(w for w, _ in marks.values()),
+                   time.process_time() - cpu0 - sum(c for _, c in marks.values()))
+from kvprof.cli.profile_cmd import _holdout
 from kvprof.profiler.fit import fit_trace
-
-path, step = sys.argv[1], sys.argv[2]
-start = time.perf_counter()
-trace, _ = read_trace(path)
-load_s = time.perf_counter() - start
-out = {"requests": trace.n_requests, "block_ids": trace.n_blocks, "load_s": load_s}
-if step == "fit":
-    first_hour = trace.time_window(0, 3600)
-    start = time.perf_counter()
-    hp = fit_trace(first_hour)
-    out["fit_s"] = time.perf_counter() - start
-    out["classes"] = len(hp.classes)
-    out["fit_block_ids"] = first_hour.n_blocks
-# VmHWM, this process's own peak: ru_maxrss keeps the forking parent's across exec
-with open("/proc/self/status") as status:
-    out["peak_rss_mb"] = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
-print(json.dumps(out))
+from kvprof.profiler.reader import read_trace
+mark("imports")
+trace, _ = read_trace(sys.argv[1])
+mark("read")
+fitted = trace.time_window(0, 3600)
+hp = fit_trace(fitted, holdout=_holdout(trace, fitted))
+mark("fit")
+hp.save(sys.argv[2])
+mark("write")
+with open("/proc/self/status") as status:  # VmHWM: this process's own peak
+    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+print(json.dumps({"steps": marks, "peak_rss_mb": peak, "block_ids": trace.n_blocks, "requests": trace.n_requests,
+                  "fit_block_ids": fitted.n_blocks}))
 """
 
 
-def run_child(path: str, step: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", CHILD, path, step], capture_output=True, text=True, env=env, check=True)
+def child_env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+def kvprof_fit(path: Path, out: Path) -> dict:
+    """``kvprof fit`` as a user runs it, timed from outside; peak RSS from the kernel's accounting."""
+    command = [sys.executable, "-c", "import sys; from kvprof.cli.app import main; sys.argv[0] = 'kvprof'; main()",
+               "fit", str(path), "-o", str(out)]
+    start = time.perf_counter()
+    done = subprocess.run(["/usr/bin/time", "-f", "%M", *command], capture_output=True, text=True, env=child_env())
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"kvprof fit failed:\n{done.stderr}")
+    return {"wall_s": wall, "peak_rss_mb": int(done.stderr.strip().splitlines()[-1]) / 1024}
+
+
+def steps(path: Path, out: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", STEPS, str(path), str(out)], capture_output=True, text=True,
+                          env=child_env(), check=True)
     return json.loads(done.stdout)
 
 
@@ -56,24 +80,27 @@ def main() -> None:
     from kvprof.profiler.synth import generate, write_jsonl
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "bailian-a.jsonl")
-        start = time.perf_counter()
+        path, out = Path(tmp) / "bailian-a.jsonl", Path(tmp) / "hp.json"
         write_jsonl(path, generate("bailian-a", args.hours, args.seed))
-        synth_s = time.perf_counter() - start
-        size_mb = os.path.getsize(path) / 1e6
-        loads = [run_child(path, "load") for _ in range(args.repeat)]
-        fits = [run_child(path, "fit") for _ in range(args.repeat)]
+        size_mb = path.stat().st_size / 1e6
+        steps(path, out)  # numba's cache and the OS's file cache warm, as on a user's second run
+        runs = [kvprof_fit(path, out) for _ in range(args.repeat)]
+        parts = [steps(path, out) for _ in range(args.repeat)]
 
-    best_load = min(loads, key=lambda r: r["load_s"])
-    best_fit = min(fits, key=lambda r: r["fit_s"])
-    ids_per_s = best_load["block_ids"] / best_load["load_s"]
-    print(f"trace: {args.hours:g} h bailian-a seed {args.seed}: {best_load['requests']:,} requests, "
-          f"{best_load['block_ids']:,} block ids, {size_mb:.1f} MB JSONL (synthesised in {synth_s:.1f} s)")
-    print(f"load:  {best_load['load_s']:.2f} s (best of {args.repeat}), {ids_per_s / 1e6:.2f} M block ids/s "
-          f"[target >= 1.0: {'met' if ids_per_s >= 1e6 else 'MISSED'}], peak RSS {best_load['peak_rss_mb']:.0f} MB")
-    print(f"fit:   {best_fit['fit_s']:.2f} s on the first hour ({best_fit['fit_block_ids']:,} block ids, "
-          f"{best_fit['classes']} classes) [target <= 5 s: {'met' if best_fit['fit_s'] <= 5 else 'MISSED'}], "
-          f"peak RSS {best_fit['peak_rss_mb']:.0f} MB incl. load")
+    best = min(runs, key=lambda r: r["wall_s"])
+    part = min(parts, key=lambda r: sum(w for w, _ in r["steps"].values()))
+    ids_per_s = part["block_ids"] / part["steps"]["read"][0]
+    print(f"trace: {args.hours:g} h bailian-a seed {args.seed}: {part['requests']:,} requests, "
+          f"{part['block_ids']:,} block ids, {size_mb:.1f} MB JSONL; fit window 0:3600 "
+          f"({part['fit_block_ids']:,} block ids), held-out scores on 3600:7200")
+    walls = ", ".join(f"{r['wall_s']:.2f}" for r in runs)
+    print(f"kvprof fit: {best['wall_s']:.2f} s wall (best of {args.repeat}: {walls}) [target <= 5 s: "
+          f"{'met' if best['wall_s'] <= 5 else 'MISSED'}], peak RSS {best['peak_rss_mb']:.0f} MB")
+    print("  its steps in one child (wall / CPU s): " + ", ".join(
+        f"{name} {wall:.2f} / {cpu:.2f}" for name, (wall, cpu) in part["steps"].items()))
+    print(f"read: {ids_per_s / 1e6:.2f} M block ids/s [target >= 1.0: {'met' if ids_per_s >= 1e6 else 'MISSED'}]; "
+          f"the child's peak RSS {part['peak_rss_mb']:.0f} MB")
+    print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The policy-quality suite: every policy on real and synthetic traces, four cache sizes each.
 
-    python benchmarks/bench_quality.py [-j N] [--traces weka,mooncake,...] [-o quality.json]
+    python benchmarks/bench_quality.py [-j N | --ray ADDRESS] [--traces weka,mooncake,...] [--sample 0.1,0.01] [-o quality.json]
 
 For each trace the published workflow runs as `kvprof compare` runs it without --config: fit
 on the fit window (and tune wa for the suite's capacities on it), replay the evaluation window
@@ -14,6 +14,12 @@ mooncake-synthetic (fit 0:400, compare 400:, 512-token blocks) from the director
 KVPROF_TRACES (default: ../shared/traces next to the repository), skipped with a message when
 absent; `kvprof synth` bailian-a seeds 0, 1, 2 and bailian-b seed 0 (2 h; fit hour one,
 compare hour two; 128-token blocks).
+
+With ``--sample``, each trace's evaluation window is also replayed on samples of its conversations
+at caches scaled to them (``kvprof compare --sample``, :mod:`kvprof.sim.sample`), with the same
+fitted and tuned hp file, and the table of sampled runs gives each one's error against the full
+replay and the sweep's speed-up; the target is an error <= 0.01 in token hit ratio at 0.1 on every
+trace whose sample holds >= 1,000 conversations.
 """
 
 from __future__ import annotations
@@ -74,13 +80,13 @@ def load(case: Case, traces_dir: Path, scratch: Path):
     return read_trace(path, block_size=case.trace_block)[0]
 
 
-def run_case(case: Case, trace, jobs: int) -> dict:
+def run_case(case: Case, trace, jobs: int, ray: str | None = None) -> dict:
     """Fit and tune on the fit window, sweep every policy on the evaluation window."""
     started = time.perf_counter()
     config = SimConfig(engine_block_size=case.engine_block)
     fitted = trace.time_window(*case.fit)
-    hp = tune(fit_trace(fitted), fitted, case.capacities, config, n_jobs=jobs)
-    results = run_sweep(trace.time_window(*case.evaluate), hp, POLICIES, case.capacities, config, n_jobs=jobs)
+    hp = tune(fit_trace(fitted), fitted, case.capacities, config, n_jobs=jobs, ray=ray)
+    results = run_sweep(trace.time_window(*case.evaluate), hp, POLICIES, case.capacities, config, n_jobs=jobs, ray=ray)
     rows = []
     for capacity in case.capacities:
         ratio = {policy: results.get(policy, capacity).token_hit_ratio for policy in POLICIES}
@@ -96,7 +102,35 @@ def run_case(case: Case, trace, jobs: int) -> dict:
         })
     return {"trace": case.name, "fit_window": list(case.fit), "eval_window": [case.evaluate[0], case.evaluate[1]],
             "engine_block": case.engine_block, "tuning": [dict(entry) for entry in hp.tuning], "rows": rows,
-            "wall_s": time.perf_counter() - started}
+            "wall_s": time.perf_counter() - started, "sweep_s": results.wall_s, "hp": hp, "results": results}
+
+
+def sampled(case: Case, trace, done: dict, rates: list[float], jobs: int, ray: str | None = None) -> list[dict]:
+    """The case's evaluation sweep again on samples of ``rates``, with its hp file: errors and speed-ups."""
+    out = []
+    full = done["results"]
+    for rate in rates:
+        config = SimConfig(engine_block_size=case.engine_block, sample_rate=rate)
+        results = run_sweep(trace.time_window(*case.evaluate), done["hp"], POLICIES, case.capacities, config,
+                            n_jobs=jobs, ray=ray)
+        errors = {f"{p} {c}": results.get(p, c).token_hit_ratio - full.get(p, c).token_hit_ratio
+                  for p in POLICIES for c in case.capacities}
+        out.append({"trace": case.name, "rate": rate, **results.inputs["sample"], "errors": errors,
+                    "max_abs_error": max(map(abs, errors.values())), "speed_up": full.wall_s / results.wall_s})
+    return out
+
+
+def print_sampled(rows: list[dict]) -> None:
+    print("\n| trace | sample | conversations | max abs error (token hit ratio) | worst point | sweep speed-up |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        worst = max(row["errors"], key=lambda k: abs(row["errors"][k]))
+        print(f"| {row['trace']} | {row['rate']:g} | {row['chains']:,} of {row['of_chains']:,} | "
+              f"{row['max_abs_error']:.4f} | {worst} ({row['errors'][worst]:+.4f}) | {row['speed_up']:.1f}x |")
+    eligible = [row for row in rows if row["rate"] == 0.1 and row["chains"] >= 1000]
+    met = all(row["max_abs_error"] <= 0.01 for row in eligible)
+    print(f"- {'met' if met else 'MISSED'}: error <= 0.01 at sample 0.1 where it holds >= 1,000 conversations: "
+          + (", ".join(f"{row['trace']} {row['max_abs_error']:.4f}" for row in eligible) or "no such trace"))
 
 
 def targets(cases: list[dict]) -> list[dict]:
@@ -136,11 +170,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=-1, help="joblib workers (-1: all cores)")
     parser.add_argument("--traces", help="comma-separated case names to run (default: all)")
+    parser.add_argument("--sample", help="comma-separated sample rates to replay each evaluation window at too")
+    parser.add_argument("--ray", metavar="ADDRESS", help="run the replays on this Ray cluster (auto: RAY_ADDRESS or the "
+                                                         "local one) instead of -j workers")
     parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "quality.json")
     args = parser.parse_args()
+    rates = [float(r) for r in args.sample.split(",")] if args.sample else []
     traces_dir = Path(os.environ.get("KVPROF_TRACES", REPO.parent / "shared" / "traces"))
     chosen = [c for c in CASES if not args.traces or any(c.name.startswith(t) for t in args.traces.split(","))]
-    done = []
+    done, samples = [], []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         for case in chosen:
@@ -148,13 +186,17 @@ def main() -> int:
             if trace is None:
                 print(f"skipped {case.name}: {traces_dir / case.source} not found", file=sys.stderr)
                 continue
-            done.append(run_case(case, trace, args.jobs))
+            done.append(run_case(case, trace, args.jobs, args.ray))
             print(f"{case.name}: {done[-1]['wall_s']:.0f} s", file=sys.stderr)
+            samples += sampled(case, trace, done[-1], rates, args.jobs, args.ray)
+            del done[-1]["hp"], done[-1]["results"]  # kept for the samples, not for the JSON
     checks = targets(done)
     document = {"policies": list(POLICIES), "baselines": list(BASELINES), "cases": done, "targets": checks,
-                "wall_s": time.perf_counter() - started}
+                "samples": samples, "wall_s": time.perf_counter() - started}
     atomic_write_text(args.output, json.dumps(document, indent=2) + "\n")
     print_table(done, checks)
+    if samples:
+        print_sampled(samples)
     print(f"\nwrote {args.output} in {document['wall_s']:.0f} s", file=sys.stderr)
     return 0
 

@@ -113,5 +113,7 @@ RATE_SCALE = Bound(1e-6, 1e6)
 TOKENS_PER_SECOND = Bound(0.0, 1e12, low_open=True)
 #: Trace hours synth writes: a week (planning one takes about 2 GB).
 HOURS = Bound(0.0, 168.0, low_open=True)
+#: A share of a trace's conversations a sampled replay keeps.
+SAMPLE_RATE = Bound(0.0, 1.0, low_open=True)
 #: Seconds of a window's bounds (either sign: relative windows may count back).
 WINDOW_SECONDS = Bound(-1e15, 1e15)

@@ -15,7 +15,8 @@
 #      vLLM picks the AVX-512 build and dies with SIGILL on AVX2-only machines. The stub has a RECORD that
 #      lists only itself, so `pip uninstall vllm` removes just the stub. Not with KVPROF_VLLM_DIST=vllm,
 #      whose distribution already answers to "vllm".
-#   4. pip install -e <repo>[test] (kvprof and pytest inside the venv).
+#   4. pip install -e <repo>[vllm-test] (kvprof, its replay extra and pytest inside the venv; not Ray, which the
+#      vLLM tests do not use). Again whenever one of kvprof's dependencies is missing (a new one on main).
 # Idempotent: when everything is already in place it only checks and exits (a few seconds).
 # First run: about 3-5 minutes and 3.5 GB of downloads on a 2-core machine (the upstream build: CUDA torch
 # and libraries, about 7 minutes and 9.6 GB installed).
@@ -93,11 +94,28 @@ if not (stub / "KVPROF_STUB").exists():
 PYEOF
 
 # 4. kvprof itself, editable, with its test extras (again when an extra's package is missing)
-if "$PY" -c 'import kvprof, kvprof.replay, pytest, sys, pathlib; sys.exit(0 if pathlib.Path(kvprof.__file__).resolve().is_relative_to(pathlib.Path(sys.argv[1]).resolve()) else 1)' "$REPO" 2>/dev/null; then
-    log "kvprof already installed (editable) from $REPO"
+if "$PY" - "$REPO" 2>/dev/null <<'PYEOF'
+import pathlib, re, sys
+from importlib.metadata import PackageNotFoundError, distribution, version
+import kvprof
+if not pathlib.Path(kvprof.__file__).resolve().is_relative_to(pathlib.Path(sys.argv[1]).resolve()):
+    sys.exit(1)
+# every requirement of kvprof and of the extras the vLLM tests use, as pyproject.toml says now
+text = (pathlib.Path(sys.argv[1]) / "pyproject.toml").read_text()
+block = re.search(r"dependencies = \[(.*?)\]", text, re.S).group(1)
+names = re.findall(r'"([A-Za-z0-9_.\-]+)', block) + ["httpx", "httpx-sse", "prometheus_client", "pytest",
+                                                     "hypothesis", "pytest-timeout"]
+for name in names:
+    try:
+        version(name)
+    except PackageNotFoundError:
+        sys.exit(1)
+PYEOF
+then
+    log "kvprof already installed (editable) from $REPO, with its dependencies"
 else
     log "installing kvprof (editable) from $REPO"
-    "${PIP[@]}" install -e "$REPO[test]"
+    "${PIP[@]}" install -e "$REPO[vllm-test]"
 fi
 
 # check: the CLI's version lookup and the import work

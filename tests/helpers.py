@@ -37,6 +37,16 @@ def make_trace(rows, block_size=16, window=(0.0, float("inf")), type_names=None)
     )
 
 
+def synthetic(directory, preset: str = "bailian-a", hours: float = 0.2, seed: int = 0):
+    """A synthetic trace written to ``directory`` and read back: ``(path, trace)``."""
+    from kvprof.profiler.reader import read_trace
+    from kvprof.profiler.synth import generate, write_jsonl
+
+    path = directory / f"{preset}-{hours:g}h-{seed}.jsonl"
+    write_jsonl(path, generate(preset, hours, seed))
+    return path, read_trace(path)[0]
+
+
 def invoke(*args):
     """Run the ``kvprof`` app in-process with ``args`` (paths and numbers turned into strings).
 

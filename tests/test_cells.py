@@ -67,6 +67,52 @@ def test_cells_of_a_trace_are_the_rule_applied_request_by_request(tmp_path):
     assert cells.tolist() == expected
 
 
+@pytest.mark.parametrize("min_samples", [50, 400, 10**6])
+def test_weighted_growing_learns_the_tree_of_the_accesses_one_by_one(small_bailian, min_samples):
+    """Accesses merged per (features, label) grow the tree the accesses grow one by one (what
+    scikit-learn does with min_samples_leaf), at every size tried; 10**6 accesses cannot split."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    from kvprof.profiler.cells import _grow, _to_rule, _weighted, distinct_requests, feature_matrix, known_outcomes
+    from kvprof.profiler.reuse import extract_reuse
+
+    _, trace = small_bailian
+    codes, names = classify_trace(trace, ClassRule())
+    request, reused = known_outcomes(extract_reuse(trace, codes), 60.0)
+    first, group = distinct_requests(trace, codes)
+    X, features = feature_matrix(trace.select(first), codes[first], names)
+    leaf = max(min_samples, int(0.02 * request.size))
+    for leaves in (2, 4, 16):
+        one_by_one = DecisionTreeClassifier(max_leaf_nodes=leaves, min_samples_leaf=leaf, random_state=0)
+        one_by_one.fit(X[group[request]], reused)
+        weighted = _grow(X, _weighted(group[request], reused, len(first)), leaves, leaf)
+        assert _to_rule(weighted, features, ()) == _to_rule(one_by_one, features, ())
+        assert np.allclose(weighted.predict_proba(X), one_by_one.predict_proba(X))
+
+
+def test_cells_of_a_trace_read_tagged_fields_as_the_tree_learned_them(tmp_path):
+    """A field that tells reuse apart splits the cells; every request's cell is the rule applied
+    to its features one by one (a request without the field reads its missing value, as learned)."""
+    rng = np.random.default_rng(4)
+    rows, t = [], 0.0
+    for i in range(3000):
+        t += rng.exponential(0.5)
+        model = ["a", "b", None][i % 3]
+        ids = [0, 1, 2, 3] if model == "a" else list(range(10 + 4 * i, 14 + 4 * i))  # only "a" comes back
+        row = {"chat_id": i, "parent_chat_id": -1, "timestamp": round(t, 6), "input_length": 64, "output_length": 8,
+               "type": "text", "turn": 1, "hash_ids": ids}
+        rows.append(row if model is None else {**row, "model": model})
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trace = read_trace(tmp_path / "t.jsonl")[0]
+    rule = fit_trace(trace, max_cells=4, min_samples=50, cell_fields=("model",)).cell_rule
+    assert rule.fields == ("model",) and len(rule.names) >= 2
+    codes, names = classify_trace(trace, ClassRule())
+    models = np.asarray(trace.extra["model"]).astype(str)
+    expected = [rule.cell_of(request_features(names[c], int(turn), int(tokens), {"model": m}))
+                for c, turn, tokens, m in zip(codes, trace.turn, trace.input_length, models)]
+    assert cells_of_trace(rule, trace, codes, names).tolist() == expected
+
+
 def test_a_cell_rule_must_be_one_tree_naming_every_cell():
     with pytest.raises(ValueError, match="one tree"):
         CellRule(("turn",), (), (0, -1, -1, -1), (1.5, 0, 0, 0), (1, -1, -1, -1), (2, -1, -1, -1), (-1, 0, 1, 0),

@@ -172,6 +172,10 @@ def test_the_previous_outputs_stay_until_new_complete_ones_replace_them(small_tr
         (("--max-num-seqs", "0"), "must be an integer from 1 to 2147483647"),
         (("--limit", "0"), "must be an integer from 1"),
         (("--block-size", "0"), "must be an integer from 1 to 16777216"),
+        (("--sample", "0"), "must be a finite number > 0 and <= 1"),
+        (("--sample", "1.5"), "must be a finite number > 0 and <= 1"),
+        (("--sample", "nan"), "must be a finite number > 0 and <= 1, written in ASCII digits"),
+        (("--sample", "-inf"), "must be a finite number > 0 and <= 1, written in ASCII digits"),
     ],
 )
 def test_option_values_out_of_range_exit_2_before_reading_the_trace(tmp_path, args, words):

@@ -103,6 +103,29 @@ JobsOpt = Annotated[
 ]
 
 
+def ray_cluster(address: str | None) -> str | None:
+    """Option callback: connect to the Ray cluster at ``address`` now, before any work (exit 2 if
+    Ray is missing or no cluster answers); None leaves the work on this machine."""
+    if address is None:
+        return None
+    from kvprof.sim.config import SimulationError
+    from kvprof.sim.runner import connect_ray
+
+    try:
+        connect_ray(address)
+    except SimulationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return address
+
+
+RayOpt = Annotated[
+    Optional[str],
+    typer.Option("--ray", callback=ray_cluster, metavar="ADDRESS",
+                 help="Run the replays as tasks of this Ray cluster (auto: RAY_ADDRESS, else the cluster running "
+                      "here); needs pip install 'kvprof[ray]'. Same results as on this machine."),
+]
+
+
 def parse_list(text: str, bound: Bound, option: str, what: str) -> tuple:
     """Comma-separated numbers, each read by ``bound`` (a usage error naming ``option`` otherwise)."""
     values = []

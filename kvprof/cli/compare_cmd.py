@@ -34,12 +34,13 @@ from kvprof.cli.common import (
     open_trace,
     output_dir,
     parse_window_option,
+    RayOpt,
     qttft_cell,
     trace_block_size,
 )
 from kvprof.cli.output import print_json, progress, say, show, status, table, warn
 from kvprof import results as results_file
-from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE
+from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE
 from kvprof.sim.config import (
     COST_BOUNDS,
     TIMINGS,
@@ -108,6 +109,13 @@ def compare(
                              help="Speed-up of arrivals: 2 replays twice as fast, as replay's --rate-scale.")
     ] = 1.0,
     jobs: JobsOpt = -1,
+    ray: RayOpt = None,
+    sample: Annotated[
+        float, number_option("--sample", bound=SAMPLE_RATE,
+                      help="Replay only the conversations whose first request hashes into a sample of this "
+                           "rate (0 < R <= 1), at caches scaled to it: about 1/R as fast, an estimate "
+                           "(README: Fleet-scale traces).")
+    ] = 1.0,
     seed: Annotated[
         int,
         number_option("--seed", bound=COUNT,
@@ -213,15 +221,16 @@ def compare(
             f"--fit-window {first:.0f}:{split} --eval-window {split}:"
         )
     engine_block = block_size or (trace.block_size if recording else default_engine_block(trace.block_size))
-    sim_config = dataclasses.replace(_sim_config(engine_block, cpu_capacity, schedule, cost, rate_scale), timing=timing)
+    sim_config = dataclasses.replace(_sim_config(engine_block, cpu_capacity, schedule, cost, rate_scale, sample),
+                                     timing=timing)
     fitted = None
     if fits:
-        hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs)
+        hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs, ray)
         hp_input = {"fitted_on_window": fit_window, "path": str(output / FITTED_HP)}
     document_inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit,
                        "seed": seed}
     _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, document_inputs, fitted,
-                    default_block=block_size is None and recording is None, cost_file=cost_file)
+                    default_block=block_size is None and recording is None, cost_file=cost_file, ray=ray)
 
 
 @guarded
@@ -255,14 +264,14 @@ def demo(
 
 
 def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs, fitted,
-                    default_block=False, cost_file=None) -> None:
+                    default_block=False, cost_file=None, ray=None) -> None:
     """Sweep; then the fitted hp file, results.json and the plots, in that order; print the table."""
     from kvprof.cli.plots import plot_results
     from kvprof.sim.sweep import run_sweep
 
     with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=json_out) as bar:
         task = bar.add_task("replaying", total=len(policies) * len(capacities))
-        results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, inputs=inputs,
+        results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, ray=ray, inputs=inputs,
                             progress=lambda done, total: bar.update(task, completed=done))
     document = results.to_dict()
     make_dir(output)
@@ -285,6 +294,10 @@ def _table(results, default_block: bool):
     if default_block:
         block += f" (default: the smallest multiple of the trace's {trace_facts['block_size']}-token blocks >= 128)"
     speed = f" at {config.rate_scale:g}x speed" if config.rate_scale != 1 else ""
+    if "sample" in results.inputs:
+        sample = results.inputs["sample"]
+        speed += (f"; estimated on a sample of {config.sample_rate:g}: {sample['requests']:,} requests in "
+                  f"{sample['chains']:,} conversations, caches scaled to it")
     two_tiers = bool(config.cpu_capacity)
     columns = ["capacity", "policy", "hit ratio", "vs lru", "belady gap closed", "QTTFT mean (s)", "QTTFT p99 (s)"]
     if two_tiers:
@@ -330,7 +343,7 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
-def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int):
+def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int, ray=None):
     """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
     capacities on it (``kvprof fit --capacity``); saved once the sweep is done."""
     from kvprof.cli.profile_cmd import tune_with_progress
@@ -340,7 +353,7 @@ def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int):
     with status(f"fitting reuse models on {window.n_requests:,} requests"):
         hp = fit_trace(window)
     return tune_with_progress(hp, window, capacities,
-                              dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()), jobs)
+                              dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()), jobs, ray)
 
 
 def _needs_hp(names, cpu_policy: str = SimConfig.cpu_policy) -> bool:
@@ -387,10 +400,11 @@ def _check_multiple(engine_block: int, trace_block: int) -> None:
                                  param_hint="--block-size")
 
 
-def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, rate_scale: float) -> SimConfig:
+def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, rate_scale: float,
+                sample_rate: float = 1.0) -> SimConfig:
     try:
         return SimConfig(engine_block_size=block_size, cpu_capacity=cpu_capacity, capacity_schedule=schedule, cost=cost,
-                         rate_scale=rate_scale)
+                         rate_scale=rate_scale, sample_rate=sample_rate)
     except SimulationError as exc:
         raise typer.BadParameter(str(exc), param_hint="--block-size/--capacity-schedule") from None
 

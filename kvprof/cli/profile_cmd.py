@@ -13,6 +13,7 @@ from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule
 from kvprof.cli.common import (
     FormatOpt,
     JobsOpt,
+    RayOpt,
     SkipOpt,
     TraceArg,
     capacity_list,
@@ -142,6 +143,16 @@ def fit(
                                           "smallest multiple of the trace's block >= 128).")
     ] = None,
     jobs: JobsOpt = -1,
+    ray: RayOpt = None,
+    sharded: Annotated[
+        bool, typer.Option("--sharded", help="Fit in shards of the blocks on disk, for traces larger than memory: TRACE "
+                                             "may then be a directory of trace files (one trace, read a file at a "
+                                             "time); the same hp file as without it.")
+    ] = False,
+    spill_dir: Annotated[
+        Optional[Path], typer.Option("--spill-dir", help="Where --sharded writes its shards (default: the system's "
+                                                         "temporary directory; with --ray one the nodes share).")
+    ] = None,
     format: FormatOpt = None,
     block_size: BlockSizeOpt = None,
     skip_invalid: SkipOpt = False,
@@ -159,7 +170,26 @@ def fit(
     bounds = parse_window_option(window)
     fields = _cell_fields(cell_fields)
     check_format(format)
+    if spill_dir is not None and not sharded:
+        raise typer.BadParameter("is where --sharded writes its shards: give it with --sharded", param_hint="--spill-dir")
     output_file(output, inputs=[trace_path])
+    if sharded:
+        if bounds and any(bound is not None and bound < 0 for bound in bounds):
+            raise typer.BadParameter("--sharded reads windows from the trace's start, not back from its end",
+                                     param_hint="--window/--sharded")
+        if capacity is not None:
+            raise typer.BadParameter("tuning replays the fit window in memory: fit --sharded, then tune without it",
+                                     param_hint="--capacity/--sharded")
+        if spill_dir is not None:
+            output_dir(spill_dir, option="--spill-dir")
+        from kvprof.profiler.shards import fit_sharded, trace_paths
+
+        hp = fit_sharded(trace_paths(trace_path), rule, window=bounds, spill_dir=spill_dir, ray=ray,
+                         read_options={"format": format, "block_size": block_size, "skip_invalid": skip_invalid},
+                         horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
+                         cell_fields=fields, max_components=max_components)
+        _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {hp.provenance['n_requests']} requests")
+        return
     recording = recording_of(trace_path)
     if recording is not None and capacity is None:  # tune for the server that recorded it
         capacity = str(max(recording.num_gpu_blocks - 1, 1))
@@ -167,6 +197,9 @@ def fit(
     if engine_block_size is not None and not capacities:
         raise typer.BadParameter("is the block of the tuning replays: give it with --capacity",
                                  param_hint="--engine-block-size")
+    if ray is not None and not capacities:
+        raise typer.BadParameter("runs the tuning replays (or, with --sharded, the shards): give it with --capacity",
+                                 param_hint="--ray")
     trace_block = recording.block_size if recording else trace_block_size(trace_path, format, block_size)
     if capacities and trace_block is not None:
         _engine_block(engine_block_size, trace_block)
@@ -184,12 +217,17 @@ def fit(
     if capacities:
         from kvprof.sim.config import SimConfig
 
-        hp = tune_with_progress(hp, fitted, capacities, SimConfig(engine_block_size=engine_block), jobs)
+        hp = tune_with_progress(hp, fitted, capacities, SimConfig(engine_block_size=engine_block), jobs, ray)
+    _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {fitted.n_requests} requests")
+
+
+def _report_fit(hp, output: Path, json_out: bool, title: str) -> None:
+    """Save the hp file, then print it (JSON, or the cells and tuning tables)."""
     hp.save(output)
     if json_out:
         print_json(hp.to_dict())
         return
-    show_table(_cells_table(hp, title=f"{trace_path.name} {window}: {fitted.n_requests} requests"))
+    show_table(_cells_table(hp, title=title))
     if hp.tuning:
         show_table(_tuning_table(hp))
     say(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, horizon {hp.horizon:g} s)")
@@ -207,7 +245,7 @@ def _engine_block(engine_block_size: int | None, trace_block: int) -> int:
     return engine_block_size
 
 
-def tune_with_progress(hp, fitted, capacities, config, jobs: int):
+def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | None = None):
     """``kvprof.sim.tune`` (fit's --capacity, compare without --config) with a progress bar of its replays."""
     from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 
@@ -217,7 +255,7 @@ def tune_with_progress(hp, fitted, capacities, config, jobs: int):
     say(f"tuning wa for {len(capacities)} capacities on the fit window (the simulator compiles on first use)")
     with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
         task = bar.add_task("tuning replays", total=None)
-        return tune(hp, fitted, capacities, config, n_jobs=jobs,
+        return tune(hp, fitted, capacities, config, n_jobs=jobs, ray=ray,
                     progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 

@@ -13,39 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 from scipy.special import expit, logit
 
+from kvprof.models.data import GAP_RESOLUTION_S, ReuseData, validate_samples
 from kvprof.models.hp import ClassParams
 from kvprof.models.score import reuse_probability as _reuse_probability
 from kvprof.models.sessions import class_continuation_prior
-
-#: Timestamps resolve to a microsecond at best, so shorter gaps are read as one (this bounds lam).
-GAP_RESOLUTION_S = 1e-6
 
 # Newton iterates live in (logit p, log lam); clipping keeps p and lam strictly inside (0, 1) and
 # (0, inf) while an interior optimum is approached.
 _MAX_ABS_LOGIT = 36.0
 _LOG_RATE_BOUNDS = (np.log(1e-12), np.log(1.0 / GAP_RESOLUTION_S))
-
-
-def _validate(time, censored, sample_weight=None):
-    """Check and convert the fit inputs; returns ``(time, censored, weight)`` as float64/bool/float64."""
-    time = np.asarray(time, dtype=np.float64)
-    censored = np.asarray(censored, dtype=bool)
-    if time.ndim != 1 or censored.shape != time.shape:
-        raise ValueError(f"time and censored must be 1-D of the same length, got shapes {time.shape} and {censored.shape}")
-    if not np.all(np.isfinite(time)) or np.any(time < 0):
-        raise ValueError("time must be finite and >= 0 (seconds)")
-    if sample_weight is None:
-        weight = np.ones_like(time)
-    else:
-        weight = np.asarray(sample_weight, dtype=np.float64)
-        if weight.shape != time.shape:
-            raise ValueError(f"sample_weight must have shape {time.shape}, got {weight.shape}")
-        if not np.all(np.isfinite(weight)) or np.any(weight < 0):
-            raise ValueError("sample_weight must be finite and >= 0")
-    return time, censored, weight
 
 
 def _dot(weight: np.ndarray, values: np.ndarray) -> float:
@@ -184,22 +162,19 @@ class CureExponential:
         -------
         self
         """
-        time, censored, weight = _validate(time, censored, sample_weight)
-        if time.size == 0 or weight.sum() == 0:
-            raise ValueError("cannot fit a reuse model to zero samples (no block accesses, or all weights zero)")
-        reused = ~censored
-        self.n_samples_ = int(time.size)
-        self.n_reuses_ = int(reused.sum())
-        self.n_censored_ = self.n_samples_ - self.n_reuses_
+        return self.fit_data(ReuseData.of(time, censored, sample_weight))
 
-        gap_weight = weight[reused]
-        n_reused = float(gap_weight.sum())
+    def fit_data(self, data: ReuseData) -> CureExponential:
+        """:meth:`fit` on samples already reduced (:class:`~kvprof.models.data.ReuseData`)."""
+        if data.n_samples == 0 or data.total_weight == 0:
+            raise ValueError("cannot fit a reuse model to zero samples (no block accesses, or all weights zero)")
+        self.n_samples_, self.n_reuses_, self.n_censored_ = data.n_samples, data.n_reuses, data.n_censored
+        n_reused, gap_sum = data.reused_weight, data.gap_sum
         if n_reused == 0:
             self.p_, self.lambda_, self.loglik_ = 0.0, 0.0, 0.0
             self.converged_, self.n_iter_ = True, 0
             return self
-        gap_sum = _dot(gap_weight, np.maximum(time[reused], GAP_RESOLUTION_S))
-        exposure, exposure_weight = time[censored], weight[censored]
+        exposure, exposure_weight = data.exposure, data.exposure_weight
 
         # Profile-likelihood slope in p at p = 1 (lam at its p = 1 optimum): if it is not negative
         # the maximum sits on the boundary and the censored-exponential rate is the answer.
@@ -289,15 +264,19 @@ def naive_fit(time, censored) -> tuple[float, float]:
     p : float
     lam : float, 1/s
     """
-    time, censored, _ = _validate(time, censored)
-    gaps = time[~censored]
-    p = gaps.size / time.size if time.size else 1.0
-    if gaps.size == 0:
+    return naive_of(ReuseData.of(time, censored))
+
+
+def naive_of(data: ReuseData) -> tuple[float, float]:
+    """:func:`naive_fit` of samples already reduced."""
+    p = data.n_reuses / data.n_samples if data.n_samples else 1.0
+    if data.n_reuses == 0:
         return p, 0.0
-    _, scale = stats.expon.fit(gaps)
+    # scipy.stats.expon.fit's maximum-likelihood estimates: location the smallest gap, scale the mean less it.
+    scale = data.gaps.mean - data.gaps.smallest
     # Equal gaps give a scale of 0, or a rounding error either side of it (seen: -2e-14).
     if scale <= GAP_RESOLUTION_S:
-        scale = max(float(gaps.mean()), GAP_RESOLUTION_S)
+        scale = max(data.gaps.mean, GAP_RESOLUTION_S)
     return float(p), float(1.0 / scale)
 
 
@@ -322,26 +301,19 @@ def diagnose(time, censored, p, lam) -> dict:
         ``lam = 0``: all its mass is at infinity); ``mean_gap_s``, ``median_gap_s`` of the reuse
         gaps. The last three are None when nothing was reused.
     """
-    time, censored, _ = _validate(time, censored)
-    gaps = time[~censored]
-    summary = {"n_accesses": int(time.size), "n_reuses": int(gaps.size), "n_censored": int(censored.sum())}
-    if gaps.size == 0:
-        return summary | {"ks": None, "mean_gap_s": None, "median_gap_s": None}
-    # A callable CDF and the asymptotic p-value skip scipy's generic machinery: only the statistic is kept.
-    ks = stats.kstest(gaps, lambda t: -np.expm1(-lam * t), method="asymp").statistic if lam > 0 else 1.0
-    return summary | {"ks": float(ks), "mean_gap_s": float(gaps.mean()), "median_gap_s": float(np.median(gaps))}
+    return diagnose_of(ReuseData.of(time, censored), lam)
 
 
-def _class_params(time, censored, p: float, lam: float, source: str) -> ClassParams:
+def diagnose_of(data: ReuseData, lam: float) -> dict:
+    """:func:`diagnose` of samples already reduced."""
+    return data.diagnose((lambda t: -np.expm1(-lam * t)) if lam > 0 else None)
+
+
+def _class_params(data: ReuseData, p: float, lam: float, source: str) -> ClassParams:
     """ClassParams for one class's data, with the naive estimates and diagnostics beside the chosen fit."""
-    naive_p, naive_lam = naive_fit(time, censored)
-    return ClassParams(
-        p=p,
-        lam=lam,
-        source=source,
-        naive={"p": naive_p, "lambda": naive_lam},
-        diagnostics=diagnose(time, censored, p, lam),
-    )
+    naive_p, naive_lam = naive_of(data)
+    return ClassParams(p=p, lam=lam, source=source, naive={"p": naive_p, "lambda": naive_lam},
+                       diagnostics=diagnose_of(data, lam))
 
 
 def fit_classes(
@@ -401,34 +373,40 @@ def fit_classes(
     ValueError
         With no accesses at all (nothing to pool), or a workload code outside ``names``.
     """
-    time, censored, _ = _validate(time, censored)
+    time, censored, _ = validate_samples(time, censored)
     workload = np.asarray(workload)
     if workload.shape != time.shape:
         raise ValueError(f"workload must have shape {time.shape}, got {workload.shape}")
     if time.size and (workload.min() < 0 or workload.max() >= len(names)):
         raise ValueError(f"workload codes must index names (0..{len(names) - 1})")
-    pooled_model = CureExponential().fit(time, censored)
-    pooled = _class_params(time, censored, pooled_model.p_, pooled_model.lambda_, "pooled")
-
     # One sort, then contiguous slices: the classes together cost one pass over the data.
     order = np.argsort(workload, kind="stable")
     bounds = np.searchsorted(workload[order], np.arange(len(names) + 1))
-    per_class = {}
-    for code, name in enumerate(names):
-        rows = order[bounds[code] : bounds[code + 1]]
-        class_time, class_censored = time[rows], censored[rows]
-        if rows.size == 0:
-            per_class[name] = _class_params(class_time, class_censored, pooled.p, pooled.lam, "pooled")
+    rows = [order[bounds[code]:bounds[code + 1]] for code in range(len(names))]
+    per_class = {name: ReuseData.of(time[r], censored[r]) for name, r in zip(names, rows)}
+    return fit_classes_of(per_class, ReuseData.of(time, censored), min_samples, min_reuses=min_reuses,
+                          sessions=sessions)
+
+
+def fit_classes_of(per_class: dict[str, ReuseData], everything: ReuseData, min_samples: int = 200, *,
+                   min_reuses: int = 5, sessions: dict | None = None) -> tuple[dict[str, ClassParams], ClassParams]:
+    """:func:`fit_classes` of each class's samples already reduced, and of all of them (``everything``)."""
+    pooled_model = CureExponential().fit_data(everything)
+    pooled = _class_params(everything, pooled_model.p_, pooled_model.lambda_, "pooled")
+    out = {}
+    for name, data in per_class.items():
+        if data.n_samples == 0:
+            out[name] = _class_params(data, pooled.p, pooled.lam, "pooled")
             continue
-        model = CureExponential().fit(class_time, class_censored)
+        model = CureExponential().fit_data(data)
         n, r = model.n_samples_, model.n_reuses_
         if n >= min_samples and r >= min_reuses:
-            per_class[name] = _class_params(class_time, class_censored, model.p_, model.lambda_, "fit")
+            out[name] = _class_params(data, model.p_, model.lambda_, "fit")
             continue
         prior_p = class_continuation_prior(sessions, name) if sessions else None
         prior_p = pooled.p if prior_p is None else prior_p
         p = (n * model.p_ + min_samples * prior_p) / (n + min_samples)
         # r > 0 implies pooled.lam > 0 (the pooled data contain these reuses).
         lam = pooled.lam if r == 0 else (r + min_reuses) / (r / model.lambda_ + min_reuses / pooled.lam)
-        per_class[name] = _class_params(class_time, class_censored, p, lam, "shrunk")
-    return per_class, pooled
+        out[name] = _class_params(data, p, lam, "shrunk")
+    return out, pooled

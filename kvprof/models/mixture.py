@@ -20,32 +20,19 @@ import math
 
 import numpy as np
 from numba import njit
-from scipy import stats
 
-from kvprof.models.exponential import GAP_RESOLUTION_S, _validate
+from kvprof.models.data import BIN_RATIO, GAP_RESOLUTION_S, ReuseData, gap_bins
 from kvprof.models.score import mixture_reuse_probability
-
-#: Gaps and exposures are compressed into geometric bins from :data:`GAP_RESOLUTION_S` to this
-#: many seconds (a year); each bin holds values within a factor ``BIN_RATIO`` of each other.
-_LONGEST_S = 3.2e7
-_N_BINS = 240
-BIN_RATIO = (_LONGEST_S / GAP_RESOLUTION_S) ** (1.0 / _N_BINS)
 
 # Rates stay within what a microsecond clock and a year of data can identify.
 _RATE_BOUNDS = (1e-9, 1.0 / GAP_RESOLUTION_S)
 _P_BOUNDS = (1e-12, 1.0)
 
 
-def _compress(values: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Weighted values merged per geometric bin: each bin's weighted mean and total weight."""
-    if values.size == 0:
-        return values, weight
-    clipped = np.clip(values, GAP_RESOLUTION_S, _LONGEST_S)
-    index = np.minimum((np.log(clipped / GAP_RESOLUTION_S) / math.log(BIN_RATIO)).astype(np.int64), _N_BINS - 1)
-    total = np.bincount(index, weights=weight, minlength=_N_BINS)
-    sums = np.bincount(index, weights=weight * clipped, minlength=_N_BINS)
-    used = total > 0
-    return sums[used] / total[used], total[used]
+def _merged(bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The used bins of :func:`~kvprof.models.data.gap_bins` as values (each bin's weighted mean) and weights."""
+    used = bins[0] > 0
+    return bins[1][used] / bins[0][used], bins[0][used]
 
 
 class CureMixture:
@@ -110,16 +97,17 @@ class CureMixture:
         -------
         self
         """
+        return self.fit_data(ReuseData.of(time, censored, sample_weight))
+
+    def fit_data(self, data: ReuseData) -> CureMixture:
+        """:meth:`fit` on samples already reduced (:class:`~kvprof.models.data.ReuseData`)."""
         if self.max_components < 1:
             raise ValueError(f"max_components must be >= 1, got {self.max_components}")
-        time, censored, weight = _validate(time, censored, sample_weight)
-        if time.size == 0 or weight.sum() == 0:
+        if data.n_samples == 0 or data.total_weight == 0:
             raise ValueError("cannot fit a reuse model to zero samples (no block accesses, or all weights zero)")
-        self.n_samples_ = int(time.size)
-        self.n_reuses_ = int(np.count_nonzero(~censored))
-        self.n_censored_ = self.n_samples_ - self.n_reuses_
-        gaps, gap_weight = _compress(time[~censored], weight[~censored])
-        exposures, exposure_weight = _compress(time[censored], weight[censored])
+        self.n_samples_, self.n_reuses_, self.n_censored_ = data.n_samples, data.n_reuses, data.n_censored
+        gaps, gap_weight = _merged(data.gap_bins)
+        exposures, exposure_weight = _merged(gap_bins(data.exposure, data.exposure_weight))
         if gap_weight.sum() == 0:
             self._set(0.0, np.ones(1), np.zeros(1), 0.0, 0.0)
             return self
@@ -245,13 +233,13 @@ def _em_iterations(gaps, gap_weight, exposures, exposure_weight, p, weights, rat
 def diagnose_mixture(time, censored, model: CureMixture) -> dict:
     """Goodness-of-fit summary of one row, JSON-ready: counts, the KS statistic of the reuse gaps
     against the mixture's gap distribution given reuse, mean and median gap (None without reuse)."""
-    time, censored, _ = _validate(time, censored)
-    gaps = time[~censored]
-    summary = {"n_accesses": int(time.size), "n_reuses": int(gaps.size), "n_censored": int(censored.sum()),
-               "components": model.n_components_}
-    if gaps.size == 0:
-        return summary | {"ks": None, "mean_gap_s": None, "median_gap_s": None}
+    return diagnose_mixture_of(ReuseData.of(time, censored), model)
+
+
+def diagnose_mixture_of(data: ReuseData, model: CureMixture) -> dict:
+    """:func:`diagnose_mixture` of samples already reduced."""
     weights, rates = model.weights_, model.rates_
-    ks = stats.kstest(gaps, lambda t: -np.expm1(-np.multiply.outer(t, rates)) @ weights, method="asymp").statistic \
-        if rates.max() > 0 else 1.0
-    return summary | {"ks": float(ks), "mean_gap_s": float(gaps.mean()), "median_gap_s": float(np.median(gaps))}
+    cdf = (lambda t: -np.expm1(-np.multiply.outer(t, rates)) @ weights) if rates.max() > 0 else None
+    summary = data.diagnose(cdf)
+    return {**{k: summary[k] for k in ("n_accesses", "n_reuses", "n_censored")}, "components": model.n_components_,
+            **{k: summary[k] for k in ("ks", "mean_gap_s", "median_gap_s")}}

@@ -1,6 +1,7 @@
 """The profiling pipeline: trace window in, hyperparameter file out.
 
-classify requests -> extract reuse gaps (censored at the window's end) -> session statistics ->
+classify requests -> extract reuse gaps (censored at the window's end), reduced per shard of the
+window's blocks (:mod:`kvprof.profiler.summary`) -> session statistics ->
 
 * per class and per tier (fresh blocks, blocks an earlier request already used), one
   cure-fraction exponential shrunk toward the pooled fit where data is thin, with the published
@@ -11,6 +12,10 @@ classify requests -> extract reuse gaps (censored at the window's end) -> sessio
 
 -> :class:`~kvprof.models.hp.HpFile` with provenance. Given a later window (``holdout``), each
 cell's diagnostics also say how well its scores predict reuse there (:mod:`kvprof.profiler.quality`).
+
+:func:`fit_trace` fits a window held in memory as one shard; :func:`fit_window` fits any shards
+that add up to a window (:mod:`kvprof.profiler.shards`: traces larger than memory), with the
+same code and so the same file.
 """
 
 from __future__ import annotations
@@ -23,15 +28,16 @@ import numpy as np
 from kvprof import __version__
 from kvprof.classes import ClassRule
 from kvprof.errors import KvprofError
-from kvprof.cells import TIER_EDGES
-from kvprof.models.exponential import fit_classes
+from kvprof.models.data import ReuseData
+from kvprof.models.exponential import fit_classes_of
 from kvprof.models.hp import REUSED_SUFFIX, HpFile, ReuseRow
-from kvprof.models.mixture import CureMixture, diagnose_mixture
+from kvprof.models.mixture import CureMixture, diagnose_mixture_of
 from kvprof.models.sessions import session_stats
-from kvprof.profiler.cells import cells_of_trace, fit_cell_rule
+from kvprof.profiler.cells import cells_of_trace, fit_cell_rule, tree_sample
 from kvprof.profiler.classes import classify_trace
-from kvprof.profiler.quality import score_quality
-from kvprof.profiler.reuse import ReuseSamples, extract_reuse
+from kvprof.profiler.quality import question_counts, score_counts
+from kvprof.profiler.reuse import extract_reuse
+from kvprof.profiler.summary import N_TIERS, RowKeys, ShardList, ShardReuse, Shards, WindowReuse, tier_codes
 from kvprof.profiler.trace import Trace
 
 #: Default horizon H in seconds: "reused within the next minute". It sits inside the range of
@@ -84,55 +90,87 @@ def fit_trace(
     -------
     HpFile
     """
+    check_window(trace, horizon)
+    codes, names = classes_of(trace, rule)
+    samples = extract_reuse(trace, codes, min_gap=min_gap)
+    shards = ShardList([ShardReuse.of(samples, trace.n_requests, horizon)])
+    scored = None
+    if holdout is not None and holdout.n_requests:
+        def scored(cell_rule, cell_names):
+            return holdout_counts(holdout, rule, cell_rule, cell_names, horizon, min_gap)
+    return fit_window(trace, codes, names, shards, rule, n_accesses=trace.n_blocks, horizon=horizon, min_gap=min_gap,
+                      min_samples=min_samples, max_cells=max_cells, cell_fields=cell_fields,
+                      max_components=max_components, holdout_counts=scored)
+
+
+def check_window(trace: Trace, horizon: float) -> None:
+    """The checks every fit starts with: a window with requests, a positive horizon."""
     if trace.n_requests == 0:
         raise KvprofError(f"{trace.source or 'trace'}: the fit window {_window_text(trace)} holds no requests")
     if not horizon > 0:
         raise ValueError(f"horizon must be > 0 seconds, got {horizon}")
+
+
+def classes_of(trace: Trace, rule: ClassRule) -> tuple[np.ndarray, tuple[str, ...]]:
+    """:func:`~kvprof.profiler.classes.classify_trace`, a rule the trace cannot follow being bad data."""
     try:
-        codes, names = classify_trace(trace, rule)
+        return classify_trace(trace, rule)
     except ValueError as exc:
         raise KvprofError(f"{trace.source or 'trace'}: {exc}") from None
-    samples = extract_reuse(trace, codes, min_gap=min_gap)
-    if len(samples) == 0:
-        raise KvprofError(f"{trace.source or 'trace'}: the fit window {_window_text(trace)} holds no block accesses")
-    sessions = session_stats(trace)
-    # Each class is fitted twice: on fresh blocks, and on blocks an earlier request already used
-    # (``<class>@reused``), whose reuse is far likelier and sooner (shared prompts, documents).
-    tiered = samples.workload + len(names) * samples.repeat.astype(np.int32)
-    tiered_names = tuple(names) + tuple(name + REUSED_SUFFIX for name in names)
-    per_class, pooled = fit_classes(
-        samples.time, samples.censored, tiered, tiered_names, min_samples=min_samples, sessions=sessions
-    )
-    # A reused tier with no data at all says nothing beyond its class: leave it out.
-    per_class = {
-        name: params
-        for name, params in per_class.items()
-        if not (name.endswith(REUSED_SUFFIX) and params.source == "pooled")
-    }
+
+
+def fit_window(requests: Trace, codes: np.ndarray, names, shards: Shards, rule: ClassRule, *, n_accesses: int,
+               horizon: float, min_gap: float, min_samples: int, max_cells: int, cell_fields=(),
+               max_components: int, holdout_counts=None) -> HpFile:
+    """:func:`fit_trace` of a window given as its requests and the shards of its blocks' reuse.
+
+    Parameters
+    ----------
+    requests : Trace
+        The window's requests (their hash ids are not read).
+    codes, names
+        Their classes (:func:`classes_of`).
+    shards : Shards
+        The reuse of the window's block accesses (censored at ``requests.censor_time``).
+    n_accesses : int
+        Block accesses of the window (provenance).
+    holdout_counts : callable or None
+        ``holdout_counts(cell_rule, cell_names)``: the held-out window's
+        :func:`~kvprof.profiler.quality.question_counts` per cell and tier.
+
+    Other parameters are :func:`fit_trace`'s.
+    """
+    if shards.n_samples == 0:
+        raise KvprofError(f"{requests.source or 'trace'}: the fit window {_window_text(requests)} holds no block accesses")
+    sessions = session_stats(requests)
     if max_cells:
+        request, reused = shards.known(tree_sample(shards.n_known))
         try:
-            cell_rule = fit_cell_rule(trace, samples, codes, names, horizon, fields=tuple(cell_fields),
+            cell_rule = fit_cell_rule(requests, request, reused, codes, names, fields=tuple(cell_fields),
                                       max_cells=max_cells, min_samples=min_samples)
         except ValueError as exc:
-            raise KvprofError(f"{trace.source or 'trace'}: {exc}") from None
+            raise KvprofError(f"{requests.source or 'trace'}: {exc}") from None
         cell_names = cell_rule.names
-        cell_codes = cells_of_trace(cell_rule, trace, codes, names)
+        cell_codes = cells_of_trace(cell_rule, requests, codes, names)
     else:
         cell_rule, cell_names, cell_codes = None, tuple(names), codes
-    cells, default_cell, singles = fit_cell_rows(samples, cell_codes[samples.request], len(cell_names),
-                                                 min_samples=min_samples, max_components=max_components)
-    if holdout is not None and holdout.n_requests:
-        cells = _with_holdout_quality(cells, singles, holdout, rule, cell_rule, cell_names, horizon, min_gap)
+    keys = RowKeys(cell_codes, codes, len(cell_names), len(names))
+    window = WindowReuse(shards.censored, np.maximum(requests.censor_time - requests.timestamp, 0.0), keys,
+                         shards.gap_runs(keys))
+    per_class, pooled = _fit_classes(window, names, min_samples, sessions)
+    cells, default_cell, singles = fit_cell_rows(window, min_samples=min_samples, max_components=max_components)
+    if holdout_counts is not None:
+        cells = _with_holdout_quality(cells, singles, holdout_counts(cell_rule, cell_names), horizon)
     provenance = {
-        "trace": trace.source,
-        "sha256": trace.sha256,
-        "format": trace.format,
-        "window": [trace.window[0], trace.censor_time],
-        "block_size": trace.block_size,
-        "n_requests": trace.n_requests,
-        "n_block_accesses": trace.n_blocks,
-        "n_samples": len(samples),
-        "n_merged_concurrent": samples.n_merged,
+        "trace": requests.source,
+        "sha256": requests.sha256,
+        "format": requests.format,
+        "window": [requests.window[0], requests.censor_time],
+        "block_size": requests.block_size,
+        "n_requests": requests.n_requests,
+        "n_block_accesses": int(n_accesses),
+        "n_samples": shards.n_samples,
+        "n_merged_concurrent": shards.n_merged,
         "kvprof_version": __version__,
         "created": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
     }
@@ -142,7 +180,7 @@ def fit_trace(
         horizon=float(horizon),
         class_rule=rule,
         min_gap=float(min_gap),
-        block_size=trace.block_size,
+        block_size=requests.block_size,
         provenance=provenance,
         sessions=sessions,
         cells=dict(zip(cell_names, cells)),
@@ -151,12 +189,19 @@ def fit_trace(
     )
 
 
-def tier_codes(prior: np.ndarray) -> np.ndarray:
-    """Reuse tier (:data:`~kvprof.cells.TIER_EDGES`) of each access, from its earlier uses."""
-    return np.searchsorted(np.array(TIER_EDGES), prior, side="right") - 1
+def _fit_classes(window: WindowReuse, names, min_samples: int, sessions: dict):
+    """Each class fitted twice: on fresh blocks, and on blocks an earlier request already used
+    (``<class>@reused``), whose reuse is far likelier and sooner (shared prompts, documents)."""
+    reused_tiers = range(1, N_TIERS)
+    per_class = {name: window.data(classes=(code,), tiers=(0,)) for code, name in enumerate(names)}
+    per_class |= {name + REUSED_SUFFIX: window.data(classes=(code,), tiers=reused_tiers) for code, name in enumerate(names)}
+    per_class, pooled = fit_classes_of(per_class, window.data(), min_samples=min_samples, sessions=sessions)
+    # A reused tier with no data at all says nothing beyond its class: leave it out.
+    return {name: params for name, params in per_class.items()
+            if not (name.endswith(REUSED_SUFFIX) and params.source == "pooled")}, pooled
 
 
-def fit_cell_rows(samples: ReuseSamples, cell: np.ndarray, n_cells: int, *, min_samples: int,
+def fit_cell_rows(window: WindowReuse, *, min_samples: int,
                   max_components: int) -> tuple[list[tuple[ReuseRow, ...]], tuple[ReuseRow, ...], list]:
     """A :class:`~kvprof.models.mixture.CureMixture` per cell and reuse tier, and the pooled rows.
 
@@ -169,10 +214,8 @@ def fit_cell_rows(samples: ReuseSamples, cell: np.ndarray, n_cells: int, *, min_
 
     Parameters
     ----------
-    samples : ReuseSamples
-    cell : int array, shape (m,)
-        Cell of each sample's request.
-    n_cells : int
+    window : WindowReuse
+        The window's reuse, its keys' cells the cells fitted.
 
     Returns
     -------
@@ -182,62 +225,68 @@ def fit_cell_rows(samples: ReuseSamples, cell: np.ndarray, n_cells: int, *, min_
     singles : list of tuple of ReuseRow
         The same rows fitted with one component (a cure exponential), to compare with.
     """
-    tier = tier_codes(samples.prior)
-    time, censored = samples.time, samples.censored
 
-    def fit(rows, weight=None, source="fit", own=None, components=max_components) -> ReuseRow:
-        """A row fitted on ``rows`` (weighted), diagnosed on its ``own`` samples (none when pooled)."""
-        model = CureMixture(components).fit(time[rows], censored[rows], weight)
-        own = rows if own is None else own
+    def fit(data: ReuseData, source="fit", own: ReuseData | None = None, components=max_components) -> ReuseRow:
+        """A row fitted on ``data``, diagnosed on its ``own`` samples (none when pooled)."""
+        model = CureMixture(components).fit_data(data)
         return ReuseRow(model.p_, tuple(model.weights_.tolist()), tuple(model.rates_.tolist()), source,
-                        diagnose_mixture(time[own], censored[own], model) if source != "pooled" else None)
+                        diagnose_mixture_of(data if own is None else own, model) if source != "pooled" else None)
 
-    def big(rows) -> bool:
-        return rows.size >= min_samples and np.count_nonzero(~censored[rows]) >= 5
+    def big(data: ReuseData) -> bool:
+        return data.n_samples >= min_samples and data.n_reuses >= 5
 
-    pooled_rows = [np.flatnonzero(tier == t) for t in range(len(TIER_EDGES))]
-    everything = np.arange(len(samples))
-    default = tuple(fit(rows if big(rows) else everything, source="pooled") for rows in pooled_rows)
-    order = np.argsort(cell, kind="stable")
-    bounds = np.searchsorted(cell[order], np.arange(n_cells + 1))
+    pooled = [window.data(tiers=(t,)) for t in range(N_TIERS)]
+    everything = window.data()
+    default = tuple(fit(rows if big(rows) else everything, source="pooled") for rows in pooled)
     out, singles = [], []
-    for c in range(n_cells):
-        in_cell = order[bounds[c]:bounds[c + 1]]
+    for c in range(window.keys.shape[0]):
+        in_cell = window.data(cells=(c,))
         tiers, single = [], []
-        for t in range(len(TIER_EDGES)):
-            rows = in_cell[tier[in_cell] == t]
-            parent = in_cell if big(in_cell) else pooled_rows[t] if big(pooled_rows[t]) else everything
+        for t in range(N_TIERS):
+            rows = window.data(cells=(c,), tiers=(t,))
+            parent = in_cell if big(in_cell) else pooled[t] if big(pooled[t]) else everything
             if big(rows):
-                data, weight, source, own = rows, None, "fit", None
-            elif rows.size:
-                data = np.concatenate([rows, parent])
-                weight = np.concatenate([np.ones(rows.size), np.full(parent.size, min_samples / parent.size)])
+                data, source, own = rows, "fit", None
+            elif rows.n_samples:
+                data = ReuseData.combine([(rows, 1.0), (parent, min_samples / parent.n_samples)])
                 source, own = "shrunk", rows
             else:
-                data, weight, source, own = parent, None, "pooled", None
-            tiers.append(fit(data, weight, source, own))
-            single.append(fit(data, weight, "pooled", components=1))
+                data, source, own = parent, "pooled", None
+            tiers.append(fit(data, source, own))
+            single.append(fit(data, "pooled", components=1))
         out.append(tuple(tiers))
         singles.append(tuple(single))
     return out, default, singles
 
 
-def _with_holdout_quality(cells, singles, holdout: Trace, rule: ClassRule, cell_rule, cell_names, horizon: float,
-                          min_gap: float) -> list[tuple[ReuseRow, ...]]:
-    """``cells`` with each row's held-out log-loss and Brier score, and a cure exponential's beside them."""
+def holdout_counts(holdout: Trace, rule: ClassRule, cell_rule, cell_names, horizon: float,
+                   min_gap: float) -> np.ndarray:
+    """The held-out window's :func:`~kvprof.profiler.quality.question_counts` per cell and tier
+    (rows ``cell * N_TIERS + tier``)."""
+    cell = holdout_cells(holdout, rule, cell_rule, cell_names)
+    codes, _ = classify_trace(holdout, rule)
+    return row_question_counts(extract_reuse(holdout, codes, min_gap=min_gap), cell, len(cell_names), horizon)
+
+
+def holdout_cells(holdout: Trace, rule: ClassRule, cell_rule, cell_names) -> np.ndarray:
+    """Each held-out request's cell; -1 for a class unseen when fitting, which has no cell of its own."""
     codes, names = classify_trace(holdout, rule)
     if cell_rule is None:
         index = {name: i for i, name in enumerate(cell_names)}
-        to_cell = np.array([index.get(name, -1) for name in names])
-        cell = to_cell[codes]
-    else:
-        cell = cells_of_trace(cell_rule, holdout, codes, names)
-    samples = extract_reuse(holdout, codes, min_gap=min_gap)
-    n_tiers = len(TIER_EDGES)
-    row = cell[samples.request] * n_tiers + tier_codes(samples.prior)
-    known = cell[samples.request] >= 0  # classes unseen when fitting have no row of their own
-    samples = ReuseSamples(*(getattr(samples, f)[known] for f in ("time", "censored", "workload", "request", "prior")),
-                           n_merged=samples.n_merged)
+        return np.array([index.get(name, -1) for name in names], dtype=np.int64)[codes]
+    return cells_of_trace(cell_rule, holdout, codes, names)
+
+
+def row_question_counts(samples, cell: np.ndarray, n_cells: int, horizon: float) -> np.ndarray:
+    """:func:`~kvprof.profiler.quality.question_counts` of held-out samples by their request's
+    cell and their tier (samples of requests without a cell left out)."""
+    cell = cell[samples.request]
+    row = np.where(cell >= 0, cell * N_TIERS + tier_codes(samples.prior), -1)
+    return question_counts(samples, row, n_cells * N_TIERS, horizon)
+
+
+def _with_holdout_quality(cells, singles, counts: np.ndarray, horizon: float) -> list[tuple[ReuseRow, ...]]:
+    """``cells`` with each row's held-out log-loss and Brier score, and a cure exponential's beside them."""
 
     def arrays(rows):
         flat = [r for tiers in rows for r in tiers]
@@ -245,12 +294,12 @@ def _with_holdout_quality(cells, singles, holdout: Trace, rule: ClassRule, cell_
         pad = lambda values: [list(v) + [0.0] * (k - len(v)) for v in values]  # noqa: E731
         return (np.array([r.p for r in flat]), np.array(pad([r.weights for r in flat])), np.array(pad([r.rates for r in flat])))
 
-    quality = score_quality(samples, row[known], {"mixture": arrays(cells), "single": arrays(singles)}, horizon)["rows"]
+    quality = score_counts(counts, {"mixture": arrays(cells), "single": arrays(singles)}, horizon)["rows"]
     out = []
     for c, tiers in enumerate(cells):
         new = []
         for t, entry in enumerate(tiers):
-            measured = quality.get(c * n_tiers + t)
+            measured = quality.get(c * N_TIERS + t)
             if measured is None or entry.diagnostics is None:
                 new.append(entry)
                 continue

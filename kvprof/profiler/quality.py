@@ -3,15 +3,16 @@
 A policy asks its model one question about an idle block: will it be reused within H, given
 that it has been idle for ``a`` seconds? :func:`score_quality` asks each model that question on
 the accesses of a held-out window, at several ages (``QUALITY_AGES`` horizons: just freed, one
-horizon idle, four), and scores the answers with scikit-learn's log-loss and Brier score. An
-access enters at age ``a`` when it is still idle then and the window shows what happened in the
-next H seconds (reused, or seen idle through ``a + H``).
+horizon idle, four), and scores the answers by log-loss and Brier score (scikit-learn's
+definitions). An access enters at age ``a`` when it is still idle then and the window shows what
+happened in the next H seconds (reused, or seen idle through ``a + H``). A score depends on the
+row and the age alone, so the questions are counted per row, age and answer
+(:func:`question_counts`) and scored from the counts.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import brier_score_loss, log_loss
 
 from kvprof.models.score import mixture_reuse_probability
 from kvprof.profiler.reuse import ReuseSamples
@@ -23,27 +24,38 @@ QUALITY_AGES = (0.0, 1.0, 4.0)
 _CLIP = 1e-6
 
 
-def labelled_questions(samples: ReuseSamples, horizon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The (sample, age, answer) triples of :data:`QUALITY_AGES` whose answer the window shows.
+def question_counts(samples: ReuseSamples, row: np.ndarray, n_rows: int, horizon: float) -> np.ndarray:
+    """How many questions of :data:`QUALITY_AGES` the window answers, per row, age and answer.
+
+    An access enters at age ``a`` when it is still idle then and the window shows what happened
+    in the next ``horizon`` seconds (reused, or seen idle through ``a + horizon``). A score is a
+    function of the row and the age alone, so these counts are all that scoring it needs; they
+    add up over shards of a trace.
+
+    Parameters
+    ----------
+    samples : ReuseSamples
+    row : int array, shape (m,)
+        The model row of each sample, in ``0 .. n_rows - 1``; a negative row leaves the sample out.
+    n_rows : int
+    horizon : float
+        H, seconds.
 
     Returns
     -------
-    sample : int64 array, shape (q,)
-        Index into ``samples``.
-    age : float64 array, shape (q,), s
-    reused : bool array, shape (q,)
-        Whether the block came back within ``horizon`` after that age.
+    int64 array, shape (n_rows, len(QUALITY_AGES), 2)
+        ``[r, a, 1]``: questions of row ``r`` at age ``QUALITY_AGES[a] * horizon`` answered
+        "reused within H"; ``[r, a, 0]``: answered "not".
     """
-    picks, ages, answers = [], [], []
-    for factor in QUALITY_AGES:
+    counts = np.zeros((n_rows, len(QUALITY_AGES), 2), dtype=np.int64)
+    reused = ~samples.censored
+    scored = row >= 0
+    for a, factor in enumerate(QUALITY_AGES):
         age = factor * horizon
-        still_idle = samples.time > age
-        known = still_idle & ((~samples.censored) | (samples.time >= age + horizon))
-        rows = np.flatnonzero(known)
-        picks.append(rows)
-        ages.append(np.full(rows.size, age))
-        answers.append((~samples.censored[rows]) & (samples.time[rows] <= age + horizon))
-    return np.concatenate(picks), np.concatenate(ages), np.concatenate(answers)
+        known = scored & (samples.time > age) & (reused | (samples.time >= age + horizon))
+        answer = reused[known] & (samples.time[known] <= age + horizon)
+        counts[:, a, :] = np.bincount(row[known] * 2 + answer, minlength=2 * n_rows).reshape(n_rows, 2)
+    return counts
 
 
 def score_quality(samples: ReuseSamples, row: np.ndarray, models: dict, horizon: float) -> dict:
@@ -66,23 +78,39 @@ def score_quality(samples: ReuseSamples, row: np.ndarray, models: dict, horizon:
         ``{"rows": {row: {model: {"log_loss", "brier", "n"}}}, "all": {model: {...}}}``; rows
         without a question are left out.
     """
-    sample, age, answer = labelled_questions(samples, horizon)
-    rows_of = row[sample]
-    predictions = {
-        name: np.clip(mixture_reuse_probability(p[rows_of], weights[rows_of], rates[rows_of], age, horizon), _CLIP, 1 - _CLIP)
-        for name, (p, weights, rates) in models.items()
-    }
-    out = {"rows": {}, "all": {name: _metrics(answer, pred) for name, pred in predictions.items()} if answer.size else {}}
-    for r in np.unique(rows_of).tolist():
-        mask = rows_of == r
-        out["rows"][r] = {name: _metrics(answer[mask], pred[mask]) for name, pred in predictions.items()}
+    n_rows = len(next(iter(models.values()))[0])
+    return score_counts(question_counts(samples, np.asarray(row), n_rows, horizon), models, horizon)
+
+
+def score_counts(counts: np.ndarray, models: dict, horizon: float) -> dict:
+    """:func:`score_quality` from :func:`question_counts` (summed over shards, say).
+
+    Each (row, age) has one prediction per model, so the log-loss and Brier score of its
+    questions are its two counts times the loss of that prediction: what scikit-learn's
+    ``log_loss`` and ``brier_score_loss`` give on the questions one by one (equal to rounding;
+    tested), without materialising them.
+    """
+    ages = np.asarray(QUALITY_AGES) * horizon
+    negatives, positives = counts[..., 0], counts[..., 1]
+    per_row = counts.sum(axis=(1, 2))
+    losses = {}
+    for name, (p, weights, rates) in models.items():
+        weights, rates = np.asarray(weights)[:, None, :], np.asarray(rates)[:, None, :]
+        prediction = np.clip(mixture_reuse_probability(np.asarray(p)[:, None], weights, rates, ages[None, :], horizon),
+                             _CLIP, 1 - _CLIP)
+        log_loss = -(positives * np.log(prediction) + negatives * np.log1p(-prediction))
+        brier = positives * (1 - prediction) ** 2 + negatives * prediction**2
+        losses[name] = (log_loss.sum(axis=1), brier.sum(axis=1))
+
+    def metrics(log_loss: float, brier: float, n: int) -> dict:
+        return {"log_loss": float(log_loss / n), "brier": float(brier / n), "n": int(n)}
+
+    total = int(per_row.sum())
+    out = {"rows": {}, "all": {name: metrics(ll.sum(), br.sum(), total) for name, (ll, br) in losses.items()}
+           if total else {}}
+    for r in np.flatnonzero(per_row).tolist():
+        out["rows"][r] = {name: metrics(ll[r], br[r], per_row[r]) for name, (ll, br) in losses.items()}
     return out
-
-
-def _metrics(answer: np.ndarray, prediction: np.ndarray) -> dict:
-    return {"log_loss": float(log_loss(answer, prediction, labels=[False, True])),
-            "brier": float(brier_score_loss(answer, prediction, pos_label=True)),
-            "n": int(answer.size)}
 
 
 def class_models(trace, rule, horizon: float, min_gap: float, max_components: int = 3) -> dict:
@@ -122,8 +150,7 @@ def class_models(trace, rule, horizon: float, min_gap: float, max_components: in
     to_row = np.array([index.get(name, -1) for name in held_names])
     row = to_row[held.workload]
     known = row >= 0
-    held = ReuseSamples(*(getattr(held, f)[known] for f in ("time", "censored", "workload", "request", "prior")),
-                        n_merged=held.n_merged)
+    held = held.subset(known)
 
     def arrays(kind):
         models = [fitted[name][kind] for name in fitted]

@@ -1,7 +1,8 @@
 """Reuse extraction: for every block access, when is the same block accessed next?
 
-Everything here is vectorised: accesses are sorted once by (block, request) and neighbours in that
-order are compared, so a trace of millions of block accesses takes well under a second.
+Accesses are sorted once by (block, request) and neighbours in that order are compared (vectorised,
+or in one compiled pass for the fit's samples), so a trace of millions of block accesses takes
+well under a second.
 
 Two decisions, both documented in the README:
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from kvprof.profiler.trace import Trace
 
@@ -64,6 +66,11 @@ class ReuseSamples:
         """True where an earlier request already accessed the block, shape (m,)."""
         return self.prior > 0
 
+    def subset(self, rows: np.ndarray) -> ReuseSamples:
+        """The samples at ``rows`` (indices or a mask); ``n_merged`` stays the window's."""
+        return ReuseSamples(self.time[rows], self.censored[rows], self.workload[rows], self.request[rows],
+                            self.prior[rows], self.n_merged)
+
 
 def access_request_index(trace: Trace) -> np.ndarray:
     """Row of the request owning each entry of ``trace.hash_ids``, shape (n_blocks,)."""
@@ -92,7 +99,7 @@ class BlockRuns:
 
     @classmethod
     def of(cls, blocks: np.ndarray, request: np.ndarray) -> BlockRuns:
-        order = np.lexsort((request, blocks))
+        order = sorted_accesses(blocks, request)
         sorted_blocks, sorted_requests = blocks[order], request[order]
         new_block = np.ones(order.shape[0], dtype=bool)
         new_block[1:] = sorted_blocks[1:] != sorted_blocks[:-1]
@@ -107,6 +114,14 @@ class BlockRuns:
     def run_starts_block(self) -> np.ndarray:
         """Per run: whether it is its block's first run (no earlier request used the block)."""
         return self.new_block[self.new_run]
+
+
+def sorted_accesses(blocks: np.ndarray, request: np.ndarray) -> np.ndarray:
+    """Stable order of the accesses by (block, request): one stable sort by block when the
+    accesses come in request order already, as a trace's do."""
+    if request.size < 2 or np.all(request[1:] >= request[:-1]):
+        return np.argsort(blocks, kind="stable")
+    return np.lexsort((request, blocks))
 
 
 def next_access(blocks: np.ndarray, request: np.ndarray) -> np.ndarray:
@@ -154,32 +169,72 @@ def extract_reuse(trace: Trace, codes: np.ndarray, *, min_gap: float = 0.3) -> R
     -------
     ReuseSamples
     """
+    return reuse_of_accesses(trace.hash_ids, access_request_index(trace), trace.timestamp, trace.censor_time, codes,
+                             min_gap=min_gap)
+
+
+def reuse_of_accesses(blocks: np.ndarray, request: np.ndarray, timestamp: np.ndarray, censor_time: float,
+                      codes: np.ndarray, *, min_gap: float = 0.3) -> ReuseSamples:
+    """:func:`extract_reuse` of some accesses of a window: all the accesses of some blocks (a
+    shard of a trace's blocks gives that shard's samples).
+
+    Parameters
+    ----------
+    blocks, request : int arrays, shape (m,)
+        Block and request row of each access.
+    timestamp : float array, shape (n_requests,)
+        Arrival of every request of the window.
+    censor_time : float
+        The window's end.
+    codes : int array, shape (n_requests,)
+        Workload class of each request.
+
+    Returns
+    -------
+    ReuseSamples
+        In (block, request) order.
+    """
     if min_gap < 0:
         raise ValueError(f"min_gap must be >= 0 seconds, got {min_gap}")
-    request = access_request_index(trace)
-    runs = BlockRuns.of(trace.hash_ids, request)
-    # One access per run (repeats within a request count once), in (block, request) order, so
-    # an access's next use is the next entry when that entry is the same block's.
-    request = request[runs.order[runs.new_run]]
-    starts_block = runs.run_starts_block()
-    access_time = trace.timestamp[request]
-    reused = np.append(~starts_block[1:], False)
-    gap = np.where(reused, np.append(access_time[1:], 0.0) - access_time, 0.0)
-    concurrent = reused & (gap < min_gap)
-    keep = ~concurrent
-    exposure = np.maximum(trace.censor_time - access_time, 0.0)
-    time = np.where(reused, gap, exposure)[keep]
-    # Earlier requests of the same block, concurrent ones included: a live cache counts them as hits.
-    position = np.arange(starts_block.shape[0])
-    prior = (position - np.maximum.accumulate(np.where(starts_block, position, 0)))[keep]
-    return ReuseSamples(
-        time=time.astype(np.float64),
-        censored=~reused[keep],
-        workload=np.asarray(codes, dtype=np.int32)[request[keep]],
-        request=request[keep],
-        prior=prior.astype(np.int64),
-        n_merged=int(concurrent.sum()),
-    )
+    time, censored, request, prior, n_merged = _samples_of_runs(
+        np.asarray(blocks), np.asarray(request, dtype=np.int64), sorted_accesses(blocks, request),
+        np.asarray(timestamp, dtype=np.float64), float(censor_time), float(min_gap))
+    return ReuseSamples(time=time, censored=censored, workload=np.asarray(codes, dtype=np.int32)[request],
+                        request=request, prior=prior, n_merged=int(n_merged))
+
+
+@njit(cache=True)
+def _samples_of_runs(blocks, request, order, timestamp, censor_time, min_gap):
+    """One pass over the accesses in (block, request) ``order``: a sample per run (one request's
+    accesses of a block, repeats counted once), its gap to the block's next run or its exposure,
+    concurrent runs merged into the next; returns ``(time, censored, request, prior, n_merged)``."""
+    m = order.size
+    time = np.empty(m, np.float64)
+    censored = np.empty(m, np.bool_)
+    owner = np.empty(m, np.int64)
+    prior = np.empty(m, np.int64)
+    n = n_merged = earlier = 0
+    i = 0
+    while i < m:
+        block, r = blocks[order[i]], request[order[i]]
+        j = i + 1
+        while j < m and blocks[order[j]] == block and request[order[j]] == r:
+            j += 1
+        arrival = timestamp[r]
+        if j < m and blocks[order[j]] == block:
+            gap = timestamp[request[order[j]]] - arrival
+            if gap < min_gap:  # concurrent use: merged into the next run, which carries the reuse
+                n_merged += 1
+            else:
+                time[n], censored[n], owner[n], prior[n] = gap, False, r, earlier
+                n += 1
+            earlier += 1  # earlier requests of the block, concurrent ones included (a cache counts them)
+        else:
+            time[n], censored[n], owner[n], prior[n] = max(censor_time - arrival, 0.0), True, r, earlier
+            n += 1
+            earlier = 0
+        i = j
+    return time[:n].copy(), censored[:n].copy(), owner[:n].copy(), prior[:n].copy(), n_merged
 
 
 def ideal_hit_ratio(trace: Trace) -> float:

@@ -150,6 +150,9 @@ class SimConfig:
         How long requests hold their blocks: as the server did (``recorded``: a vLLM recording's
         ``scheduled``/``finished`` times, :mod:`kvprof.sim.timed`), as the cost model says
         (``model``), or recorded where the workload has it (``auto``).
+    sample_rate : float
+        In (0, 1]: replay only the chains whose first block hashes into a sample of this rate, at
+        every capacity times the rate (:mod:`kvprof.sim.sample`); 1 replays everything.
     """
 
     engine_block_size: int = 128
@@ -159,6 +162,7 @@ class SimConfig:
     capacity_schedule: tuple[tuple[float, int], ...] = ()
     rate_scale: float = 1.0
     timing: str = "auto"
+    sample_rate: float = 1.0
 
     def __post_init__(self):
         if self.timing not in TIMINGS:
@@ -174,6 +178,8 @@ class SimConfig:
             raise SimulationError("capacity schedule times must be finite, >= 0 and strictly increasing")
         if any(c <= 0 for _, c in self.capacity_schedule):
             raise SimulationError("capacities in the schedule must be > 0 blocks")
+        if not (math.isfinite(self.sample_rate) and 0 < self.sample_rate <= 1):
+            raise SimulationError(f"the sample rate must be a number in (0, 1], got {self.sample_rate}")
 
     def to_dict(self) -> dict:
         out = asdict(self)

@@ -6,27 +6,25 @@ its own fresh policy instances, so runs are independent and their order does not
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from joblib import Parallel, cpu_count, delayed, effective_n_jobs
 
 from kvprof import results as results_file
 from kvprof.policy import make_policy
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig, SimulationError, check_memory
 from kvprof.sim.engine import RunMetrics, simulate
+from kvprof.sim.runner import Progress, run_tasks, sweep_workers
+from kvprof.sim.sample import Miniature, chain_sample, sample_facts
 from kvprof.sim.workload import Workload, prepare_workload
 
 BASELINE = "lru"
 ORACLE = "belady"
-
-#: ``progress(done, total)`` after each finished run.
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -91,6 +89,7 @@ def run_sweep(
     config: SimConfig = SimConfig(),
     *,
     n_jobs: int = 1,
+    ray: str | None = None,
     progress: Progress | None = None,
     inputs: dict | None = None,
 ) -> Results:
@@ -108,7 +107,11 @@ def run_sweep(
         GPU capacities in engine blocks; with ``config.capacity_schedule`` pass one (its start).
     config : SimConfig
     n_jobs : int
-        joblib workers (-1: all cores, -2: all but one ...), capped by :func:`sweep_workers`.
+        joblib workers (-1: all cores, -2: all but one ...), capped by
+        :func:`~kvprof.sim.runner.sweep_workers`.
+    ray : str or None
+        Run the replays as tasks of the Ray cluster at this address (``"auto"``: Ray's rule)
+        instead (:mod:`kvprof.sim.runner`); the same results, number for number.
     progress : callable or None
         ``progress(done, total)`` after each run.
     inputs : dict or None
@@ -142,16 +145,16 @@ def run_sweep(
     workers = sweep_workers(n_jobs, len(tasks))
     check_memory(max([*capacities, *(c for _, c in config.capacity_schedule)]), config.cpu_capacity, workers)
     started = time.perf_counter()
-    workload = prepare_workload(trace, hp, config.engine_block_size, config.rate_scale)
+    replayed = chain_sample(trace, config.sample_rate)
+    workload = prepare_workload(replayed, hp, config.engine_block_size, config.rate_scale)
+    miniature = Miniature.of(replayed, workload, config.sample_rate)
     # Slow policies first, LRU (the cheapest) last, so no worker is left with a long run alone.
     schedule = sorted(range(len(tasks)), key=lambda i: tasks[i][0] == BASELINE)
-    runs: list[RunMetrics | None] = [None] * len(tasks)
-    parallel = Parallel(n_jobs=workers, return_as="generator_unordered")
-    outputs = parallel(delayed(_run_one)(i, workload, hp, *tasks[i], config) for i in schedule)
-    for done, (i, metrics) in enumerate(outputs, start=1):
+    outputs = run_tasks(_run_one, workload, [(hp, *tasks[i], config, miniature) for i in schedule], n_jobs=n_jobs,
+                        ray=ray, progress=progress)
+    runs = [None] * len(tasks)
+    for i, metrics in zip(schedule, outputs):
         runs[i] = metrics
-        if progress:
-            progress(done, len(tasks))
     facts = {
         "trace": {
             "source": trace.source,
@@ -163,6 +166,8 @@ def run_sweep(
             "n_engine_block_accesses": workload.n_accesses,
         }
     }
+    if config.sample_rate < 1:
+        facts["sample"] = sample_facts(trace, replayed, miniature)
     return Results(
         runs=tuple(runs),
         policies=policies,
@@ -173,25 +178,14 @@ def run_sweep(
     )
 
 
-def sweep_workers(n_jobs: int, n_runs: int) -> int:
-    """Replays to run at once: joblib's reading of ``n_jobs``, capped at ``n_runs`` and the machine's cores.
-
-    More workers than runs idle, and more than cores only compete for them (and each holds a
-    process and its semaphores).
-
-    Raises
-    ------
-    SimulationError
-        ``n_jobs`` is 0.
-    """
-    if n_jobs == 0:
-        raise SimulationError("the number of parallel replays must not be 0 (-1: every core)")
-    return max(1, min(effective_n_jobs(n_jobs), cpu_count(), n_runs))
-
-
-def _run_one(index: int, workload: Workload, hp, policy: str, capacity: int, config: SimConfig):
+def _run_one(workload: Workload, hp, policy: str, capacity: int, config: SimConfig,
+             miniature: Miniature = Miniature()) -> RunMetrics:
+    """One replay; of a sample, at caches scaled to it, labelled ``capacity`` and with policies
+    built for the full sizes (their tuning's)."""
     host = make_policy(config.cpu_policy, hp, config.cpu_capacity) if config.cpu_capacity else None
-    return index, simulate(workload, make_policy(policy, hp, capacity), capacity, config, host_policy=host)
+    metrics = simulate(workload, make_policy(policy, hp, capacity), miniature.capacity(capacity),
+                       miniature.config(config), host_policy=host)
+    return dataclasses.replace(metrics, capacity=capacity)
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -15,14 +15,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from joblib import Parallel, delayed
-
 from kvprof.models.hp import HpFile
 from kvprof.policy import make_policy
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig
 from kvprof.sim.engine import simulate
-from kvprof.sim.sweep import sweep_workers
+from kvprof.sim.sample import Miniature, chain_sample
+from kvprof.sim.runner import run_tasks
 from kvprof.sim.workload import Workload, prepare_workload
 
 #: Horizons tried, as multiples of the fitted one.
@@ -32,7 +31,7 @@ REPLAYED_SHARE = 1 / 3
 
 
 def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig = SimConfig(), *,
-         n_jobs: int = 1, progress: Callable[[int, int], None] | None = None) -> HpFile:
+         n_jobs: int = 1, ray: str | None = None, progress: Callable[[int, int], None] | None = None) -> HpFile:
     """``hp`` with a tuning entry per capacity, chosen by replaying the end of ``trace`` (the fit window).
 
     Parameters
@@ -44,12 +43,16 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     capacities : sequence of int
         GPU capacities in engine blocks.
     config : SimConfig
-        Engine block size and cost model of the replays (those the policy will meet).
+        Engine block size and cost model of the replays (those the policy will meet); with a
+        ``sample_rate``, a sample of the chains is replayed at scaled capacities
+        (:mod:`kvprof.sim.sample`), the entries still named by the full capacities.
     n_jobs : int
         joblib workers for the replays (capacities x horizons), capped as a sweep's
-        (:func:`~kvprof.sim.sweep.sweep_workers`).
+        (:func:`~kvprof.sim.runner.sweep_workers`).
+    ray : str or None
+        Run the replays on the Ray cluster at this address instead (:mod:`kvprof.sim.runner`).
     progress : callable(done, total) or None
-        Called as each replay finishes (in order).
+        Called as each replay finishes.
 
     Returns
     -------
@@ -59,16 +62,13 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     """
     end = trace.censor_time
     replayed = trace.time_window(end - (end - trace.first_arrival) * REPLAYED_SHARE, None)
-    workload = prepare_workload(replayed if replayed.n_requests else trace, hp, config.engine_block_size,
-                                config.rate_scale)
+    replayed = chain_sample(replayed if replayed.n_requests else trace, config.sample_rate)
+    workload = prepare_workload(replayed, hp, config.engine_block_size, config.rate_scale)
+    miniature = Miniature.of(replayed, workload, config.sample_rate)
     horizons = [hp.horizon * factor for factor in HORIZON_FACTORS]
     tasks = [(capacity, horizon) for capacity in capacities for horizon in horizons]
-    replays = []
-    for replay in Parallel(n_jobs=sweep_workers(n_jobs, len(tasks)), return_as="generator")(
-            delayed(_replay)(workload, hp, capacity, horizon, config) for capacity, horizon in tasks):
-        replays.append(replay)
-        if progress is not None:
-            progress(len(replays), len(tasks))
+    replays = run_tasks(_replay, workload, [(hp, miniature.capacity(capacity), horizon, miniature.config(config))
+                                            for capacity, horizon in tasks], n_jobs=n_jobs, ray=ray, progress=progress)
     entries = []
     for capacity in capacities:
         tried = {horizon: replay for (c, horizon), replay in zip(tasks, replays) if c == capacity}

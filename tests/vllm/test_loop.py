@@ -2,10 +2,10 @@
 refit -> reload (README, "On your own server").
 
 Three servers run one after another (never two at once), each with 16 blocks of 32 tokens and the
-same replayed traffic (chat sessions growing their prefix, API calls sharing a system prompt,
-one-off documents) at two requests at a time:
+same replayed traffic (API calls sharing a system prompt, bursts of one-off documents, chat sessions
+growing their prefix: see :func:`traffic_trace`) at two requests at a time:
 
-* A records only (``--kv-record``): vLLM's eviction is untouched;
+* A records only (``--kv-record``): vLLM's eviction (LRU) is untouched;
 * ``kvprof fit`` on A's recording gives the hp file, tuned for A's cache size from recording.json;
 * C runs that file in shadow mode (``--kv-policy-mode shadow``): vLLM's eviction is untouched and the
   metrics say what ``wa`` would have hit;
@@ -39,38 +39,35 @@ BS = 32
 OUTPUT = 4
 
 
-def traffic_trace(path: Path) -> Path:
-    """A Bailian-format trace at the server's block size: ~60 requests over ~15 s."""
-    rows, next_id, chat = [], 1000, 0
-    system = [1, 2, 3]
+def traffic_trace(path: Path, steps: int = 45) -> Path:
+    """A Bailian-format trace at the server's block size, ~200 requests over 45 s: each second an API call on
+    a shared 3-block system prompt, then a burst of three one-off 6-block documents (more than the cache
+    holds: LRU loses the system prompt to them, a policy fitted on this traffic keeps it), and every third
+    second the next turn of a chat session whose prefix grows."""
+    rows, next_id = [], 1000
 
     def add(t, kind, turn, ids, parent=-1):
-        nonlocal chat
-        rows.append({"chat_id": chat, "parent_chat_id": parent, "timestamp": round(t, 3),
+        rows.append({"chat_id": len(rows), "parent_chat_id": parent, "timestamp": round(t, 3),
                      "input_length": BS * len(ids) - 5, "output_length": OUTPUT, "type": kind, "turn": turn,
                      "hash_ids": ids})
-        chat += 1
-        return chat - 1
+        return len(rows) - 1
 
-    sessions = {}  # session -> (last chat id, ids, turn)
-    t = 0.0
-    for step in range(60):
-        t += 0.25
-        kind = ("chat", "api", "chat", "doc", "api")[step % 5]
-        if kind == "api":
-            add(t, "api", 1, system + [next_id])
-            next_id += 1
-        elif kind == "doc":
-            add(t, "doc", 1, list(range(next_id, next_id + 5)))
-            next_id += 5
-        else:
-            key = step % 3
-            last, ids, turn = sessions.get(key, (-1, [next_id + 50], 0))
-            if len(ids) >= 6:  # a session ends; a new one starts
-                last, ids, turn = -1, [next_id + 50], 0
+    session = None  # (last chat id, its blocks, its turn)
+    for step in range(steps):
+        t = float(step)
+        add(t, "api", 1, [1, 2, 3, next_id])
+        next_id += 1
+        for k in range(3):
+            add(t + 0.3 + 0.15 * k, "doc", 1, list(range(next_id, next_id + 6)))
+            next_id += 6
+        if step % 3 == 2:
+            if session is None or len(session[1]) >= 5:
+                session = (-1, [next_id], 0)
+                next_id += 1
+            parent, ids, turn = session
             ids = ids + [next_id]
-            next_id += 100
-            sessions[key] = (add(t, "chat", turn + 1, ids, last), ids, turn + 1)
+            next_id += 1
+            session = (add(t + 0.8, "chat", turn + 1, ids, parent), ids, turn + 1)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -317,6 +314,12 @@ def test_shadow_mode_predicts_the_real_wa(work, server_b, server_c, hp_file):
     lookups_b = sum(v for k, v in m_b.items() if k.startswith("kvprof_prompt_blocks_total"))
     real = sum(v for k, v in m_b.items() if k.startswith("kvprof_cached_blocks_total")) / lookups_b
     assert abs(predicted - real) <= 0.01, (predicted, real)
+
+
+def test_the_fitted_policy_beats_lru_live(server_a, server_b):
+    """On this traffic LRU loses the system prompt to every burst of documents; wa, fitted on the
+    server's own recording, keeps it (in the real server, not only in simulation)."""
+    assert live_cached(server_b) > live_cached(server_a) + 10 * BS
 
 
 def test_reloads_keep_serving(server_b):

@@ -1,0 +1,120 @@
+"""Where a sweep's replays run: joblib processes on this machine, or Ray tasks on a cluster.
+
+The replays of a sweep (policy x capacity, or capacity x horizon when tuning) are independent and
+read one prepared workload. :func:`run_tasks` runs them with joblib's workers (``n_jobs``), or,
+given a Ray address, as Ray tasks: the workload is put once into Ray's object store, where its
+numpy columns are shared with every task on a node without a copy, and each task receives a
+reference to it, not a pickled copy. Runs are deterministic, so both give the same metrics,
+number for number. Ray is optional (``pip install 'kvprof[ray]'``); nothing imports it unless
+asked to.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator, Sequence
+
+from joblib import Parallel, cpu_count, delayed, effective_n_jobs
+
+from kvprof.sim.config import SimulationError
+
+#: ``progress(done, total)`` after each finished run.
+Progress = Callable[[int, int], None]
+
+
+def sweep_workers(n_jobs: int, n_runs: int) -> int:
+    """Replays to run at once: joblib's reading of ``n_jobs``, capped at ``n_runs`` and the machine's cores.
+
+    More workers than runs idle, and more than cores only compete for them (and each holds a
+    process and its semaphores).
+
+    Raises
+    ------
+    SimulationError
+        ``n_jobs`` is 0.
+    """
+    if n_jobs == 0:
+        raise SimulationError("the number of parallel replays must not be 0 (-1: every core)")
+    return max(1, min(effective_n_jobs(n_jobs), cpu_count(), n_runs))
+
+
+def connect_ray(address: str):
+    """The ``ray`` module, connected to the cluster at ``address`` (``"auto"``: Ray's own rule,
+    ``RAY_ADDRESS`` or the cluster running on this machine); already connected, as it is.
+
+    Raises
+    ------
+    SimulationError
+        Ray is not installed, or no cluster answers at ``address``.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise SimulationError("Ray is not installed here: pip install 'kvprof[ray]'") from None
+    if not ray.is_initialized():
+        _check_reachable(address)
+        try:
+            ray.init(address=address, logging_level="warning", log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise SimulationError(f"no Ray cluster at {address!r}: {exc}") from None
+    return ray
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse a ``host:port`` nothing listens on at once (Ray itself keeps retrying for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not (host and port.isdigit()):
+        return  # "auto", or a form Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as exc:
+        raise SimulationError(f"no Ray cluster at {address!r}: {exc.strerror or exc}") from None
+
+
+def run_tasks(function: Callable, shared, tasks: Sequence[tuple], *, n_jobs: int = 1, ray: str | None = None,
+              progress: Progress | None = None) -> list:
+    """``[function(shared, *task) for task in tasks]``, run in parallel, in the order of ``tasks``.
+
+    Parameters
+    ----------
+    function : callable
+        A module-level function (Ray and joblib's processes import it by name).
+    shared
+        What every task reads (the workload); sent once to each joblib worker, or put once into
+        Ray's object store.
+    tasks : sequence of tuple
+        Each task's own arguments; they run in this order, slowest first is the caller's choice.
+    n_jobs : int
+        joblib workers (:func:`sweep_workers`); ignored on Ray, whose cluster decides.
+    ray : str or None
+        A Ray cluster's address (``"auto"``: :func:`connect_ray`); None runs on this machine.
+    progress : callable or None
+        ``progress(done, total)`` after each finished task.
+    """
+    outputs = _ray_outputs(function, shared, tasks, ray) if ray is not None else _joblib_outputs(
+        function, shared, tasks, n_jobs)
+    results = [None] * len(tasks)
+    for done, (index, result) in enumerate(outputs, start=1):
+        results[index] = result
+        if progress:
+            progress(done, len(tasks))
+    return results
+
+
+def _indexed(function: Callable, index: int, shared, task: tuple):
+    return index, function(shared, *task)
+
+
+def _joblib_outputs(function, shared, tasks, n_jobs) -> Iterator[tuple[int, object]]:
+    parallel = Parallel(n_jobs=sweep_workers(n_jobs, len(tasks)), return_as="generator_unordered")
+    return parallel(delayed(_indexed)(function, i, shared, task) for i, task in enumerate(tasks))
+
+
+def _ray_outputs(function, shared, tasks, address) -> Iterator[tuple[int, object]]:
+    ray = connect_ray(address)
+    remote = ray.remote(_indexed)
+    reference = ray.put(shared)
+    pending = [remote.remote(function, i, reference, task) for i, task in enumerate(tasks)]
+    while pending:
+        finished, pending = ray.wait(pending, num_returns=1)
+        yield ray.get(finished[0])
