@@ -40,10 +40,11 @@ OUTPUT = 4
 
 
 def traffic_trace(path: Path, steps: int = 45) -> Path:
-    """A Bailian-format trace at the server's block size, ~200 requests over 45 s: each second an API call on
+    """A Bailian-format trace at the server's block size, ~220 requests over 45 s: each second an API call on
     a shared 3-block system prompt, then a burst of three one-off 6-block documents (more than the cache
-    holds: LRU loses the system prompt to them, a policy fitted on this traffic keeps it), and every third
-    second the next turn of a chat session whose prefix grows."""
+    holds: LRU loses the system prompt to them, a policy fitted on this traffic keeps it), every other second
+    a second API call before the burst (what LRU does hit), and every third second the next turn of a chat
+    session whose prefix grows."""
     rows, next_id = [], 1000
 
     def add(t, kind, turn, ids, parent=-1):
@@ -57,6 +58,9 @@ def traffic_trace(path: Path, steps: int = 45) -> Path:
         t = float(step)
         add(t, "api", 1, [1, 2, 3, next_id])
         next_id += 1
+        if step % 2 == 0:  # a second call before the burst: the one hit LRU keeps
+            add(t + 0.15, "api", 1, [1, 2, 3, next_id])
+            next_id += 1
         for k in range(3):
             add(t + 0.3 + 0.15 * k, "doc", 1, list(range(next_id, next_id + 6)))
             next_id += 6
