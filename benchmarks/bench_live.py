@@ -136,7 +136,7 @@ def serve(n_runs: int = 2) -> dict:
     subprocess.run([str(VENV / "bin" / "python"), str(REPO / "tests" / "vllm" / "tiny_model.py"), str(model)],
                    check=True, capture_output=True)
     sys.path.insert(0, str(REPO / "tests" / "vllm"))
-    from test_loop import traffic_trace  # the traffic of the live tests, ~60 requests
+    from test_loop import traffic_trace  # the traffic of the live tests, ~220 requests
 
     trace, _ = read_trace(traffic_trace(tmp / "traffic.jsonl"), block_size=32)
     rows = {"plain": [], "record": []}

@@ -3,7 +3,9 @@
 Only regular files (or new paths) are replaced. A device or a FIFO (``-o /dev/null``, a named
 pipe) is written through, as a user naming one means; anything else that exists and is not a
 regular file (a directory, a socket) is refused. A symbolic link is followed: its target is
-replaced, the link stays. Errors name the path the caller gave, never the hidden temporary file.
+replaced, the link stays. Errors name the path the caller gave, never the hidden temporary file
+nor the resolved one. The temporary file is removed on any exception, an interrupt included
+(the CLI turns SIGTERM into one, :mod:`kvprof.cli.app`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     path = Path(path)
     kwargs = {} if "b" in mode else {"encoding": "utf-8"}
     target = Path(os.path.realpath(path))
-    kind = _existing_kind(target)
+    with _naming(path):
+        kind = _existing_kind(target)
     if kind == "stream":
         with _naming(path):
             handle = open(target, mode, **kwargs)  # noqa: SIM115 - closed below
@@ -56,10 +59,11 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     if kind == "other":
         code = errno.EISDIR if target.is_dir() else errno.EINVAL
         raise OSError(code, "exists and is not a regular file; refusing to replace it", str(path))
-    with _naming(path):
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    tmp = None
     try:
         with _naming(path):
+            # A name near the file system's limit would make the temporary one too long: keep its start.
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name[:64]}.", suffix=".tmp")
             os.fchmod(fd, 0o666 & ~_umask())
         with open(fd, mode, **kwargs) as handle:
             yield handle
@@ -69,7 +73,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         with _naming(path):
             os.replace(tmp, target)
     except BaseException:
-        os.unlink(tmp)
+        if tmp is not None:
+            os.unlink(tmp)
         raise
 
 

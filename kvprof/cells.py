@@ -12,14 +12,20 @@ Blocks of a cell are further split into reuse tiers by their hit count (:data:`T
 
 Request features (:func:`request_features`): ``class=<name>`` (1 for the request's class),
 ``turn``, ``log2_prompt_tokens``, and ``<field>=<value>`` (1) for each field the rule names
-(values a client tags, e.g. ``model``). A feature a request does not have is 0.
+(values a client tags, e.g. ``model``). A feature a request does not have is 0. Values are
+encoded as class names are (:func:`kvprof.classes.name_text`) and field names may not hold the
+characters feature and cell names are built with (:func:`field_name_problem`), so two features,
+and two cells' names, never read alike.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from kvprof.classes import name_text
 
 #: Reuse tiers of a block: one hit ``h`` times is in the tier of the last edge ``<= h`` (0, 1,
 #: 2-3, 4 or more). The profiler counts earlier requests that used the block; the policy, hits.
@@ -29,13 +35,34 @@ PROMPT_FEATURE = "log2_prompt_tokens"
 TURN_FEATURE = "turn"
 
 
+#: The feature of the request's class; a field may not be named so.
+CLASS_FEATURE = "class"
+_FIELD_NAME = re.compile(r"[^\s%@<>,=\ud800-\udfff]+")
+
+
+def field_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a cell field (a feature ``<name>=<value>``), or None if it can."""
+    if not _FIELD_NAME.fullmatch(name):
+        return f"{name!r} cannot name a cell field: it may not be empty or hold spaces or any of % @ < > , ="
+    if name == CLASS_FEATURE:
+        return f"{name!r} cannot name a cell field: class=<name> is the request's class"
+    return None
+
+
+def field_feature(name: str, value) -> str | None:
+    """The indicator feature of field ``name`` holding ``value`` (``model=m1``), None for no value."""
+    text = name_text(value)
+    return None if text is None else f"{name}={text}"
+
+
 def request_features(class_name: str, turn: int | None, prompt_tokens: int, fields: Mapping | None = None) -> dict:
     """The features of one request, by name (absent ones are 0)."""
-    features = {f"class={class_name}": 1.0, TURN_FEATURE: float(turn or 1),
+    features = {f"{CLASS_FEATURE}={class_name}": 1.0, TURN_FEATURE: float(turn or 1),
                 PROMPT_FEATURE: math.log2(max(prompt_tokens, 1))}
     for name, value in (fields or {}).items():
-        if value is not None and value != "":
-            features[f"{name}={value}"] = 1.0
+        feature = field_feature(name, value)
+        if feature is not None:
+            features[feature] = 1.0
     return features
 
 
@@ -94,6 +121,8 @@ class CellRule:
             raise ValueError("the nodes do not form one tree (a node with no parent or two)")
         if sorted(leaves) != list(range(len(self.names))):
             raise ValueError("the leaves must name every cell exactly once")
+        if len(set(self.names)) != len(self.names):
+            raise ValueError("two leaves have one name; each cell's name must be its own")
 
     @classmethod
     def single(cls, name: str) -> CellRule:

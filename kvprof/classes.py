@@ -5,10 +5,17 @@ a trace (:func:`kvprof.profiler.classes.classify_trace`) and the live policy (si
 plugin) applies it to every incoming request, so a class means the same thing on both sides. The
 module sits below the profiler and the models and imports neither (nor numpy), so the hp file's
 loader and the vLLM plugin can use the rule without the profiler.
+
+A class name taken from trace text (a type, a field's value) cannot collide with a name kvprof
+derives: the characters derived names are built with (``%@<>,=``), control characters and lone
+surrogates are percent-encoded (:func:`name_text`: ``text@reused`` becomes ``text%40reused``,
+``<default>`` becomes ``%3Cdefault%3E``), and a value spelling the no-value class ``all`` becomes
+``%61ll``. Ordinary names (letters, digits, ``_-.+/:`` and spaces) are unchanged.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 #: Class name used when a trace has no request types (e.g. Mooncake).
@@ -18,6 +25,28 @@ CLASS_KEYS = ("type_turn", "type", "field", "none")
 
 #: Largest turn cap: a trace's turns are int32, and the vectorised classifier takes the cap as one.
 MAX_TURN_CAP = 2**31 - 1
+
+#: What :func:`name_text` percent-encodes: the escape itself, the characters of derived names
+#: (``<class>@reused``, ``<default>``, cells' ``class=x,turn<=4``), controls and lone surrogates.
+_ENCODED = re.compile(r"[%@<>,=\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def name_text(value) -> str | None:
+    """A trace value as text in a class or feature name, or None for no value (None or empty).
+
+    Percent-encodes what derived names are built with (see the module notes), so distinct values
+    give distinct names and none equals a derived one. Python scalars give their ``str``
+    (``7``, ``1.5``, ``True``).
+    """
+    if value is None:
+        return None
+    text = value if type(value) is str else str(value)
+    if not text:
+        return None
+    if _ENCODED.search(text):
+        text = _ENCODED.sub(lambda m: f"%{ord(m.group()):02X}" if ord(m.group()) < 256 else f"%u{ord(m.group()):04X}",
+                            text)
+    return text
 
 
 @dataclass(frozen=True)
@@ -60,6 +89,12 @@ class ClassRule:
         return cls(key=data["key"], turn_cap=int(data.get("turn_cap", 5)), field=data.get("field"))
 
 
+def is_name_text(text: str) -> bool:
+    """Whether ``text`` can be (part of) a name :func:`name_text` writes: not empty, and none of the
+    characters it encodes but ``%`` itself."""
+    return bool(text) and not _ENCODED.search(text.replace("%", ""))
+
+
 def workload_class(rule: ClassRule, type_name: str | None = None, turn: int | None = None, value=None) -> str:
     """The class of one request.
 
@@ -76,15 +111,15 @@ def workload_class(rule: ClassRule, type_name: str | None = None, turn: int | No
     Returns
     -------
     str
-        E.g. ``"text_1"``, ``"text_5+"``, ``"file"``, or ``"all"`` when there is nothing to key on.
+        E.g. ``"text_1"``, ``"text_5+"``, ``"file"``, or ``"all"`` when there is nothing to key on;
+        trace text in it is encoded by :func:`name_text`.
     """
     if rule.key == "none":
         return SINGLE_CLASS
-    if rule.key == "field":
-        return SINGLE_CLASS if value is None or value == "" else str(value)
-    if not type_name:
+    name = name_text(value if rule.key == "field" else type_name)
+    if name is None:
         return SINGLE_CLASS
-    if rule.key == "type":
-        return type_name
+    if rule.key in ("field", "type"):
+        return "%61ll" if name == SINGLE_CLASS else name  # the value "all" is not the no-value class
     turn = 1 if turn is None else int(turn)
-    return f"{type_name}_{rule.turn_cap}+" if turn >= rule.turn_cap else f"{type_name}_{max(turn, 1)}"
+    return f"{name}_{rule.turn_cap}+" if turn >= rule.turn_cap else f"{name}_{max(turn, 1)}"

@@ -14,16 +14,29 @@ from __future__ import annotations
 import json
 import math
 import reprlib
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 from kvprof.errors import JsonFileError
+from kvprof.limits import INT64_MAX, Bound
 
-#: Largest integer kvprof stores (numpy int64).
-INT64_MAX = 2**63 - 1
+#: A byte-order mark some editors put before UTF-8 text; it is not part of the JSON.
+_BOM = "\ufeff"
+
+
+def json_safe(value):
+    """``value`` with NaN and infinities as None (JSON has no such numbers), numpy scalars as Python's."""
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):  # a numpy scalar
+        return json_safe(value.item())
+    return value
 
 
 def member(where: str | None, key: str) -> str:
@@ -51,7 +64,7 @@ def read_json(path: str | Path, error: type[JsonFileError]) -> object:
     """
     raw = Path(path).read_bytes()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix(_BOM)
     except UnicodeDecodeError as exc:
         raise error(str(path), f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     # The decoder does not say where it is, so what it cannot refuse itself is marked while
@@ -155,36 +168,25 @@ class JsonChecks:
             self.fail(where, f"must be true or false, got {_describe(value)}")
         return value
 
-    def integer(self, value, where: str, *, low: int = 0, high: int = INT64_MAX, null: bool = False) -> int | None:
+    def bounded(self, value, where: str, bound: Bound, *, null: bool = False):
+        """``value`` if ``bound`` (:class:`kvprof.limits.Bound`) accepts it (or it is null and ``null``)."""
         if value is None and null:
             return None
-        if type(value) is not int or not low <= value <= high:
-            self.fail(where, f"must be an integer from {low} to {high}{' or null' if null else ''}, "
-                             f"got {_describe(value)}")
+        if not bound.accepts(value):
+            self.fail(where, f"must be {bound.describe()}{' or null' if null else ''}, got {_describe(value)}")
         return value
 
+    def integer(self, value, where: str, *, low: int = 0, high: int = INT64_MAX, null: bool = False) -> int | None:
+        return self.bounded(value, where, Bound(low, high, whole=True), null=null)
+
     def number(self, value, where: str, *, low: float = 0.0, high: float = math.inf, null: bool = False) -> float | None:
-        if value is None and null:
-            return None
-        # abs(x) <= the largest float: false for NaN and infinities, and true of an int only when
-        # float() can take it (10**400 overflows), compared exactly, without converting.
-        if type(value) not in (int, float) or not (abs(value) <= sys.float_info.max and low <= value <= high):
-            self.fail(where, f"must be a finite number{_bounds(low, high)}{' or null' if null else ''}, "
-                             f"got {_describe(value)}")
-        return value
+        return self.bounded(value, where, Bound(low, high), null=null)
 
     def known_keys(self, value: dict, where: str | None, allowed) -> None:
         """Refuse the first key of ``value`` (sorted) that is not in ``allowed``, at that key's location."""
         unknown = sorted(set(value) - set(allowed))
         if unknown:
             self.fail(member(where, unknown[0]), f"unknown key {unknown[0]!r} (known: {', '.join(allowed)})")
-
-
-def _bounds(low: float, high: float) -> str:
-    """`` from 0 to 1``, `` >= 0``, `` <= 1`` or nothing for no bounds."""
-    if low == -math.inf:
-        return "" if high == math.inf else f" <= {high:g}"
-    return f" >= {low:g}" if high == math.inf else f" from {low:g} to {high:g}"
 
 
 def _describe(value) -> str:

@@ -18,7 +18,8 @@ from pathlib import Path
 from kvprof import __version__
 from kvprof.atomic import atomic_write_text
 from kvprof.errors import ResultsFileError
-from kvprof.jsonfile import JsonChecks, read_json
+from kvprof.jsonfile import JsonChecks, json_safe, read_json
+from kvprof.limits import RATE_SCALE
 
 SCHEMA = "kvprof.results/1"
 #: The document's file name in an output directory.
@@ -29,13 +30,14 @@ FAMILY = "kvprof.results/"
 LIVE = " (live)"
 
 
-def build(*, inputs: dict, config: dict, runs: Sequence[dict], wall_s: float) -> dict:
-    """A complete ``kvprof.results/1`` document: the parts plus schema, version and creation time.
+def build(*, inputs: dict, config: dict, runs: Sequence[dict], wall_s: float, complete: bool = True) -> dict:
+    """A ``kvprof.results/1`` document: the parts plus schema, version and creation time.
 
-    Non-finite numbers become ``null`` (JSON has none). The document is validated, so a producer
-    cannot write what :func:`load` would refuse.
+    ``complete`` is False for a replay stopped before its end (its runs hold the requests answered
+    until then). Non-finite numbers become ``null`` (JSON has none). The document is validated, so
+    a producer cannot write what :func:`load` would refuse.
     """
-    document = _json_safe({
+    document = json_safe({
         "schema": SCHEMA,
         "kvprof_version": __version__,
         "created": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
@@ -43,7 +45,7 @@ def build(*, inputs: dict, config: dict, runs: Sequence[dict], wall_s: float) ->
         "config": config,
         "wall_s": wall_s,
         "runs": list(runs),
-        "complete": True,
+        "complete": complete,
     })
     return validate(document, "<results being written>")
 
@@ -84,7 +86,8 @@ def load_if_results(path: str | os.PathLike) -> dict | None:
 
 
 def validate(document: object, source: str) -> dict:
-    """``document`` if it is a finished ``kvprof.results/1`` document that show and the plots can read.
+    """``document`` if it is a ``kvprof.results/1`` document that show and the plots can read: finished,
+    or a replay's stopped before its end (``"complete": false``, the requests answered until then).
 
     Fields beyond those checked are allowed (later ``/1`` files may add some).
     """
@@ -93,7 +96,7 @@ def validate(document: object, source: str) -> dict:
     schema = document.get("schema")
     if schema != SCHEMA:
         checks.fail("schema", f"results schema {json.dumps(schema)} is not supported; this kvprof reads {SCHEMA}")
-    if document.get("complete") is not True:
+    if document.get("complete") is not True and not (document.get("complete") is False and is_replay(document)):
         checks.fail("complete", 'not a finished results file (no "complete": true)')
     _check_fields(checks, document, "", _TOP_FIELDS)
     runs = checks.sequence(document.get("runs"), "runs", empty=False)
@@ -106,13 +109,18 @@ def validate(document: object, source: str) -> dict:
     return document
 
 
+def is_replay(document: dict) -> bool:
+    """Whether a (decoded) document is ``kvprof replay``'s."""
+    return type(document.get("config")) is dict and document["config"].get("mode") == "replay"
+
+
 def merge(documents: Sequence[dict]) -> dict:
     """The runs of several documents in one, so a simulated sweep and a live replay share a table and plots.
 
-    A measured run's policy gets ``" (live)"`` appended; a label an earlier document already used
-    gets ``" #k"`` (``k``: the document's position, from 1), so each line is one document's. Each
-    run gets ``origin``: ``simulated``, or ``live`` with the hp file the server ran, and the rate
-    scale when it is not 1.
+    A measured run's policy gets ``" (live)"`` appended; the ``k``-th document to use a label
+    gets ``" #k"`` after it (the second ``wa (live)`` is ``wa (live) #2``), so each line is one
+    document's. Each run gets ``origin``: ``simulated``, or ``live`` with the hp file the server
+    ran, the rate scale when it is not 1, and ``incomplete`` for a replay stopped before its end.
     The title's trace and block size are the first document's.
 
     Returns
@@ -121,11 +129,14 @@ def merge(documents: Sequence[dict]) -> dict:
         ``inputs``, ``config`` and ``runs``, what the plots read; not a results file.
     """
     runs: list[dict] = []
-    for position, document in enumerate(documents, start=1):
-        taken = {run["policy"] for run in runs}
+    uses: dict[str, int] = {}  # label -> documents that used it so far
+    for document in documents:
+        labels = {run["policy"] + (LIVE if run.get("measured") else "") for run in document["runs"]}
+        for label in labels:
+            uses[label] = uses.get(label, 0) + 1
         for run in document["runs"]:
             label = run["policy"] + (LIVE if run.get("measured") else "")
-            runs.append({**run, "policy": label if label not in taken else f"{label} #{position}",
+            runs.append({**run, "policy": label if uses[label] == 1 else f"{label} #{uses[label]}",
                          "origin": _origin(document, bool(run.get("measured")))})
     first = documents[0]
     return {
@@ -145,18 +156,9 @@ def _origin(document: dict, measured: bool) -> str:
     scale = document["config"].get("rate_scale", 1)
     if scale != 1:
         parts.append(f"rate x{scale:g}")
+    if document.get("complete") is False:
+        parts.append("incomplete")
     return ", ".join(parts)
-
-
-def _json_safe(value):
-    """NaN and infinities become None (JSON has no such numbers)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 # --- what a reader relies on ----------------------------------------------------------------------
@@ -185,10 +187,8 @@ def _signed(checks, value, where):
     return checks.number(value, where, low=-math.inf, null=True)
 
 
-def _positive(checks, value, where):
-    if checks.number(value, where) == 0:
-        checks.fail(where, "must be > 0")
-    return value
+def _rate_scale(checks, value, where):
+    return checks.bounded(value, where, RATE_SCALE)
 
 
 def _block_size(checks, value, where):
@@ -227,7 +227,7 @@ _CONFIG_FIELDS = {
     "policies": (_policies, True),
     "engine_block_size": (_block_size, False),
     "cpu_capacity": (_count, False),
-    "rate_scale": (_positive, False),
+    "rate_scale": (_rate_scale, False),
 }
 _TRACE_FIELDS = {"source": (_text, False), "n_requests": (_count, False)}
 _RUN_FIELDS = {
@@ -239,7 +239,7 @@ _RUN_FIELDS = {
     "qttft_p99_s": (_seconds, True),
     **{name: (_count, False) for name in (
         "n_rejected", "prompt_tokens", "cached_tokens", "block_lookups", "hits_device", "hits_host", "misses",
-        "evictions", "dropped", "host_evictions", "n_errors", "n_timeouts")},
+        "evictions", "dropped", "host_evictions", "n_errors", "n_timeouts", "n_skipped")},
     "block_hit_ratio": (_ratio, False),
     **{name: (_seconds, False) for name in ("qttft_p50_s", "qttft_p90_s", "ttft_mean_s", "makespan_s", "offered_load")},
     **{name: (_signed, False) for name in (

@@ -48,10 +48,14 @@ def synthetic(directory, preset: str = "bailian-a", hours: float = 0.2, seed: in
 
 
 def invoke(*args):
-    """Run the ``kvprof`` app in-process with ``args`` (paths and numbers turned into strings)."""
+    """Run the ``kvprof`` app in-process with ``args`` (paths and numbers turned into strings).
+
+    Typer's usage-error panel is as wide as ``COLUMNS``: wide enough here that no path in a
+    message is wrapped, so a test can look for it whole.
+    """
     from kvprof.cli.app import app
 
-    return CliRunner().invoke(app, [str(a) for a in args])
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "2000"})
 
 
 def one_line(text: str) -> str:

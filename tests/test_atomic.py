@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from kvprof.atomic import atomic_open, atomic_write_text
-from tests.helpers import invoke
+from tests.helpers import invoke, one_line
 
 GOOD = ('{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 20, "output_length": 5, '
         '"type": "text", "turn": 1, "hash_ids": [1, 2]}\n')
@@ -49,8 +49,8 @@ def test_errors_name_the_callers_path_not_the_temporary_file(tmp_path):
     assert caught.value.filename == str(missing) and ".tmp" not in str(caught.value)
     trace = tmp_path / "t.jsonl"
     trace.write_text(GOOD)
-    result = invoke("fit", trace, "-o", missing)
-    assert result.exit_code == 1 and str(missing) in result.stderr and ".tmp" not in result.stderr
+    result = invoke("fit", trace, "-o", missing)  # refused before any work
+    assert result.exit_code == 2 and str(missing) in one_line(result.output) and ".tmp" not in result.output
 
 
 def test_a_symlink_keeps_pointing_at_the_replaced_file(tmp_path):

@@ -61,3 +61,52 @@ def test_the_largest_turn_cap_classifies_a_trace():
     trace = make_trace([(0.0, "text", 1, [1]), (1.0, "text", 7, [2]), (2.0, "text", MAX_TURN_CAP, [3])])
     codes, names = classify_trace(trace, ClassRule(turn_cap=MAX_TURN_CAP))
     assert [names[c] for c in codes] == ["text_1", "text_7", f"text_{MAX_TURN_CAP}+"]
+
+
+# --- names from trace text cannot collide with names kvprof derives (issue 14, items 4 and 5) -----------
+
+from kvprof.classes import is_name_text, name_text  # noqa: E402
+from kvprof.models.hp import DEFAULT_CLASS, REUSED_SUFFIX  # noqa: E402
+
+SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF, categories=["Cs"])
+ANY_TEXT = st.lists(st.characters(max_codepoint=0x10FFFF) | SURROGATES | st.sampled_from("%@<>,=\x00\x1b"),
+                    max_size=12).map("".join) | \
+    st.sampled_from(["text", "text@reused", "<default>", "all", "a,b=c", "50%", "%40", "%2540", "x<=3", "@", ""])
+
+
+@given(a=ANY_TEXT, b=ANY_TEXT)
+def test_name_text_is_one_to_one_and_holds_no_character_of_derived_names(a, b):
+    named_a, named_b = name_text(a), name_text(b)
+    assert (named_a == named_b) == (a == b or not a and not b)
+    for named in (named_a, named_b):
+        assert named is None or is_name_text(named) and named.encode("utf-8")  # no lone surrogate either
+
+
+@given(value=ANY_TEXT, turn=st.integers(1, 20), key=st.sampled_from(["type_turn", "type", "field"]))
+def test_no_value_names_the_default_a_reused_tier_or_the_no_value_class(value, turn, key):
+    rule = ClassRule(key=key, field="f" if key == "field" else None)
+    name = workload_class(rule, value, turn, value)
+    if not value:
+        assert name == SINGLE_CLASS
+        return
+    assert name not in (DEFAULT_CLASS, SINGLE_CLASS) and not name.endswith(REUSED_SUFFIX)
+    assert is_name_text(name)
+
+
+def test_the_classes_that_collided():
+    """A type literally named text@reused replaced text's reused fit; <default> made an hp file fit wrote
+    and its loader refused; all merged with the requests that have no type."""
+    rule = ClassRule(key="type")
+    assert workload_class(rule, "text@reused") == "text%40reused"
+    assert workload_class(rule, "<default>") == "%3Cdefault%3E"
+    assert workload_class(rule, "all") == "%61ll" != workload_class(rule, "") == SINGLE_CLASS
+    assert workload_class(ClassRule(key="field", field="f"), value="%40") == "%2540"
+
+
+def test_a_missing_field_value_is_no_value_as_live():
+    """classify_trace named a request without the field 'None'; the live policy, with no value, 'all'."""
+    trace = make_trace([(0.0, "text", 1, [1]), (1.0, "text", 1, [2]), (2.0, "text", 1, [3])])
+    trace.extra["tenant"] = np.array(["a", None, "None"], dtype=object)
+    codes, names = classify_trace(trace, ClassRule(key="field", field="tenant"))
+    live = [workload_class(ClassRule(key="field", field="tenant"), value=v) for v in ("a", None, "None")]
+    assert [names[c] for c in codes] == live == ["a", SINGLE_CLASS, "None"]

@@ -61,12 +61,12 @@ def test_json_output_with_given_hp_and_two_tiers(small_trace, fitted, tmp_path):
 @pytest.mark.parametrize(
     "args, code, message",
     [
-        (("--capacity", "0,64"), 2, "capacities must be > 0"),
-        (("--capacity", "many"), 2, "whole numbers"),
+        (("--capacity", "0,64"), 2, "must be an integer from 1 to 9223372036854775807, got '0'"),
+        (("--capacity", "many"), 2, "written in ASCII digits, got 'many'"),
         (("--policies", "lru,mru"), 2, "unknown policy 'mru'"),
         (("--capacity-schedule", "0:64,soon:32"), 2, "seconds:blocks"),
         (("--eval-window", "99999:"), 1, "holds no requests"),
-        (("--block-size", "24"), 1, "multiple of the trace's block size"),
+        (("--block-size", "24"), 2, "24 tokens is not a multiple of the trace's 16-token blocks"),
         (("--fit-window", "5000:6000"), 1, "holds no requests"),
         (("--format", "csv"), 2, "'csv' is not one of"),
         (("--format", "mooncake"), 1, "line 1"),
@@ -77,7 +77,7 @@ def test_bad_input_exits_with_a_message(small_trace, tmp_path, args, code, messa
     base.update(dict(zip(args[::2], args[1::2])))
     result = invoke("compare", small_trace, "-o", tmp_path, *(x for kv in base.items() for x in kv))
     assert result.exit_code == code, result.output
-    assert message in " ".join(result.output.split())
+    assert message in one_line(result.output)
     assert not (tmp_path / "results.json").exists()
 
 
@@ -126,7 +126,7 @@ def test_hp_file_that_does_not_fit_the_trace(small_trace, fitted, tmp_path, chan
     replace(load_hp(fitted[0] / "hp.json"), **change).save(hp_path)
     result = invoke("compare", small_trace, "--config", hp_path, "--capacity", "64", "-o", tmp_path, *WINDOWS)
     assert result.exit_code == 1, result.output
-    assert message in " ".join(result.output.split())
+    assert message in one_line(result.output)
 
 
 @pytest.mark.parametrize("failure", ["interrupted sweep", "empty evaluation window", "failed plot"])
@@ -161,21 +161,21 @@ def test_the_previous_outputs_stay_until_new_complete_ones_replace_them(small_tr
     "args, words",
     [
         (("--capacity", "99999999999999"), "more than this machine's"),
-        (("--capacity", "9223372036854775808"), "more than this machine's"),
+        (("--capacity", "9223372036854775808"), "must be an integer from 1 to 9223372036854775807"),
         (("--cpu-capacity", "99999999999999"), "more than this machine's"),
         (("--capacity-schedule", "0:99999999999999"), "more than this machine's"),
         (("-j", "0"), "must not be 0"),
-        (("--seed", "-1"), "greater than or equal to 0"),
-        (("--prefill-rate", "nan"), "prefill throughput must be a finite number"),
-        (("--prefill-rate", "inf"), "prefill throughput must be a finite number"),
-        (("--step-overhead", "-1"), "finite numbers >= 0"),
-        (("--max-num-seqs", "0"), "greater than or equal to 1"),
-        (("--limit", "0"), "greater than or equal to 1"),
-        (("--block-size", "0"), "greater than or equal to 1"),
-        (("--sample", "0"), "must be a number in (0, 1]"),
-        (("--sample", "1.5"), "must be a number in (0, 1]"),
-        (("--sample", "nan"), "must be a number in (0, 1]"),
-        (("--sample", "-inf"), "must be a number in (0, 1]"),
+        (("--seed", "-1"), "must be an integer from 0 to"),
+        (("--prefill-rate", "nan"), "must be a finite number > 0 and <= 1e+12, written in ASCII digits"),
+        (("--prefill-rate", "1e13"), "must be a finite number > 0 and <= 1e+12"),
+        (("--step-overhead", "-1"), "must be a finite number from 0 to 1e+06"),
+        (("--max-num-seqs", "0"), "must be an integer from 1 to 2147483647"),
+        (("--limit", "0"), "must be an integer from 1"),
+        (("--block-size", "0"), "must be an integer from 1 to 16777216"),
+        (("--sample", "0"), "must be a finite number > 0 and <= 1"),
+        (("--sample", "1.5"), "must be a finite number > 0 and <= 1"),
+        (("--sample", "nan"), "must be a finite number > 0 and <= 1, written in ASCII digits"),
+        (("--sample", "-inf"), "must be a finite number > 0 and <= 1, written in ASCII digits"),
     ],
 )
 def test_option_values_out_of_range_exit_2_before_reading_the_trace(tmp_path, args, words):
@@ -223,6 +223,11 @@ def test_cost_model_options_file_and_the_overload_mark(small_trace, tmp_path):
     assert document["config"]["cost"] == {**document["config"]["cost"], "prefill_tokens_per_s": 1e6,
                                           "step_overhead_s": 0.01, "max_batched_tokens": 4096}
     assert document["runs"][0]["qttft_overloaded"] is False and document["runs"][0]["offered_load"] < 1
+    # issue 14, item 26: with --cost given, the warning no longer tells to pass --cost FILE
+    cost.write_text(json.dumps({"schema": "kvprof.cost/1", "prefill_tokens_per_s": 1000.0}))
+    slow_file = invoke("compare", small_trace, *base, "--cost", cost, "-o", tmp_path / "slow-file")
+    assert slow_file.exit_code == 0 and f"The server of {cost} is slower than this traffic" in one_line(slow_file.stderr)
+    assert "--cost FILE" not in slow_file.stderr and "--cost FILE" in slow.stderr
     cost.write_text(json.dumps({"schema": "kvprof.cost/1", "prefill_tokens_per_s": "fast"}))
     bad = invoke("compare", small_trace, *base, "--cost", cost, "-o", tmp_path / "bad")
     assert bad.exit_code == 1 and f"{cost}, at prefill_tokens_per_s: must be a finite number" in bad.stderr

@@ -14,7 +14,7 @@ from kvprof.classes import MAX_TURN_CAP, ClassRule, workload_class
 from kvprof.errors import HpFileError
 from kvprof.models.hp import DEFAULT_CLASS, PUBLISHED_HORIZON_S, SCHEMA, ClassParams, HpFile, load_hp
 from kvprof.models.sessions import session_stats
-from tests.helpers import invoke, make_trace
+from tests.helpers import invoke, make_trace, one_line
 
 
 @pytest.fixture
@@ -120,6 +120,16 @@ LOADER_ERRORS = [
     ("p a string", lambda d: _set(d, "classes.text_1.p", "0.4"), "classes.text_1.p", "must be a finite number"),
     ("p a bool", lambda d: _set(d, "classes.text_1.p", True), "classes.text_1.p", "got bool True"),
     ("horizon zero", lambda d: _set(d, "horizon_s", 0), "horizon_s", "> 0"),
+    # issue 14, item 16: "-1" was told ">= 0" where the rule is "> 0"
+    ("horizon negative", lambda d: _set(d, "horizon_s", -1), "horizon_s", "must be a finite number > 0 and <= 1e+09"),
+    ("horizon beyond the rule", lambda d: _set(d, "horizon_s", 1e10), "horizon_s", "> 0 and <= 1e+09"),
+    # issue 14, item 4: names kvprof derives, which no class taken from a trace can have
+    ("a class with an @", lambda d: _set(d, "classes.a@b", {"p": 0.1, "lambda": 0.1}), "classes.a@b",
+     "not a usable class name"),
+    ("a class with a comma", lambda d: _set(d, "classes.a,b", {"p": 0.1, "lambda": 0.1}), "classes.a,b",
+     "not a usable class name"),
+    ("a reused entry of a bad name", lambda d: _set(d, "classes.<x>@reused", {"p": 0.1, "lambda": 0.1}),
+     "classes.<x>@reused", "not a usable class name"),
     ("horizon missing", lambda d: _delete(d, "horizon_s"), "horizon_s", "missing"),
     ("unknown top-level key", lambda d: _set(d, "horizon", 60.0), "horizon", "unknown key"),
     ("typo in a class", lambda d: _set(d, "classes.text_1.lamda", 0.1), "classes.text_1.lamda", "unknown key"),
@@ -397,7 +407,21 @@ V2_ERRORS = [
      "must name the same cells"),
     ("rule node test unknown feature", lambda d: _first_test(d).update(feature="nope"), "feature", "must be one of"),
     ("rule child before parent", lambda d: _first_test(d).update(left=0), "cell_rule", "children come after"),
+    # issue 14, item 21: accepted although inconsistent
+    ("a capacity tuned twice", lambda d: d["tuning"][1].update(capacity=512), "tuning[1].capacity",
+     "capacity 512 is tuned twice (also tuning[0])"),
+    ("a feature of no field of the rule", lambda d: d["cell_rule"]["features"].append("model=m1"),
+     "cell_rule.features[" , "'model=m1' is no feature this rule can read"),
+    ("a field that cannot make features", lambda d: d["cell_rule"]["fields"].append("a=b"), "cell_rule.fields[0]",
+     "cannot name a cell field"),
+    ("two leaves of one name", lambda d: _rename_second_leaf(d), "cell_rule", "each cell's name must be its own"),
 ]
+
+
+def _rename_second_leaf(d):
+    leaves = [n for n in d["cell_rule"]["nodes"] if "cell" in n]
+    del d["cells"][leaves[1]["cell"]]
+    leaves[1]["cell"] = leaves[0]["cell"]
 
 
 def _first_cell(d):
@@ -426,7 +450,7 @@ def test_version_2_errors_are_located(fitted_v2, tmp_path, edit, where_ends, wor
         load_hp(path)
     assert words in str(caught.value)
     if where_ends is not None:
-        assert caught.value.where.endswith(where_ends), caught.value.where
+        assert caught.value.where.endswith(where_ends) or where_ends in caught.value.where, caught.value.where
 
 
 def test_version_2_keys_in_a_version_1_file_are_unknown(fitted_v2, tmp_path):
@@ -476,3 +500,76 @@ def test_a_v1_file_saved_again_equals_what_was_read(tmp_path):
     v1.save(tmp_path / "again.json")
     again = load_hp(tmp_path / "again.json")
     assert again.schema == SCHEMA and again == v1
+
+
+# --- issue 14: what show says of a file -----------------------------------------------------------------
+
+
+def test_a_file_with_a_p_key_and_other_keys_is_a_kvprof_file_without_schema_not_the_published_format(hp, tmp_path):
+    data = hp.to_dict()
+    del data["schema"], data["provenance"]
+    data["p"] = {"text_1": 0.4}
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(HpFileError) as caught:
+        load_hp(path)
+    assert caught.value.where == "schema" and "is missing" in str(caught.value)
+
+
+def test_show_names_the_schema_it_read_and_says_when_there_is_no_provenance(hp, tmp_path):
+    """An hp/1 or hp/2 file without provenance was shown as the published format."""
+    data = hp.to_dict()
+    del data["provenance"]
+    path = tmp_path / "hp.json"
+    for schema in ("kvprof.hp/1", "kvprof.hp/2"):
+        path.write_text(json.dumps({**data, "schema": schema}))
+        shown = invoke("show", path)
+        assert shown.exit_code == 0 and f"schema {schema}" in shown.stdout and "no provenance" in shown.stdout
+        assert "published" not in shown.stdout.split("\n")[0]
+    path.write_text(json.dumps({"a": {"text_1": 0.02}, "p": {"text_1": 0.4}}))
+    assert "published profiler format" in invoke("show", path).stdout
+
+
+@pytest.mark.parametrize("schema, words", [
+    ("kvprof.result/1", "show reads hp files (kvprof.hp/1, kvprof.hp/2, or the published format) and results files "
+                        "(kvprof.results/1)"),
+    ("kvprof.results/2", 'results schema "kvprof.results/2" is not supported; this kvprof reads kvprof.results/1'),
+])
+def test_show_of_a_file_of_another_schema_says_what_show_reads(tmp_path, schema, words):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"schema": schema, "runs": []}))
+    result = invoke("show", path)
+    assert result.exit_code == 1 and words in result.stderr
+
+
+def test_a_big_cell_rule_is_shown_in_part(tmp_path):
+    """A 3,000-node cell rule took 17 s to show: tables now stop at 256 rows and count the rest."""
+    document = json.loads(Path("configs/bailian-a-hp.json").read_text())
+    row = next(iter(document["cells"].values()))
+    n = 1500
+    nodes = []
+    for i in range(n):
+        nodes += [{"feature": "turn", "threshold": float(i), "left": len(nodes) + 1, "right": len(nodes) + 2},
+                  {"cell": f"c{i}"}]
+    nodes.append({"cell": f"c{n}"})
+    document["cells"] = {f"c{i}": row for i in range(n + 1)}
+    document["cell_rule"] = {"features": ["turn"], "fields": [], "nodes": nodes}
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(document))
+    shown = invoke("show", path)
+    assert shown.exit_code == 0 and "and 1,438 more cells (--json shows them all)" in one_line(shown.stdout)
+
+
+def test_a_long_cell_name_is_shown_whole(tmp_path):
+    """Cell names were cut (an ellipsis) in fit's and show's tables; the name column now folds."""
+    document = json.loads(Path("configs/bailian-a-hp.json").read_text())
+    long_name = "class=text_1,10.7<log2_prompt_tokens<=11.8,turn>4.5," + "".join(chr(97 + i % 26) for i in range(150))
+    first = next(iter(document["cells"]))
+    document["cells"] = {long_name: document["cells"][first]}
+    document["cell_rule"] = {"features": [], "fields": [], "nodes": [{"cell": long_name}]}
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(document))
+    shown = invoke("show", path)
+    assert shown.exit_code == 0 and "…" not in shown.stdout
+    rest = iter(shown.stdout)
+    assert all(char in rest for char in long_name)  # every character, in order, across the folded lines

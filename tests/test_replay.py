@@ -30,7 +30,7 @@ def test_a_stream_gives_its_usage_and_marks_the_first_token():
     events = [json.dumps({"choices": []}), json.dumps({"choices": [{"text": "a"}]}), json.dumps({"choices": [{"text": "b"}]}),
               json.dumps({"choices": [], "usage": {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 32}}}),
               "[DONE]", "ignored after the end"]
-    assert read_stream(events, lambda: marks.append(1)) == (40, 32) and marks == [1]
+    assert read_stream(events, lambda: marks.append(1)) == (40, 32) and marks == [1, 1]  # one call per token
 
 
 @pytest.mark.parametrize("body, message", [

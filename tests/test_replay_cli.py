@@ -39,15 +39,22 @@ def good_answer(body: dict) -> bytes:
 
 class StubServer(BaseHTTPRequestHandler):
     """Answers like vLLM. ``second_event``, when set, replaces the usage event of every completion after the
-    first ``good`` ones (the first is replay's test request), as the issue's srv.py does for all of them."""
+    first ``good`` ones (the first is replay's test request), as the issue's srv.py does for all of them;
+    ``respond(handler, body)``, when set, answers those completions itself. ``models`` is the body of
+    ``/v1/models`` (None: 404, as a server without it)."""
 
     metrics: str | None = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n" + CACHE_INFO
+    models: dict | None = None
     second_event: object = None
+    respond = None
     good = 1
     seconds_per_token = 0.0
     bodies: list
 
     def do_GET(self):
+        if self.path == "/v1/models" and self.models is not None:
+            self._reply("application/json", json.dumps(self.models).encode())
+            return
         if self.path != "/metrics" or self.metrics is None:
             self.send_error(404)
             return
@@ -56,15 +63,19 @@ class StubServer(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         cls = type(self)
-        cls.bodies.append(body)
+        with cls.lock:
+            cls.bodies.append(body)
+            late = len(cls.bodies) > self.good
         time.sleep(self.seconds_per_token * len(body["prompt"]))
-        if self.second_event is None or len(cls.bodies) <= self.good:
+        if late and self.respond is not None:
+            self.respond(body)
+        elif self.second_event is None or not late:
             self._reply("text/event-stream", good_answer(body))
         else:
             self._reply("text/event-stream", sse({"choices": [{"text": "x"}]}, self.second_event))
 
-    def _reply(self, content_type: str, data: bytes):
-        self.send_response(200)
+    def _reply(self, content_type: str, data: bytes, status: int = 200):
+        self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -77,7 +88,7 @@ class StubServer(BaseHTTPRequestHandler):
 @pytest.fixture
 def stub():
     """A running stub server (``StubServer`` subclassed per test, so a test may change its answers)."""
-    handler = type("Stub", (StubServer,), {"bodies": []})
+    handler = type("Stub", (StubServer,), {"bodies": [], "lock": threading.Lock()})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -116,7 +127,8 @@ def test_replay_reads_capacity_from_metrics_and_writes_the_plots_of_compare(stub
     document = results_of(tmp_path / "live")
     run = document["runs"][0]
     assert run["capacity"] == 48 and document["config"]["capacities"] == [48]
-    assert document["inputs"]["server"] == {"url": url, "model": "m", "num_gpu_blocks": 48, "block_size": 32}
+    assert document["inputs"]["server"] == {"url": url, "model": "m", "num_gpu_blocks": 48, "block_size": 32,
+                                            "max_model_len": None}
     assert document["config"]["engine_block_size"] == 32
     assert document["inputs"]["trace"]["n_requests"] == N_REQUESTS and document["inputs"]["trace"]["block_size"] == 16
     assert run["n_errors"] == 0 and run["cached_tokens"] == N_REQUESTS * CACHED_PER_REQUEST
@@ -172,8 +184,8 @@ def test_an_unreachable_server_is_said_so_not_a_missing_capacity(trace, tmp_path
         ({"choices": [], "usage": {"prompt_tokens": 40}}, "start vLLM with --enable-prompt-tokens-details"),
         ({"choices": [], "usage": {"prompt_tokens": 40, "prompt_tokens_details": None}},
          "start vLLM with --enable-prompt-tokens-details"),
-        ({"choices": [], "usage": {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 41}}},
-         "41 cached tokens of a 40-token prompt"),
+        ({"choices": [], "usage": {"prompt_tokens": 60, "prompt_tokens_details": {"cached_tokens": 61}}},
+         "61 cached tokens of a 60-token prompt"),
         ({"error": {"message": "Token id 700 is out of vocabulary", "type": "BadRequestError", "code": 400}},
          "server error: Token id 700 is out of vocabulary"),
         ("{not json", "an event that is not JSON"),
@@ -190,7 +202,7 @@ def test_a_bad_answer_is_one_counted_error_never_the_run(stub, trace, tmp_path, 
     assert run["n_requests"] == run["n_errors"] == N_REQUESTS and len(handler.bodies) == N_REQUESTS + 1
     records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert len(records) == N_REQUESTS and all(error in r["error"] for r in records)
-    assert f"{N_REQUESTS} of {N_REQUESTS} requests failed" in one_line(result.stderr) and error in one_line(result.stderr)
+    assert f"all {N_REQUESTS} requests failed alike" in one_line(result.stderr) and error in one_line(result.stderr)
     assert PLOTS <= {p.name for p in tmp_path.iterdir()}
 
 
@@ -216,13 +228,13 @@ def test_the_test_request_stops_a_replay_that_could_only_fail(stub, trace, tmp_p
     [
         (("--url", "not a url"), "is not an http:// or https:// URL"),
         (("--url", "file:///etc/passwd"), "is not an http:// or https:// URL"),
-        (("--vocab-size", "4"), "greater than or equal to 5"),
-        (("--trace-block-tokens", "0"), "greater than or equal to 1"),
-        (("--rate-scale", "nan"), "must be a finite number > 0"),
-        (("--rate-scale", "inf"), "must be a finite number > 0"),
-        (("--limit", "-1"), "greater than or equal to 1"),
+        (("--vocab-size", "4"), "must be an integer from 5 to 2147483647"),
+        (("--trace-block-tokens", "0"), "must be an integer from 1 to 16777216"),
+        (("--rate-scale", "nan"), "must be a finite number from 1e-06 to 1e+06, written in ASCII"),
+        (("--rate-scale", "1e-300"), "must be a finite number from 1e-06 to 1e+06"),
+        (("--limit", "-1"), "must be an integer from 1"),
         (("--timeout", "0"), "must be a finite number > 0"),
-        (("--max-concurrency", "0"), "greater than or equal to 1"),
+        (("--max-concurrency", "0"), "must be an integer from 1 to 1024"),
         (("--policy", "mru"), "unknown policy 'mru'"),
         (("--window", "5:1"), "END must be greater than START"),
     ],
@@ -299,5 +311,5 @@ def test_show_refuses_a_run_without_capacity_and_an_hp_file_among_results(tmp_pa
                                             '"qttft_mean_s": 1.0, "qttft_p99_s": 2.0'))
     hp = tmp_path / "hp.json"
     hp.write_text(json.dumps({"a": {"text_1": 0.02}, "p": {"text_1": 0.4}}))
-    result = invoke("show", hp, good)
-    assert result.exit_code == 2 and "only results.json files" in result.output
+    result = invoke("show", good, hp)
+    assert result.exit_code == 1 and f"{hp}: not a results file (it has no schema)" in one_line(result.stderr)

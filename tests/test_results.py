@@ -42,6 +42,11 @@ BAD = [
     ("a run without a policy", document(runs=[{k: v for k, v in RUN.items() if k != "policy"}]), "runs[0].policy",
      "is missing"),
     ("unfinished", document(complete=False), "complete", "not a finished results file"),
+    ("unfinished, not a replay", document(complete=False, config={"policies": ["lru"], "mode": "sweep"}), "complete",
+     "not a finished results file"),
+    # issue 14, item 16: the rule is > 0, the message said >= 0
+    ("rate scale negative", document(config={"policies": ["lru"], "rate_scale": -2}), "config.rate_scale",
+     "must be a finite number from 1e-06 to 1e+06, got int -2"),
     ("another version", document(schema="kvprof.results/2"), "schema", "results schema \"kvprof.results/2\" is not supported"),
 ]
 
@@ -85,8 +90,36 @@ def test_merge_labels_live_runs_with_what_the_server_ran():
     live = document(runs=[dict(RUN, policy="wa", measured=True)], config={"policies": ["wa"], "rate_scale": 10.0},
                     inputs={"hp": {"path": "out/hp.json"}})
     merged = results.merge([document(), live, live])
-    assert [r["policy"] for r in merged["runs"]] == ["lru", "wa (live)", "wa (live) #3"]
+    assert [r["policy"] for r in merged["runs"]] == ["lru", "wa (live)", "wa (live) #2"]  # the second live run
     assert [r["origin"] for r in merged["runs"]] == ["simulated", "live, hp hp.json, rate x10", "live, hp hp.json, rate x10"]
     assert results.merge([document(config={"policies": ["lru"], "rate_scale": 2.5})])["runs"][0]["origin"] == \
         "simulated, rate x2.5"
-    assert merged["config"]["policies"] == ["lru", "wa (live)", "wa (live) #3"]
+    assert merged["config"]["policies"] == ["lru", "wa (live)", "wa (live) #2"]
+
+
+def test_an_interrupted_replay_is_read_and_marked_incomplete(tmp_path):
+    """A replay stopped early writes what it measured with complete: false; show reads it and says so."""
+    live = document(complete=False, config={"policies": ["lru"], "mode": "replay"},
+                    runs=[dict(RUN, measured=True, n_errors=1, n_timeouts=1)])
+    path, result = show(tmp_path, live)
+    assert result.exit_code == 0 and "incomplete" in result.stdout and "1 failed (1 timeouts)" in result.stdout
+    assert results.merge([results.load(path)])["runs"][0]["origin"] == "live, incomplete"
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("prefill_tokens_per_s", 0, "must be a finite number > 0 and <= 1e+12, got int 0"),
+    ("prefill_tokens_per_s", 1e300, "<= 1e+12"),
+    ("max_num_seqs", 0, "must be an integer from 1 to 2147483647"),
+    ("step_overhead_s", -1, "must be a finite number from 0 to 1e+06"),
+    ("decode", 1, "must be true or false"),
+])
+def test_a_cost_file_value_out_of_range_is_named_by_its_key(tmp_path, key, value, words):
+    """cost.json with prefill 0 named no key (the dataclass refused it after the checks)."""
+    from kvprof.errors import CostFileError
+    from kvprof.sim.config import CostModel
+
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"schema": "kvprof.cost/1", key: value}))
+    with pytest.raises(CostFileError) as caught:
+        CostModel.from_file(path)
+    assert caught.value.where == key and words in str(caught.value)

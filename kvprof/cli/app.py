@@ -1,13 +1,17 @@
 """The ``kvprof`` command: one verb per step of the workflow.
 
-Exit codes: 0 success, 1 bad data (trace, hp file), 2 bad usage (options). Messages go to stderr.
+Exit codes: 0 success, 1 bad data (trace, hp file), 2 bad usage (options), 130 interrupted
+(SIGINT), 143 terminated (SIGTERM, SIGHUP: 129). Messages go to stderr.
 """
 
 from __future__ import annotations
 
+import signal
+
 import typer
 
 from kvprof.cli import compare_cmd, profile_cmd, replay_cmd
+from kvprof.cli.output import escape_unencodable_streams
 
 app = typer.Typer(
     name="kvprof",
@@ -30,5 +34,21 @@ app.command("demo")(compare_cmd.demo)
 app.command("replay")(replay_cmd.replay)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, unwound as an interrupt is: temporary files removed, what ``replay`` measured
+    written; the command exits ``128 + signal``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated(signum)
+
+
 def main() -> None:
+    escape_unencodable_streams()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminate)
     app()

@@ -1,43 +1,45 @@
-"""What every command shares: error handling with the documented exit codes, consoles, JSON output."""
+"""What every command shares: error handling with the documented exit codes, option values, outputs, reading a trace.
+
+Three rules every command follows, each kept here once:
+
+* **Option values** (:func:`number_option`): every integer and float option is read by
+  :meth:`kvprof.limits.Bound.parse` (ASCII digits, inside the quantity's bounds); anything else
+  exits 2 naming the option, before any work.
+* **Checks before work**: options, the output paths (:func:`output_file`, :func:`output_dir`) and
+  the input files they must not replace are checked before a trace is read; a refused run
+  creates nothing.
+* **Outputs**: written atomically (:mod:`kvprof.atomic`), the output directory created only once
+  there is something to write in it (:func:`make_dir`), never over an input of the same run.
+"""
 
 from __future__ import annotations
 
 import functools
-import json
-import math
+import os
 import stat
-import sys
-from collections.abc import Callable
-
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
+from rich.progress import DownloadColumn, TimeRemainingColumn
 
+from kvprof.cli.output import end_quietly_on_closed_stdout, fail, progress, say, warn
 from kvprof.errors import KvprofError
+from kvprof.limits import BLOCK_TOKENS, BLOCKS, INT64_MAX, Bound
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
 
-#: Tables go to stdout; progress, messages and errors to stderr. Off a terminal (pipes, CI logs)
-#: rich would squeeze tables into 80 columns, so give them room.
-console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-
-#: Data errors exit 1; usage errors exit 2 through click's own BadParameter handling.
-EXIT_DATA_ERROR = 1
-
-
-def fail(message: str, code: int = EXIT_DATA_ERROR) -> typer.Exit:
-    """Print ``message`` on stderr and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
+#: Exit code of a command stopped by SIGINT; SIGTERM (:class:`kvprof.cli.app.Terminated`) says its own.
+EXIT_INTERRUPTED = 130
 
 
 def guarded(command: Callable) -> Callable:
     """Turn kvprof's input errors into a message on stderr and exit 1.
 
     Usage errors (bad option values) are raised as ``typer.BadParameter`` and exit 2 through
-    click; anything else is a bug and keeps its traceback.
+    click; a closed stdout ends the command quietly (exit 0); an interrupt (SIGINT, or SIGTERM
+    turned into one) unwinds cleanly, temporary files removed, and exits 130 (143). Anything
+    else is a bug and keeps its traceback.
     """
 
     @functools.wraps(command)
@@ -46,36 +48,59 @@ def guarded(command: Callable) -> Callable:
             return command(*args, **kwargs)
         except KvprofError as exc:
             raise fail(str(exc)) from None
+        except BrokenPipeError:
+            raise end_quietly_on_closed_stdout() from None
         except OSError as exc:
             raise fail(f"{exc.filename or ''}: {exc.strerror or exc}") from None
+        except KeyboardInterrupt as exc:
+            raise fail("interrupted", getattr(exc, "exit_code", EXIT_INTERRUPTED)) from None
 
     return wrapper
 
 
-def print_json(data) -> None:
-    """Machine-readable output on stdout, nothing else on it."""
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+# --- option values --------------------------------------------------------------------------------
 
 
-def positive(value: float) -> float:
-    """Option callback: the value must be a finite number > 0 (exit 2 otherwise)."""
-    if not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(f"must be a finite number > 0, got {value}")
-    return value
+class _BoundedParser:
+    """Typer's ``parser`` for one bounded number option: text -> the number, or a usage error (exit 2)."""
+
+    def __init__(self, bound: Bound, check: Callable[[int | float], str | None] | None = None):
+        self.bound = bound
+        self.check = check
+        self.__name__ = "integer" if bound.whole else "number"  # click's metavar
+
+    def __call__(self, value):
+        try:
+            number = self.bound.parse(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        problem = self.check(number) if self.check else None
+        if problem:
+            raise typer.BadParameter(problem)
+        return number
 
 
-def non_negative(value: float) -> float:
-    """Option callback: the value must be a finite number >= 0 (exit 2 otherwise)."""
-    if not (math.isfinite(value) and value >= 0):
-        raise typer.BadParameter(f"must be a finite number >= 0, got {value}")
-    return value
+def number_option(*names: str, bound: Bound, help: str, check=None, **kwargs):
+    """A ``typer.Option`` whose value is read and bounded by ``bound`` (see the module notes)."""
+    return typer.Option(*names, parser=_BoundedParser(bound, check), help=help, **kwargs)
 
 
-def sample_rate(value: float) -> float:
-    """Option callback: a sampling rate, a number in (0, 1] (exit 2 otherwise)."""
-    if not (math.isfinite(value) and 0 < value <= 1):
-        raise typer.BadParameter(f"must be a number in (0, 1], got {value}")
-    return value
+def bounded_parser(param) -> _BoundedParser | None:
+    """The :func:`number_option` parser of a command's parameter, None if it has none (for the option sweeps)."""
+    info = getattr(getattr(param, "type_descriptor", None), "parameter_info", None)
+    parser = getattr(info, "parser", None) or getattr(getattr(param, "type", None), "func", None)
+    return parser if isinstance(parser, _BoundedParser) else None
+
+
+def _not_zero(jobs: int) -> str | None:
+    return "must not be 0 (-1: every core, -2: all but one)" if jobs == 0 else None
+
+
+JOBS = Bound(-INT64_MAX, INT64_MAX, whole=True)
+JobsOpt = Annotated[
+    int, number_option("-j", "--jobs", bound=JOBS, check=_not_zero,
+                       help="Parallel replays (joblib: -1 every core, -2 all but one); capped at the runs and the cores.")
+]
 
 
 def ray_cluster(address: str | None) -> str | None:
@@ -101,17 +126,20 @@ RayOpt = Annotated[
 ]
 
 
-def capacity_list(text: str) -> tuple[int, ...]:
+def parse_list(text: str, bound: Bound, option: str, what: str) -> tuple:
+    """Comma-separated numbers, each read by ``bound`` (a usage error naming ``option`` otherwise)."""
+    values = []
+    for part in text.split(","):
+        try:
+            values.append(bound.parse(part.strip(), f"each {what}"))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint=option) from None
+    return tuple(values)
+
+
+def capacity_list(text: str, option: str = "--capacity") -> tuple[int, ...]:
     """``--capacity``'s comma-separated whole numbers of blocks, each > 0 (a usage error otherwise)."""
-    try:
-        capacities = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise typer.BadParameter(
-            f"{text!r} must be comma-separated whole numbers of blocks", param_hint="--capacity"
-        ) from None
-    if any(c <= 0 for c in capacities):
-        raise typer.BadParameter(f"capacities must be > 0 blocks, got {text}", param_hint="--capacity")
-    return capacities
+    return parse_list(text, BLOCKS, option, "capacity")
 
 
 def parse_window_option(text: str | None, option: str = "--window") -> tuple[float | None, float | None] | None:
@@ -126,7 +154,19 @@ def parse_window_option(text: str | None, option: str = "--window") -> tuple[flo
         raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
-TraceArg = Annotated[Path, typer.Argument(help="Trace file (Bailian or Mooncake JSONL, plain, .gz or .zst), or a vLLM recording directory (vllm serve --kv-record).")]
+def check_memory(capacities: Iterable[int], cpu_capacity: int, jobs: int, n_runs: int, option: str) -> None:
+    """Refuse, before any work, capacities whose replays would not fit in this machine's memory (exit 2)."""
+    from kvprof.sim.config import SimulationError, check_memory as estimate
+    from kvprof.sim.sweep import sweep_workers
+
+    try:
+        estimate(max(capacities), cpu_capacity, sweep_workers(jobs, n_runs))
+    except SimulationError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+
+
+TraceArg = Annotated[Path, typer.Argument(help="Trace file (Bailian or Mooncake JSONL, plain, .gz or .zst), or a "
+                                                "vLLM recording directory (vllm serve --kv-record).")]
 FormatOpt = Annotated[
     Optional[str], typer.Option("--format", help=f"Force the trace format ({', '.join(FORMAT_BLOCK_SIZE)}).")
 ]
@@ -135,11 +175,31 @@ SkipOpt = Annotated[
 ]
 TraceBlockTokensOpt = Annotated[
     Optional[int],
-    typer.Option("--trace-block-tokens", min=1, help="Tokens per trace hash id (default: 16 Bailian, 512 Mooncake)."),
+    number_option("--trace-block-tokens", bound=BLOCK_TOKENS,
+                  help="Tokens per trace hash id (default: 16 Bailian, 512 Mooncake)."),
 ]
 LimitOpt = Annotated[
-    Optional[int], typer.Option("--limit", min=1, help="Only the first N requests (of the window).")
+    Optional[int], number_option("--limit", bound=Bound(1, INT64_MAX, whole=True),
+                                 help="Only the first N requests (of the window).")
 ]
+
+
+def check_format(format: str | None) -> None:
+    """An unknown ``--format`` is a usage error (exit 2)."""
+    if format is not None and format not in FORMAT_BLOCK_SIZE:
+        raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMAT_BLOCK_SIZE)}", param_hint="--format")
+
+
+def trace_block_size(path: Path, format: str | None, block_size: int | None) -> int | None:
+    """The trace's tokens per hash id as it will be read: the option, else its format's (forced or
+    detected from the first record); None when it cannot be known before reading (a stream)."""
+    from kvprof.profiler.reader import peek_format
+
+    if block_size is not None:
+        return block_size
+    if format is None and not _is_stream(path):
+        format = peek_format(path)
+    return FORMAT_BLOCK_SIZE.get(format) if format else None
 
 
 def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=False):
@@ -148,23 +208,12 @@ def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=
     An unknown ``format`` is a usage error (exit 2). Skipped lines (``--skip-invalid``) are always
     reported, never dropped silently.
     """
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
-
     from kvprof.profiler.reader import read_trace
 
-    if format is not None and format not in FORMAT_BLOCK_SIZE:
-        raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMAT_BLOCK_SIZE)}", param_hint="--format")
-
+    check_format(format)
     if _is_stream(path):
-        err_console.print(f"reading {path}, a stream: waiting for its lines (until the writer closes it)")
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        transient=True,
-    ) as bar:
+        say(f"reading {path}, a stream: waiting for its lines (until the writer closes it)")
+    with progress(DownloadColumn(), TimeRemainingColumn()) as bar:
         task = bar.add_task(f"reading {path}", total=None)
         trace, report = read_trace(
             path,
@@ -176,13 +225,13 @@ def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=
         )
     if report.skipped:
         detail = ", ".join(f"{count} {kind}" for kind, count in sorted(report.skipped.items()))
-        err_console.print(f"[yellow]warning:[/] skipped {sum(report.skipped.values())} invalid lines of {path}: {detail}")
+        warn(f"skipped {sum(report.skipped.values())} invalid lines of {path}: {detail}")
     if report.truncated:
-        err_console.print(f"note: {path} is a recording whose open file ends in an unfinished line or zstd frame "
-                          f"(a server still writing, or killed): skipped {report.truncated} line(s) at its end")
+        say(f"note: {path} is a recording whose open file ends in an unfinished line or zstd frame "
+            f"(a server still writing, or killed): skipped {report.truncated} line(s) at its end")
     if report.recording is not None and report.recording.dropped:
-        err_console.print(f"[yellow]warning:[/] the server could not record {report.recording.dropped:,} requests "
-                          f"(recording.json says why): they are missing from {path}")
+        warn(f"the server could not record {report.recording.dropped:,} requests (recording.json says why): "
+             f"they are missing from {path}")
     return trace
 
 
@@ -208,18 +257,105 @@ def qttft_cell(seconds: float | None, overloaded: bool = False) -> str:
     return ("-" if seconds is None else f"{seconds:.2f}") + (OVERLOADED if overloaded else "")
 
 
-def output_dir(path: Path) -> Path:
-    """``path`` as an existing directory (created with its parents); something else there is a usage error."""
-    if path.exists() and not path.is_dir():
-        raise typer.BadParameter(f"{path} exists and is not a directory", param_hint="-o/--output")
-    path.mkdir(parents=True, exist_ok=True)
+# --- outputs --------------------------------------------------------------------------------------
+
+
+def output_file(path: Path, inputs: Iterable[Path | None] = (), option: str = "-o/--output") -> Path:
+    """``path`` if a file can be written there without replacing an input; a usage error otherwise.
+
+    Checked before any work: its directory exists (``-o t.jsonl/hp.json`` with ``t.jsonl`` a
+    file, or a directory not made yet, are refused), ``path`` is not a directory, and ``path`` is
+    not one of ``inputs`` (``fit t.jsonl -o t.jsonl``).
+    """
+    directory = path.parent
+    if not directory.is_dir():
+        what = "is not a directory" if os.path.lexists(directory) else "does not exist"
+        raise typer.BadParameter(f"{path}: {directory} {what}", param_hint=option)
+    longest = os.pathconf(directory, "PC_NAME_MAX")
+    if len(os.fsencode(path.name)) > longest:
+        raise typer.BadParameter(f"{path}: the file name is longer than {longest} bytes, the most its directory takes",
+                                 param_hint=option)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        pass  # a new file, or a link to one
+    except OSError as exc:  # a loop of links, a component that cannot be searched
+        raise typer.BadParameter(f"{path}: {exc.strerror}", param_hint=option) from None
+    if path.is_dir():
+        raise typer.BadParameter(f"{path} is a directory; give a file name", param_hint=option)
+    _check_creatable(directory, path, option)
+    _check_not_an_input(path, inputs, option)
     return path
+
+
+def output_dir(path: Path, files: Iterable[str] = (), inputs: Iterable[Path | None] = (),
+               option: str = "-o/--output") -> Path:
+    """``path`` if it is a directory or can be made one, and none of ``files`` in it is one of ``inputs``.
+
+    Nothing is created here (a refused run creates nothing): :func:`make_dir` makes the directory
+    when there is something to write.
+    """
+    try:
+        if path.exists() and not path.is_dir():
+            raise typer.BadParameter(f"{path} exists and is not a directory", param_hint=option)
+    except OSError as exc:  # a name too long, a loop of links
+        raise typer.BadParameter(f"{path}: {exc.strerror}", param_hint=option) from None
+    _check_creatable(path, path, option)
+    for name in files:
+        _check_not_an_input(path / name, inputs, option)
+    return path
+
+
+def make_dir(path: Path) -> Path:
+    """Create the output directory ``path`` (and its parents) if it is not there; errors name ``path``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    return path
+
+
+def _check_creatable(directory: Path, given: Path, option: str) -> None:
+    """The nearest existing ancestor of ``directory`` (itself included) is a directory we may write in."""
+    ancestor = directory
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise typer.BadParameter(f"{given}: {ancestor} is not a directory", param_hint=option)
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise typer.BadParameter(f"{given}: cannot write in {ancestor} (permission denied)", param_hint=option)
+
+
+def _check_not_an_input(output: Path, inputs: Iterable[Path | None], option: str) -> None:
+    for given in inputs:
+        if given is not None and any(_same_file(output, read) for read in _files_read(given)):
+            raise typer.BadParameter(f"{output} is also an input of this run ({given}); it would be replaced",
+                                     param_hint=option)
+
+
+def _files_read(given: Path) -> list[Path]:
+    """The files an input path stands for: itself, or a recording directory's files."""
+    from kvprof.recording import FILE, is_recording, trace_files
+
+    try:
+        return [given / FILE, *(path for path, _ in trace_files(given))] if is_recording(given) else [given]
+    except OSError:  # a directory that cannot be listed: the reader will say so
+        return [given]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
 
 
 def _is_stream(path) -> bool:
     """Whether ``path`` is a FIFO or a character device (read as it arrives, of unknown length)."""
     try:
         mode = Path(path).stat().st_mode
-    except OSError:
+    except (OSError, ValueError):
         return False  # the reader reports it
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+

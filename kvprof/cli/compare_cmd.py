@@ -15,44 +15,51 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 
 from kvprof.cli.common import (
     FormatOpt,
+    JobsOpt,
     LimitOpt,
     SkipOpt,
     TraceArg,
     TraceBlockTokensOpt,
     capacity_list,
     recording_of,
-    console,
-    err_console,
+    check_format,
+    check_memory,
     guarded,
+    make_dir,
+    number_option,
     open_trace,
     output_dir,
     parse_window_option,
-    positive,
-    print_json,
     RayOpt,
-    sample_rate,
     qttft_cell,
+    trace_block_size,
 )
+from kvprof.cli.output import print_json, progress, say, show, status, table, warn
 from kvprof import results as results_file
-from kvprof.errors import KvprofError
-from kvprof.sim.config import TIMINGS, CostModel, SimConfig, SimulationError, default_engine_block, parse_schedule
+from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE
+from kvprof.sim.config import (
+    COST_BOUNDS,
+    TIMINGS,
+    CostModel,
+    SimConfig,
+    SimulationError,
+    default_engine_block,
+    parse_schedule,
+)
 
 DEMO_CAPACITIES = tuple(range(1024, 8193, 1024))
 DEFAULT_CAPACITIES = "1024,2048,4096,8192"
 DEMO_POLICIES = ("lru", "wa-paper", "wa", "belady")
+#: The hp file compare writes when it fits one.
+FITTED_HP = "hp.json"
 
 OutputOpt = Annotated[Path, typer.Option("-o", "--output", help="Directory for results.json, plots (PNG, SVG).")]
-JobsOpt = Annotated[
-    int, typer.Option("-j", "--jobs", help="Parallel replays (joblib: -1 every core, -2 all but one); "
-                                           "capped at the runs and the cores.")
-]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the results document as JSON instead of a table.")]
-SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the synthetic trace.")]
+SeedOpt = Annotated[int, number_option("--seed", bound=COUNT, help="Seed of the synthetic trace.")]
 _COST = "Modelled server (default: the published A800 node; see --cost)"
 
 
@@ -71,9 +78,9 @@ def compare(
     ] = None,
     block_size: Annotated[
         Optional[int],
-        typer.Option("--block-size", min=1, help="Engine block size in tokens, a multiple of the trace's block size "
-                                                 "(default: the smallest such multiple >= 128; for a vLLM recording, "
-                                                 "the server's)."),
+        number_option("--block-size", bound=BLOCK_TOKENS,
+                      help="Engine block size in tokens, a multiple of the trace's block size "
+                           "(default: the smallest such multiple >= 128; for a vLLM recording, the server's)."),
     ] = None,
     timing: Annotated[
         str,
@@ -82,14 +89,14 @@ def compare(
                                       "auto (recorded where the trace has it).")
     ] = "auto",
     cpu_capacity: Annotated[
-        int, typer.Option("--cpu-capacity", min=0, help="Blocks in a CPU offload tier (0: none).")
+        int, number_option("--cpu-capacity", bound=COUNT, help="Blocks in a CPU offload tier (0: none).")
     ] = 0,
     capacity_schedule: Annotated[
         Optional[str],
         typer.Option(
             "--capacity-schedule",
             help="Elastic GPU capacity SECONDS:BLOCKS,... from the evaluation start, e.g. 0:4096,1800:2048 "
-            "(replaces --capacity).",
+            "(instead of --capacity).",
         ),
     ] = None,
     fit_window: Annotated[
@@ -98,20 +105,21 @@ def compare(
     eval_window: Annotated[str, typer.Option("--eval-window", help="START:END seconds to replay.")] = "3600:",
     limit: LimitOpt = None,
     rate_scale: Annotated[
-        float, typer.Option("--rate-scale", callback=positive,
-                            help="Speed-up of arrivals: 2 replays twice as fast, as replay's --rate-scale.")
+        float, number_option("--rate-scale", bound=RATE_SCALE,
+                             help="Speed-up of arrivals: 2 replays twice as fast, as replay's --rate-scale.")
     ] = 1.0,
     jobs: JobsOpt = -1,
     ray: RayOpt = None,
     sample: Annotated[
-        float, typer.Option("--sample", callback=sample_rate,
-                            help="Replay only the conversations whose first request hashes into a sample of this "
-                                 "rate (0 < R <= 1), at caches scaled to it: about 1/R as fast, an estimate "
-                                 "(README: Fleet-scale traces).")
+        float, number_option("--sample", bound=SAMPLE_RATE,
+                      help="Replay only the conversations whose first request hashes into a sample of this "
+                           "rate (0 < R <= 1), at caches scaled to it: about 1/R as fast, an estimate "
+                           "(README: Fleet-scale traces).")
     ] = 1.0,
     seed: Annotated[
         int,
-        typer.Option("--seed", min=0, help="Recorded in results.json; replays are deterministic and draw no random numbers."),
+        number_option("--seed", bound=COUNT,
+                      help="Recorded in results.json; replays are deterministic and draw no random numbers."),
     ] = 0,
     json_out: JsonOpt = False,
     output: OutputOpt = Path("results"),
@@ -126,20 +134,23 @@ def compare(
     ] = None,
     prefill_rate: Annotated[
         Optional[float],
-        typer.Option("--prefill-rate", help="Prefill throughput, tokens/s (default 13500).", rich_help_panel=_COST),
+        number_option("--prefill-rate", bound=COST_BOUNDS["prefill_tokens_per_s"],
+                      help="Prefill throughput, tokens/s (default 13500).", rich_help_panel=_COST),
     ] = None,
     step_overhead: Annotated[
         Optional[float],
-        typer.Option("--step-overhead", help="Fixed seconds per engine step (default 0.005).", rich_help_panel=_COST),
+        number_option("--step-overhead", bound=COST_BOUNDS["step_overhead_s"],
+                      help="Fixed seconds per engine step (default 0.005).", rich_help_panel=_COST),
     ] = None,
     max_batched_tokens: Annotated[
         Optional[int],
-        typer.Option("--max-batched-tokens", min=1, help="Token budget of one step (default 16384).",
-                     rich_help_panel=_COST),
+        number_option("--max-batched-tokens", bound=COST_BOUNDS["max_batched_tokens"],
+                      help="Token budget of one step (default 16384).", rich_help_panel=_COST),
     ] = None,
     max_num_seqs: Annotated[
         Optional[int],
-        typer.Option("--max-num-seqs", min=1, help="Requests running at once (default 256).", rich_help_panel=_COST),
+        number_option("--max-num-seqs", bound=COST_BOUNDS["max_num_seqs"],
+                      help="Requests running at once (default 256).", rich_help_panel=_COST),
     ] = None,
     decode: Annotated[
         Optional[bool],
@@ -148,8 +159,8 @@ def compare(
     ] = None,
     decode_time: Annotated[
         Optional[float],
-        typer.Option("--decode-time", help="Seconds per output token with --decode (default 0.02).",
-                     rich_help_panel=_COST),
+        number_option("--decode-time", bound=COST_BOUNDS["time_per_output_token_s"],
+                      help="Seconds per output token with --decode (default 0.02).", rich_help_panel=_COST),
     ] = None,
 ):
     """Replay a trace through a model of vLLM's prefix cache under each policy at each capacity.
@@ -158,22 +169,46 @@ def compare(
     queued TTFT (marked where the modelled server is overloaded); writes results.json and
     hit-ratio and QTTFT plots.
     """
+    from kvprof.cli.plots import FILES
+
     names = _policy_list(policies)
     schedule = _schedule(capacity_schedule)
     if timing not in TIMINGS:
         raise typer.BadParameter(f"{timing!r} is not one of {', '.join(TIMINGS)}", param_hint="--timing")
+    if schedule and capacity is not None:
+        raise typer.BadParameter("give --capacity or --capacity-schedule, not both (a schedule sets the capacity)",
+                                 param_hint="--capacity/--capacity-schedule")
+    if capacity is not None:
+        _capacity_list(capacity)  # checked before the paths
+    fit_bounds = parse_window_option(fit_window, "--fit-window")
+    eval_bounds = parse_window_option(eval_window, "--eval-window")
+    check_format(format)
+    fits = config is None and _needs_hp(names)
+    output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ())],
+               inputs=[trace_path, config, cost_file])
     recording = recording_of(trace_path)
     if capacity is None:
         capacity = str(max(recording.num_gpu_blocks - 1, 1)) if recording else DEFAULT_CAPACITIES
     capacities = (schedule[0][1],) if schedule else _capacity_list(capacity)
+    check_memory([*capacities, *(blocks for _, blocks in schedule)], cpu_capacity, jobs, len(names) * len(capacities),
+                 "--capacity/--cpu-capacity/--capacity-schedule")
     cost = _cost_model(cost_file, prefill_tokens_per_s=prefill_rate, step_overhead_s=step_overhead,
                        max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs, decode=decode,
                        time_per_output_token_s=decode_time)
-    _check_resources(capacities, schedule, cpu_capacity, jobs, len(names) * len(capacities))
-    fit_bounds = parse_window_option(fit_window, "--fit-window")
-    eval_bounds = parse_window_option(eval_window, "--eval-window")
-    output_dir(output)
+    if decode_time is not None and not cost.decode:
+        raise typer.BadParameter("is the time per output token of --decode; give --decode too (or a --cost file "
+                                 "with decode: true)", param_hint="--decode-time")
+    trace_block = recording.block_size if recording else trace_block_size(trace_path, format, trace_block_tokens)
+    if block_size is not None and trace_block is not None:
+        _check_multiple(block_size, trace_block)
+    hp = hp_input = None
+    if config is not None:
+        from kvprof.models.hp import load_hp
+
+        hp, hp_input = load_hp(config), {"path": str(config)}
     trace = open_trace(trace_path, format=format, block_size=trace_block_tokens, skip_invalid=skip_invalid)
+    if block_size is not None:
+        _check_multiple(block_size, trace.block_size)
     evaluated = trace.time_window(*eval_bounds)
     if limit is not None:
         evaluated = evaluated.head(limit)
@@ -189,18 +224,13 @@ def compare(
     sim_config = dataclasses.replace(_sim_config(engine_block, cpu_capacity, schedule, cost, rate_scale, sample),
                                      timing=timing)
     fitted = None
-    if config is not None:
-        from kvprof.models.hp import load_hp
-
-        hp, hp_input = load_hp(config), {"path": str(config)}
-    elif _needs_hp(names, sim_config):
+    if fits:
         hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs, ray)
-        hp_input = {"fitted_on_window": fit_window, "path": str(output / "hp.json")}
-    else:
-        hp, hp_input = None, None
-    inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit, "seed": seed}
-    _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, inputs, fitted,
-                    default_block=block_size is None and recording is None, ray=ray)
+        hp_input = {"fitted_on_window": fit_window, "path": str(output / FITTED_HP)}
+    document_inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit,
+                       "seed": seed}
+    _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, document_inputs, fitted,
+                    default_block=block_size is None and recording is None, cost_file=cost_file, ray=ray)
 
 
 @guarded
@@ -216,45 +246,48 @@ def demo(
     fits the reuse models on the first hour and replays the second under lru, wa-paper, wa and
     belady at 1024..8192 blocks of 128 tokens.
     """
+    from kvprof.cli.plots import FILES
     from kvprof.profiler.synth import generate, write_jsonl
 
-    _check_resources(DEMO_CAPACITIES, (), 0, jobs, len(DEMO_POLICIES) * len(DEMO_CAPACITIES))
-    trace_path = output_dir(output) / f"bailian-a-2h-seed{seed}.jsonl"
-    with err_console.status(f"generating {trace_path}"):
+    check_memory(DEMO_CAPACITIES, 0, jobs, len(DEMO_POLICIES) * len(DEMO_CAPACITIES), "-j/--jobs")
+    trace_name = f"bailian-a-2h-seed{seed}.jsonl"
+    output_dir(output, files=[trace_name, FITTED_HP, results_file.FILE, *FILES])
+    trace_path = make_dir(output) / trace_name
+    with status(f"generating {trace_path}"):
         write_jsonl(trace_path, generate("bailian-a", 2.0, seed))
     trace = open_trace(trace_path)
     hp = _fit(trace, (0.0, 3600.0), DEMO_CAPACITIES, SimConfig(), jobs)
     inputs = {"trace_path": str(trace_path), "synthetic": {"preset": "bailian-a", "hours": 2.0, "seed": seed},
-              "hp": {"fitted_on_window": "0:3600", "path": str(output / "hp.json")}, "eval_window": "3600:"}
+              "hp": {"fitted_on_window": "0:3600", "path": str(output / FITTED_HP)}, "eval_window": "3600:"}
     _run_and_report(trace.time_window(3600.0, None), hp, DEMO_POLICIES, DEMO_CAPACITIES, SimConfig(), jobs, output,
                     json_out, inputs, hp)
 
 
 def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs, fitted,
-                    default_block=False, ray=None) -> None:
+                    default_block=False, cost_file=None, ray=None) -> None:
     """Sweep; then the fitted hp file, results.json and the plots, in that order; print the table."""
     from kvprof.cli.plots import plot_results
     from kvprof.sim.sweep import run_sweep
 
-    with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True, disable=json_out) as bar:
+    with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=json_out) as bar:
         task = bar.add_task("replaying", total=len(policies) * len(capacities))
         results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, ray=ray, inputs=inputs,
                             progress=lambda done, total: bar.update(task, completed=done))
     document = results.to_dict()
+    make_dir(output)
     if fitted is not None:
-        fitted.save(output / "hp.json")
+        fitted.save(output / FITTED_HP)
     results_file.write(output / results_file.FILE, document)
     plots = plot_results(document, output)
-    _warn_if_overloaded(results)
+    _warn_if_overloaded(results, cost_file)
     if json_out:
         print_json(document)
         return
-    console.print(_table(results, default_block))
-    err_console.print(f"wrote {output / results_file.FILE} and {len(plots)} plots in {results.wall_s:.1f} s")
+    show(_table(results, default_block))
+    say(f"wrote {output / results_file.FILE} and {len(plots)} plots in {results.wall_s:.1f} s")
 
 
-def _table(results, default_block: bool) -> Table:
+def _table(results, default_block: bool):
     config = results.config
     trace_facts = results.inputs["trace"]
     block = f"{config.engine_block_size}-token engine blocks"
@@ -265,14 +298,13 @@ def _table(results, default_block: bool) -> Table:
         sample = results.inputs["sample"]
         speed += (f"; estimated on a sample of {config.sample_rate:g}: {sample['requests']:,} requests in "
                   f"{sample['chains']:,} conversations, caches scaled to it")
-    table = Table(title=f"{trace_facts['n_requests']:,} requests{speed}, {block}; QTTFT modelled at "
-                        f"{config.cost.prefill_tokens_per_s:,.0f} prefill tokens/s")
     two_tiers = bool(config.cpu_capacity)
     columns = ["capacity", "policy", "hit ratio", "vs lru", "belady gap closed", "QTTFT mean (s)", "QTTFT p99 (s)"]
     if two_tiers:
         columns += ["device hits", "host hits", "misses"]
-    for column in columns:
-        table.add_column(column, justify="left" if column == "policy" else "right")
+    out = table(f"{trace_facts['n_requests']:,} requests{speed}, {block}; QTTFT modelled at "
+                f"{config.cost.prefill_tokens_per_s:,.0f} prefill tokens/s",
+                {column: "left" if column == "policy" else "right" for column in columns})
     for capacity in results.capacities:
         for policy in results.policies:
             run, gains = results.get(policy, capacity), results.comparison(policy, capacity)
@@ -287,25 +319,24 @@ def _table(results, default_block: bool) -> Table:
             ]
             if two_tiers:
                 row += [f"{run.hits_device:,}", f"{run.hits_host:,}", f"{run.misses:,}"]
-            table.add_row(*row, end_section=policy == results.policies[-1])
-    return table
+            out.add_row(*row, end_section=policy == results.policies[-1])
+    return out
 
 
-def _warn_if_overloaded(results) -> None:
+def _warn_if_overloaded(results, cost_file: Path | None) -> None:
     """Say once, on stderr, which runs' modelled server could not keep up, and what to do about it."""
     overloaded = [run for run in results.runs if run.qttft_overloaded]
     if not overloaded:
         return
     worst = max(overloaded, key=lambda run: run.offered_load)
     rate = results.config.cost.prefill_tokens_per_s
-    err_console.print(
-        f"[yellow]warning:[/] the modelled server is overloaded in {len(overloaded)} of {len(results.runs)} runs: "
-        f"uncached prompt tokens arrive at up to {worst.offered_load * rate:,.0f} tokens/s ({worst.policy} at "
-        f"{worst.capacity:,} blocks) but it prefills {rate:,.0f} tokens/s, so their queued TTFT (marked overloaded) "
-        f"grows with the trace's length and compares no policies. Model the real server: --prefill-rate, or "
-        f"--cost FILE from kvprof replay.",
-        highlight=False,
-    )
+    advice = (f"The server of {cost_file} is slower than this traffic needs: check that file, or pass "
+              f"--prefill-rate." if cost_file is not None else
+              "Model the real server: --prefill-rate, or --cost FILE from kvprof replay.")
+    warn(f"the modelled server is overloaded in {len(overloaded)} of {len(results.runs)} runs: uncached prompt "
+         f"tokens arrive at up to {worst.offered_load * rate:,.0f} tokens/s ({worst.policy} at {worst.capacity:,} "
+         f"blocks) but it prefills {rate:,.0f} tokens/s, so their queued TTFT (marked overloaded) grows with the "
+         f"trace's length and compares no policies. {advice}")
 
 
 def _percent(value: float | None) -> str:
@@ -315,21 +346,20 @@ def _percent(value: float | None) -> str:
 def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int, ray=None):
     """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
     capacities on it (``kvprof fit --capacity``); saved once the sweep is done."""
+    from kvprof.cli.profile_cmd import tune_with_progress
     from kvprof.profiler.fit import fit_trace
-    from kvprof.sim.tune import tune
 
     window = trace.time_window(*bounds)
-    with err_console.status("fitting reuse models"):
+    with status(f"fitting reuse models on {window.n_requests:,} requests"):
         hp = fit_trace(window)
-    with err_console.status(f"tuning wa on the fit window for {len(capacities)} capacities"):
-        return tune(hp, window, capacities, dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()),
-                    n_jobs=jobs, ray=ray)
+    return tune_with_progress(hp, window, capacities,
+                              dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()), jobs, ray)
 
 
-def _needs_hp(names, sim_config: SimConfig) -> bool:
+def _needs_hp(names, cpu_policy: str = SimConfig.cpu_policy) -> bool:
     from kvprof.policy import POLICIES
 
-    return any(hasattr(POLICIES[name], "from_hp") for name in (*names, sim_config.cpu_policy))
+    return any(hasattr(POLICIES[name], "from_hp") for name in (*names, cpu_policy))
 
 
 def _policy_list(text: str) -> tuple[str, ...]:
@@ -363,34 +393,23 @@ def _schedule(text: str | None) -> tuple[tuple[float, int], ...]:
         raise typer.BadParameter(str(exc), param_hint="--capacity-schedule") from None
 
 
+def _check_multiple(engine_block: int, trace_block: int) -> None:
+    """The engine block holds whole trace blocks (exit 2 otherwise)."""
+    if engine_block % trace_block:
+        raise typer.BadParameter(f"{engine_block} tokens is not a multiple of the trace's {trace_block}-token blocks",
+                                 param_hint="--block-size")
+
+
 def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, rate_scale: float,
                 sample_rate: float = 1.0) -> SimConfig:
     try:
         return SimConfig(engine_block_size=block_size, cpu_capacity=cpu_capacity, capacity_schedule=schedule, cost=cost,
                          rate_scale=rate_scale, sample_rate=sample_rate)
-    except KvprofError as exc:
+    except SimulationError as exc:
         raise typer.BadParameter(str(exc), param_hint="--block-size/--capacity-schedule") from None
 
 
 def _cost_model(path: Path | None, **given) -> CostModel:
-    """The cost model: defaults, then ``--cost`` FILE's values, then the options given (exit 2 if out of range)."""
-    from dataclasses import replace
-
+    """The cost model: defaults, then ``--cost`` FILE's values, then the options given (each checked already)."""
     base = CostModel.from_file(path) if path is not None else CostModel()
-    try:
-        return replace(base, **{name: value for name, value in given.items() if value is not None})
-    except SimulationError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--prefill-rate/--step-overhead/--decode-time") from None
-
-
-def _check_resources(capacities, schedule, cpu_capacity: int, jobs: int, n_runs: int) -> None:
-    """Refuse, before any work, a -j of 0 and capacities whose replays would not fit in memory (exit 2)."""
-    from kvprof.sim.config import check_memory
-    from kvprof.sim.sweep import sweep_workers
-
-    if jobs == 0:
-        raise typer.BadParameter("must not be 0 (-1: every core)", param_hint="-j/--jobs")
-    try:
-        check_memory(max([*capacities, *(blocks for _, blocks in schedule)]), cpu_capacity, sweep_workers(jobs, n_runs))
-    except SimulationError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--capacity/--cpu-capacity/--capacity-schedule") from None
+    return dataclasses.replace(base, **{name: value for name, value in given.items() if value is not None})

@@ -2,7 +2,9 @@
 
 Figures are built on matplotlib's object API with the Agg canvas, never pyplot, so plotting has
 no global state and needs no display. Every text is plain: a ``$`` in a file or policy name is a
-dollar sign, not the start of mathtext that fails to parse.
+dollar sign, not the start of mathtext that fails to parse, and what a font cannot draw (lone
+surrogates, control characters) is written escaped, as the terminal shows it
+(:func:`kvprof.cli.output.printable`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from kvprof.atomic import atomic_open
+from kvprof.cli.output import printable
 
 #: (file stem, y label, metric keys plotted, y scale); ``{kind}`` says whether QTTFT was modelled or measured.
 PANELS = (
@@ -23,6 +26,10 @@ PANELS = (
 #: Line styles of a panel's metrics, in ``PANELS`` order. Each has a marker: a live replay is one
 #: capacity, a single point that a line without markers would not draw at all.
 STYLES = ("-o", "--x")
+#: Every panel is written in each of these formats.
+FORMATS = ("png", "svg")
+#: The files :func:`plot_results` writes into its directory.
+FILES = tuple(f"{panel[0]}.{suffix}" for panel in PANELS for suffix in FORMATS)
 
 
 def plot_results(results: dict, out_dir: Path) -> list[Path]:
@@ -55,7 +62,8 @@ def _plot_panel(results: dict, out_dir: Path, stem: str, ylabel: str, keys: tupl
         for key, style in zip(keys, STYLES):
             values = [(r["capacity"], r[key]) for r in points if r[key] is not None]
             if values:
-                axes.plot(*zip(*values), style, color=f"C{index}", label=policy if style == STYLES[0] else None)
+                axes.plot(*zip(*values), style, color=f"C{index}",
+                          label=printable(policy) if style == STYLES[0] else None)
     axes.set_xlabel("GPU capacity (engine blocks)")
     axes.set_ylabel(ylabel.format(kind=_qttft_kind(runs)))
     axes.set_yscale(scale)
@@ -64,7 +72,7 @@ def _plot_panel(results: dict, out_dir: Path, stem: str, ylabel: str, keys: tupl
         axes.legend(title="policy")
     axes.set_title(_title(results))
     written = []
-    for suffix in ("png", "svg"):
+    for suffix in FORMATS:
         path = out_dir / f"{stem}.{suffix}"
         with atomic_open(path, "wb") as handle:
             figure.savefig(handle, format=suffix, dpi=120)
@@ -83,4 +91,4 @@ def _title(results: dict) -> str:
     name = Path(trace.get("source") or "trace").name
     blocks = f", {config['engine_block_size']}-token blocks" if config.get("engine_block_size") else ""
     tiers = f", CPU tier {config['cpu_capacity']} blocks" if config.get("cpu_capacity") else ""
-    return f"{name}: {trace.get('n_requests', '?')} requests{blocks}{tiers}"
+    return printable(f"{name}: {trace.get('n_requests', '?')} requests{blocks}{tiers}")

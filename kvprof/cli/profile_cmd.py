@@ -7,46 +7,55 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
 from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule
 from kvprof.cli.common import (
     FormatOpt,
+    JobsOpt,
     RayOpt,
     SkipOpt,
     TraceArg,
     capacity_list,
     recording_of,
-    console,
-    err_console,
+    check_format,
+    check_memory,
     guarded,
-    non_negative,
+    number_option,
     open_trace,
+    output_dir,
+    output_file,
     parse_window_option,
-    positive,
-    print_json,
+    trace_block_size,
 )
+from kvprof.cli.output import first_rows, plain, print_json, printable, say, show as show_table, status, table
 from kvprof.errors import KvprofError
+from kvprof.limits import BLOCK_TOKENS, COUNT, HOURS, POSITIVE_SECONDS, SECONDS, Bound
 
 BlockSizeOpt = Annotated[
-    Optional[int], typer.Option("--block-size", min=1, help="Tokens per trace block (default: 16 Bailian, 512 Mooncake).")
+    Optional[int], number_option("--block-size", bound=BLOCK_TOKENS,
+                                 help="Tokens per trace block (default: 16 Bailian, 512 Mooncake).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 ClassKeyOpt = Annotated[
     str, typer.Option("--class-key", help=f"Workload class rule: {', '.join(CLASS_KEYS)}.")
 ]
 TurnCapOpt = Annotated[
-    int, typer.Option("--turn-cap", min=1, max=MAX_TURN_CAP, help="Pool turns >= this into <type>_<cap>+.")
+    int, number_option("--turn-cap", bound=Bound(1, MAX_TURN_CAP, whole=True),
+                       help="Pool turns >= this into <type>_<cap>+.")
 ]
 ClassFieldOpt = Annotated[
     Optional[str], typer.Option("--class-field", help="Key classes on this trace field (implies --class-key field).")
 ]
 MinGapOpt = Annotated[
-    float, typer.Option("--min-gap", callback=non_negative, help="Seconds under which a reuse counts as concurrent use.")
+    float, number_option("--min-gap", bound=SECONDS, help="Seconds under which a reuse counts as concurrent use.")
 ]
 HorizonOpt = Annotated[
-    float, typer.Option("--horizon", callback=positive, help="H in seconds: score = P(reuse within H | idle age).")
+    float, number_option("--horizon", bound=POSITIVE_SECONDS,
+                         help="H in seconds: score = P(reuse within H | idle age).")
 ]
+#: Largest capacity fit tunes for (blocks); compare's is what memory allows.
+MAX_TUNED_CAPACITY = 2**40
 
 
 def _class_rule(key: str, turn_cap: int, field: str | None) -> ClassRule:
@@ -58,12 +67,41 @@ def _class_rule(key: str, turn_cap: int, field: str | None) -> ClassRule:
         raise typer.BadParameter(str(exc), param_hint="--class-key/--class-field") from None
 
 
-def _trace_and_rule(trace_path, window, format, block_size, skip_invalid, class_key, turn_cap, class_field):
-    """What ``fit`` and ``inspect`` both start with: options checked (exit 2), then the trace read."""
-    rule = _class_rule(class_key, turn_cap, class_field)
-    bounds = parse_window_option(window)
-    trace = open_trace(trace_path, format=format, block_size=block_size, window=bounds, skip_invalid=skip_invalid)
-    return trace, rule
+def _cell_fields(text: str | None) -> tuple[str, ...]:
+    """``--cell-fields``: names a feature ``<field>=<value>`` can be built from (exit 2 otherwise)."""
+    from kvprof.cells import field_name_problem
+
+    fields = tuple(f.strip() for f in (text or "").split(",") if f.strip())
+    for name in fields:
+        problem = field_name_problem(name)
+        if problem:
+            raise typer.BadParameter(problem, param_hint="--cell-fields")
+    if len(set(fields)) != len(fields):
+        raise typer.BadParameter("a field is named twice", param_hint="--cell-fields")
+    return fields
+
+
+def _check_trace_fields(trace, rule: ClassRule, cell_fields=()) -> None:
+    """The fields ``--class-field`` and ``--cell-fields`` name are in the trace (exit 2 otherwise), checked
+    right after reading, before any work on it."""
+    from kvprof.profiler.reader import required_fields
+
+    extra = sorted(trace.extra)
+    known = ", ".join(extra) or "none"
+    required = required_fields(trace.format)
+    if rule.field is not None and rule.field not in trace.extra and rule.field not in ("type", "turn"):
+        raise typer.BadParameter(f"{rule.field!r} is not a field of {trace.source}'s requests (other fields: {known})",
+                                 param_hint="--class-field")
+    for name in cell_fields:
+        if name in trace.extra:
+            continue
+        if name in required:
+            why = (f"is a field every {trace.format} record has, not a tag clients set; the class rule and the "
+                   f"turn feature already read type and turn")
+        else:
+            why = f"is not a field of {trace.source}'s requests"
+        raise typer.BadParameter(f"{name!r} {why} (fields --cell-fields can name: {known})",
+                                 param_hint="--cell-fields")
 
 
 @guarded
@@ -78,18 +116,20 @@ def fit(
     turn_cap: TurnCapOpt = 5,
     class_field: ClassFieldOpt = None,
     max_cells: Annotated[
-        int, typer.Option("--max-cells", min=0, max=256,
-                          help="Most workload cells a learned tree may draw for wa; 0: each class is a cell.")
+        int, number_option("--max-cells", bound=Bound(0, 256, whole=True),
+                           help="Most workload cells a learned tree may draw for wa; 0: each class is a cell.")
     ] = 16,
     cell_fields: Annotated[
         Optional[str], typer.Option("--cell-fields", help="Comma-separated trace fields clients tag (vllm_xargs) "
                                                          "that may split cells, e.g. model.")
     ] = None,
     max_components: Annotated[
-        int, typer.Option("--max-components", min=1, max=5, help="Most exponentials per reuse model (chosen by BIC).")
+        int, number_option("--max-components", bound=Bound(1, 5, whole=True),
+                           help="Most exponentials per reuse model (chosen by BIC).")
     ] = 3,
     min_samples: Annotated[
-        int, typer.Option("--min-samples", min=1, help="Classes and cells with fewer block accesses shrink toward more data.")
+        int, number_option("--min-samples", bound=Bound(1, COUNT.high, whole=True),
+                           help="Classes and cells with fewer block accesses shrink toward more data.")
     ] = 200,
     min_gap: MinGapOpt = 0.3,
     capacity: Annotated[
@@ -98,11 +138,11 @@ def fit(
                                                        "vLLM recording: the server's usable blocks).")
     ] = None,
     engine_block_size: Annotated[
-        Optional[int], typer.Option("--engine-block-size", min=1, help="Engine block of the tuning replays "
-                                                                       "(default: the smallest multiple of the "
-                                                                       "trace's block >= 128).")
+        Optional[int], number_option("--engine-block-size", bound=BLOCK_TOKENS,
+                                     help="Engine block of the tuning replays, with --capacity (default: the "
+                                          "smallest multiple of the trace's block >= 128).")
     ] = None,
-    jobs: Annotated[int, typer.Option("-j", "--jobs", help="Parallel tuning replays (joblib; -1: all cores).")] = -1,
+    jobs: JobsOpt = -1,
     ray: RayOpt = None,
     sharded: Annotated[
         bool, typer.Option("--sharded", help="Fit in shards of the blocks on disk, for traces larger than memory: TRACE "
@@ -128,19 +168,22 @@ def fit(
 
     rule = _class_rule(class_key, turn_cap, class_field)
     bounds = parse_window_option(window)
-    capacities = _capacities(capacity)
-    fields = tuple(f.strip() for f in (cell_fields or "").split(",") if f.strip())
+    fields = _cell_fields(cell_fields)
+    check_format(format)
+    if spill_dir is not None and not sharded:
+        raise typer.BadParameter("is where --sharded writes its shards: give it with --sharded", param_hint="--spill-dir")
+    output_file(output, inputs=[trace_path])
     if sharded:
         if bounds and any(bound is not None and bound < 0 for bound in bounds):
             raise typer.BadParameter("--sharded reads windows from the trace's start, not back from its end",
                                      param_hint="--window/--sharded")
-        if capacities:
+        if capacity is not None:
             raise typer.BadParameter("tuning replays the fit window in memory: fit --sharded, then tune without it",
                                      param_hint="--capacity/--sharded")
+        if spill_dir is not None:
+            output_dir(spill_dir, option="--spill-dir")
         from kvprof.profiler.shards import fit_sharded, trace_paths
 
-        if spill_dir is not None and spill_dir.exists() and not spill_dir.is_dir():
-            raise typer.BadParameter(f"{spill_dir} exists and is not a directory", param_hint="--spill-dir")
         hp = fit_sharded(trace_paths(trace_path), rule, window=bounds, spill_dir=spill_dir, ray=ray,
                          read_options={"format": format, "block_size": block_size, "skip_invalid": skip_invalid},
                          horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
@@ -148,23 +191,33 @@ def fit(
         _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {hp.provenance['n_requests']} requests")
         return
     recording = recording_of(trace_path)
-    if recording is not None and not capacities:  # tune for the server that recorded it
-        capacities = (max(recording.num_gpu_blocks - 1, 1),)
+    if recording is not None and capacity is None:  # tune for the server that recorded it
+        capacity = str(max(recording.num_gpu_blocks - 1, 1))
+    capacities = _capacities(capacity, jobs)
+    if engine_block_size is not None and not capacities:
+        raise typer.BadParameter("is the block of the tuning replays: give it with --capacity",
+                                 param_hint="--engine-block-size")
+    if ray is not None and not capacities:
+        raise typer.BadParameter("runs the tuning replays (or, with --sharded, the shards): give it with --capacity",
+                                 param_hint="--ray")
+    trace_block = recording.block_size if recording else trace_block_size(trace_path, format, block_size)
+    if capacities and trace_block is not None:
+        _engine_block(engine_block_size, trace_block)
     trace = open_trace(trace_path, format=format, block_size=block_size, skip_invalid=skip_invalid)
+    _check_trace_fields(trace, rule, fields)
     if recording is not None:
         engine_block_size = engine_block_size or trace.block_size
+    engine_block = _engine_block(engine_block_size, trace.block_size) if capacities else None
     fitted = trace.time_window(*bounds)
     if fitted.n_requests == 0:
         raise KvprofError(f"{trace_path}: the fit window {window} holds no requests")
-    hp = fit_trace(fitted, rule, horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
-                   cell_fields=fields, max_components=max_components, holdout=_holdout(trace, fitted))
+    with status(f"fitting reuse models on {fitted.n_requests:,} requests"):
+        hp = fit_trace(fitted, rule, horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
+                       cell_fields=fields, max_components=max_components, holdout=_holdout(trace, fitted))
     if capacities:
-        from kvprof.sim.config import SimConfig, default_engine_block
-        from kvprof.sim.tune import tune
+        from kvprof.sim.config import SimConfig
 
-        with err_console.status(f"tuning wa for {len(capacities)} capacities on the fit window"):
-            hp = tune(hp, fitted, capacities, SimConfig(engine_block_size=engine_block_size or
-                                                        default_engine_block(trace.block_size)), n_jobs=jobs, ray=ray)
+        hp = tune_with_progress(hp, fitted, capacities, SimConfig(engine_block_size=engine_block), jobs, ray)
     _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {fitted.n_requests} requests")
 
 
@@ -174,11 +227,36 @@ def _report_fit(hp, output: Path, json_out: bool, title: str) -> None:
     if json_out:
         print_json(hp.to_dict())
         return
-    console.print(_cells_table(hp, title=title))
+    show_table(_cells_table(hp, title=title))
     if hp.tuning:
-        console.print(_tuning_table(hp))
-    err_console.print(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, "
-                      f"horizon {hp.horizon:g} s)")
+        show_table(_tuning_table(hp))
+    say(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, horizon {hp.horizon:g} s)")
+
+
+def _engine_block(engine_block_size: int | None, trace_block: int) -> int:
+    """The tuning replays' engine block: a multiple of the trace's block (exit 2 otherwise)."""
+    from kvprof.sim.config import default_engine_block
+
+    if engine_block_size is None:
+        return default_engine_block(trace_block)
+    if engine_block_size % trace_block:
+        raise typer.BadParameter(f"{engine_block_size} tokens is not a multiple of the trace's {trace_block}-token "
+                                 f"blocks", param_hint="--engine-block-size")
+    return engine_block_size
+
+
+def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | None = None):
+    """``kvprof.sim.tune`` (fit's --capacity, compare without --config) with a progress bar of its replays."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
+
+    from kvprof.cli.output import progress
+    from kvprof.sim.tune import tune
+
+    say(f"tuning wa for {len(capacities)} capacities on the fit window (the simulator compiles on first use)")
+    with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task("tuning replays", total=None)
+        return tune(hp, fitted, capacities, config, n_jobs=jobs, ray=ray,
+                    progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
 def _holdout(trace, fitted):
@@ -190,12 +268,18 @@ def _holdout(trace, fitted):
     return later if later.n_requests else None
 
 
-def _capacities(text: str | None) -> tuple[int, ...]:
+def _capacities(text: str | None, jobs: int) -> tuple[int, ...]:
+    """``--capacity``: whole numbers of blocks up to :data:`MAX_TUNED_CAPACITY`, whose tuning replays fit in memory."""
+    from kvprof.sim.tune import HORIZON_FACTORS
+
     if text is None:
         return ()
     values = capacity_list(text)
-    if any(value > 2**40 for value in values):
+    if any(value > MAX_TUNED_CAPACITY for value in values):
         raise typer.BadParameter(f"capacities must be from 1 to 2**40 blocks, got {text}", param_hint="--capacity")
+    if len(set(values)) != len(values):
+        raise typer.BadParameter("a capacity is given twice", param_hint="--capacity")
+    check_memory(values, 0, jobs, len(values) * len(HORIZON_FACTORS), "--capacity")
     return values
 
 
@@ -214,22 +298,24 @@ def _components(row) -> str:
                      for weight, rate in zip(row.weights, row.rates))
 
 
-def _cells_table(hp, title: str) -> Table:
+def _cells_table(hp, title: str):
     """Per cell and reuse tier: data, the mixture, KS, and held-out quality beside one exponential's."""
     from kvprof.cells import TIER_EDGES
 
-    table = Table(title=f"{title}: wa's cells x reuse tiers (held-out log-loss / Brier: mixture vs one exponential)")
-    for column in ("cell", "tier", "accesses", "reuses", "p", "components", "KS", "log-loss", "Brier", "source"):
-        table.add_column(column, justify="left" if column in ("cell", "components", "source") else "right")
+    cells, more = first_rows(list(zip(hp.cell_names(), hp.cell_models())), "cells", len(TIER_EDGES))
+    out = table(f"{title}: wa's cells x reuse tiers (held-out log-loss / Brier: mixture vs one exponential)",
+                {column: "left" if column in ("cell", "components", "source") else "right"
+                 for column in ("cell", "tier", "accesses", "reuses", "p", "components", "KS", "log-loss", "Brier",
+                                "source")}, caption=more)
     labels = [f"{edge}" if i + 1 == len(TIER_EDGES) or TIER_EDGES[i + 1] == edge + 1 else f"{edge}-{TIER_EDGES[i + 1] - 1}"
               for i, edge in enumerate(TIER_EDGES)]
     labels[-1] += "+"
-    for name, tiers in zip(hp.cell_names(), hp.cell_models()):
+    for name, tiers in cells:
         for tier, row in enumerate(tiers):
             diag = row.diagnostics or {}
             held = diag.get("holdout") or {}
             single = held.get("single") or {}
-            table.add_row(
+            out.add_row(
                 name if tier == 0 else "", f"{labels[tier]} hits",
                 _fmt(diag.get("n_accesses"), ",d"), _fmt(diag.get("n_reuses"), ",d"),
                 _fmt(row.p, ".3f"), _components(row), _fmt(diag.get("ks"), ".3f"),
@@ -238,32 +324,29 @@ def _cells_table(hp, title: str) -> Table:
                 row.source,
                 end_section=tier == len(tiers) - 1,
             )
-    return table
+    return out
 
 
-def _tuning_table(hp) -> Table:
-    table = Table(title="tuned on the fit window (wa's token hit ratio per horizon; start: best shadow)")
-    table.add_column("capacity", justify="right")
-    table.add_column("hit ratio by H", justify="left")
-    table.add_column("horizon (s)", justify="right")
-    table.add_column("start", justify="left")
-    for entry in hp.tuning:
+def _tuning_table(hp):
+    entries, more = first_rows(list(hp.tuning), "capacities")
+    out = table("tuned on the fit window (wa's token hit ratio per horizon; start: best shadow)",
+                {"capacity": "right", "hit ratio by H": "left", "horizon (s)": "right", "start": "left"}, caption=more)
+    for entry in entries:
         tried = entry.get("measured", {}).get("hit_ratio_by_horizon_s", {})
-        table.add_row(f"{entry['capacity']:,}", ", ".join(f"{h} s: {r:.4f}" for h, r in tried.items()),
-                      f"{entry['horizon_s']:g}", entry["start"])
-    return table
+        out.add_row(f"{entry['capacity']:,}", ", ".join(f"{h} s: {r:.4f}" for h, r in tried.items()),
+                    f"{entry['horizon_s']:g}", entry["start"])
+    return out
 
 
-def _classes_table(hp, title: str) -> Table:
-    table = Table(title=title)
-    for column in ("class", "accesses", "reuses", "censored", "p", "1/λ (s)", "naive p", "naive 1/λ",
-                   "KS", "median gap (s)", "source"):
-        table.add_column(column, justify="left" if column in ("class", "source") else "right")
-    rows = list(hp.classes.items()) + [("(default)", hp.default)]
+def _classes_table(hp, title: str):
+    rows, more = first_rows(list(hp.classes.items()) + [("(default)", hp.default)], "classes")
+    out = table(title, {column: "left" if column in ("class", "source") else "right"
+                        for column in ("class", "accesses", "reuses", "censored", "p", "1/λ (s)", "naive p",
+                                       "naive 1/λ", "KS", "median gap (s)", "source")}, caption=more)
     for name, params in rows:
         diag = params.diagnostics or {}
         naive = params.naive or {}
-        table.add_row(
+        out.add_row(
             name,
             _fmt(diag.get("n_accesses"), "d"),
             _fmt(diag.get("n_reuses"), "d"),
@@ -276,7 +359,7 @@ def _classes_table(hp, title: str) -> Table:
             _fmt(diag.get("median_gap_s"), ".3g"),
             params.source,
         )
-    return table
+    return out
 
 
 @guarded
@@ -299,18 +382,17 @@ def inspect(
     from kvprof.profiler.quality import class_models
     from kvprof.profiler.stats import trace_summary
 
-    trace, rule = _trace_and_rule(trace_path, window, format, block_size, skip_invalid, class_key, turn_cap, class_field)
-    try:
-        summary = trace_summary(trace, rule, min_gap=min_gap)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--class-field") from None
+    rule = _class_rule(class_key, turn_cap, class_field)
+    bounds = parse_window_option(window)
+    check_format(format)
+    trace = open_trace(trace_path, format=format, block_size=block_size, window=bounds, skip_invalid=skip_invalid)
+    _check_trace_fields(trace, rule)
+    summary = trace_summary(trace, rule, min_gap=min_gap)
     if json_out:
         print_json({**summary, "reuse_models": class_models(trace, rule, horizon, min_gap)})
         return
-    overview = Table(title=f"{trace_path.name} ({summary['format']}, {summary['block_size']}-token blocks)",
-                     show_header=False)
-    overview.add_column(justify="left")
-    overview.add_column(justify="right")
+    overview = table(f"{trace_path.name} ({summary['format']}, {summary['block_size']}-token blocks)",
+                     {"": "left", " ": "right"}, show_header=False)
     for label, value in (
         ("requests", f"{summary['requests']:,}"),
         ("duration (s)", f"{summary['duration_s']:,.1f}"),
@@ -323,30 +405,33 @@ def inspect(
         ("ideal hit ratio (infinite cache)", f"{summary['ideal_hit_ratio']:.3f}"),
     ):
         overview.add_row(label, value)
-    console.print(overview)
-    gaps = Table(title=f"reuse gaps per class (s), concurrency floor {min_gap:g} s")
-    for column in ("class", "requests", "accesses", "reused", "p10", "p50", "p90", "p99"):
-        gaps.add_column(column, justify="left" if column == "class" else "right")
-    for name, row in summary["classes"].items():
+    show_table(overview)
+    classes, more = first_rows(list(summary["classes"].items()), "classes")
+    gaps = table(f"reuse gaps per class (s), concurrency floor {min_gap:g} s",
+                 {column: "left" if column == "class" else "right"
+                  for column in ("class", "requests", "accesses", "reused", "p10", "p50", "p90", "p99")}, caption=more)
+    for name, row in classes:
         q = row["gap_quantiles_s"] or {}
         gaps.add_row(name, f"{row['requests']:,}", f"{row['accesses']:,}", f"{row['reuse_share']:.1%}",
                      *(_fmt(q.get(k)) for k in ("p10", "p50", "p90", "p99")))
-    console.print(gaps)
+    show_table(gaps)
     models = class_models(trace, rule, horizon, min_gap)
     if models:
-        console.print(_class_models_table(models, horizon))
+        show_table(_class_models_table(models, horizon))
 
 
-def _class_models_table(models: dict, horizon: float) -> Table:
+def _class_models_table(models: dict, horizon: float):
     """Per class: a mixture of exponentials against one exponential, fitted on the window's first half."""
-    table = Table(title=f"reuse models per class, fitted on the first half, scored on the second "
-                        f"(P(reuse within {horizon:g} s | idle age); mixture / one exponential)")
-    for column in ("class", "p", "components (mean gap s)", "KS", "log-loss", "Brier", "questions"):
-        table.add_column(column, justify="left" if column in ("class", "components (mean gap s)") else "right")
-    for name, row in models.items():
+    rows, more = first_rows(list(models.items()), "classes")
+    out = table(f"reuse models per class, fitted on the first half, scored on the second "
+                f"(P(reuse within {horizon:g} s | idle age); mixture / one exponential)",
+                {column: "left" if column in ("class", "components (mean gap s)") else "right"
+                 for column in ("class", "p", "components (mean gap s)", "KS", "log-loss", "Brier", "questions")},
+                caption=more)
+    for name, row in rows:
         mix, single = row["mixture"], row["single"]
         held, held_single = mix["holdout"] or {}, single["holdout"] or {}
-        table.add_row(
+        out.add_row(
             name, f"{mix['p']:.3f} / {single['p']:.3f}",
             ", ".join(_fmt(g) for g in mix["mean_gaps_s"]) + " / " + _fmt(single["mean_gaps_s"][0]),
             f"{_fmt(mix['ks'], '.3f')} / {_fmt(single['ks'], '.3f')}",
@@ -354,7 +439,7 @@ def _class_models_table(models: dict, horizon: float) -> Table:
             f"{_fmt(held.get('brier'), '.3f')} / {_fmt(held_single.get('brier'), '.3f')}",
             _fmt(held.get("n"), ",d"),
         )
-    return table
+    return out
 
 
 @guarded
@@ -377,64 +462,109 @@ def show(
     from kvprof.cli.show_results import show_results
     from kvprof.results import load_if_results
 
+    if output is not None:
+        from kvprof.cli.plots import FILES
+
+        output_dir(output, files=FILES, inputs=paths)
     documents = [load_if_results(path) for path in paths]
     if None not in documents:
         show_results(paths, documents, output, json_out)
-    elif len(paths) > 1 or output is not None:
-        raise typer.BadParameter("only results.json files are shown together or plotted; give an hp file alone",
-                                 param_hint="PATHS")
-    else:
+        return
+    if len(paths) == 1 and output is None:
         _show_hp(paths[0], json_out)
+        return
+    other = paths[documents.index(None)]
+    raise KvprofError(f"{other}: not a results file ({_not_results(other)}); several files, or -o, are shown "
+                      f"only when each is a results.json of compare, demo or replay (give an hp file alone)")
+
+
+def _not_results(path: Path) -> str:
+    """Why ``path`` is not a results file, in a few words."""
+    from kvprof.errors import ResultsFileError
+    from kvprof.jsonfile import read_json
+
+    try:
+        data = read_json(path, ResultsFileError)
+    except ResultsFileError as exc:
+        return exc.reason
+    schema = data.get("schema") if type(data) is dict else None
+    return f"its schema is {schema!r}" if schema is not None else "it has no schema"
 
 
 def _show_hp(hp_path: Path, json_out: bool) -> None:
     """The hp file's rule, provenance, classes and sessions, after validating it."""
-    from kvprof.models.hp import load_hp
+    from kvprof.errors import HpFileError
+    from kvprof.models.hp import PUBLISHED_FORMAT, SCHEMAS, load_hp
+    from kvprof.results import SCHEMA as RESULTS_SCHEMA
 
-    hp = load_hp(hp_path)
+    try:
+        hp = load_hp(hp_path)
+    except HpFileError as exc:
+        if exc.where != "schema":
+            raise
+        raise KvprofError(f"{exc}; show reads hp files ({', '.join(SCHEMAS)}, or the published format) and "
+                          f"results files ({RESULTS_SCHEMA})") from None
     if json_out:
         print_json(hp.to_dict())
         return
     prov = hp.provenance or {}
     rule = hp.class_rule
-    console.print(
-        f"[bold]{hp_path}[/]  {'schema ' + hp.schema if prov else 'published profiler format'}  horizon {hp.horizon:g} s  concurrency floor {hp.min_gap:g} s\n"
-        f"class rule: {rule.key}" + (f" (turns capped at {rule.turn_cap})" if rule.key == "type_turn" else "")
-        + (f" on field {rule.field}" if rule.field else "") + "\n"
-        + (f"fitted on {prov.get('trace')} window {prov.get('window')} ({prov.get('n_requests')} requests, "
-           f"{prov.get('block_size')}-token blocks) by kvprof {prov.get('kvprof_version')} at {prov.get('created')}"
-           if prov else "no provenance (published profiler format)"),
-        highlight=False,
-    )
-    console.print(_classes_table(hp, title="classes: one cure exponential each (wa-paper's naive estimates beside)"))
-    console.print(_cells_table(hp, title="cells" if hp.cells else "cells (the classes, from a kvprof.hp/1 file)"))
+    published = hp.schema == PUBLISHED_FORMAT
+    header = Text()
+    header.append(printable(str(hp_path)), style="bold")
+    header.append(f"  {'published profiler format' if published else 'schema ' + hp.schema}  horizon "
+                  f"{hp.horizon:g} s  concurrency floor {hp.min_gap:g} s\n")
+    header.append_text(plain(f"class rule: {rule.key}" + (f" (turns capped at {rule.turn_cap})" if rule.key == "type_turn" else "")
+                             + (f" on field {rule.field}" if rule.field else "") + "\n"))
+    if prov:
+        header.append_text(plain(
+            f"fitted on {prov.get('trace')} window {prov.get('window')} ({prov.get('n_requests')} requests, "
+            f"{prov.get('block_size')}-token blocks) by kvprof {prov.get('kvprof_version')} at {prov.get('created')}"))
+    else:
+        header.append("no provenance" + (" (the published format has none)" if published else ""))
+    show_table(header)
+    show_table(_classes_table(hp, title="classes: one cure exponential each (wa-paper's naive estimates beside)"))
+    show_table(_cells_table(hp, title="cells" if hp.cells else "cells (the classes, from a kvprof.hp/1 file)"))
     if hp.tuning:
-        console.print(_tuning_table(hp))
+        show_table(_tuning_table(hp))
     if hp.sessions:
-        sessions = Table(title="sessions per type")
-        for column in ("type", "sessions", "P(turn>=2)", "P(turn>=3)", "think mean (s)", "think median (s)"):
-            sessions.add_column(column, justify="left" if column == "type" else "right")
-        for name, row in hp.sessions.items():
+        types, more = first_rows(list(hp.sessions.items()), "types")
+        sessions = table("sessions per type", {column: "left" if column == "type" else "right" for column in (
+            "type", "sessions", "P(turn>=2)", "P(turn>=3)", "think mean (s)", "think median (s)")}, caption=more)
+        for name, row in types:
             survival = row.get("survival", [])
             think = row.get("think_time_s") or {}
             sessions.add_row(name, _fmt(row.get("n_sessions"), "d"),
                              _fmt(survival[1] if len(survival) > 1 else None, ".3f"),
                              _fmt(survival[2] if len(survival) > 2 else None, ".3f"),
                              _fmt(think.get("mean")), _fmt(think.get("median")))
-        console.print(sessions)
+        show_table(sessions)
 
 
 @guarded
 def synth(
     output: Annotated[Path, typer.Option("-o", "--output", help="Trace file to write (.jsonl, .jsonl.gz, .jsonl.zst).")],
     preset: Annotated[str, typer.Option("--preset", help="Calibration preset: bailian-a or bailian-b.")] = "bailian-a",
-    hours: Annotated[float, typer.Option("--hours", callback=positive, help="Trace length in hours.")] = 2.0,
-    seed: Annotated[int, typer.Option("--seed", min=0, help="Random seed; equal seeds give equal traces.")] = 0,
+    hours: Annotated[float, number_option("--hours", bound=HOURS, help="Trace length in hours.")] = 2.0,
+    seed: Annotated[int, number_option("--seed", bound=COUNT, help="Random seed; equal seeds give equal traces.")] = 0,
 ):
     """Write a synthetic Bailian-format trace calibrated to the published statistics."""
+    import itertools
+
     from kvprof.profiler.synth import PRESETS, generate, write_jsonl
+    from kvprof.profiler.synth.writer import compression_problem
 
     if preset not in PRESETS:
         raise typer.BadParameter(f"{preset!r} is not one of {', '.join(PRESETS)}", param_hint="--preset")
-    count = write_jsonl(output, generate(preset, hours, seed))
-    err_console.print(f"wrote {output}: {count:,} requests, {hours:g} h of {preset} (seed {seed})")
+    output_file(output)
+    problem = compression_problem(output)
+    if problem:
+        raise typer.BadParameter(problem, param_hint="-o/--output")
+    with status(f"planning {hours:g} h of {preset}"):
+        records = generate(preset, hours, seed)
+        first = next(records, None)
+    if first is None:
+        raise typer.BadParameter(f"{hours:g} h of {preset} (seed {seed}) holds no request; give more hours",
+                                 param_hint="--hours")
+    count = write_jsonl(output, itertools.chain([first], records))
+    say(f"wrote {output}: {count:,} requests, {hours:g} h of {preset} (seed {seed})")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from kvprof.cli.common import (
     FormatOpt,
@@ -15,18 +15,20 @@ from kvprof.cli.common import (
     SkipOpt,
     TraceArg,
     TraceBlockTokensOpt,
-    console,
-    err_console,
-    fail,
+    check_format,
     guarded,
+    number_option,
     open_trace,
     output_dir,
     parse_window_option,
-    positive,
 )
+from kvprof.cli.output import fail, progress, say, show, warn
+from kvprof.limits import BLOCKS, INT32_MAX, RATE_SCALE, TIMEOUT_SECONDS, TOKENS, Bound
 
 #: Token ids replay draws start here (``kvprof.replay.prompts.FIRST_TOKEN_ID``), so the vocabulary must reach past it.
 _SMALLEST_VOCABULARY = 5
+#: Requests in flight at most: each holds a thread and a connection.
+MAX_CONCURRENCY = 1024
 _EXTRA = "kvprof replay needs the replay extra (httpx, httpx-sse, prometheus_client): pip install 'kvprof[replay]'"
 
 
@@ -34,19 +36,40 @@ def _http_url(url: str) -> str:
     """Option callback: an http(s) URL with a host (exit 2 otherwise)."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises for a port that is not a number
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        if valid:
+            parts.hostname.encode("idna")  # what name resolution will do: empty or long labels, surrogates fail
+    except (ValueError, UnicodeError):  # a port that is not a number, a bad IPv6 address or host name
+        valid = False
+    if not valid:
         raise typer.BadParameter(f"{url!r} is not an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")
     return url
 
 
-def _known_policy(name: str | None) -> str | None:
-    """Option callback: a policy name kvprof knows (exit 2 otherwise)."""
+def _live_policy(name: str | None) -> str | None:
+    """Option callback: a policy kvprof knows and a server can run (exit 2 otherwise)."""
     from kvprof.policy import POLICIES
 
-    if name is not None and name not in POLICIES:
-        raise typer.BadParameter(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    if name is None:
+        return None
+    live = [known for known, cls in POLICIES.items() if not cls.offline]
+    if name not in POLICIES:
+        raise typer.BadParameter(f"unknown policy {name!r}; a server runs one of: {', '.join(live)}")
+    if POLICIES[name].offline:
+        raise typer.BadParameter(f"{name!r} needs the future and runs in no server; a server runs one of: "
+                                 f"{', '.join(live)}")
     return name
+
+
+def _too_long(choice: str) -> str:
+    from kvprof.replay.runner import TOO_LONG
+
+    if choice not in TOO_LONG:
+        raise typer.BadParameter(f"{choice!r} is not one of {', '.join(TOO_LONG)}")
+    return choice
 
 
 @guarded
@@ -57,22 +80,27 @@ def replay(
         str, typer.Option("--url", callback=_http_url, help="Base URL of a running vLLM (OpenAI-compatible) server.")
     ] = "http://127.0.0.1:8000",
     config: Annotated[
-        Optional[Path], typer.Option("--config", help="The hp file the server runs (recorded; labels the run).")
+        Optional[Path], typer.Option("--config", help="The hp file the server runs (checked, recorded; labels the "
+                                                      "run and names each request's class in requests.jsonl).")
     ] = None,
     policy: Annotated[
         Optional[str],
-        typer.Option("--policy", callback=_known_policy,
+        typer.Option("--policy", callback=_live_policy,
                      help="The eviction policy the server runs, to label the run (default: the plugin's default "
                           "with --config, else lru, vLLM's own)."),
     ] = None,
     capacity: Annotated[
         Optional[int],
-        typer.Option("--capacity", min=1, help="The server's GPU KV-cache size in blocks (default: from its /metrics)."),
+        number_option("--capacity", bound=BLOCKS,
+                      help="The server's GPU KV-cache size in blocks (default: from its /metrics)."),
     ] = None,
     rate_scale: Annotated[
-        float, typer.Option("--rate-scale", callback=positive, help="Speed-up of arrivals: 2 replays twice as fast.")
+        float, number_option("--rate-scale", bound=RATE_SCALE, help="Speed-up of arrivals: 2 replays twice as fast.")
     ] = 1.0,
-    max_concurrency: Annotated[int, typer.Option("--max-concurrency", min=1, help="Requests in flight at most.")] = 8,
+    max_concurrency: Annotated[
+        int, number_option("--max-concurrency", bound=Bound(1, MAX_CONCURRENCY, whole=True),
+                           help="Requests in flight at most.")
+    ] = 8,
     window: Annotated[Optional[str], typer.Option("--window", help="Only requests in START:END seconds.")] = None,
     limit: LimitOpt = None,
     format: FormatOpt = None,
@@ -80,32 +108,47 @@ def replay(
     skip_invalid: SkipOpt = False,
     vocab_size: Annotated[
         int,
-        typer.Option("--vocab-size", min=_SMALLEST_VOCABULARY,
-                     help="Token ids are drawn below this; at most the model's vocabulary (a test request checks)."),
+        number_option("--vocab-size", bound=Bound(_SMALLEST_VOCABULARY, INT32_MAX, whole=True),
+                      help="Token ids are drawn below this; at most the model's vocabulary (a test request checks)."),
     ] = 1000,
     max_output_tokens: Annotated[
-        int, typer.Option("--max-output-tokens", min=1, help="Cap on generated tokens per request.")
+        int, number_option("--max-output-tokens", bound=TOKENS, help="Cap on generated tokens per request.")
     ] = 16,
     timeout: Annotated[
-        float, typer.Option("--timeout", callback=positive, help="Seconds without an answer before a request counts as a timeout.")
+        float, number_option("--timeout", bound=TIMEOUT_SECONDS,
+                             help="Seconds without progress (no token) before a request counts as a timeout.")
     ] = 120.0,
+    too_long: Annotated[
+        str, typer.Option("--too-long", callback=_too_long,
+                          help="A prompt longer than the server's max_model_len (less its output): skip it "
+                               "(counted, reported) or clip it to fit.")
+    ] = "skip",
     output: Annotated[Path, typer.Option("-o", "--output", "--out", help="Output directory.")] = Path("results"),
 ):
     """Replay a trace against a running vLLM server and record cached tokens, TTFT and errors.
 
     Writes requests.jsonl, cost.json (the server's prefill rate and step overhead fitted to the
     measured TTFTs, for compare --cost), results.json and compare's hit-ratio and QTTFT plots; the
-    capacity is --capacity or the server's num_gpu_blocks from its /metrics.
+    capacity is --capacity or the server's num_gpu_blocks from its /metrics. Stopped early (an
+    error, Ctrl-C, SIGTERM), it writes the requests answered so far as an incomplete run.
     """
     try:
         from kvprof.replay import Pacing, ReplaySettings, run_replay
+        from kvprof.replay.run import COST_FILE, REQUESTS_FILE
     except ImportError as exc:
         raise fail(f"{_EXTRA} ({exc})") from None
-    from kvprof.cli.plots import plot_results
+    from kvprof import results
+    from kvprof.cli.plots import FILES, plot_results
     from kvprof.vllm.spec import DEFAULT_POLICY
 
     bounds = parse_window_option(window)
-    out = output_dir(output)
+    check_format(format)
+    output_dir(output, files=[REQUESTS_FILE, COST_FILE, results.FILE, *FILES], inputs=[trace_path, config])
+    hp = None
+    if config is not None:
+        from kvprof.models.hp import load_hp
+
+        hp = load_hp(config)
     trace = open_trace(trace_path, format=format, block_size=trace_block_tokens, window=bounds,
                        skip_invalid=skip_invalid)
     if limit is not None:
@@ -114,34 +157,80 @@ def replay(
         url=url, model=model, timeout_s=timeout, capacity=capacity,
         policy=policy or (DEFAULT_POLICY if config is not None else "lru"),
         hp_path=None if config is None else str(config),
+        classes=None if hp is None else _classifier(hp),
         pacing=Pacing(rate_scale=rate_scale, max_concurrency=max_concurrency, max_output_tokens=max_output_tokens,
-                      block_tokens=trace.block_size, vocab_size=vocab_size),
+                      block_tokens=trace.block_size, vocab_size=vocab_size, too_long=too_long),
     )
     inputs = {"trace_path": str(trace_path), "eval_window": window, "limit": limit}
-    with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=err_console, transient=True) as bar:
+    with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()) as bar:
         task = bar.add_task(f"replaying against {url}", total=trace.n_requests)
-        outcome = run_replay(trace, settings, out, inputs=inputs,
+        outcome = run_replay(trace, settings, output, inputs=inputs,
                              progress=lambda done, total: bar.update(task, completed=done))
-    plots = plot_results(outcome.document, out)
-    _report(outcome, out, len(plots))
+    plots = [] if outcome.interrupted is not None else plot_results(outcome.document, output)
+    _report(outcome, output, len(plots), max_concurrency, rate_scale)
 
 
-def _report(outcome, out: Path, n_plots: int) -> None:
-    """One summary line on stdout, the calibration and the commonest error on stderr; exit 1 if any request failed."""
+def _classifier(hp):
+    """A request's workload class under ``hp``'s rule, from the tags replay sends (as the plugin classifies)."""
+    from kvprof.classes import workload_class
+
+    rule = hp.class_rule
+
+    def classify(request) -> str:
+        tags = request.workload
+        return workload_class(rule, tags.get("type"), tags.get("turn"), tags.get(rule.field) if rule.field else None)
+
+    return classify
+
+
+def _report(outcome, out: Path, n_plots: int, max_concurrency: int, rate_scale: float) -> None:
+    """One summary line on stdout; the calibration, overload and errors by kind on stderr; exit 1 if any
+    request failed, 130 (143) if interrupted."""
     run = outcome.document["runs"][0]
     hit, qttft = run["token_hit_ratio"], run["qttft_mean_s"]
-    console.print(f"{run['n_requests']} requests, {run['n_errors']} errors ({run['n_timeouts']} timeouts), "
-                  f"hit ratio {'-' if hit is None else format(hit, '.4f')} at {run['capacity']:,} blocks, "
-                  f"QTTFT mean {'-' if qttft is None else format(qttft, '.3f')} s", highlight=False)
+    skipped = f", {run['n_skipped']} skipped (too long)" if run["n_skipped"] else ""
+    show(f"{run['n_requests']} requests, {run['n_errors']} errors ({run['n_timeouts']} timeouts){skipped}, "
+         f"hit ratio {'-' if hit is None else format(hit, '.4f')} at {run['capacity']:,} blocks, "
+         f"QTTFT mean {'-' if qttft is None else format(qttft, '.3f')} s")
     calibration = outcome.calibration
     if isinstance(calibration, str):
-        err_console.print(f"no cost.json: {calibration}", highlight=False)
+        say(f"no cost.json: {calibration}")
     else:
-        err_console.print(f"fitted server: {calibration.prefill_tokens_per_s:,.0f} prefill tokens/s, "
-                          f"{calibration.step_overhead_s * 1000:.1f} ms per step ({out / 'cost.json'}, "
-                          f"for compare --cost)", highlight=False)
-    err_console.print(f"wrote {out / 'requests.jsonl'}, {out / 'results.json'} and {n_plots} plots", highlight=False)
-    if outcome.commonest_error:
-        message, count = outcome.commonest_error
-        raise fail(f"{run['n_errors']} of {run['n_requests']} requests failed; the commonest error ({count}x): {message}")
+        say(f"fitted server: {calibration.prefill_tokens_per_s:,.0f} prefill tokens/s, "
+            f"{calibration.step_overhead_s * 1000:.1f} ms per step ({out / 'cost.json'}, for compare --cost)")
+    _warn_if_overloaded(outcome, run, max_concurrency, rate_scale)
+    if run["n_skipped"]:
+        first = next(r.skipped for r in outcome.records if r.skipped)
+        warn(f"{run['n_skipped']} requests were not sent, their prompts longer than the server takes (e.g. {first}); "
+             f"--too-long clip sends them cut to fit")
+    plots = f" and {n_plots} plots" if n_plots else ""
+    say(f"wrote {out / 'requests.jsonl'}, {out / 'results.json'}{plots}")
+    if outcome.interrupted is not None:
+        raise fail(f"interrupted after {run['n_requests']} of {outcome.document['inputs']['trace']['n_requests']} "
+                   f"requests; wrote them as an incomplete run (complete: false)",
+                   getattr(outcome.interrupted, "exit_code", 130))
+    if run["n_errors"]:
+        raise fail(_errors_line(outcome, run))
+
+
+def _errors_line(outcome, run: dict) -> str:
+    """The failed requests by kind: ``all 12 requests failed: HTTP 400 (...)`` or ``4 of 12 ...: 3 timeout, 1 ...``."""
+    kinds = outcome.errors_by_kind
+    total, failed = run["n_requests"], run["n_errors"]
+    head = f"all {total} requests failed" if failed == total else f"{failed} of {total} requests failed"
+    if len(kinds) == 1:
+        return f"{head} alike: {kinds[0][2]}"
+    return f"{head}: " + "; ".join(f"{count} {kind} (e.g. {example})" for kind, count, example in kinds)
+
+
+def _warn_if_overloaded(outcome, run: dict, max_concurrency: int, rate_scale: float) -> None:
+    """Say when the server could not keep up with the trace at this rate: requests waited for a slot, or
+    the fitted server's offered load is above 1; their QTTFT then measures the queue."""
+    late = outcome.late
+    if late:
+        warn(f"the server fell behind: {late} of {run['n_requests']} requests left more than 1 s after their "
+             f"scheduled arrival, --max-concurrency {max_concurrency} requests being in flight; their QTTFT "
+             f"includes that wait (lower --rate-scale {rate_scale:g} to measure the cache, not the queue)")
+    elif run.get("qttft_overloaded"):
+        warn(f"the server is overloaded at --rate-scale {rate_scale:g}: its fitted prefill rate is below the "
+             f"uncached tokens arriving (offered load {run['offered_load']:.2f}), so QTTFT grows with the trace")

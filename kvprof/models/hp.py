@@ -22,15 +22,20 @@ from functools import cached_property
 import numpy as np
 
 from kvprof.atomic import atomic_write_text
-from kvprof.cells import TIER_EDGES, CellRule
-from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule
+from kvprof.cells import CLASS_FEATURE, PROMPT_FEATURE, TIER_EDGES, TURN_FEATURE, CellRule, field_name_problem
+from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule, is_name_text
 from kvprof.errors import HpFileError
 from kvprof.jsonfile import JsonChecks, member, read_json
+from kvprof.limits import POSITIVE_SECONDS, SECONDS
 from kvprof.models.sessions import MAX_TURNS
 
 SCHEMA = "kvprof.hp/2"
 #: Versions this kvprof reads.
 SCHEMAS = ("kvprof.hp/1", SCHEMA)
+#: :attr:`HpFile.schema` of a file in the published profiler's format (which has no schema).
+PUBLISHED_FORMAT = "published"
+#: Keys of a published-format file: ``{"a": {class: lambda}, "p": {class: p}}``.
+PUBLISHED_KEYS = ("a", "p")
 
 #: Name of the default class in :meth:`HpFile.table`; not a valid class name in a file.
 DEFAULT_CLASS = "<default>"
@@ -351,7 +356,7 @@ class HpFile:
             Naming ``path`` and the JSON location of the first problem found.
         """
         checks = JsonChecks(str(path), HpFileError)
-        if type(data) is dict and "schema" not in data and {"a", "p"} & set(data):
+        if type(data) is dict and data and "schema" not in data and set(data) <= set(PUBLISHED_KEYS):
             return _read_published(checks, data)
         return _read_schema(checks, data)
 
@@ -393,16 +398,14 @@ def _read_schema(checks: JsonChecks, data) -> HpFile:
     version = _check_schema(checks, data)  # before the keys: a newer file's new keys are not typos
     checks.fields(data, None, required=("schema", "horizon_s", "class_rule", "classes", "default"),
                   optional=("provenance", "min_gap_s", "block_size", "sessions", *(_V2_KEYS if version == SCHEMA else ())))
-    horizon = float(checks.number(data["horizon_s"], "horizon_s"))
-    if horizon == 0:
-        checks.fail("horizon_s", "must be > 0, got 0")
+    horizon = float(checks.bounded(data["horizon_s"], "horizon_s", POSITIVE_SECONDS))
     cells = _read_cells(checks, data)
     return HpFile(
         classes=_read_classes(checks, data["classes"], "classes"),
         default=_read_class_params(checks, data["default"], "default"),
         horizon=horizon,
         class_rule=_read_class_rule(checks, data["class_rule"], "class_rule"),
-        min_gap=float(checks.number(data.get("min_gap_s", HpFile.min_gap), "min_gap_s")),
+        min_gap=float(checks.bounded(data.get("min_gap_s", HpFile.min_gap), "min_gap_s", SECONDS)),
         block_size=checks.integer(data.get("block_size"), "block_size", low=1, null=True),
         provenance=checks.mapping(data.get("provenance", {}), "provenance"),
         sessions=_read_sessions(checks, data.get("sessions", {}), "sessions"),
@@ -417,7 +420,8 @@ def _check_schema(checks: JsonChecks, data) -> str:
     checks.mapping(data, None)
     readable = " and ".join(SCHEMAS)
     if "schema" not in data:
-        checks.fail("schema", f'is missing: this kvprof reads {readable} and the published {{"a": ..., "p": ...}} format')
+        checks.fail("schema", f'is missing: this kvprof reads {readable}, and the published format (an object of '
+                              f'only "a" and "p")')
     if data["schema"] not in SCHEMAS:
         checks.fail("schema", f"schema {reprlib.repr(data['schema'])} is not supported; this kvprof reads {readable}")
     return data["schema"]
@@ -434,7 +438,7 @@ def _read_cells(checks: JsonChecks, data: dict) -> dict:
     if edges != list(TIER_EDGES):
         checks.fail("tier_edges", f"this kvprof keeps the reuse tiers {list(TIER_EDGES)}, got {reprlib.repr(edges)}")
     cells = {
-        _class_name(checks, name, "cells"): _read_tiers(checks, tiers, member("cells", name))
+        _cell_name(checks, name, "cells"): _read_tiers(checks, tiers, member("cells", name))
         for name, tiers in checks.mapping(data["cells"], "cells").items()
     }
     if not cells:
@@ -478,8 +482,10 @@ def _read_reuse_row(checks: JsonChecks, data, where: str) -> ReuseRow:
 def _read_cell_rule(checks: JsonChecks, data, where: str) -> CellRule:
     """``features``, ``fields`` and ``nodes`` (a leaf ``{"cell"}`` or a test ``{"feature", "threshold", "left", "right"}``)."""
     checks.fields(data, where, required=("features", "fields", "nodes"))
-    features = [checks.string(f, f"{where}.features[{i}]") for i, f in enumerate(checks.sequence(data["features"], member(where, "features")))]
-    fields = [checks.string(f, f"{where}.fields[{i}]") for i, f in enumerate(checks.sequence(data["fields"], member(where, "fields")))]
+    fields = [_cell_field(checks, f, f"{where}.fields[{i}]")
+              for i, f in enumerate(checks.sequence(data["fields"], member(where, "fields")))]
+    features = [_feature(checks, f, f"{where}.features[{i}]", fields)
+                for i, f in enumerate(checks.sequence(data["features"], member(where, "features")))]
     nodes = checks.sequence(data["nodes"], member(where, "nodes"), empty=False)
     columns = {"feature": [], "threshold": [], "left": [], "right": [], "cell": []}
     names: list[str] = []
@@ -503,15 +509,38 @@ def _read_cell_rule(checks: JsonChecks, data, where: str) -> CellRule:
         checks.fail(where, str(err))
 
 
+def _cell_field(checks: JsonChecks, name, where: str) -> str:
+    """A cell rule's field: a name a feature ``<field>=<value>`` can be built from."""
+    problem = field_name_problem(checks.string(name, where))
+    if problem:
+        checks.fail(where, problem)
+    return name
+
+
+def _feature(checks: JsonChecks, name, where: str, fields: list[str]) -> str:
+    """A cell rule's feature: the turn, the prompt's length, ``class=<name>`` or ``<field>=<value>`` of one of ``fields``."""
+    checks.string(name, where)
+    kind, is_indicator, _ = name.partition("=")
+    if name in (TURN_FEATURE, PROMPT_FEATURE) or (is_indicator and kind == CLASS_FEATURE):
+        return name
+    if not is_indicator or kind not in fields:
+        known = ", ".join([TURN_FEATURE, PROMPT_FEATURE, f"{CLASS_FEATURE}=<name>", *(f"{f}=<value>" for f in fields)])
+        checks.fail(where, f"{name!r} is no feature this rule can read (it reads {known})")
+    return name
+
+
 def _read_tuning(checks: JsonChecks, data, where: str) -> tuple[dict, ...]:
-    """Entries of ``capacity`` (blocks), ``horizon_s`` and ``start`` (a candidate order), plus what tuning ``measured``."""
+    """Entries of ``capacity`` (blocks, each tuned once), ``horizon_s`` and ``start`` (a candidate order),
+    plus what tuning ``measured``."""
     entries = []
     for i, entry in enumerate(checks.sequence(data, where)):
         at = f"{where}[{i}]"
         checks.fields(entry, at, required=("capacity", "horizon_s", "start"), optional=("measured",))
         checks.integer(entry["capacity"], member(at, "capacity"), low=1)
-        if not checks.number(entry["horizon_s"], member(at, "horizon_s")) > 0:
-            checks.fail(member(at, "horizon_s"), "must be > 0")
+        earlier = next((j for j, other in enumerate(entries) if other["capacity"] == entry["capacity"]), None)
+        if earlier is not None:
+            checks.fail(member(at, "capacity"), f"capacity {entry['capacity']} is tuned twice (also {where}[{earlier}])")
+        checks.bounded(entry["horizon_s"], member(at, "horizon_s"), POSITIVE_SECONDS)
         checks.one_of(entry["start"], member(at, "start"), CANDIDATES)
         if "measured" in entry:
             _check_measured(checks, entry["measured"], member(at, "measured"))
@@ -541,9 +570,19 @@ def _read_classes(checks: JsonChecks, data, where: str) -> dict[str, ClassParams
 
 
 def _class_name(checks: JsonChecks, name: str, where: str) -> str:
-    """``name``, a key of the object at ``where``, unless it is empty or the default's name."""
+    """``name``, a key of the object at ``where``, if :func:`kvprof.classes.workload_class` can name a
+    class so (its trace text encoded, :func:`kvprof.classes.is_name_text`), or such a name and ``@reused``."""
+    if not is_name_text(name.removesuffix(REUSED_SUFFIX)):
+        checks.fail(member(where, name), f"{name!r} is not a usable class name (a class's text holds none of "
+                                         f"@ < > , = or control characters but as %XX; only a reused entry ends "
+                                         f"in {REUSED_SUFFIX})")
+    return name
+
+
+def _cell_name(checks: JsonChecks, name: str, where: str) -> str:
+    """A cell's name: any text but empty and the default's (cells of a learned rule are named by their conditions)."""
     if not name or name == DEFAULT_CLASS:
-        checks.fail(member(where, name), f"{name!r} is not a usable class name")
+        checks.fail(member(where, name), f"{name!r} is not a usable cell name")
     return name
 
 
@@ -663,4 +702,5 @@ def _read_published(checks: JsonChecks, data: dict) -> HpFile:
         default=ClassParams(PUBLISHED_DEFAULT_P, PUBLISHED_DEFAULT_LAMBDA, source="published"),
         horizon=PUBLISHED_HORIZON_S,
         class_rule=ClassRule(key="type_turn", turn_cap=PUBLISHED_TURN_CAP),
+        schema=PUBLISHED_FORMAT,
     )

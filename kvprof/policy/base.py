@@ -92,6 +92,9 @@ class EvictionPolicy(ABC):
     #: What ``access``'s ``workload`` indexes: the hp file's classes (``"class"``,
     #: ``HpFile.table()`` order) or its cells (``"cell"``, ``HpFile.cell_names()`` order).
     keyed_by: str = "class"
+    #: Whether the policy needs the future (``access``'s ``next_use``): a simulator's yardstick that
+    #: no live server can run.
+    offline: bool = False
 
     @abstractmethod
     def access(

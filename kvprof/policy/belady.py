@@ -25,6 +25,7 @@ class BeladyPolicy(EvictionPolicy):
     """
 
     name = "belady"
+    offline = True
 
     def __init__(self) -> None:
         self._next_use: dict[int, float] = {}

@@ -17,7 +17,8 @@ import numpy as np
 from sklearn.metrics import log_loss
 from sklearn.tree import DecisionTreeClassifier
 
-from kvprof.cells import PROMPT_FEATURE, TURN_FEATURE, CellRule, request_features
+from kvprof.cells import PROMPT_FEATURE, TURN_FEATURE, CellRule, field_feature, request_features
+from kvprof.profiler.classes import field_texts
 from kvprof.profiler.reuse import ReuseSamples
 from kvprof.profiler.trace import Trace
 
@@ -42,11 +43,11 @@ def feature_matrix(trace: Trace, class_codes: np.ndarray, class_names, fields=()
     for field in fields:
         if field not in trace.extra:
             raise ValueError(f"cell field {field!r} is not in the trace (its fields: {', '.join(sorted(trace.extra)) or 'none'})")
-        values = np.asarray(trace.extra[field]).astype(str)
+        values = field_texts(trace.extra[field])
         distinct = [v for v in np.unique(values) if v != ""]
         if len(distinct) > MAX_FIELD_VALUES:
             raise ValueError(f"cell field {field!r} has {len(distinct)} values; a cell feature may have at most {MAX_FIELD_VALUES}")
-        columns += [(f"{field}={value}", (values == value).astype(np.float64)) for value in distinct]
+        columns += [(field_feature(field, value), (values == value).astype(np.float64)) for value in distinct]
     return np.column_stack([c for _, c in columns]), tuple(name for name, _ in columns)
 
 
@@ -123,7 +124,7 @@ def distinct_requests(trace: Trace, class_codes: np.ndarray, fields=()) -> tuple
         Each request's group, indexing ``first``.
     """
     columns = [np.asarray(class_codes), np.maximum(trace.turn, 1), trace.input_length]
-    columns += [np.asarray(trace.extra[f]).astype(str) for f in fields if f in trace.extra]
+    columns += [field_texts(trace.extra[f]) for f in fields if f in trace.extra]
     group = np.zeros(trace.n_requests, dtype=np.int64)
     for column in columns:  # one column at a time, renumbered densely: the key never overflows
         values, code = np.unique(column, return_inverse=True)
@@ -152,11 +153,11 @@ def cells_of_trace(rule: CellRule, trace: Trace, codes: np.ndarray, class_names)
             values[j] = [request_features("", 1, prompt)[PROMPT_FEATURE] for prompt in prompts]
         elif name.startswith("class="):
             values[j] = [f"class={c}" == name for c in classes.tolist()]
-        else:  # <field>=<value>, read as the tree learned it: the field's values as strings
+        else:  # <field>=<value>, read as the tree learned it (and as the live policy names it)
             field = next((f for f in fields if name.startswith(f + "=")), None)
             if field is not None:
-                column = np.asarray(trace.extra[field])[first].astype(str).tolist()
-                values[j] = [v != "" and f"{field}={v}" == name for v in column]
+                column = field_texts(np.asarray(trace.extra[field])[first]).tolist()
+                values[j] = [field_feature(field, v) == name for v in column]
     feature, threshold = np.array(rule.feature), np.array(rule.threshold)
     left, right, cell = np.array(rule.left), np.array(rule.right), np.array(rule.cell)
     node = np.zeros(first.size, dtype=np.int64)
@@ -209,7 +210,8 @@ def _to_rule(tree: DecisionTreeClassifier, names: tuple[str, ...], fields: tuple
     cell = []
     for node in range(len(left)):  # sklearn numbers children after their parent
         if left[node] == -1:
-            leaf_names.append(_leaf_name(paths[node]))
+            name = _leaf_name(paths[node])  # thresholds printed to 3 digits may read alike: keep names apart
+            leaf_names.append(name if name not in leaf_names else f"{name}#{len(leaf_names)}")
             cell.append(len(leaf_names) - 1)
             continue
         cell.append(-1)

@@ -25,7 +25,7 @@ def classify_trace(trace, rule: ClassRule) -> tuple[np.ndarray, tuple[str, ...]]
             known = ", ".join(sorted(trace.extra)) or "none"
             raise ValueError(f"class field {rule.field!r} is not in the trace (other fields: {known})")
         column = {"type": trace.types, "turn": trace.turn}.get(rule.field, trace.extra.get(rule.field))
-        values, inverse = np.unique(np.asarray(column).astype(str), return_inverse=True)
+        values, inverse = np.unique(field_texts(column), return_inverse=True)
         per_value = [workload_class(rule, value=v) for v in values]
     else:
         turns = np.minimum(np.maximum(trace.turn, 1), rule.turn_cap).astype(np.int64)
@@ -39,3 +39,12 @@ def classify_trace(trace, rule: ClassRule) -> tuple[np.ndarray, tuple[str, ...]]
     index = {name: i for i, name in enumerate(names)}
     value_code = np.array([index[name] for name in per_value], dtype=np.int32)
     return value_code[inverse.reshape(-1)], names
+
+
+def field_texts(column) -> np.ndarray:
+    """A field's values as text, ``""`` where a request has none (as a live request without the tag,
+    never ``"None"``), so the profiler names the classes and features the live policy does."""
+    column = np.asarray(column)
+    if column.dtype == object:
+        column = np.where(column == None, "", column)  # noqa: E711 - elementwise
+    return column.astype(str)

@@ -17,8 +17,10 @@ Decisions worth knowing (the README documents them):
   file: any of them) is a ``mixed_format`` error at that line, not a record read the wrong way.
 * Types are strict JSON types: integers must be JSON integers (``3.0`` and ``true`` are not),
   timestamps may be integers or floats, ``type`` is a string, ``hash_ids`` a list of integers.
-* Values: timestamps finite, >= 0 and below 2**53 (beyond it a float no longer holds whole
-  milliseconds, and one absurd timestamp would make every later line look out of order), lengths
+  A key repeated in a line is a ``malformed_json`` error of that line (the decoder would keep the
+  last value silently); lines are checked for it only when they hold more colons than keys.
+* Values: timestamps finite, >= 0 and below 2**43 seconds (beyond it a float no longer holds a
+  time to the millisecond, and one absurd timestamp would make every later line look out of order), lengths
   and hash ids >= 0, ``chat_id`` >= 0, ``parent_chat_id`` -1 or >= 0, ``turn`` from 1 to
   2**31 - 1; integers beyond 64 bits are bad values too. All of these are errors of their own line.
 * ``chat_id`` is unique: a later line repeating one is a ``duplicate_chat_id`` (a parent naming it
@@ -26,6 +28,8 @@ Decisions worth knowing (the README documents them):
 * Time order: a timestamp may fall up to ``time_tolerance`` seconds below the largest earlier one
   (logging jitter); the rows are then stably sorted by time. Further back is an error.
 * Parents: a ``parent_chat_id`` other than -1 must be the ``chat_id`` of an earlier (kept) line.
+* Compression is detected from the first bytes: gzip, or zstd (also when the file starts with a
+  skippable frame, as ``pzstd`` writes).
 * Streams: a FIFO or a character device is read as it arrives (no progress total); one that closes
   without a line is an error saying nothing arrived.
 * Extra fields: any other scalar field becomes a column of ``Trace.extra``: bool, int64, float64
@@ -56,6 +60,7 @@ import json
 import math
 import operator
 import os
+import re
 import stat
 from array import array
 from collections.abc import Callable, Iterator
@@ -70,7 +75,7 @@ from kvprof.errors import TraceError
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE, Trace
 from kvprof.recording import Recording, RecordingError, load_recording, trace_files
 
-__all__ = ["SKIP_KINDS", "ReadReport", "detect_format", "read_trace"]
+__all__ = ["SKIP_KINDS", "ReadReport", "detect_format", "peek_format", "read_trace", "required_fields"]
 
 #: Kinds of invalid line, in the order they are checked; ``ReadReport.skipped`` is keyed by these.
 SKIP_KINDS = (
@@ -109,10 +114,13 @@ _SESSION_FIELDS = ("chat_id", "type", "turn")
 _TIME_UNITS = {"bailian": 1, "mooncake": 1000}
 
 _INT64_MIN, _INT64_END = -(2**63), 2**63
-#: Timestamps stop here: floats hold every whole number (of milliseconds, for Mooncake) below it.
-_TIMESTAMP_END = 2.0**53
+#: Timestamps stop here, in seconds (2**43 s, about 278,000 years): below it a float holds a time to the
+#: millisecond (Bailian's seconds, Mooncake's milliseconds once converted); beyond it gaps are quantised.
+_TIMESTAMP_END_S = 2.0**43
 _INT32_MAX = 2**31 - 1
 _MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}
+#: A zstd skippable frame (what pzstd writes first) starts with 0x184D2A5? little-endian.
+_SKIPPABLE_END = b"\x2a\x4d\x18"
 #: Bytes read at a time (zstd input is read in smaller pieces: it may expand 20-fold), and stored
 #: bytes between progress calls.
 _CHUNK_BYTES = 4 << 20
@@ -252,6 +260,31 @@ def detect_format(record: dict) -> str:
     return "bailian" if any(key in record for key in _SESSION_FIELDS) else "mooncake"
 
 
+def peek_format(path) -> str | None:
+    """The format :func:`read_trace` will detect, from the first line alone; None when that line does not
+    tell (no line, not a JSON object, a file that cannot be read: :func:`read_trace` then says why).
+
+    Lets a front end check options that depend on the format (block sizes) before reading a whole
+    trace. Not for streams: it consumes what it reads.
+    """
+    try:
+        with _StoredFile(path, None) as stored:
+            for _, line in stored.lines():
+                try:
+                    record = json.loads(line)
+                except (ValueError, RecursionError):
+                    return None
+                return detect_format(record) if type(record) is dict else None
+    except (OSError, TraceError):
+        return None
+    return None
+
+
+def required_fields(format: str) -> tuple[str, ...]:
+    """The fields every record of ``format`` has."""
+    return tuple(_REQUIRED[format])
+
+
 def _check_arguments(format, block_size, window, time_tolerance) -> None:
     if format is not None and format not in FORMAT_BLOCK_SIZE:
         raise ValueError(f"format {format!r} is not one of {', '.join(FORMAT_BLOCK_SIZE)}")
@@ -295,6 +328,8 @@ class _StoredFile:
         self._total = 0 if self.is_stream else info.st_size
         head = self._file.peek(4)
         self._codec = next((codec for magic, codec in _MAGIC.items() if head.startswith(magic)), None)
+        if head[:1] and 0x50 <= head[0] <= 0x5F and head[1:4] == _SKIPPABLE_END:
+            self._codec = "zstd"
         self._sha = hashlib.sha256()
         self._progress = progress
         self._done = self._reported = 0
@@ -681,6 +716,11 @@ class _Parser:
         if type(record) is not dict:
             message = f"a record must be a JSON object, got {_describe(record)}"
             return _Problem("malformed_json", line_no, None, message)
+        if _may_repeat_a_key(line, len(record)):
+            key = _repeated_key(line)
+            if key is not None:
+                return _Problem("malformed_json", line_no, key,
+                                "the key appears twice in the line (a JSON object's keys must be unique)")
         if self.rows is None:
             self.rows = _Rows(self._format or detect_format(record), line_no, detected=self._format is None)
         return self.rows.append(line_no, record, has_bool=b"true" in line or b"false" in line)
@@ -698,6 +738,40 @@ def _fast_decode(line: bytes):
     if type(record) is dict and any(type(v) is float and not -_INT64_END <= v < _INT64_END for v in record.values()):
         return None
     return record
+
+
+#: What ends a key: its closing quote, blanks, the colon (string values hold it too, rarely).
+_KEY_END = re.compile(rb'"[ \t\r\n]*:')
+
+
+def _may_repeat_a_key(line: bytes, n_keys: int) -> bool:
+    """Whether a line that decoded to an object of ``n_keys`` keys may have repeated one (both decoders
+    keep the last value silently).
+
+    Every key ends in a quote, maybe blanks, and a colon: as many colons as keys (almost every line)
+    rule a repeat out, and failing that (a colon in a value) as many key ends. More (a nested
+    object, a quote and a colon in a value, or a repeated key) are left to :func:`_repeated_key`.
+    """
+    return line.count(b":") > n_keys and len(_KEY_END.findall(line)) > n_keys
+
+
+def _repeated_key(line: bytes) -> str | None:
+    """The first key an object of ``line`` repeats, or None (also when json cannot read the line)."""
+    repeated: list[str] = []
+
+    def pairs(items: list) -> dict:
+        seen = set()
+        for key, _ in items:
+            if key in seen:
+                repeated.append(key)
+            seen.add(key)
+        return dict(items)
+
+    try:
+        json.loads(line, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None
+    return repeated[0] if repeated else None
 
 
 def _count(report: ReadReport, kind: str, n: int = 1) -> None:
@@ -752,9 +826,15 @@ def _validate(
 
 def _value_checks(columns, keep, **_) -> Iterator[_BadRows]:
     """Negative, NaN and infinite values of the required fields."""
-    ts = columns["raw_timestamp"]
-    bad = ~(np.isfinite(ts) & (ts >= 0) & (ts < _TIMESTAMP_END))
-    yield _BadRows("bad_value", "timestamp", bad, _range_message(ts, "a finite number >= 0 and below 2**53"))
+    ts, seconds = columns["raw_timestamp"], columns["timestamp"]
+    bad = ~(np.isfinite(ts) & (ts >= 0) & (seconds < _TIMESTAMP_END_S))
+
+    def time_message(i):
+        raw, converted = ts[i].item(), seconds[i].item()
+        shown = repr(raw) if raw == converted or not math.isfinite(raw) else f"{raw!r} ({converted:g} s)"
+        return f"must be a finite number >= 0 and below 2**43 s, where a float still holds a millisecond, got {shown}"
+
+    yield _BadRows("bad_value", "timestamp", bad, time_message)
     ranges = (
         ("chat_id", 0, None),
         ("parent_chat_id", -1, None),
@@ -778,7 +858,7 @@ def _value_checks(columns, keep, **_) -> Iterator[_BadRows]:
 
 
 def _range_message(values: np.ndarray, expected: str) -> Callable[[int], str]:
-    return lambda i: f"must be {expected}, got {values[i]!r}"
+    return lambda i: f"must be {expected}, got {values[i].item()!r}"
 
 
 def _hash_length_check(columns, keep, *, block_size, **_) -> Iterator[_BadRows]:

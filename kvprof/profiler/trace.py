@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from kvprof.limits import WINDOW_SECONDS
+
 #: Trace formats kvprof reads, with their native block size in tokens.
 FORMAT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512}
 
@@ -180,13 +182,10 @@ def parse_window(text: str) -> tuple[float | None, float | None]:
         raise ValueError(f"window {text!r} must look like START:END, e.g. 0:3600 or 3600:")
     lo_text, hi_text = (part.strip() for part in text.split(":"))
     try:
-        lo = float(lo_text) if lo_text else None
-        hi = float(hi_text) if hi_text else None
-    except ValueError:
-        raise ValueError(f"window {text!r}: START and END must be numbers of seconds") from None
-    for value in (lo, hi):
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"window {text!r}: bounds must be finite")
+        lo = WINDOW_SECONDS.parse(lo_text, "START") if lo_text else None
+        hi = WINDOW_SECONDS.parse(hi_text, "END") if hi_text else None
+    except ValueError as exc:
+        raise ValueError(f"window {text!r}: {exc}") from None
     if lo is not None and hi is not None and hi <= lo:
         raise ValueError(f"window {text!r}: END must be greater than START")
     return lo, hi

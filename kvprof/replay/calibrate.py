@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvprof.replay.runner import RequestRecord
+from kvprof.sim.config import COST_BOUNDS
 
 #: Fewest answered requests, and distinct bins, a fit is made from.
 MIN_REQUESTS = 8
@@ -36,7 +37,7 @@ class Calibration:
 
 def calibrate(records: Sequence[RequestRecord]) -> Calibration | str:
     """The fitted server, or why none can be fitted (a sentence)."""
-    ok = [r for r in records if r.error is None]
+    ok = [r for r in records if r.answered]
     if len(ok) < MIN_REQUESTS:
         return f"{len(ok)} answered requests are too few to fit the server's prefill rate (at least {MIN_REQUESTS})"
     uncached = np.array([max(r.prompt_tokens - r.cached_tokens, 1) for r in ok], dtype=float)
@@ -50,5 +51,8 @@ def calibrate(records: Sequence[RequestRecord]) -> Calibration | str:
     slope, intercept = np.polyfit(x, y, 1)
     if not slope > 0:
         return "first-token times do not grow with uncached prompt tokens, so no prefill rate can be read from them"
-    return Calibration(prefill_tokens_per_s=float(1.0 / slope), step_overhead_s=float(max(intercept, 0.0)),
-                       n_requests=len(ok))
+    rate, overhead = float(1.0 / slope), float(max(intercept, 0.0))
+    for name, value in (("prefill_tokens_per_s", rate), ("step_overhead_s", overhead)):
+        if not COST_BOUNDS[name].accepts(value):
+            return f"the fitted {name} {value:g} is not {COST_BOUNDS[name].describe()}, so it models no server"
+    return Calibration(prefill_tokens_per_s=rate, step_overhead_s=overhead, n_requests=len(ok))

@@ -33,17 +33,23 @@ class ReplayRequest:
     output_length: int
     workload: dict  # vllm_xargs: the trace's type and turn, for the plugin's class rule
 
-    def prompt(self, block_tokens: int, vocab_size: int) -> list[int]:
-        """The prompt's token ids (at least one)."""
-        tokens = prompt_tokens(self.hash_ids, block_tokens, vocab_size)
-        return tokens[: max(1, min(self.input_length, len(tokens)))] or [FIRST_TOKEN_ID]
+    def prompt_length(self, block_tokens: int) -> int:
+        """Tokens :meth:`prompt` gives: the trace's ``input_length``, at least one, at most its blocks'."""
+        return max(1, min(self.input_length, len(self.hash_ids) * block_tokens))
+
+    def prompt(self, block_tokens: int, vocab_size: int, length: int | None = None) -> list[int]:
+        """The prompt's token ids: :meth:`prompt_length` of them, or its first ``length`` (at least one)."""
+        n = self.prompt_length(block_tokens) if length is None else max(1, min(length, self.prompt_length(block_tokens)))
+        return prompt_tokens(self.hash_ids, block_tokens, vocab_size, n) or [FIRST_TOKEN_ID]
 
 
-def prompt_tokens(hash_ids: np.ndarray, block_tokens: int, vocab_size: int) -> list[int]:
-    """The token ids of a chain of trace blocks, ``block_tokens`` per block, all in ``[FIRST_TOKEN_ID, vocab_size)``."""
-    ids = np.repeat(np.asarray(hash_ids, dtype=np.uint64), block_tokens)
-    position = np.tile(np.arange(block_tokens, dtype=np.uint64), len(hash_ids))
-    mixed = _splitmix64(ids * np.uint64(block_tokens) + position)
+def prompt_tokens(hash_ids: np.ndarray, block_tokens: int, vocab_size: int, length: int | None = None) -> list[int]:
+    """The token ids of a chain of trace blocks, ``block_tokens`` per block, all in ``[FIRST_TOKEN_ID, vocab_size)``;
+    only the first ``length`` are made (a prompt is cut to its length before its tokens are drawn)."""
+    total = len(hash_ids) * block_tokens if length is None else min(length, len(hash_ids) * block_tokens)
+    position = np.arange(total, dtype=np.uint64)
+    ids = np.asarray(hash_ids, dtype=np.uint64)[position // np.uint64(block_tokens)]
+    mixed = _splitmix64(ids * np.uint64(block_tokens) + position % np.uint64(block_tokens))
     return (mixed % np.uint64(vocab_size - FIRST_TOKEN_ID) + np.uint64(FIRST_TOKEN_ID)).astype(np.int64).tolist()
 
 

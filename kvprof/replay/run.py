@@ -1,16 +1,19 @@
-"""A whole replay: the server checked, the trace sent, and its outputs written.
+"""A whole replay: the server checked, the trace sent, and whatever was measured written.
 
 The run's capacity is the server's GPU KV-cache size in blocks, so the live point sits on
 ``compare``'s capacity axis: ``capacity``, or else ``num_gpu_blocks`` of vLLM's
 ``vllm:cache_config_info`` gauge (per engine, the null block included, as vLLM's
 ``--num-gpu-blocks-override`` counts). Without either, or without a server, the replay stops
 before its first request: a replay runs as long as its trace, and a mistake is cheapest before
-it starts. So does a test request the server refuses (:meth:`Server.probe`).
+it starts. So does a test request the server refuses (:meth:`Server.probe`). The model's
+context (``max_model_len`` of ``/v1/models``) decides which prompts are too long to send.
 
 Outputs, each atomic, into the output directory: ``requests.jsonl`` (one line per request),
 ``cost.json`` (the fitted server, :mod:`kvprof.replay.calibrate`, when one can be fitted) and, last,
-``results.json`` (``kvprof.results/1``, one measured run). An earlier ``results.json`` stays
-until the new one replaces it.
+``results.json`` (``kvprof.results/1``, one measured run). They are written on every way a
+replay ends once it has sent a request: finished (``complete: true``), or stopped by an
+interrupt or an error (``complete: false``, the requests answered until then). An earlier
+``results.json`` stays until the new one replaces it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,12 +32,15 @@ from kvprof.atomic import atomic_open
 from kvprof.errors import KvprofError
 from kvprof.profiler.trace import Trace
 from kvprof.replay.calibrate import Calibration, calibrate
-from kvprof.replay.prompts import requests_of
+from kvprof.replay.prompts import ReplayRequest, requests_of
 from kvprof.replay.runner import Pacing, Progress, RequestRecord, send_all
 from kvprof.replay.server import Server, ServerUnreachable
 from kvprof.sim.config import CostModel
 
 COST_FILE = "cost.json"
+REQUESTS_FILE = "requests.jsonl"
+#: A request that left this long after its scheduled arrival waited for a concurrency slot: the server fell behind.
+LATE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,8 @@ class ReplaySettings:
     """The server and how to drive it.
 
     ``policy`` and ``hp_path`` say what the server runs (they label the run; replay cannot see
-    inside the server); ``capacity`` (blocks) overrides what the server reports.
+    inside the server); ``capacity`` (blocks) overrides what the server reports; ``classes``,
+    when given, names a request's workload class (the hp file's rule) in its record.
     """
 
     url: str
@@ -51,20 +59,33 @@ class ReplaySettings:
     capacity: int | None = None
     policy: str = "lru"
     hp_path: str | None = None
+    classes: Callable[[ReplayRequest], str | None] | None = None
 
 
 @dataclass(frozen=True)
 class ReplayOutcome:
-    """The results document, the fitted server (or why there is none) and every request's record."""
+    """The results document, the fitted server (or why there is none), every request's record, and the
+    interrupt that stopped the replay (None: it finished)."""
 
     document: dict
     calibration: Calibration | str
     records: list[RequestRecord]
+    interrupted: BaseException | None = None
 
     @property
-    def commonest_error(self) -> tuple[str, int] | None:
-        errors = Counter(r.error for r in self.records if r.error is not None)
-        return errors.most_common(1)[0] if errors else None
+    def errors_by_kind(self) -> list[tuple[str, int, str]]:
+        """``(kind, count, an example message)`` of the failed requests, commonest kind first."""
+        failed = [r for r in self.records if r.sent and r.error is not None]
+        counts = Counter(r.error_kind or "error" for r in failed)
+        example = {}
+        for record in failed:
+            example.setdefault(record.error_kind or "error", record.error)
+        return [(kind, count, example[kind]) for kind, count in counts.most_common()]
+
+    @property
+    def late(self) -> int:
+        """Requests that left more than :data:`LATE_S` after their scheduled arrival (all slots were taken)."""
+        return sum(1 for r in self.records if r.wait_s is not None and r.wait_s > LATE_S)
 
 
 def run_replay(trace: Trace, settings: ReplaySettings, out: Path, *, inputs: dict | None = None,
@@ -76,31 +97,43 @@ def run_replay(trace: Trace, settings: ReplaySettings, out: Path, *, inputs: dic
     ServerUnreachable
         Nothing answers at the URL.
     KvprofError
-        No capacity, or the server refused the test request.
+        No capacity (or one the server reports that is not a number of blocks), or the server
+        refused the test request: before the first trace request, nothing written.
+    Exception
+        An error while sending that is a bug: raised again once what was measured is written.
     """
     pacing = settings.pacing
     requests = requests_of(trace)
     with Server(settings.url, settings.model, timeout_s=settings.timeout_s,
                 max_connections=pacing.max_concurrency) as server:
         capacity, cache = _capacity(server, settings.capacity)
+        max_model_len = server.max_model_len()
         server.probe(pacing.vocab_size)
         started = time.monotonic()
-        records = send_all(server, requests, pacing, progress)
+        sent = send_all(server, requests, pacing, progress, max_model_len=max_model_len, classes=settings.classes)
         wall = time.monotonic() - started
+    records = sent.records
+    _write_records(out, records)
     calibration = calibrate(records)
     config = {"mode": "replay", "engine_block_size": cache["block_size"], "rate_scale": pacing.rate_scale,
               "max_concurrency": pacing.max_concurrency, "trace_block_tokens": trace.block_size,
               "vocab_size": pacing.vocab_size, "max_output_tokens": pacing.max_output_tokens,
-              "timeout_s": settings.timeout_s, "policies": [settings.policy], "capacities": [capacity],
+              "timeout_s": settings.timeout_s, "max_model_len": max_model_len, "too_long": pacing.too_long,
+              "policies": [settings.policy], "capacities": [capacity],
               "calibration": asdict(calibration) if isinstance(calibration, Calibration) else None}
     facts = {"source": trace.source, "sha256": trace.sha256, "format": trace.format, "block_size": trace.block_size,
              "window": [trace.window[0], trace.censor_time], "n_requests": trace.n_requests}
+    run = _measured_run(records, settings.policy, capacity, pacing.rate_scale, calibration,
+                        (trace.censor_time - trace.window[0]) / pacing.rate_scale)
     document = results.build(
         inputs={**(inputs or {}), "hp": None if settings.hp_path is None else {"path": settings.hp_path},
-                "server": {"url": settings.url, "model": settings.model, **cache}, "trace": facts},
-        config=config, runs=[_measured_run(records, settings.policy, capacity, pacing.rate_scale)], wall_s=wall)
-    _write_outputs(out, records, calibration, document)
-    return ReplayOutcome(document, calibration, records)
+                "server": {"url": settings.url, "model": settings.model, **cache, "max_model_len": max_model_len},
+                "trace": facts},
+        config=config, runs=[run], wall_s=wall, complete=sent.stopped_by is None)
+    _write_results(out, calibration, document)
+    if sent.stopped_by is not None and not isinstance(sent.stopped_by, KeyboardInterrupt):
+        raise sent.stopped_by
+    return ReplayOutcome(document, calibration, records, sent.stopped_by)
 
 
 def _capacity(server: Server, capacity: int | None) -> tuple[int, dict]:
@@ -116,34 +149,52 @@ def _capacity(server: Server, capacity: int | None) -> tuple[int, dict]:
     return (cache["num_gpu_blocks"] if capacity is None else capacity), cache
 
 
-def _measured_run(records: list[RequestRecord], policy: str, capacity: int, rate_scale: float) -> dict:
-    """The results run of a replay: ``compare``'s fields that a server reports, measured."""
-    ok = [r for r in records if r.error is None]
+def _measured_run(records: list[RequestRecord], policy: str, capacity: int, rate_scale: float,
+                  calibration: Calibration | str, replayed_s: float) -> dict:
+    """The results run of a replay: ``compare``'s fields that a server reports, measured.
+
+    The token sums cover every request sent, answered or not, as a simulated run's cover its
+    rejected requests: a request the server did not answer counts its prompt as uncached
+    (docs/results-schema.md, ``token_hit_ratio``).
+    """
+    sent = [r for r in records if r.sent]
+    ok = [r for r in sent if r.error is None]
     qttft = [r.qttft_s for r in ok]
-    prompt_tokens = sum(r.prompt_tokens for r in ok)
+    prompt_tokens = sum(r.prompt_tokens for r in sent)
     cached = sum(r.cached_tokens for r in ok)
     p50, p90, p99 = (float(v) for v in np.percentile(qttft, [50, 90, 99])) if qttft else (None,) * 3
+    uncached = sum(r.prompt_tokens - r.cached_tokens for r in ok)
+    load = (uncached / (calibration.prefill_tokens_per_s * replayed_s)
+            if isinstance(calibration, Calibration) and replayed_s > 0 else None)
     return {
         "policy": policy,
         "capacity": capacity,
-        "n_requests": len(records), "n_rejected": 0,
-        "n_errors": len(records) - len(ok),
-        "n_timeouts": sum(r.error == "timeout" for r in records),
+        "n_requests": len(sent), "n_rejected": 0,
+        "n_errors": len(sent) - len(ok),
+        "n_timeouts": sum(r.error_kind == "timeout" for r in sent),
+        "n_skipped": len(records) - len(sent),
         "prompt_tokens": prompt_tokens, "cached_tokens": cached,
         "token_hit_ratio": (cached / prompt_tokens) if prompt_tokens else None,
         "qttft_mean_s": float(np.mean(qttft)) if qttft else None,
         "qttft_p50_s": p50, "qttft_p90_s": p90, "qttft_p99_s": p99,
         "ttft_mean_s": float(np.mean([r.ttft_s for r in ok])) if ok else None,
         "makespan_s": max((r.arrival_s / rate_scale + r.qttft_s for r in ok), default=None),
+        "offered_load": load,
+        "qttft_overloaded": load is not None and load > 1,
         "measured": True,
     }
 
 
-def _write_outputs(out: Path, records: list[RequestRecord], calibration: Calibration | str, document: dict) -> None:
-    """requests.jsonl, cost.json (when fitted), then results.json, each atomically."""
-    with atomic_open(out / "requests.jsonl") as handle:
+def _write_records(out: Path, records: list[RequestRecord]) -> None:
+    """requests.jsonl, first: whatever happens later, every measured request is on disk."""
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_open(out / REQUESTS_FILE) as handle:
         for record in records:
             handle.write(json.dumps(asdict(record)) + "\n")
+
+
+def _write_results(out: Path, calibration: Calibration | str, document: dict) -> None:
+    """cost.json (when fitted), then results.json, each atomically."""
     if isinstance(calibration, Calibration):
         fitted = CostModel(prefill_tokens_per_s=calibration.prefill_tokens_per_s,
                            step_overhead_s=calibration.step_overhead_s)

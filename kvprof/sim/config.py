@@ -11,6 +11,7 @@ from pathlib import Path
 from kvprof.atomic import atomic_write_text
 from kvprof.errors import CostFileError, KvprofError
 from kvprof.jsonfile import JsonChecks, read_json
+from kvprof.limits import BLOCKS, INT32_MAX, RATE_SCALE, TOKENS, TOKENS_PER_SECOND, Bound
 
 #: Schema of a cost-model file (``kvprof replay`` writes one, ``compare --cost`` reads it).
 COST_SCHEMA = "kvprof.cost/1"
@@ -26,6 +27,19 @@ TIMINGS = ("auto", "recorded", "model")
 
 class SimulationError(KvprofError):
     """A simulation that cannot be set up from the given inputs (CLI exit code 1)."""
+
+
+#: Seconds a step, a token or a block load may take in the cost model.
+_STEP_SECONDS = Bound(0.0, 1e6)
+#: What each number of the cost model may be: the same rule for its options, its file and the dataclass.
+COST_BOUNDS = {
+    "prefill_tokens_per_s": TOKENS_PER_SECOND,
+    "step_overhead_s": _STEP_SECONDS,
+    "max_batched_tokens": TOKENS,
+    "max_num_seqs": Bound(1, INT32_MAX, whole=True),
+    "time_per_output_token_s": _STEP_SECONDS,
+    "host_load_s_per_block": _STEP_SECONDS,
+}
 
 
 @dataclass(frozen=True)
@@ -74,13 +88,11 @@ class CostModel:
     host_load_s_per_block: float = 3e-4
 
     def __post_init__(self):
-        if not (math.isfinite(self.prefill_tokens_per_s) and self.prefill_tokens_per_s > 0):
-            raise SimulationError(f"prefill throughput must be a finite number > 0 tokens/s, got {self.prefill_tokens_per_s}")
-        if self.max_batched_tokens < 1 or self.max_num_seqs < 1:
-            raise SimulationError("max_batched_tokens and max_num_seqs must be >= 1")
-        times = (self.step_overhead_s, self.time_per_output_token_s, self.host_load_s_per_block)
-        if not all(math.isfinite(t) and t >= 0 for t in times):
-            raise SimulationError("times in the cost model must be finite numbers >= 0 seconds")
+        for name, bound in COST_BOUNDS.items():
+            try:
+                bound.check(getattr(self, name), name)
+            except ValueError as exc:
+                raise SimulationError(f"cost model: {exc}") from None
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, base: CostModel | None = None) -> CostModel:
@@ -101,17 +113,12 @@ class CostModel:
         for name in names:
             if name not in data:
                 continue
-            kind = type(getattr(CostModel(), name))
-            if kind is bool:
-                values[name] = checks.boolean(data[name], name)
-            elif kind is int:
-                values[name] = checks.integer(data[name], name, low=1)
+            if name in COST_BOUNDS:
+                value = checks.bounded(data[name], name, COST_BOUNDS[name])
+                values[name] = value if COST_BOUNDS[name].whole else float(value)
             else:
-                values[name] = float(checks.number(data[name], name))
-        try:
-            return replace(base or cls(), **values)
-        except SimulationError as exc:
-            checks.fail(None, str(exc))
+                values[name] = checks.boolean(data[name], name)
+        return replace(base or cls(), **values)
 
     def write(self, path: str | os.PathLike, provenance: dict, keys: tuple[str, ...] | None = None) -> Path:
         """Write a ``kvprof.cost/1`` file of ``keys`` (default: every field) and ``provenance``, atomically."""
@@ -134,7 +141,7 @@ class SimConfig:
     cpu_policy : str
         Policy name of the CPU tier (``make_policy`` name).
     capacity_schedule : tuple of (float, int)
-        Elastic GPU capacity: ``(seconds from evaluation start, blocks)`` pairs, sorted by time.
+        Elastic GPU capacity: ``(seconds from evaluation start, blocks)`` pairs, times strictly increasing.
         Empty for a fixed capacity. When given, it replaces the swept capacity.
     rate_scale : float
         Arrivals come this many times as fast as in the trace (``kvprof replay --rate-scale``);
@@ -164,11 +171,11 @@ class SimConfig:
             raise SimulationError(f"engine block size must be >= 1 token, got {self.engine_block_size}")
         if self.cpu_capacity < 0:
             raise SimulationError(f"CPU capacity must be >= 0 blocks, got {self.cpu_capacity}")
-        if not (math.isfinite(self.rate_scale) and self.rate_scale > 0):
-            raise SimulationError(f"the rate scale must be a finite number > 0, got {self.rate_scale}")
+        if not RATE_SCALE.accepts(self.rate_scale):
+            raise SimulationError(f"the rate scale must be {RATE_SCALE.describe()}, got {self.rate_scale}")
         times = [t for t, _ in self.capacity_schedule]
-        if times != sorted(times) or any(not math.isfinite(t) or t < 0 for t in times):
-            raise SimulationError("capacity schedule times must be finite, >= 0 and increasing")
+        if any(b <= a for a, b in zip(times, times[1:])) or any(not math.isfinite(t) or t < 0 for t in times):
+            raise SimulationError("capacity schedule times must be finite, >= 0 and strictly increasing")
         if any(c <= 0 for _, c in self.capacity_schedule):
             raise SimulationError("capacities in the schedule must be > 0 blocks")
         if not (math.isfinite(self.sample_rate) and 0 < self.sample_rate <= 1):
@@ -212,6 +219,10 @@ def default_engine_block(trace_block_size: int) -> int:
     return trace_block_size * -(-DEFAULT_ENGINE_BLOCK_TOKENS // trace_block_size)
 
 
+#: Times of a capacity schedule, seconds from the evaluation start.
+SCHEDULE_SECONDS = Bound(0.0, 1e15)
+
+
 def parse_schedule(text: str) -> tuple[tuple[float, int], ...]:
     """Parse ``"0:4096,1800:2048"`` into ``((0.0, 4096), (1800.0, 2048))``.
 
@@ -223,12 +234,16 @@ def parse_schedule(text: str) -> tuple[tuple[float, int], ...]:
     steps = []
     for part in text.split(","):
         seconds, sep, blocks = part.strip().partition(":")
+        if not sep:
+            raise ValueError(f"capacity schedule {text!r} must look like 0:4096,1800:2048 (seconds:blocks)")
         try:
-            if not sep:
-                raise ValueError
-            steps.append((float(seconds), int(blocks)))
-        except ValueError:
-            raise ValueError(f"capacity schedule {text!r} must look like 0:4096,1800:2048 (seconds:blocks)") from None
+            steps.append((SCHEDULE_SECONDS.parse(seconds.strip(), f"time {seconds.strip()!r}"),
+                          BLOCKS.parse(blocks.strip(), f"capacity {blocks.strip()!r}")))
+        except ValueError as exc:
+            raise ValueError(f"capacity schedule {text!r}: {exc} (seconds:blocks, e.g. 0:4096,1800:2048)") from None
     if steps and steps[0][0] != 0:
         raise ValueError(f"capacity schedule {text!r} must start at time 0")
+    repeated = next((b for a, b in zip(steps, steps[1:]) if b[0] <= a[0]), None)
+    if repeated is not None:
+        raise ValueError(f"capacity schedule {text!r}: its times must increase, and {repeated[0]:g} s does not")
     return tuple(steps)

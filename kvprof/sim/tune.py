@@ -13,7 +13,7 @@ the nearest tuned one (:meth:`kvprof.models.hp.HpFile.tuned`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvprof.models.hp import HpFile
 from kvprof.policy import make_policy
@@ -31,7 +31,7 @@ REPLAYED_SHARE = 1 / 3
 
 
 def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig = SimConfig(), *,
-         n_jobs: int = 1, ray: str | None = None) -> HpFile:
+         n_jobs: int = 1, ray: str | None = None, progress: Callable[[int, int], None] | None = None) -> HpFile:
     """``hp`` with a tuning entry per capacity, chosen by replaying the end of ``trace`` (the fit window).
 
     Parameters
@@ -51,6 +51,8 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
         (:func:`~kvprof.sim.runner.sweep_workers`).
     ray : str or None
         Run the replays on the Ray cluster at this address instead (:mod:`kvprof.sim.runner`).
+    progress : callable(done, total) or None
+        Called as each replay finishes.
 
     Returns
     -------
@@ -66,7 +68,7 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     horizons = [hp.horizon * factor for factor in HORIZON_FACTORS]
     tasks = [(capacity, horizon) for capacity in capacities for horizon in horizons]
     replays = run_tasks(_replay, workload, [(hp, miniature.capacity(capacity), horizon, miniature.config(config))
-                                            for capacity, horizon in tasks], n_jobs=n_jobs, ray=ray)
+                                            for capacity, horizon in tasks], n_jobs=n_jobs, ray=ray, progress=progress)
     entries = []
     for capacity in capacities:
         tried = {horizon: replay for (c, horizon), replay in zip(tasks, replays) if c == capacity}

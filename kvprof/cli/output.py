@@ -1,0 +1,176 @@
+"""Everything the CLI prints goes through here: tables and JSON on stdout, messages and progress on stderr.
+
+Whatever kvprof prints of its input is shown as it is, whatever it holds:
+
+* No rich markup and no emoji codes are read from text: the consoles are built without them, so
+  ``[bold]``, ``[/]`` or ``:smile:`` in a path, a trace value, an hp file or a server's message
+  is printed as those characters (never parsed, dropped or turned into a crash). kvprof's own
+  styles are given as styles (:func:`message`), never as markup in a string.
+* Text that UTF-8 cannot encode (a lone surrogate from a trace's JSON, a file name in another
+  encoding) is written with backslash escapes (``\\ud800``) instead of crashing the print, and so
+  are control characters but newline and tab (an escape sequence in a trace value would otherwise
+  reach the terminal and act there).
+* Progress bars and spinners draw only on a terminal; in a log they print nothing (a spinner's
+  message once, as a line).
+* A closed stdout (``kvprof inspect t.jsonl | head -1``) ends the command quietly with exit 0,
+  as the reader asked for no more (:func:`kvprof.cli.common.guarded`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+#: Off a terminal (pipes, CI logs) rich would squeeze tables into 80 columns, so give them room.
+_PIPE_WIDTH = 160
+
+#: Data errors exit 1; usage errors exit 2 through click's own BadParameter handling.
+EXIT_DATA_ERROR = 1
+
+
+#: What :func:`printable` escapes: control characters but newline and tab, and lone surrogates.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (but newline and tab) and what UTF-8 cannot encode (lone
+    surrogates) written as backslash escapes, as Python writes them (``\\x1b``, ``\\ud800``)."""
+    if not _UNPRINTABLE.search(text):
+        return text
+    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+class _PlainConsole(Console):
+    """A console that reads no markup or emoji codes and escapes what UTF-8 cannot encode.
+
+    Every string rich renders (a printed one, a table cell, title or caption) passes through
+    :meth:`render_str`, so no text reaches the terminal unescaped.
+    """
+
+    def __init__(self, stderr: bool = False):
+        stream = sys.stderr if stderr else sys.stdout
+        super().__init__(stderr=stderr, markup=False, emoji=False, highlight=False,
+                         width=None if stream.isatty() else _PIPE_WIDTH)
+
+    def render_str(self, text: str, **kwargs) -> Text:
+        return super().render_str(printable(text), **kwargs)
+
+    def on_broken_pipe(self) -> None:
+        """A closed pipe ends the command (:func:`end_quietly_on_closed_stdout`), not rich's exit 1."""
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the reader of the output has gone")
+
+
+console = _PlainConsole()
+err_console = _PlainConsole(stderr=True)
+
+
+def plain(value) -> Text:
+    """Any value as plain rich text: its ``str``, escaped where UTF-8 cannot encode it, never markup."""
+    return Text(printable(str(value)))
+
+
+def message(text: str, label: str | None = None, style: str = "") -> Text:
+    """A stderr line: kvprof's ``label`` (``error:``, ``warning:``) in ``style``, then ``text`` as it is."""
+    line = Text()
+    if label:
+        line.append(label + " ", style=style)
+    line.append(printable(text))
+    return line
+
+
+def say(text: str) -> None:
+    """A plain message on stderr."""
+    err_console.print(message(text), soft_wrap=True)
+
+
+def warn(text: str) -> None:
+    """A warning on stderr."""
+    err_console.print(message(text, "warning:", "yellow"), soft_wrap=True)
+
+
+def fail(text: str, code: int = EXIT_DATA_ERROR) -> typer.Exit:
+    """Print ``text`` as an error on stderr and return the Exit to raise."""
+    err_console.print(message(text, "error:", "bold red"), soft_wrap=True)
+    return typer.Exit(code)
+
+
+def show(renderable) -> None:
+    """A table (or a line) on stdout."""
+    console.print(renderable, soft_wrap=isinstance(renderable, (str, Text)))
+
+
+def print_json(data) -> None:
+    """Machine-readable output on stdout, nothing else on it: strict JSON (a NaN or an infinity is null,
+    and JSON escapes what UTF-8 cannot encode)."""
+    from kvprof.jsonfile import json_safe
+
+    sys.stdout.write(json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+#: Rows a table shows at most (rich takes about 2 ms a row); the rest are counted under it, ``--json`` has all.
+MAX_ROWS = 256
+
+
+def first_rows(items: list, noun: str, rows_each: int = 1) -> tuple[list, str | None]:
+    """The items a table of at most :data:`MAX_ROWS` rows shows (``rows_each`` rows per item), and the
+    caption that counts the others (None when all are shown)."""
+    shown = max(1, MAX_ROWS // rows_each)
+    if len(items) <= shown:
+        return items, None
+    return items[:shown], f"... and {len(items) - shown:,} more {noun} (--json shows them all)"
+
+
+def table(title: str, columns: dict[str, str], **kwargs) -> Table:
+    """A table of ``columns`` (name -> ``"left"`` or ``"right"``); left columns (names, labels) fold
+    rather than cut a long value, so a cell name is shown whole."""
+    out = Table(title=title, **kwargs)
+    for name, justify in columns.items():
+        out.add_column(name, justify=justify, overflow="fold" if justify == "left" else "ellipsis")
+    return out
+
+
+def progress(*columns: ProgressColumn, disable: bool = False) -> Progress:
+    """A transient progress display on stderr, its description plain text; drawn only on a terminal."""
+    return Progress(TextColumn("{task.description}", markup=False), *(columns or (BarColumn(),)),
+                    console=err_console, transient=True, disable=disable or not err_console.is_terminal)
+
+
+@contextlib.contextmanager
+def status(text: str) -> Iterator[None]:
+    """A spinner with ``text`` while the block runs; off a terminal ``text`` is said once instead."""
+    if not err_console.is_terminal:
+        say(text)
+        yield
+        return
+    with err_console.status(plain(text)):
+        yield
+
+
+def end_quietly_on_closed_stdout() -> typer.Exit:
+    """The reader of the output has gone (``| head``): send what is left to /dev/null, end with exit 0."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+    return typer.Exit(0)
+
+
+def escape_unencodable_streams() -> None:
+    """Let stdout and stderr write what UTF-8 cannot encode with backslash escapes (click's and typer's own
+    messages, which do not pass through these consoles, may quote such text)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
