@@ -80,6 +80,21 @@ def load(case: Case, traces_dir: Path, scratch: Path):
     return read_trace(path, block_size=case.trace_block)[0]
 
 
+def chosen_traces(names: str | None):
+    """``(case, trace)`` for each case whose name starts with one of the comma-separated ``names``
+    (all without), its trace read or generated; a real trace not found is skipped with a message."""
+    traces_dir = Path(os.environ.get("KVPROF_TRACES", REPO.parent / "shared" / "traces"))
+    with tempfile.TemporaryDirectory() as scratch:
+        for case in CASES:
+            if names and not any(case.name.startswith(name) for name in names.split(",")):
+                continue
+            trace = load(case, traces_dir, Path(scratch))
+            if trace is None:
+                print(f"skipped {case.name}: {traces_dir / case.source} not found", file=sys.stderr)
+                continue
+            yield case, trace
+
+
 def run_case(case: Case, trace, jobs: int, ray: str | None = None) -> dict:
     """Fit and tune on the fit window, sweep every policy on the evaluation window."""
     started = time.perf_counter()
@@ -176,20 +191,13 @@ def main() -> int:
     parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "quality.json")
     args = parser.parse_args()
     rates = [float(r) for r in args.sample.split(",")] if args.sample else []
-    traces_dir = Path(os.environ.get("KVPROF_TRACES", REPO.parent / "shared" / "traces"))
-    chosen = [c for c in CASES if not args.traces or any(c.name.startswith(t) for t in args.traces.split(","))]
     done, samples = [], []
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as scratch:
-        for case in chosen:
-            trace = load(case, traces_dir, Path(scratch))
-            if trace is None:
-                print(f"skipped {case.name}: {traces_dir / case.source} not found", file=sys.stderr)
-                continue
-            done.append(run_case(case, trace, args.jobs, args.ray))
-            print(f"{case.name}: {done[-1]['wall_s']:.0f} s", file=sys.stderr)
-            samples += sampled(case, trace, done[-1], rates, args.jobs, args.ray)
-            del done[-1]["hp"], done[-1]["results"]  # kept for the samples, not for the JSON
+    for case, trace in chosen_traces(args.traces):
+        done.append(run_case(case, trace, args.jobs, args.ray))
+        print(f"{case.name}: {done[-1]['wall_s']:.0f} s", file=sys.stderr)
+        samples += sampled(case, trace, done[-1], rates, args.jobs, args.ray)
+        del done[-1]["hp"], done[-1]["results"]  # kept for the samples, not for the JSON
     checks = targets(done)
     document = {"policies": list(POLICIES), "baselines": list(BASELINES), "cases": done, "targets": checks,
                 "samples": samples, "wall_s": time.perf_counter() - started}

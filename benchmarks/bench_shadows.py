@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +35,7 @@ from kvprof.sim.engine import simulate
 from kvprof.sim.workload import prepare_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quality import CASES, REPO, load  # noqa: E402 - the suite's traces, windows and sizes
+from bench_quality import REPO, chosen_traces  # noqa: E402 - the suite's traces, windows and sizes
 
 
 def led_by(workload, hp, capacity: int, candidate: str, config: SimConfig) -> tuple[float, dict[str, float]]:
@@ -71,18 +69,11 @@ def main() -> int:
     parser.add_argument("--traces", help="comma-separated case names to run (default: all)")
     parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "shadows.json")
     args = parser.parse_args()
-    traces_dir = Path(os.environ.get("KVPROF_TRACES", REPO.parent / "shared" / "traces"))
-    chosen = [c for c in CASES if not args.traces or any(c.name.startswith(t) for t in args.traces.split(","))]
     rows = []
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as scratch:
-        for case in chosen:
-            trace = load(case, traces_dir, Path(scratch))
-            if trace is None:
-                print(f"skipped {case.name}: {traces_dir / case.source} not found", file=sys.stderr)
-                continue
-            rows += run_case(case, trace, args.jobs)
-            print(f"{case.name}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    for case, trace in chosen_traces(args.traces):
+        rows += run_case(case, trace, args.jobs)
+        print(f"{case.name}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
     print("| trace | capacity | candidate | real | own shadow | error | others' runs, farthest | error |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
