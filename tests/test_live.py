@@ -51,7 +51,7 @@ def traffic(draw):
     """Requests with prefix-chained hashes, scheduled and finished at random times (a recording's worth)."""
     ids: dict[tuple, int] = {}
     rows, events, t = [], [], 0.0
-    for r in range(draw(st.integers(1, 25))):
+    for r in range(draw(st.integers(1, 60))):  # up to ~360 lookups: wa weighs its shadows every 64
         symbols = draw(st.lists(st.integers(0, 2), min_size=1, max_size=6))
         chain = [ids.setdefault(tuple(symbols[: k + 1]), len(ids)) for k in range(len(symbols))]
         partial = draw(st.integers(0, BS - 1))

@@ -41,7 +41,7 @@ from collections.abc import Iterator
 
 import numpy as np
 from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group_id
 
 from kvprof.cells import TIER_EDGES
 from kvprof.vllm.spec import PolicySpec, request_extra_args
@@ -253,6 +253,28 @@ class KvprofBlockPool(BlockPool):
             owner_of[i] = owner
             last_touch[i] = now
         self.policy.access_chain(ids, depths, hashes, now, cls, hit=hit)
+
+    def admit_request(self, request) -> None:
+        """``request`` got its first blocks: its prompt's full blocks reach the policy as one chain.
+
+        ``wa``'s shadows live on it (:meth:`~kvprof.policy.base.EvictionPolicy.admit`); the contents
+        are the cached blocks' keys (group 0's), as :meth:`_access_chain` passes them.
+        """
+        size = self.hash_block_size
+        prompt = request.num_prompt_tokens
+        n_full = min(prompt // size, len(request.block_hashes))
+        contents = [make_block_hash_with_group_id(h, 0) for h in request.block_hashes[:n_full]]
+        cls = self.kvprof_spec.class_index(request_extra_args(request), prompt)
+        self.policy.admit(request.request_id, contents, self._clock(), cls,
+                          n_lookup=min(max(request.num_tokens - 1, 0) // size, n_full), n_blocks=-(-prompt // size))
+
+    def finish_request(self, request, n_blocks: int) -> None:
+        """``request``, holding ``n_blocks`` blocks, is about to be freed: its whole chain of computed
+        full blocks (the output's too) reaches the policy, which caches what the output filled."""
+        size = self.hash_block_size
+        n_full = min(request.num_computed_tokens // size, len(request.block_hashes))
+        contents = [make_block_hash_with_group_id(h, 0) for h in request.block_hashes[:n_full]]
+        self.policy.finish(request.request_id, self._clock(), contents, n_blocks=max(n_blocks, n_full))
 
     def replace_policy(self, spec: PolicySpec, policy) -> None:
         """Serve with ``policy`` (a fresh compiled twin built from ``spec``) from now on.

@@ -3,7 +3,9 @@
 :class:`Counterfactual` keeps, per policy, a simulated GPU tier of the server's size
 (:mod:`kvprof.core.tiers`, the simulator's) and feeds it the requests as the server scheduled and
 finished them, content by content (vLLM's block hashes), with the two steps of a replay on recorded
-timing (:func:`kvprof.core.timed.admit` / :func:`~kvprof.core.timed.finish`). So its hits are
+timing (:func:`kvprof.core.timed.admit` / :func:`~kvprof.core.timed.finish`, each followed or
+preceded by the policy's own ``admit`` / ``finish``, which ``wa``'s shadows live on, as
+:func:`kvprof.core.timed.replay` does). So its hits are
 what that policy would have hit with the server's own concurrency, and ``kvprof compare`` of a
 recording of the same traffic computes the same numbers. It runs on the plugin's background
 thread, never on the scheduler's.
@@ -11,6 +13,7 @@ thread, never on the scheduler's.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -19,7 +22,7 @@ import numpy as np
 
 from kvprof.core import tiers
 from kvprof.core.build import compile_policy
-from kvprof.core.policy import outcome
+from kvprof.core.policy import outcome, policy_admit, policy_finish
 from kvprof.core.structs import NONE
 from kvprof.core.timed import admit, finish, forget
 from kvprof.policy.base import EvictionPolicy
@@ -70,6 +73,8 @@ class Counterfactual:
         self.tiers = {name: _Tier(policy, capacity, self.max_contents) for name, policy in policies.items()}
         self.lookups = 0  # prompt blocks that could have been hits, over admitted requests
         self._no_use = np.full(0, math.inf)
+        self._seat: dict[Hashable, int] = {}  # running request -> its number for the policies' admit/finish
+        self._free_seats: list[int] = []
 
     def replace(self, name: str, policy: EvictionPolicy) -> None:
         """Run ``policy`` under ``name`` from now on, in a new (empty) tier."""
@@ -102,10 +107,12 @@ class Counterfactual:
         n_lookup = min(max(prompt_tokens - 1, 0) // size, n_full)
         self.lookups += n_lookup
         next_use = self._next_use(n_prompt)
+        seat = self._take_seat(key)
         for tier in self.tiers.values():
             slots = np.zeros(n_prompt, np.int64)
             workload = classes[tier.keyed_by == "cell"]
             n_hit, held = admit(tier.gpu, blocks, next_use, 0, n_full, n_lookup, n_prompt, now, workload, slots)
+            policy_admit(tier.compiled, seat, blocks[:n_full], n_lookup, n_prompt, now, workload)
             tier.hits += int(n_hit)
             tier.running[key] = (slots, int(held), workload, blocks)
 
@@ -120,6 +127,7 @@ class Counterfactual:
         n_new = max(-(-written // size) - n_prompt, n_output_full)
         output = self._contents(hashes[n_full:n_full + n_output_full])
         next_use = self._next_use(n_prompt + n_output_full)
+        seat = self._give_seat(key)
         for tier in self.tiers.values():
             entry = tier.running.pop(key, None)
             if entry is None:  # admitted before this tier was replaced
@@ -128,14 +136,28 @@ class Counterfactual:
             # the layout of RecordedTiming: the prompt's blocks (a full tier may give some only now), the output's
             blocks = np.concatenate([prompt, np.array(output, np.int64)])
             slots = np.concatenate([slots, np.zeros(n_new, np.int64)])
+            policy_finish(tier.compiled, seat, now, blocks, n_prompt + n_new)
             finish(tier.gpu, blocks, next_use, 0, held, len(blocks), n_new, now, workload, slots)
 
     def forget_request(self, key: Hashable, now: float) -> None:
         """Request ``key`` left without a finish the counterfactual heard of: free what it holds."""
+        seat = self._give_seat(key)
         for tier in self.tiers.values():
             entry = tier.running.pop(key, None)
             if entry is not None:
+                policy_finish(tier.compiled, seat, now, entry[3][:0], 0)
                 tiers.release(tier.gpu, entry[0], entry[1], now)
+
+    def _take_seat(self, key: Hashable) -> int:
+        seat = heapq.heappop(self._free_seats) if self._free_seats else len(self._seat)
+        self._seat[key] = seat
+        return seat
+
+    def _give_seat(self, key: Hashable) -> int:
+        seat = self._seat.pop(key, -1)
+        if seat >= 0:
+            heapq.heappush(self._free_seats, seat)
+        return seat
 
     # -- contents --------------------------------------------------------------------------
     def _contents(self, hashes: Sequence) -> list[int]:

@@ -324,9 +324,21 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
                    num_gpu_blocks, seconds)
 
 
+def _never_raise(call, *args) -> None:
+    """``call(*args)``; an error is logged, never raised into vLLM's scheduler (serving goes on)."""
+    try:
+        call(*args)
+    except Exception:  # noqa: BLE001 - kvprof must never stop serving
+        _logger().exception("kvprof: the policy's request hook failed (serving goes on)")
+
+
 def track_requests(scheduler, manager, pool, live) -> None:
-    """Tell ``pool`` which request ``manager.allocate_slots`` serves, ``live`` when a request gets
-    its first blocks and when vLLM frees it, and close ``live`` with the scheduler."""
+    """Tell ``pool`` which request ``manager.allocate_slots`` serves, ``pool`` and ``live`` when a
+    request gets its first blocks and when vLLM frees it (the pool before its blocks go: its
+    policy's shadows take the request's whole chain), and close ``live`` with the scheduler.
+
+    A request preempted and resumed is told once, at its first blocks and its final free: a
+    shadow holds its slots in between."""
     original_allocate = manager.allocate_slots
     clock = time.time
 
@@ -346,6 +358,8 @@ def track_requests(scheduler, manager, pool, live) -> None:
             hit_tokens = args[1] if len(args) > 1 else kwargs.get("num_new_computed_tokens", 0)
             first_scheduled[request.request_id] = (now, hit_tokens)
             live.scheduled(request, now)
+            if pool is not None:
+                _never_raise(pool.admit_request, request)
         return blocks
 
     first_scheduled: dict[str, tuple[float, int]] = {}  # request id -> (when, prefix-cache hit tokens)
@@ -353,6 +367,8 @@ def track_requests(scheduler, manager, pool, live) -> None:
 
     @functools.wraps(original_free)
     def _free_request(request, *args, **kwargs):
+        if pool is not None and request.request_id in first_scheduled:
+            _never_raise(lambda: pool.finish_request(request, len(manager.get_blocks(request.request_id).blocks[0])))
         try:
             return original_free(request, *args, **kwargs)
         finally:
