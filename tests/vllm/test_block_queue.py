@@ -133,3 +133,36 @@ def test_wa_pool_prefers_cold_class(in_vllm):
     pool.free_blocks(reversed(cold))
     victims = _ids(pool.get_new_blocks(4))
     assert victims == _ids(reversed(cold))
+
+
+def test_wa_pool_tells_its_shadows_whole_requests(in_vllm):
+    """The pool's admit/finish give each of ``wa``'s shadows a request's whole chain: a second request
+    with the first one's prompt hits all its full blocks in every shadow."""
+    if not in_vllm:
+        return
+    import json
+    import tempfile
+    from types import SimpleNamespace
+
+    from vllm_support import HP_TEST
+
+    from kvprof.vllm.block_pool import KvprofBlockPool
+    from kvprof.vllm.spec import PolicySpec
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(HP_TEST, fh)
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": fh.name}})
+    pool = KvprofBlockPool(num_gpu_blocks=9, enable_caching=True, hash_block_size=16, kvprof_spec=spec)
+    chain = [bytes([k]) * 32 for k in range(1, 5)]  # three prompt blocks and one the output filled
+
+    def request(rid):
+        return SimpleNamespace(request_id=rid, num_prompt_tokens=3 * 16 + 5, num_tokens=3 * 16 + 5,
+                               num_computed_tokens=4 * 16 + 2, block_hashes=chain,
+                               sampling_params=SimpleNamespace(extra_args={"type": "hot", "turn": 1}))
+
+    first, second = request("a"), request("b")
+    pool.admit_request(first)
+    pool.finish_request(first, n_blocks=5)
+    pool.admit_request(second)
+    _, hits = pool.policy.safety_net()
+    assert len(hits) > 1 and list(hits) == [3] * len(hits)
