@@ -27,6 +27,22 @@ def _pools(num_blocks: int, policy: str = "lru"):
     return native, ours
 
 
+def _wa_pool(num_blocks: int):
+    """kvprof's pool running ``wa`` from the tests' hp file, and its spec."""
+    import json
+    import tempfile
+
+    from vllm_support import HP_TEST
+
+    from kvprof.vllm.block_pool import KvprofBlockPool
+    from kvprof.vllm.spec import PolicySpec
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(HP_TEST, fh)
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": fh.name}})
+    return KvprofBlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=16, kvprof_spec=spec), spec
+
+
 def _ids(blocks):
     return [b.block_id for b in blocks]
 
@@ -102,18 +118,7 @@ def test_wa_pool_prefers_cold_class(in_vllm):
     """With ``wa`` the pool evicts the cold request's blocks before the older hot ones."""
     if not in_vllm:
         return
-    import json
-    import tempfile
-
-    from vllm_support import HP_TEST
-
-    from kvprof.vllm.block_pool import KvprofBlockPool
-    from kvprof.vllm.spec import PolicySpec
-
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump(HP_TEST, fh)
-    spec = PolicySpec.from_additional_config({"kv_policy": {"config": fh.name}})
-    pool = KvprofBlockPool(num_gpu_blocks=9, enable_caching=True, hash_block_size=16, kvprof_spec=spec)
+    pool, spec = _wa_pool(9)
 
     class FakeReq:  # only what the pool reads: sampling_params.extra_args and the prompt's length
         def __init__(self, xargs):
@@ -140,19 +145,9 @@ def test_wa_pool_tells_its_shadows_whole_requests(in_vllm):
     with the first one's prompt hits all its full blocks in every shadow."""
     if not in_vllm:
         return
-    import json
-    import tempfile
     from types import SimpleNamespace
 
-    from vllm_support import HP_TEST
-
-    from kvprof.vllm.block_pool import KvprofBlockPool
-    from kvprof.vllm.spec import PolicySpec
-
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump(HP_TEST, fh)
-    spec = PolicySpec.from_additional_config({"kv_policy": {"config": fh.name}})
-    pool = KvprofBlockPool(num_gpu_blocks=9, enable_caching=True, hash_block_size=16, kvprof_spec=spec)
+    pool, _ = _wa_pool(9)
     chain = [bytes([k]) * 32 for k in range(1, 5)]  # three prompt blocks and one the output filled
 
     def request(rid):
