@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvprof.core import stream
 from kvprof.core.engine import run
 from kvprof.models.hp import ReuseRow
 from kvprof.policy import POLICIES, make_policy
@@ -125,3 +127,50 @@ def test_the_engine_is_chosen_by_the_policies_and_the_observer():
                  observer=lambda gpu, host: None)
     with pytest.raises(SimulationError, match="engine must be"):
         simulate(workload, build("lru"), 4, SimConfig(engine_block_size=16), engine="fast")
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=20, deadline=None)
+@given(replay=random_replays(), chunk=st.integers(1, 3), host_name=st.sampled_from(["lru", "belady", "wa+shadows"]))
+def test_a_replay_streamed_in_tiny_chunks_equals_the_whole_trace_in_one(name, replay, chunk, host_name):
+    """The accesses come a few requests at a time, Belady's next uses from the backward pass over
+    chunks: every output is the one-window replay's, number for number, for every policy."""
+    trace, capacity, config = replay
+    workload = prepare_workload(trace, engine_block_size=config.engine_block_size)
+    schedule = list(config.capacity_schedule) or [(0.0, capacity)]
+
+    def outcome(size):
+        host = build(host_name) if config.cpu_capacity else None
+        return run(workload, build(name), host, config, schedule, per_request=True, chunk=size)
+
+    streamed, whole = outcome(chunk), outcome(workload.n_requests)
+    assert streamed.keys() == whole.keys()
+    for key, value in whole.items():
+        assert np.array_equal(streamed[key], value, equal_nan=True) if isinstance(value, np.ndarray) \
+            else streamed[key] == value, key
+
+
+@settings(max_examples=50, deadline=None)
+@given(replay=random_replays(), chunk=st.integers(1, 4))
+def test_next_uses_from_the_backward_pass_are_the_whole_traces(replay, chunk):
+    trace, _, config = replay
+    workload = prepare_workload(trace, engine_block_size=config.engine_block_size)
+    with stream.next_uses(workload, chunk) as later:
+        assert np.array_equal(later.read(0, workload.n_accesses), workload.next_use)
+        first, stop = workload.offsets[len(workload.offsets) // 2], workload.n_accesses
+        assert np.array_equal(later.read(first, stop), workload.next_use[first:stop])
+
+
+def test_a_long_replay_streamed_in_chunks_equals_one_window(tmp_path):
+    """18 minutes of bailian-a in chunks of 100 requests, under wa and belady."""
+    path = tmp_path / "a.jsonl"
+    write_jsonl(path, generate("bailian-a", 0.3, 1))
+    trace, _ = read_trace(path)
+    hp = fit_trace(trace)
+    workload = prepare_workload(trace, hp, 16)
+    config = SimConfig(engine_block_size=16)
+    for name in ("wa", "belady"):
+        streamed, whole = (run(workload, make_policy(name, hp), None, config, [(0.0, 4096)], per_request=True,
+                               chunk=size) for size in (100, workload.n_requests))
+        for key, value in whole.items():
+            assert np.array_equal(streamed[key], value) if isinstance(value, np.ndarray) else streamed[key] == value

@@ -3,46 +3,101 @@
 :func:`replay` runs :class:`kvprof.sim.engine._Replay`'s loop step for step (FCFS queue, chunked
 prefill budget, decode heap, capacity schedule, CPU tier) over the compiled tiers of
 :mod:`kvprof.core.tiers`, so each request costs one pass of compiled code and no Python call.
+The accesses come in windows of requests (:mod:`kvprof.core.stream`): the loop pauses at the top
+of an engine step when it may admit a request beyond its window, and :func:`run` hands it the next
+one; its state between calls lives in a :data:`state_type` struct.
 """
 
 from __future__ import annotations
 
-import numpy as np
-from numba import njit
+from contextlib import contextmanager
 
-from kvprof.core import structs, tiers
+import numpy as np
+from numba import njit, types
+from numba.experimental import structref
+from numba.typed import List
+
+from kvprof.core import stream, structs, tiers
 from kvprof.core.build import compile_policy, write_back
 from kvprof.core.policy import policy_admit, policy_finish
 
 
-@njit(cache=True)
-def replay(gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_use, n_lookup, n_total,
-           classes, host_classes, schedule_t, schedule_c, ebs, step_overhead, prefill_rate, max_batched,
-           max_seqs, decode, time_per_token, host_load_s, check):
-    """Replay every request; return ``(qttft, served, hits_device, hits_host, computed, end, request_hits)``
-    (``request_hits``: each request's device hits, the length of the prefix it found).
+class StateType(structs.StructType):
+    pass
 
-    Parameters are the workload's arrays and the cost model's numbers as ``_Replay`` reads them;
-    ``schedule_t``/``schedule_c`` the capacity schedule (its first entry already applied to
-    ``gpu``); ``check`` verifies both tiers' invariants after every admission and release.
+
+class State(structref.StructRefProxy):
+    """Python handle of a paused replay."""
+
+
+#: Everything :func:`replay` keeps between engine steps (its locals of the same names).
+state_type = structs.struct(StateType, State, [
+    ("qttft", types.float64[:]), ("served", types.bool_[:]), ("request_hits", types.int64[:]),
+    ("seat_of", types.int64[:]), ("seats", types.ListType(types.int64[::1])),
+    ("free_seats", types.int64[:]), ("n_free_seats", types.int64),
+    ("prefill_r", types.int64[:]), ("prefill_left", types.int64[:]),
+    ("prefill_head", types.int64), ("prefill_tail", types.int64),
+    ("decoding", structs.heap_type), ("lookup", types.int64[:]),
+    ("n_running", types.int64), ("hits_device", types.int64), ("hits_host", types.int64), ("computed", types.int64),
+    ("waiting_head", types.int64), ("next_arrival", types.int64), ("next_change", types.int64), ("now", types.float64),
+])
+
+
+@njit(cache=True)
+def new_state(n):
+    """A replay of ``n`` requests before its first step."""
+    st = structref.new(state_type)
+    st.qttft = np.full(n, np.nan)
+    st.served = np.zeros(n, np.bool_)
+    st.request_hits = np.zeros(n, np.int64)
+    st.seat_of = np.full(n, -1, np.int64)
+    st.seats = List.empty_list(types.int64[::1])
+    st.free_seats = np.zeros(16, np.int64)
+    st.n_free_seats = 0
+    st.prefill_r = np.zeros(n, np.int64)  # admitted requests with uncomputed tokens, in admission order
+    st.prefill_left = np.zeros(n, np.int64)
+    st.prefill_head = st.prefill_tail = 0
+    st.decoding = structs.new_heap(64)  # (finish time, 0, request)
+    st.lookup = np.zeros(16, np.int64)
+    st.n_running = st.hits_device = st.hits_host = st.computed = 0
+    st.waiting_head = st.next_arrival = 0  # waiting: requests waiting_head .. next_arrival - 1
+    st.next_change = 1
+    st.now = 0.0
+    return st
+
+
+@njit(cache=True)
+def first_needed(st, has_host):
+    """The first request whose blocks the replay may still read: the head of the queue, or the
+    oldest prefilling request when the CPU tier stores its blocks at its prefill's end."""
+    if has_host and st.prefill_head < st.prefill_tail:
+        return min(st.waiting_head, st.prefill_r[st.prefill_head])
+    return st.waiting_head
+
+
+@njit(cache=True)
+def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_use, base, loaded, n_lookup,
+           n_total, classes, host_classes, schedule_t, schedule_c, ebs, step_overhead, prefill_rate, max_batched,
+           max_seqs, decode, time_per_token, host_load_s, check):
+    """Replay requests from the state ``st`` on; return True when every request is done, False
+    (paused at the top of an engine step) when a request at or past ``loaded`` may be admitted.
+
+    ``blocks``/``next_use`` hold the accesses of requests ``first_needed(st) .. loaded - 1``,
+    access ``j`` at ``j - base``. The other parameters are the workload's arrays and the cost
+    model's numbers as ``_Replay`` reads them; ``schedule_t``/``schedule_c`` the capacity schedule
+    (its first entry already applied to ``gpu``); ``check`` verifies both tiers' invariants after
+    every admission and release. ``st`` ends with ``qttft``, ``served``, ``hits_device``,
+    ``hits_host``, ``computed``, ``now`` (the end) and ``request_hits`` (each request's device
+    hits, the length of the prefix it found).
     """
     n = len(arrival)
-    qttft = np.full(n, np.nan)
-    served = np.zeros(n, np.bool_)
-    request_hits = np.zeros(n, np.int64)
-    seat_of = np.full(n, -1, np.int64)
-    seats = [np.zeros(0, np.int64) for _ in range(0)]
-    free_seats = np.zeros(16, np.int64)
-    n_free_seats = 0
-    prefill_r = np.zeros(n, np.int64)  # admitted requests with uncomputed tokens, in admission order
-    prefill_left = np.zeros(n, np.int64)
-    prefill_head = prefill_tail = 0
-    decoding = structs.new_heap(64)  # (finish time, 0, request)
-    lookup = np.zeros(16, np.int64)
-    n_running = hits_device = hits_host = computed = 0
-    waiting_head = next_arrival = 0  # waiting: requests waiting_head .. next_arrival - 1
-    next_change = 1
-    now = 0.0
+    qttft, served, request_hits, seat_of, seats = st.qttft, st.served, st.request_hits, st.seat_of, st.seats
+    free_seats, n_free_seats = st.free_seats, st.n_free_seats
+    prefill_r, prefill_left, prefill_head, prefill_tail = st.prefill_r, st.prefill_left, st.prefill_head, st.prefill_tail
+    decoding, lookup = st.decoding, st.lookup
+    n_running, hits_device, hits_host, computed = st.n_running, st.hits_device, st.hits_host, st.computed
+    waiting_head, next_arrival, next_change, now = st.waiting_head, st.next_arrival, st.next_change, st.now
+    done = False
     while True:
         while next_change < len(schedule_t) and schedule_t[next_change] <= now:
             tiers.set_limit(gpu, schedule_c[next_change], now)
@@ -54,6 +109,8 @@ def replay(gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_u
             n_running -= 1
         while next_arrival < n and arrival[next_arrival] <= now:
             next_arrival += 1
+        if loaded < min(next_arrival, waiting_head + max_seqs - n_running):
+            break  # this step may admit a request whose blocks are not here yet
 
         # One engine step: running prefills first, then admissions while the budget lasts.
         budget = max_batched
@@ -66,7 +123,7 @@ def replay(gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_u
         host_loads = 0
         while waiting_head < next_arrival and budget and n_running < max_seqs:
             r = waiting_head
-            start, stop = offsets[r], offsets[r + 1]
+            start, stop = offsets[r] - base, offsets[r + 1] - base
             if n_total[r] > len(lookup):
                 lookup = np.zeros(max(n_total[r], 2 * len(lookup)), np.int64)
             n_device, n_hit_evictable = tiers.cached_prefix(gpu, blocks, start, n_lookup[r], lookup)
@@ -121,6 +178,7 @@ def replay(gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_u
             if next_change < len(schedule_t):
                 pending = min(pending, schedule_t[next_change])
             if pending == np.inf:
+                done = True
                 break
             now = max(now, pending)
             continue
@@ -131,14 +189,19 @@ def replay(gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_u
             prefill_head += 1
             qttft[r] = now - arrival[r]
             if has_host:  # the connector offloads the computed prompt's full blocks
-                tiers.store(host, blocks, next_use, offsets[r], offsets[r + 1] - offsets[r], now, host_classes[r])
+                tiers.store(host, blocks, next_use, offsets[r] - base, offsets[r + 1] - offsets[r], now,
+                            host_classes[r])
             if decode:
                 structs.heap_push(decoding, now + output[r] * time_per_token, 0.0, r, r)
             else:
                 _release(gpu, host, has_host, seats, seat_of[r], n_total[r], now, check)
                 free_seats, n_free_seats = _give_back(free_seats, n_free_seats, seat_of[r])
                 n_running -= 1
-    return qttft, served, hits_device, hits_host, computed, now, request_hits
+    st.lookup, st.free_seats, st.n_free_seats = lookup, free_seats, n_free_seats
+    st.prefill_head, st.prefill_tail = prefill_head, prefill_tail
+    st.n_running, st.hits_device, st.hits_host, st.computed = n_running, hits_device, hits_host, computed
+    st.waiting_head, st.next_arrival, st.next_change, st.now = waiting_head, next_arrival, next_change, now
+    return done
 
 
 @njit(cache=True)
@@ -164,7 +227,8 @@ def _check(gpu, host, has_host):
         tiers.check_host(host)
 
 
-def run(workload, policy, host_policy, config, schedule, check: bool = False, per_request: bool = False) -> dict:
+def run(workload, policy, host_policy, config, schedule, check: bool = False, per_request: bool = False,
+        chunk: int = stream.CHUNK_REQUESTS) -> dict:
     """Replay ``workload`` with the compiled twins of ``policy`` (and ``host_policy``).
 
     Parameters
@@ -180,6 +244,9 @@ def run(workload, policy, host_policy, config, schedule, check: bool = False, pe
         Verify both tiers' invariants after every admission and release (raises AssertionError).
     per_request : bool
         Also return ``request_hits``: each request's device hits (int64, 0 if never served).
+    chunk : int
+        Requests whose accesses are numbered (and their next uses read) at a time; any size gives
+        the same replay, number for number.
 
     Returns
     -------
@@ -188,54 +255,63 @@ def run(workload, policy, host_policy, config, schedule, check: bool = False, pe
         ``end``, ``evictions``, ``dropped``, ``host_evictions`` (and ``request_hits``).
     """
     cost = config.cost
-    blocks, n_contents = _by_first_use(workload.block)
     peak = max(c for _, c in schedule)
     gpu_policy = compile_policy(policy, peak)
-    gpu = tiers.new_device(gpu_policy, schedule[0][1], n_contents)
+    gpu = tiers.new_device(gpu_policy, schedule[0][1], 0)
     has_host = bool(config.cpu_capacity)
     # Without a CPU tier the loop still takes one (never used) to keep one compiled signature.
     host_reference = host_policy if has_host else policy
     host_compiled = compile_policy(host_reference, config.cpu_capacity) if has_host else gpu_policy
-    host = tiers.new_host(host_compiled, config.cpu_capacity, n_contents if has_host else 0)
+    host = tiers.new_host(host_compiled, config.cpu_capacity, 0)
     classes = workload.codes_for(policy).astype(np.int64)
     host_classes = workload.codes_for(host_reference).astype(np.int64)
-    qttft, served, hits_device, hits_host, computed, end, request_hits = replay(
-        gpu, host, has_host, workload.arrival, workload.output_tokens, workload.prompt_tokens, workload.offsets,
-        blocks, workload.next_use, workload.n_lookup, workload.blocks_needed(cost.decode).astype(np.int64),
-        classes, host_classes, np.array([t for t, _ in schedule], dtype=np.float64),
-        np.array([c for _, c in schedule], dtype=np.int64), workload.engine_block_size, cost.step_overhead_s,
-        cost.prefill_tokens_per_s, cost.max_batched_tokens, cost.max_num_seqs, cost.decode,
-        cost.time_per_output_token_s, cost.host_load_s_per_block, check)
+    n_total = workload.blocks_needed(cost.decode).astype(np.int64)
+    schedule_t = np.array([t for t, _ in schedule], dtype=np.float64)
+    schedule_c = np.array([c for _, c in schedule], dtype=np.int64)
+    st = new_state(workload.n_requests)
+    offsets = workload.offsets
+    contents = stream.new_table(1024)
+    blocks, next_use, first, loaded = np.zeros(0, np.int64), np.zeros(0), 0, 0
+    future = policy.offline or (has_host and host_policy.offline)
+    with stream.next_uses(workload, chunk) if future else _no_next_uses() as later:
+        while not replay(st, gpu, host, has_host, workload.arrival, workload.output_tokens, workload.prompt_tokens,
+                         offsets, blocks, next_use, offsets[first], loaded, workload.n_lookup, n_total, classes,
+                         host_classes, schedule_t, schedule_c, workload.engine_block_size, cost.step_overhead_s,
+                         cost.prefill_tokens_per_s, cost.max_batched_tokens, cost.max_num_seqs, cost.decode,
+                         cost.time_per_output_token_s, cost.host_load_s_per_block, check):
+            # The next window: the requests still needed, and the next chunk after the loaded ones.
+            keep = first_needed(st, has_host)  # <= loaded: nothing is read before it is loaded
+            stop = min(loaded + chunk, workload.n_requests)
+            new_blocks = np.empty(offsets[stop] - offsets[loaded], np.int64)
+            n_contents = stream.number(contents, workload.engine_hashes(loaded, stop), new_blocks)
+            tiers.reserve_contents(gpu, n_contents)
+            if has_host:
+                tiers.reserve_host_contents(host, n_contents)
+            kept = slice(offsets[keep] - offsets[first], offsets[loaded] - offsets[first])
+            blocks = np.concatenate([blocks[kept], new_blocks])
+            new_next_use = later.read(offsets[loaded], offsets[stop]) if later else np.full(new_blocks.size, np.inf)
+            next_use = np.concatenate([next_use[kept], new_next_use])
+            first, loaded = keep, stop
     write_back(policy, gpu_policy)
     if has_host:
         write_back(host_policy, host_compiled)
     evictions, dropped = tiers.counts(gpu)
     host_evictions = tiers.counts_host(host) if has_host else 0
+    qttft, served, request_hits, hits_device, hits_host, computed, end = _outcome(st)
     outcome = {"qttft": qttft[served], "served": served, "hits_device": int(hits_device),
-               "hits_host": int(hits_host), "computed": int(computed), "end": float(end), "evictions": int(evictions),
-               "dropped": int(dropped), "host_evictions": int(host_evictions)}
+               "hits_host": int(hits_host), "computed": int(computed), "end": float(end),
+               "evictions": int(evictions), "dropped": int(dropped), "host_evictions": int(host_evictions)}
     if per_request:
         outcome["request_hits"] = request_hits
     return outcome
 
 
 @njit(cache=True)
-def _by_first_use(blocks):
-    """``blocks`` renumbered in order of first use, and how many distinct ones there are.
+def _outcome(st):
+    return st.qttft, st.served, st.request_hits, st.hits_device, st.hits_host, st.computed, st.now
 
-    Policies compare contents only for equality, so any renumbering gives the same decisions;
-    this one keeps the tables indexed by content (the tiers' maps, ghosts, shadows) dense where
-    the replay is: new contents take the next free numbers instead of random ones.
-    """
-    top = 0
-    for b in blocks:
-        top = max(top, b + 1)
-    rank = np.full(top, -1, np.int64)
-    out = np.empty(len(blocks), np.int64)
-    n = 0
-    for j in range(len(blocks)):
-        if rank[blocks[j]] < 0:
-            rank[blocks[j]] = n
-            n += 1
-        out[j] = rank[blocks[j]]
-    return out, n
+
+@contextmanager
+def _no_next_uses():
+    """No next uses: no policy reads the future."""
+    yield None

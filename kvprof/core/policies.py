@@ -166,9 +166,9 @@ def core_access(core, block, now, workload, depth, hit, next_use, content):
     """``EvictionPolicy.access`` (``content`` -1 for None)."""
     if block >= len(core.count):
         reserve_blocks(core, block + 1)
-    if content >= 0:
-        reserve_contents(core, content + 1)
     kind = core.kind
+    if content >= 0 and (kind == S3FIFO or kind == ARC or kind == CLASSED):  # the kinds with ghosts
+        reserve_contents(core, content + 1)
     if kind == LFU:
         core.count[block] = core.count[block] + 1 if hit else 1
     elif kind == S3FIFO:

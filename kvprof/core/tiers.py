@@ -3,8 +3,9 @@
 
 The GPU tier is a pool of :mod:`kvprof.core.prefix_cache` over a whole policy; its functions
 (``cached_prefix``, ``pin_hits``, ``allocate``, ``release``, ``push_empty``, ``set_limit``,
-``n_free``, ``check_device``) are imported from there and used from here. Engine blocks are dense ids
-(``Workload.block``), so the content-to-slot maps are arrays.
+``n_free``, ``check_device``, ``reserve_contents``) are imported from there and used from here. Engine
+blocks are dense ids (numbered as the replay streams them, :mod:`kvprof.core.stream`), so the
+content-to-slot maps are arrays, grown as new contents come.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from kvprof.core import structs
 from kvprof.core.policy import policy_access, policy_contains, policy_evict_n, policy_free, policy_remove, policy_type
 from kvprof.core.prefix_cache import (  # the GPU tier's rules, shared with wa's shadows; re-exported
     allocate, cached_prefix, check_pool as check_device, init_pool, n_free, pin_hits, pool_fields, push_empty, release,
-    set_limit,
+    reserve_contents, set_limit,
 )
 from kvprof.core.structs import NONE
 
@@ -74,6 +75,13 @@ def new_host(policy, capacity, n_contents):
     host.evictions = 0
     host.scratch = np.zeros(64, np.int64)
     return host
+
+
+@njit(cache=True)
+def reserve_host_contents(host, n_contents):
+    """Make the CPU tier's content-to-slot map cover contents ``0 .. n_contents - 1``."""
+    if n_contents > len(host.block_slot):
+        host.block_slot = structs.grown(host.block_slot, n_contents, NONE)
 
 
 @njit(cache=True)
@@ -165,4 +173,5 @@ def counts_host(host):
 
 
 __all__ = ["allocate", "cached_prefix", "check_device", "check_host", "counts", "counts_host", "device_type",
-           "host_type", "load", "n_free", "new_device", "new_host", "pin_hits", "push_empty", "release", "set_limit", "store"]
+           "host_type", "load", "n_free", "new_device", "new_host", "pin_hits", "push_empty", "release", "reserve_contents",
+           "reserve_host_contents", "set_limit", "store"]

@@ -1,13 +1,18 @@
-"""A trace turned into what the replay loop reads: engine blocks, classes and next uses per request.
+"""A trace turned into what the replay loop reads: per request its classes, sizes and times, and
+where its engine blocks lie in the trace.
 
-Everything is computed once per (trace, hp file, engine block size), vectorised, and shared by
-every run of a sweep, so the per-run loop only indexes arrays.
+The per-request arrays are computed once per (trace, hp file, engine block size), vectorised, and
+shared by every run of a sweep. Per block access nothing is stored: the compiled replay streams the
+accesses in chunks of requests (:meth:`Workload.engine_hashes`, :mod:`kvprof.core.stream`), so its
+memory does not grow with the number of accesses; :attr:`Workload.block` and
+:attr:`Workload.next_use` build the whole arrays for the readers that want them (the Python engine,
+tests, small traces).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -16,15 +21,16 @@ from kvprof.profiler.cells import cells_of_trace
 from kvprof.profiler.reuse import next_access
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimulationError
-from kvprof.sim.timed import RecordedTiming, recorded_timing
+from kvprof.sim.timed import FINISHED, SCHEDULED, RecordedTiming, recorded_timing
 
 
 @dataclass(frozen=True, eq=False)
 class Workload:
     """Per-request replay inputs at engine-block granularity.
 
-    Invariants: request ``i``'s cacheable (full) engine blocks are
-    ``block[offsets[i]:offsets[i + 1]]`` in chain order, so depth = position in that slice;
+    Invariants: request ``i`` has ``offsets[i + 1] - offsets[i]`` cacheable (full) engine blocks,
+    in chain order (depth = position), block ``k`` identified by the trace hash
+    ``hash_ids[hash_start[i] + (k + 1) * group - 1]``; they are ``block[offsets[i]:offsets[i + 1]]``;
     ``n_lookup[i] <= offsets[i + 1] - offsets[i] <= n_blocks[i]``.
 
     Attributes
@@ -39,13 +45,13 @@ class Workload:
         Leading full blocks that may be prefix hits: ``(prompt - 1) // engine_block_size``, because
         vLLM always recomputes the prompt's last token.
     offsets : int64 array, shape (n + 1,)
-        CSR offsets into ``block`` and ``next_use``.
-    block : int64 array, shape (m,)
-        Dense engine block id (0..n_distinct-1) of each full block: identified by the trace hash
-        of its last trace block, as hashes are prefix-chained.
-    next_use : float64 array, shape (m,)
-        Arrival (seconds since window start) of the next later request using the same engine
-        block, ``inf`` if none in the window. Belady reads it.
+        CSR offsets of each request's engine blocks in the access sequence (``block``, ``next_use``).
+    hash_ids : int64 array
+        The trace's hash ids (its own column, not a copy).
+    hash_start : int64 array, shape (n,)
+        Where each request's hashes start in ``hash_ids``.
+    group : int
+        Trace blocks per engine block.
     workload : int32 array, shape (n,)
         Class index of each request into ``class_names`` (the hp file's ``table()`` order).
     cell : int32 array, shape (n,)
@@ -69,8 +75,9 @@ class Workload:
     n_blocks: np.ndarray
     n_lookup: np.ndarray
     offsets: np.ndarray
-    block: np.ndarray
-    next_use: np.ndarray
+    hash_ids: np.ndarray
+    hash_start: np.ndarray
+    group: int
     workload: np.ndarray
     cell: np.ndarray
     class_names: tuple[str, ...]
@@ -86,7 +93,29 @@ class Workload:
     @property
     def n_accesses(self) -> int:
         """Full engine-block accesses (the blocks a request looks up or caches)."""
-        return int(self.block.shape[0])
+        return int(self.offsets[-1])
+
+    def engine_hashes(self, first: int, stop: int) -> np.ndarray:
+        """The trace hash identifying each full engine block of requests ``first .. stop - 1``, in
+        access order (int64, ``offsets[stop] - offsets[first]`` of them): the hash of its last
+        trace block, which stands for the whole prefix as hashes are prefix-chained."""
+        lengths = np.diff(self.offsets[first : stop + 1])
+        owner = np.repeat(np.arange(first, stop), lengths)
+        depth = np.arange(self.offsets[first], self.offsets[stop]) - self.offsets[owner]
+        return self.hash_ids[self.hash_start[owner] + (depth + 1) * self.group - 1]
+
+    @property
+    def block(self) -> np.ndarray:
+        """Dense engine block id (0..n_distinct-1, in hash order) of every access, int64 (m,);
+        built whole on each call."""
+        return np.unique(self.engine_hashes(0, self.n_requests), return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+    @property
+    def next_use(self) -> np.ndarray:
+        """Arrival (seconds since window start) of the next later request using the same engine
+        block as each access, ``inf`` if none in the window (Belady reads it); float64 (m,), built
+        whole on each call."""
+        return _next_use(self.block, self.offsets, self.arrival)
 
     def codes_for(self, policy) -> np.ndarray:
         """What ``policy.access`` is told a request's workload is: its cell or its class."""
@@ -139,40 +168,40 @@ def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128, rate_s
     n_full = np.minimum(prompt // engine_block_size, trace.n_blocks_per_request // group)
     offsets = np.zeros(trace.n_requests + 1, dtype=np.int64)
     np.cumsum(n_full, out=offsets[1:])
-    owner = np.repeat(np.arange(trace.n_requests, dtype=np.int64), n_full)
-    depth = np.arange(offsets[-1], dtype=np.int64) - offsets[owner]
-    # The last trace block of the group carries the whole prefix's identity.
-    hashes = trace.hash_ids[trace.hash_offsets[owner] + (depth + 1) * group - 1]
-    _, block = np.unique(hashes, return_inverse=True)
-    block = block.reshape(-1).astype(np.int64)
-    nxt = next_access(block, owner)
-    next_use = np.full(block.shape[0], np.inf)
-    reused = nxt >= 0
-    next_use[reused] = arrival[owner[nxt[reused]]]
     workload, names = _classes(trace, hp)
-    cell = _cells(trace, hp)
-    # The recorded times are the server's: only at its own block size and speed do they apply.
-    timing = None
-    if rate_scale == 1.0 and group == 1:
-        timing = recorded_timing(trace, start, offsets, block, prompt, trace.output_length.astype(np.int64),
-                                 engine_block_size)
-    return Workload(
+    prepared = Workload(
         arrival=arrival,
         prompt_tokens=prompt,
         output_tokens=trace.output_length.astype(np.int64),
         n_blocks=(prompt + engine_block_size - 1) // engine_block_size,
         n_lookup=np.minimum(np.maximum(prompt - 1, 0) // engine_block_size, n_full),
         offsets=offsets,
-        block=block,
-        next_use=next_use,
+        hash_ids=trace.hash_ids,
+        hash_start=trace.hash_offsets[:-1].astype(np.int64),
+        group=group,
         workload=workload,
-        cell=cell,
+        cell=_cells(trace, hp),
         class_names=names,
         engine_block_size=engine_block_size,
         duration=trace.duration / rate_scale,
         rate_scale=rate_scale,
-        timing=timing,
     )
+    # The recorded times are the server's: only at its own block size and speed do they apply.
+    if rate_scale == 1.0 and group == 1 and SCHEDULED in trace.extra and FINISHED in trace.extra:
+        timing = recorded_timing(trace, start, offsets, prepared.block, prompt, prepared.output_tokens,
+                                 engine_block_size)
+        prepared = replace(prepared, timing=timing)
+    return prepared
+
+
+def _next_use(block: np.ndarray, offsets: np.ndarray, arrival: np.ndarray) -> np.ndarray:
+    """Arrival of the next later request using each access's block, ``inf`` if none."""
+    owner = np.repeat(np.arange(offsets.size - 1, dtype=np.int64), np.diff(offsets))
+    nxt = next_access(block, owner)
+    next_use = np.full(block.shape[0], np.inf)
+    reused = nxt >= 0
+    next_use[reused] = arrival[owner[nxt[reused]]]
+    return next_use
 
 
 def _cells(trace: Trace, hp) -> np.ndarray:
