@@ -92,7 +92,8 @@ def test_the_copiers_module_is_what_the_structs_fields_generate():
     from kvprof.core import copiers
     from kvprof.core.structs import copiers_source
 
-    assert Path(copiers.__file__).read_text() == copiers_source()
+    assert Path(copiers.__file__).read_text() == copiers_source(), \
+        "kvprof/core/copiers.py is stale: run `python -m kvprof.core.copiers` and commit it"
 
 
 def test_the_free_order_copier_is_loaded_from_the_cache_by_a_second_process():
