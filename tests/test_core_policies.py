@@ -26,6 +26,7 @@ WA_VARIANTS = {
     "wa s3fifo leads": lambda: wa_policy(P, LAM, orders=("s3fifo", "model")),
     "wa+shadows": lambda: build("wa+shadows"),
     "wa default orders": lambda: wa_policy(P, LAM, safety_net=True, orders=DEFAULT_ORDERS),
+    "wa sampled shadows": lambda: wa_policy(P, LAM, safety_net=True, orders=DEFAULT_ORDERS, shadow_sample=0.5),
 }
 BUILDERS = {**{name: (lambda name=name: build(name)) for name in sorted(POLICIES) if name != "wa"}, **WA_VARIANTS}
 
