@@ -1,0 +1,126 @@
+"""Train ``wa``'s ``learned`` candidate on what Belady did with the fit window.
+
+:func:`belady_labels` replays a workload under Belady and labels every free of a block by what
+Belady did with it next (Hawkeye's OPT labels, Jain & Lin, ISCA '16): 1 (cache-friendly) when
+its next access was a hit, Belady having kept it; 0 (cache-averse) when Belady evicted it
+first, which is also the fate of every block never used again. A free still unresolved when the
+replay ends (kept, next use beyond the window) has no label and is left out. The features are
+those the live pool has at the free (:class:`kvprof.policy.learned.FreeFeatures`).
+
+:func:`fit_learned` fits a logistic regression over the one-hot binned features and returns it
+as per-bin weights (:class:`kvprof.models.learned.LearnedModel`), with its log-loss and
+accuracy on the last :data:`HOLDOUT_SHARE` of the frees (in time) when fitted on the rest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from kvprof.models.learned import N_LOG_BINS, LearnedModel
+from kvprof.policy.belady import BeladyPolicy
+from kvprof.policy.learned import FreeFeatures
+from kvprof.sim.config import SimConfig
+from kvprof.sim.engine import simulate
+from kvprof.sim.workload import Workload
+
+#: The latest share of the labelled frees held out to measure the predictor.
+HOLDOUT_SHARE = 1 / 3
+#: Inverse L2 strength of the logistic regression (scikit-learn's ``C``).
+REGULARISATION_C = 1.0
+#: Bucket edges of the fitted policy: predicted cache-averse below 1/2, friendly above.
+EDGES = (0.5,)
+
+
+class LabellingBelady(BeladyPolicy):
+    """Belady, recording each free's features and, once known, what Belady did with the block.
+
+    Invariant: ``labels[i]`` is -1 while the block of free ``i`` is in ``_pending`` (evictable or
+    held, its next access not yet seen), else 1 (its next access hit) or 0 (evicted first).
+    """
+
+    keyed_by = "cell"
+
+    def __init__(self, n_cells: int, n_tiers: int) -> None:
+        super().__init__()
+        self._features = FreeFeatures(n_cells, n_tiers)
+        self.rows: list[tuple[int, int, int, int]] = []
+        self.labels: list[int] = []
+        self._pending: dict[int, int] = {}
+
+    def access(self, block, now, workload=0, depth=0, *, hit=False, next_use=float("inf"), content=None) -> None:
+        super().access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
+        self._features.access(block, workload, depth, hit)
+        freed = self._pending.pop(block, None)
+        if freed is not None:
+            self.labels[freed] = 1 if hit else 0
+
+    def free(self, blocks, now) -> None:
+        blocks = blocks if isinstance(blocks, list) else list(blocks)
+        for block, features in zip(blocks, self._features.of_free(blocks)):
+            self._pending[block] = len(self.rows)
+            self.rows.append(features)
+            self.labels.append(-1)
+        super().free(blocks, now)
+
+    def evict(self, now) -> int:
+        block = super().evict(now)
+        freed = self._pending.pop(block, None)
+        if freed is not None:
+            self.labels[freed] = 0
+        return block
+
+
+def belady_labels(workload: Workload, capacity: int, config: SimConfig, n_cells: int,
+                  n_tiers: int) -> tuple[np.ndarray, np.ndarray]:
+    """Features (n, 4: cell, tier, depth bin, tail bin) and labels (n,) of the labelled frees, in time order."""
+    policy = LabellingBelady(n_cells, n_tiers)
+    simulate(workload, policy, capacity, config, engine="python")
+    labels = np.asarray(policy.labels, dtype=np.int64)
+    rows = np.asarray(policy.rows, dtype=np.int64).reshape(-1, 4)
+    known = labels >= 0
+    return rows[known], labels[known]
+
+
+def _one_hot(rows: np.ndarray, sizes: tuple[int, ...]) -> sp.csr_matrix:
+    offsets = np.cumsum((0,) + sizes[:-1])
+    columns = (rows + offsets).ravel()
+    indptr = np.arange(0, rows.size + 1, rows.shape[1])
+    return sp.csr_matrix((np.ones(rows.size), columns, indptr), shape=(rows.shape[0], sum(sizes)))
+
+
+def _fit(rows: np.ndarray, labels: np.ndarray, sizes: tuple[int, ...]):
+    """The regression on the distinct (features, label) pairs weighted by their counts: the same
+    fit as on every free, as the features are discrete, in milliseconds instead of seconds."""
+    from sklearn.linear_model import LogisticRegression
+
+    pairs, counts = np.unique(np.column_stack([rows, labels]), axis=0, return_counts=True)
+    model = LogisticRegression(C=REGULARISATION_C, max_iter=1000)
+    model.fit(_one_hot(pairs[:, :-1], sizes), pairs[:, -1], sample_weight=counts)
+    return model
+
+
+def fit_learned(rows: np.ndarray, labels: np.ndarray, n_cells: int, n_tiers: int) -> LearnedModel | None:
+    """The predictor fitted on all frees, with its held-out quality; None when the labels are all one class."""
+    from sklearn.metrics import log_loss
+
+    sizes = (n_cells, n_tiers, N_LOG_BINS, N_LOG_BINS)
+    if len(np.unique(labels)) < 2:
+        return None
+    split = int(len(labels) * (1 - HOLDOUT_SHARE))
+    quality = {"n_frees": int(len(labels)), "friendly_share": float(labels.mean())}
+    train, test = labels[:split], labels[split:]
+    if len(np.unique(train)) == 2 and len(test):
+        held = _fit(rows[:split], train, sizes)
+        predicted = held.predict_proba(_one_hot(rows[split:], sizes))[:, 1]
+        base = float(train.mean())
+        quality.update({
+            "holdout_base_rate": float(test.mean()),
+            "holdout_log_loss": float(log_loss(test, predicted, labels=[0, 1])),
+            "holdout_base_log_loss": float(log_loss(test, np.full(len(test), base), labels=[0, 1])),
+            "holdout_accuracy": float(np.mean((predicted >= 0.5) == (test == 1))),
+        })
+    model = _fit(rows, labels, sizes)
+    weights = np.split(model.coef_[0], np.cumsum(sizes)[:-1])
+    return LearnedModel(float(model.intercept_[0]), *(tuple(float(w) for w in part) for part in weights),
+                        edges=EDGES, quality=quality)
