@@ -169,7 +169,7 @@ def test_fit_cli_reports_cells_holdout_and_tuning(small_bailian, tmp_path):
     assert result.exit_code == 0, result.output
     assert "cells x reuse tiers" in result.stdout and "tuned on the fit window" in result.stdout
     data = json.loads(out.read_text())
-    assert data["schema"] == "kvprof.hp/2" and data["tuning"][0]["capacity"] == 128
+    assert data["schema"] == "kvprof.hp/3" and data["tuning"][0]["capacity"] == 128
     rows = [row for tiers in data["cells"].values() for row in tiers]
     assert any("holdout" in (row.get("diagnostics") or {}) for row in rows)
     result = invoke("fit", path, "-o", out, "--window", "0:360", "--max-cells", "0")

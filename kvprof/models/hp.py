@@ -430,7 +430,7 @@ def _read_schema(checks: JsonChecks, data) -> HpFile:
 def _check_schema(checks: JsonChecks, data) -> str:
     """The version of an object whose ``schema`` is one of :data:`SCHEMAS`; refuse anything else."""
     checks.mapping(data, None)
-    readable = " and ".join(SCHEMAS)
+    readable = f"{', '.join(SCHEMAS[:-1])} and {SCHEMAS[-1]}"
     if "schema" not in data:
         checks.fail("schema", f'is missing: this kvprof reads {readable}, and the published format (an object of '
                               f'only "a" and "p")')

@@ -9,7 +9,8 @@ those the live pool has at the free (:class:`kvprof.policy.learned.FreeFeatures`
 
 :func:`fit_learned` fits a logistic regression over the one-hot binned features and returns it
 as per-bin weights (:class:`kvprof.models.learned.LearnedModel`), with its log-loss and
-accuracy on the last :data:`HOLDOUT_SHARE` of the frees (in time) when fitted on the rest.
+accuracy on held-out frees: those of the window after the fit window when given (labelled the
+same way), else the last :data:`HOLDOUT_SHARE` of the frees (in time), predicted by a fit on the rest.
 """
 
 from __future__ import annotations
@@ -100,27 +101,33 @@ def _fit(rows: np.ndarray, labels: np.ndarray, sizes: tuple[int, ...]):
     return model
 
 
-def fit_learned(rows: np.ndarray, labels: np.ndarray, n_cells: int, n_tiers: int) -> LearnedModel | None:
-    """The predictor fitted on all frees, with its held-out quality; None when the labels are all one class."""
-    from sklearn.metrics import log_loss
-
+def fit_learned(rows: np.ndarray, labels: np.ndarray, n_cells: int, n_tiers: int,
+                holdout: tuple[np.ndarray, np.ndarray] | None = None) -> LearnedModel | None:
+    """The predictor fitted on all frees, with its held-out quality (on ``holdout``'s rows and labels
+    when given); None when the labels are all one class."""
     sizes = (n_cells, n_tiers, N_LOG_BINS, N_LOG_BINS)
     if len(np.unique(labels)) < 2:
         return None
-    split = int(len(labels) * (1 - HOLDOUT_SHARE))
     quality = {"n_frees": int(len(labels)), "friendly_share": float(labels.mean())}
-    train, test = labels[:split], labels[split:]
-    if len(np.unique(train)) == 2 and len(test):
-        held = _fit(rows[:split], train, sizes)
-        predicted = held.predict_proba(_one_hot(rows[split:], sizes))[:, 1]
-        base = float(train.mean())
-        quality.update({
-            "holdout_base_rate": float(test.mean()),
-            "holdout_log_loss": float(log_loss(test, predicted, labels=[0, 1])),
-            "holdout_base_log_loss": float(log_loss(test, np.full(len(test), base), labels=[0, 1])),
-            "holdout_accuracy": float(np.mean((predicted >= 0.5) == (test == 1))),
-        })
     model = _fit(rows, labels, sizes)
+    if holdout is not None and len(holdout[1]):
+        quality.update(_quality(model, labels, *holdout, sizes), holdout_window=1.0)
+    else:
+        split = int(len(labels) * (1 - HOLDOUT_SHARE))
+        if len(np.unique(labels[:split])) == 2 and split < len(labels):
+            quality.update(_quality(_fit(rows[:split], labels[:split], sizes), labels[:split], rows[split:],
+                                    labels[split:], sizes), holdout_window=0.0)
     weights = np.split(model.coef_[0], np.cumsum(sizes)[:-1])
     return LearnedModel(float(model.intercept_[0]), *(tuple(float(w) for w in part) for part in weights),
                         edges=EDGES, quality=quality)
+
+
+def _quality(model, trained_on: np.ndarray, rows: np.ndarray, labels: np.ndarray, sizes) -> dict:
+    """Log-loss and accuracy of ``model`` on held-out frees, beside the base rate's log-loss."""
+    from sklearn.metrics import log_loss
+
+    predicted = model.predict_proba(_one_hot(rows, sizes))[:, 1]
+    return {"holdout_n_frees": int(len(labels)), "holdout_base_rate": float(labels.mean()),
+            "holdout_log_loss": float(log_loss(labels, predicted, labels=[0, 1])),
+            "holdout_base_log_loss": float(log_loss(labels, np.full(len(labels), trained_on.mean()), labels=[0, 1])),
+            "holdout_accuracy": float(np.mean((predicted >= 0.5) == (labels == 1)))}

@@ -38,7 +38,7 @@ REPLAYED_SHARE = 1 / 3
 
 def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig = SimConfig(), *,
          n_jobs: int = 1, ray: str | None = None, progress: Callable[[int, int], None] | None = None,
-         learn: bool = True) -> HpFile:
+         learn: bool = True, holdout: Trace | None = None) -> HpFile:
     """``hp`` with a tuning entry per capacity, chosen by replaying the end of ``trace`` (the fit window).
 
     Parameters
@@ -62,6 +62,9 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
         Called as each replay finishes.
     learn : bool
         Train the ``learned`` candidate's predictor per capacity (on Belady's replays).
+    holdout : Trace or None
+        The window after ``trace``: the start of it (as long as the replayed part) is labelled
+        too, to measure the predictor on traffic it was not fitted on.
 
     Returns
     -------
@@ -77,9 +80,15 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     miniature = Miniature.of(replayed, workload, config.sample_rate)
     horizons = [hp.horizon * factor for factor in HORIZON_FACTORS]
     n_cells = len(hp.cell_names())
+    later = None
+    if learn and holdout is not None and holdout.n_requests:
+        start = holdout.first_arrival
+        later = holdout.time_window(start, start + (end - trace.first_arrival) * REPLAYED_SHARE)
+        later = prepare_workload(chain_sample(later, config.sample_rate), hp, config.engine_block_size,
+                                 config.rate_scale) if later.n_requests else None
     learned = dict(zip(capacities, run_tasks(
-        _learn, workload, [(miniature.capacity(capacity), miniature.config(config), n_cells) for capacity in capacities],
-        n_jobs=n_jobs, ray=ray))) if learn else {}
+        _learn, workload, [(miniature.capacity(capacity), miniature.config(config), n_cells, later)
+                           for capacity in capacities], n_jobs=n_jobs, ray=ray))) if learn else {}
     tasks = [(capacity, horizon) for capacity in capacities for horizon in horizons]
     replays = run_tasks(_replay, workload, [(hp, miniature.capacity(capacity), horizon, miniature.config(config),
                                              learned.get(capacity)) for capacity, horizon in tasks],
@@ -100,10 +109,12 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     return dataclasses.replace(hp, tuning=tuple(entries))
 
 
-def _learn(workload: Workload, capacity: int, config: SimConfig, n_cells: int) -> LearnedModel | None:
-    """The ``learned`` predictor trained on Belady's replay of ``workload`` at ``capacity``."""
+def _learn(workload: Workload, capacity: int, config: SimConfig, n_cells: int,
+           holdout: Workload | None) -> LearnedModel | None:
+    """The ``learned`` predictor trained on Belady's replay of ``workload`` at ``capacity``, measured on ``holdout``'s."""
     rows, labels = belady_labels(workload, capacity, config, n_cells, len(TIER_EDGES))
-    return fit_learned(rows, labels, n_cells, len(TIER_EDGES))
+    held = belady_labels(holdout, capacity, config, n_cells, len(TIER_EDGES)) if holdout is not None else None
+    return fit_learned(rows, labels, n_cells, len(TIER_EDGES), held)
 
 
 def _replay(workload: Workload, hp: HpFile, capacity: int, horizon: float, config: SimConfig,
