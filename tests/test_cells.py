@@ -160,6 +160,10 @@ def test_tuning_records_a_horizon_of_the_grid_and_a_candidate_per_capacity(small
         assert entry["start"] == max(hits, key=hits.get)
         ratios = entry["measured"]["hit_ratio_by_horizon_s"]
         assert ratios[f"{entry['horizon_s']:g}"] == max(ratios.values())
+        # The learned candidate took part: a predictor over the cells, its shadow counted.
+        assert len(entry["learned"].cell) == len(hp.cell_names()) and "learned" in hits
+        quality = entry["learned"].quality
+        assert quality["holdout_log_loss"] < quality["holdout_base_log_loss"]
 
 
 def test_fit_cli_reports_cells_holdout_and_tuning(small_bailian, tmp_path):
