@@ -90,3 +90,26 @@ def test_a_block_is_in_the_bucket_its_predicted_probability_reaches(bias, tier, 
     order = policy.order(2.0)
     assert sorted(order) == list(range(len(depths)))
     assert [policy._bucket[b] for b in order] == sorted(policy._bucket[b] for b in order)
+
+
+def test_a_friendly_block_idle_past_its_credit_goes_before_a_fresher_averse_one():
+    model = LearnedModel(0.0, cell=(0.0,), tier=(-2.0, 2.0, 2.0, 2.0), depth=FLAT, tail=FLAT, credit_s=10.0)
+    policy = LearnedPolicy(model)
+    policy.access(0, 0.0, 0, 0)
+    policy.access(0, 0.5, 0, 0, hit=True)  # friendly
+    policy.access(1, 0.0, 0, 0)  # averse
+    policy.access(2, 0.0, 0, 0)  # averse
+    policy.free([0], 1.0)  # counts as freed at 11
+    policy.free([1], 5.0)
+    policy.free([2], 20.0)
+    assert policy.order(30.0) == [1, 0, 2]
+    assert policy.evict_n(3, 30.0) == [1, 0, 2]
+
+
+def test_the_credit_is_a_high_quantile_of_the_friendly_frees_reuse_gaps():
+    rng = np.random.default_rng(1)
+    rows = np.column_stack([np.zeros(1000, np.int64), rng.integers(0, 4, 1000), np.zeros((1000, 2), np.int64)])
+    labels = (rows[:, 1] >= 2).astype(np.int64)
+    gaps = np.where(labels == 1, rng.uniform(0, 100, 1000), np.nan)
+    model = fit_learned(rows, labels, 1, 4, gaps)
+    assert model.credit_s == pytest.approx(np.quantile(gaps[labels == 1], 0.9))

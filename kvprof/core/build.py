@@ -109,7 +109,7 @@ def _core(policy: EvictionPolicy, n_blocks: int):
         core = kinds.new_core(kind, n_blocks, model.n_buckets, 0)
         kinds.set_learned(core, len(model.cell), _tier_table(), model.bias,
                           *(np.array(w, dtype=np.float64) for w in (model.cell, model.tier, model.depth, model.tail)),
-                          model.log_odds_edges())
+                          model.log_odds_edges(), float(model.credit_s))
         return core
     core = kinds.new_core(kind, n_blocks, policy.n_classes, 1)
     kinds.set_rows(core, policy._default, policy.stamps_allocation, policy.stamps_free, policy.class_follows_hits)

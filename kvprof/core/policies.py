@@ -15,7 +15,8 @@ functions below run its protocol (``core_access``, ``core_free``, ``core_remove`
 * ``CLASSED`` -- :class:`kvprof.policy.classed.ClassedLRUPolicy` (``wa-paper``, and ``wa``'s
   rows, hit counts and ghost, below in this module);
 * ``LEARNED`` -- :class:`kvprof.policy.learned.LearnedPolicy` (``wa``'s learned candidate): list
-  ``k`` holds bucket ``k`` in free order; ``row`` is a block's cell, ``count`` its hits.
+  ``k`` holds bucket ``k`` in free order; ``row`` is a block's cell, ``count`` its hits,
+  ``stamp`` when it was freed.
 
 Invariant of every kind: ``size`` counts the evictable blocks, exactly those the driver freed
 and neither removed nor evicted since. Per-block tables grow on demand (``reserve_blocks``);
@@ -81,6 +82,7 @@ core_type = structs.struct(CoreType, Core, [
     # learned: log-odds weights per feature bin, bucket edges as log-odds
     ("learned_bias", types.float64), ("learned_cell", types.float64[:]), ("learned_tier", types.float64[:]),
     ("learned_depth", types.float64[:]), ("learned_tail", types.float64[:]), ("learned_edges", types.float64[:]),
+    ("learned_credit", types.float64),
 ])
 
 
@@ -143,6 +145,7 @@ def new_core(kind, n_blocks, n_lists, n_ghost_lists):
     core.learned_depth = np.zeros(1)
     core.learned_tail = np.zeros(1)
     core.learned_edges = np.zeros(0)
+    core.learned_credit = 0.0
     return core
 
 
@@ -202,7 +205,7 @@ def core_free(core, blocks, n, now):
     """``EvictionPolicy.free`` of ``blocks[:n]``, in that order."""
     kind = core.kind
     if kind == LEARNED:
-        _learned_free(core, blocks, n)
+        _learned_free(core, blocks, n, now)
         return
     for i in range(n):
         block = blocks[i]
@@ -410,7 +413,7 @@ def log_bin(value):
 
 
 @njit(cache=True)
-def _learned_free(core, blocks, n):
+def _learned_free(core, blocks, n, now):
     """``LearnedPolicy.free``: each block to the bucket of its predicted log-odds."""
     deepest = 0
     for i in range(n):
@@ -429,17 +432,23 @@ def _learned_free(core, blocks, n):
         for edge in core.learned_edges:
             if log_odds >= edge:
                 bucket += 1
+        core.stamp[block] = now
         push_back(core.q, bucket, block)
     core.size += n
 
 
 @njit(cache=True)
 def _learned_evict(core):
+    """``LearnedPolicy.evict``: the head of least ``freed + bucket * credit``, the lower bucket on a tie."""
     q = core.q
+    best = NONE
+    best_key = 0.0
     for bucket in range(core.n_rows):
         if q.count[bucket]:
-            return pop_front(q, bucket)
-    return NONE
+            key = core.stamp[q.head[bucket]] + bucket * core.learned_credit
+            if best == NONE or key < best_key:
+                best, best_key = bucket, key
+    return pop_front(q, best)
 
 
 # -- classed: rows, wa's hit counts and ghost ---------------------------------------------------
@@ -678,13 +687,14 @@ def set_order(core, order, learns, beta, adaptive, step, beta_max):
 
 
 @njit(cache=True)
-def set_learned(core, n_cells, tier_of, bias, cell, tier_weights, depth, tail, edges):
+def set_learned(core, n_cells, tier_of, bias, cell, tier_weights, depth, tail, edges, credit):
     """A ``LEARNED`` core's predictor (:class:`kvprof.models.learned.LearnedModel`, edges as log-odds)."""
     core.n_cells, core.n_tiers, core.tier_of = n_cells, len(tier_weights), tier_of
     core.default_row = n_cells - 1
     core.row[:] = n_cells - 1
     core.learned_bias, core.learned_cell, core.learned_tier = bias, cell, tier_weights
     core.learned_depth, core.learned_tail, core.learned_edges = depth, tail, edges
+    core.learned_credit = credit
 
 
 @njit(cache=True)

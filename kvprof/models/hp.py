@@ -573,7 +573,8 @@ OPEN_PROBABILITY = Bound(0.0, 1.0 - 1e-12, low_open=True)
 
 def _read_learned(checks: JsonChecks, data, where: str) -> LearnedModel:
     """A :class:`~kvprof.models.learned.LearnedModel`: ``bias``, per-bin weights, bucket ``edges``, ``quality``."""
-    checks.fields(data, where, required=("bias", "cell", "tier", "depth", "tail", "edges"), optional=("quality",))
+    checks.fields(data, where, required=("bias", "cell", "tier", "depth", "tail", "edges"),
+                  optional=("credit_s", "quality"))
     bias = float(checks.bounded(data["bias"], member(where, "bias"), LOG_ODDS))
     weights = {}
     for name, size in (("cell", None), ("tier", len(TIER_EDGES)), ("depth", N_LOG_BINS), ("tail", N_LOG_BINS)):
@@ -587,10 +588,11 @@ def _read_learned(checks: JsonChecks, data, where: str) -> LearnedModel:
                   for j, v in enumerate(checks.sequence(data["edges"], at, empty=False)))
     if list(edges) != sorted(set(edges)):
         checks.fail(at, "must be distinct and increasing")
+    credit = float(checks.bounded(data.get("credit_s", LearnedModel.credit_s), member(where, "credit_s"), SECONDS))
     quality = checks.mapping(data.get("quality", {}), member(where, "quality"))
     for key, value in quality.items():
         checks.number(value, member(member(where, "quality"), key), low=-math.inf)
-    return LearnedModel(bias, edges=edges, quality=quality, **weights)
+    return LearnedModel(bias, edges=edges, credit_s=credit, quality=quality, **weights)
 
 
 def _check_measured(checks: JsonChecks, data, where: str) -> None:

@@ -11,8 +11,10 @@ are what the pool knows when a request frees its blocks, nothing from the future
 * ``s`` -- its distance from the deepest block of the same free call (the freed chain's tail), log2-binned.
 
 The fitted policy puts a freed block in bucket ``k`` = how many of ``edges`` its probability
-reaches, and evicts from the lowest non-empty bucket in free order
-(:class:`kvprof.policy.learned.LearnedPolicy`).
+reaches and evicts, among the buckets' oldest blocks, the one freed longest ago counting a
+block of bucket ``k`` as freed ``k * credit_s`` later (:class:`kvprof.policy.learned.LearnedPolicy`):
+a block predicted friendly that stays unused longer than the friendly ones were (the credit is a
+high quantile of their reuse gaps under Belady) was mispredicted and ages out.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class LearnedModel:
         Log-odds weight per cell, reuse tier, depth bin and tail-distance bin.
     edges : tuple of float
         Increasing probabilities in (0, 1): a block goes to the bucket of the edges it reaches.
+    credit_s : float
+        Seconds of idle time each bucket above the lowest is credited, >= 0 and finite.
     quality : dict
         How the model was fitted and how well it predicted held-out frees (free-form numbers).
     """
@@ -52,6 +56,7 @@ class LearnedModel:
     depth: tuple[float, ...]
     tail: tuple[float, ...]
     edges: tuple[float, ...] = (0.5,)
+    credit_s: float = 1e9
     quality: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -62,6 +67,8 @@ class LearnedModel:
             raise ValueError(f"learned model needs cell and tier weights and {N_LOG_BINS} depth and tail bins")
         if not self.edges or any(not 0.0 < e < 1.0 for e in self.edges) or list(self.edges) != sorted(set(self.edges)):
             raise ValueError("learned bucket edges must be distinct increasing probabilities in (0, 1)")
+        if not 0.0 <= self.credit_s <= 1e9:
+            raise ValueError(f"learned credit must be from 0 to 1e9 s, got {self.credit_s}")
 
     @property
     def n_buckets(self) -> int:
@@ -79,7 +86,7 @@ class LearnedModel:
 
     def to_dict(self) -> dict:
         out = {"bias": self.bias, "cell": list(self.cell), "tier": list(self.tier), "depth": list(self.depth),
-               "tail": list(self.tail), "edges": list(self.edges)}
+               "tail": list(self.tail), "edges": list(self.edges), "credit_s": self.credit_s}
         if self.quality:
             out["quality"] = dict(self.quality)
         return out

@@ -3,8 +3,10 @@
 The predictor (:class:`kvprof.models.learned.LearnedModel`) was trained on the fit window by
 replaying it under Belady and labelling each freed block by whether Belady's cache still held it
 at its next use (Hawkeye's OPT labels). Here each freed block is put in a bucket by its
-predicted probability, and eviction takes the lowest non-empty bucket's oldest block: predicted
-cache-averse blocks go first, each bucket in LRU order.
+predicted probability; eviction takes, among the buckets' oldest blocks, the one freed longest
+ago, a block of bucket ``k`` counted as freed ``k * credit_s`` later: predicted cache-averse
+blocks go first, each bucket in LRU order, and a predicted friendly block idle past its credit
+goes before fresher averse ones.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
-from itertools import chain, islice
+import heapq
+from itertools import islice
 
 from kvprof.models.learned import LearnedModel, log_bin
 from kvprof.policy.base import EvictionPolicy
@@ -51,10 +54,11 @@ class FreeFeatures:
 
 
 class LearnedPolicy(EvictionPolicy):
-    """Buckets by predicted probability of Belady keeping the block; the lowest bucket's oldest goes first.
+    """Buckets by predicted probability of Belady keeping the block; LRU with a credit per bucket.
 
     Invariant: ``_bucket`` maps each evictable block to the bucket whose list holds it; each
-    list is in free order (a free call's blocks in the order given, tail first).
+    list is in free order (a free call's blocks in the order given, tail first), so its head has
+    the lowest key ``freed_at + bucket * credit_s`` of the list.
 
     Parameters
     ----------
@@ -71,6 +75,7 @@ class LearnedPolicy(EvictionPolicy):
         self._edges = [float(e) for e in model.log_odds_edges()]
         self._lists: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(model.n_buckets)]
         self._bucket: dict[int, int] = {}
+        self._freed_at: dict[int, float] = {}
 
     def access(self, block: int, now: float, workload: int = 0, depth: int = 0, *, hit: bool = False,
                next_use: float = math.inf, content: Hashable | None = None) -> None:
@@ -87,28 +92,35 @@ class LearnedPolicy(EvictionPolicy):
         for block, features in zip(blocks, self._features.of_free(blocks)):
             bucket = self.bucket(*features)
             self._bucket[block] = bucket
+            self._freed_at[block] = now
             self._lists[bucket][block] = None
 
     def remove(self, block: int) -> None:
         bucket = self._bucket.pop(block)
         del self._lists[bucket][block]
 
+    def _key(self, bucket: int, block: int) -> float:
+        return self._freed_at[block] + bucket * self.model.credit_s
+
     def evict(self, now: float) -> int:
-        for queue in self._lists:
-            if queue:
-                block = queue.popitem(last=False)[0]
-                del self._bucket[block]
-                return block
-        raise IndexError("no evictable block")
+        heads = [(self._key(k, next(iter(queue))), k) for k, queue in enumerate(self._lists) if queue]
+        if not heads:
+            raise IndexError("no evictable block")
+        block = self._lists[min(heads)[1]].popitem(last=False)[0]
+        del self._bucket[block], self._freed_at[block]
+        return block
 
     def order(self, now: float, limit: int | None = None) -> list[int]:
-        return list(islice(chain.from_iterable(self._lists), limit))
+        merged = heapq.merge(*([(self._key(k, block), k, i, block) for i, block in enumerate(queue)]
+                               for k, queue in enumerate(self._lists)))
+        return [entry[3] for entry in islice(merged, limit)]
 
     def clear(self) -> None:
         self._features.clear()
         for queue in self._lists:
             queue.clear()
         self._bucket.clear()
+        self._freed_at.clear()
 
     def __len__(self) -> int:
         return len(self._bucket)

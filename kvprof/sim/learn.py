@@ -7,7 +7,8 @@ first, which is also the fate of every block never used again. A free still unre
 replay ends (kept, next use beyond the window) has no label and is left out. The features are
 those the live pool has at the free (:class:`kvprof.policy.learned.FreeFeatures`).
 
-:func:`fit_learned` fits a logistic regression over the one-hot binned features and returns it
+:func:`fit_learned` sets the friendly buckets' credit to the :data:`CREDIT_QUANTILE` of the
+friendly frees' reuse gaps (seconds from the free to the hit) and fits a logistic regression over the one-hot binned features and returns it
 as per-bin weights (:class:`kvprof.models.learned.LearnedModel`), with its log-loss and
 accuracy on held-out frees: those of the window after the fit window when given (labelled the
 same way), else the last :data:`HOLDOUT_SHARE` of the frees (in time), predicted by a fit on the rest.
@@ -31,13 +32,16 @@ HOLDOUT_SHARE = 1 / 3
 REGULARISATION_C = 1.0
 #: Bucket edges of the fitted policy: predicted cache-averse below 1/2, friendly above.
 EDGES = (0.5,)
+#: The credit of a friendly bucket: this quantile of the gaps after which Belady's kept blocks were reused.
+CREDIT_QUANTILE = 0.9
 
 
 class LabellingBelady(BeladyPolicy):
     """Belady, recording each free's features and, once known, what Belady did with the block.
 
     Invariant: ``labels[i]`` is -1 while the block of free ``i`` is in ``_pending`` (evictable or
-    held, its next access not yet seen), else 1 (its next access hit) or 0 (evicted first).
+    held, its next access not yet seen), else 1 (its next access hit; ``gaps[i]`` seconds after
+    the free) or 0 (evicted first).
     """
 
     keyed_by = "cell"
@@ -47,6 +51,8 @@ class LabellingBelady(BeladyPolicy):
         self._features = FreeFeatures(n_cells, n_tiers)
         self.rows: list[tuple[int, int, int, int]] = []
         self.labels: list[int] = []
+        self.freed_at: list[float] = []
+        self.gaps: list[float] = []
         self._pending: dict[int, int] = {}
 
     def access(self, block, now, workload=0, depth=0, *, hit=False, next_use=float("inf"), content=None) -> None:
@@ -55,6 +61,7 @@ class LabellingBelady(BeladyPolicy):
         freed = self._pending.pop(block, None)
         if freed is not None:
             self.labels[freed] = 1 if hit else 0
+            self.gaps[freed] = now - self.freed_at[freed]
 
     def free(self, blocks, now) -> None:
         blocks = blocks if isinstance(blocks, list) else list(blocks)
@@ -62,6 +69,8 @@ class LabellingBelady(BeladyPolicy):
             self._pending[block] = len(self.rows)
             self.rows.append(features)
             self.labels.append(-1)
+            self.freed_at.append(now)
+            self.gaps.append(float("nan"))
         super().free(blocks, now)
 
     def evict(self, now) -> int:
@@ -73,14 +82,15 @@ class LabellingBelady(BeladyPolicy):
 
 
 def belady_labels(workload: Workload, capacity: int, config: SimConfig, n_cells: int,
-                  n_tiers: int) -> tuple[np.ndarray, np.ndarray]:
-    """Features (n, 4: cell, tier, depth bin, tail bin) and labels (n,) of the labelled frees, in time order."""
+                  n_tiers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Features (n, 4: cell, tier, depth bin, tail bin), labels (n,) and the friendly ones' reuse
+    gaps (n,: seconds, NaN for the averse) of the labelled frees, in time order."""
     policy = LabellingBelady(n_cells, n_tiers)
     simulate(workload, policy, capacity, config, engine="python")
     labels = np.asarray(policy.labels, dtype=np.int64)
     rows = np.asarray(policy.rows, dtype=np.int64).reshape(-1, 4)
     known = labels >= 0
-    return rows[known], labels[known]
+    return rows[known], labels[known], np.asarray(policy.gaps, dtype=np.float64)[known]
 
 
 def _one_hot(rows: np.ndarray, sizes: tuple[int, ...]) -> sp.csr_matrix:
@@ -101,10 +111,11 @@ def _fit(rows: np.ndarray, labels: np.ndarray, sizes: tuple[int, ...]):
     return model
 
 
-def fit_learned(rows: np.ndarray, labels: np.ndarray, n_cells: int, n_tiers: int,
+def fit_learned(rows: np.ndarray, labels: np.ndarray, n_cells: int, n_tiers: int, gaps: np.ndarray | None = None,
                 holdout: tuple[np.ndarray, np.ndarray] | None = None) -> LearnedModel | None:
     """The predictor fitted on all frees, with its held-out quality (on ``holdout``'s rows and labels
-    when given); None when the labels are all one class."""
+    when given) and the credit from the friendly frees' ``gaps`` (none given: strict buckets);
+    None when the labels are all one class."""
     sizes = (n_cells, n_tiers, N_LOG_BINS, N_LOG_BINS)
     if len(np.unique(labels)) < 2:
         return None
@@ -118,8 +129,10 @@ def fit_learned(rows: np.ndarray, labels: np.ndarray, n_cells: int, n_tiers: int
             quality.update(_quality(_fit(rows[:split], labels[:split], sizes), labels[:split], rows[split:],
                                     labels[split:], sizes), holdout_window=0.0)
     weights = np.split(model.coef_[0], np.cumsum(sizes)[:-1])
+    friendly_gaps = gaps[labels == 1] if gaps is not None else np.zeros(0)
+    credit = float(np.quantile(friendly_gaps, CREDIT_QUANTILE)) if len(friendly_gaps) else LearnedModel.credit_s
     return LearnedModel(float(model.intercept_[0]), *(tuple(float(w) for w in part) for part in weights),
-                        edges=EDGES, quality=quality)
+                        edges=EDGES, credit_s=min(max(credit, 0.0), 1e9), quality=quality)
 
 
 def _quality(model, trained_on: np.ndarray, rows: np.ndarray, labels: np.ndarray, sizes) -> dict:

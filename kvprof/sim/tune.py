@@ -112,9 +112,9 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
 def _learn(workload: Workload, capacity: int, config: SimConfig, n_cells: int,
            holdout: Workload | None) -> LearnedModel | None:
     """The ``learned`` predictor trained on Belady's replay of ``workload`` at ``capacity``, measured on ``holdout``'s."""
-    rows, labels = belady_labels(workload, capacity, config, n_cells, len(TIER_EDGES))
-    held = belady_labels(holdout, capacity, config, n_cells, len(TIER_EDGES)) if holdout is not None else None
-    return fit_learned(rows, labels, n_cells, len(TIER_EDGES), held)
+    rows, labels, gaps = belady_labels(workload, capacity, config, n_cells, len(TIER_EDGES))
+    held = belady_labels(holdout, capacity, config, n_cells, len(TIER_EDGES))[:2] if holdout is not None else None
+    return fit_learned(rows, labels, n_cells, len(TIER_EDGES), gaps, held)
 
 
 def _replay(workload: Workload, hp: HpFile, capacity: int, horizon: float, config: SimConfig,
