@@ -82,3 +82,31 @@ def test_stale_caches_are_dropped_wherever_numba_keeps_them(tmp_path, monkeypatc
     os.utime(package / "policies.py", (2000, 2000))
     drop_stale_caches(package)
     assert not any(path.exists() for path in stale)
+
+
+def test_the_copiers_module_is_what_the_structs_fields_generate():
+    """kvprof.core.copiers is written out so numba can cache it: a struct field added without
+    writing it again would go uncopied (``python -m kvprof.core.copiers`` writes it)."""
+    from pathlib import Path
+
+    from kvprof.core import copiers
+    from kvprof.core.structs import copiers_source
+
+    assert Path(copiers.__file__).read_text() == copiers_source(), \
+        "kvprof/core/copiers.py is stale: run `python -m kvprof.core.copiers` and commit it"
+
+
+def test_the_free_order_copier_is_loaded_from_the_cache_by_a_second_process():
+    """``order`` (vLLM's get_all_free_blocks through the twin) was compiled at every start: now
+    the second process finds every signature it needs in the cache."""
+    import subprocess
+    import sys
+
+    script = ("import numpy as np; from kvprof.core import handle; from kvprof.core.twin import CompiledTwin; "
+              "from kvprof.policy import make_policy; t = CompiledTwin(make_policy('lru'), 8); "
+              "t.access(1, 0.0); t.free([1], 1.0); print(list(t.order(2.0)), "
+              "sum(handle.order.stats.cache_misses.values()), sum(handle.order.stats.cache_hits.values()))")
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
+                           check=True).stdout.split() for _ in range(2)]  # the first may compile it
+    assert runs[0][0] == runs[1][0] == "[1]"
+    assert runs[1][-1] == "1", f"the second process compiled order again: {runs[1]}"

@@ -114,7 +114,7 @@ def evict_n(address, n, now, out):
     core.policy_evict_n(policy_at(address), n, now, out, 0)
 
 
-@njit
+@njit(cache=True)
 def order(address, n, now, out):
     core.policy_order(policy_at(address), n, now, out)
 

@@ -20,6 +20,7 @@ from numba.experimental import structref
 from numba.typed import List
 
 from kvprof.core import structs
+from kvprof.core.copiers import copy_core
 from kvprof.core.policies import (
     ORDER_FREQUENCY, core_access, core_contains, core_evict_n, core_free, core_remove, core_type, remember,
 )
@@ -261,10 +262,7 @@ def policy_evict_n(policy, n, now, out, at):
                 core_remove(core, out[i])
 
 
-copy_core = structs.deep_copier(core_type, {structs.lists_type: structs.copy_lists, structs.heap_type: structs.copy_heap})
-
-
-@njit
+@njit(cache=True)
 def policy_order(policy, n, now, out):
     """The first ``n`` victims ``policy_evict_n`` would take at ``now``, into ``out[:n]``; the
     policy is unchanged (they are evicted from a copy of the core eviction takes them from)."""

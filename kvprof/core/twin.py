@@ -25,6 +25,40 @@ CONTENTS_PER_BLOCK = 16
 MIN_CONTENTS = 1 << 16
 
 
+class Seats:
+    """Numbers for the running requests, the ids the compiled core knows them by.
+
+    Invariant: the numbers in use are ``_seat``'s values, all distinct; ``_free`` is a heap of
+    the numbers handed out before and given back since, so :meth:`take` reuses the lowest free
+    number and the numbers stay below the most requests ever running at once (the core sizes
+    its per-request tables by them).
+    """
+
+    def __init__(self) -> None:
+        self._seat: dict[Hashable, int] = {}
+        self._free: list[int] = []
+
+    def take(self, request: Hashable) -> int:
+        """A number for ``request`` (which must not hold one)."""
+        seat = heapq.heappop(self._free) if self._free else len(self._seat)
+        self._seat[request] = seat
+        return seat
+
+    def give(self, request: Hashable) -> int:
+        """Give back ``request``'s number and return it; -1 if it holds none."""
+        seat = self._seat.pop(request, -1)
+        if seat >= 0:
+            heapq.heappush(self._free, seat)
+        return seat
+
+    def clear(self) -> None:
+        self._seat.clear()
+        self._free.clear()
+
+    def __contains__(self, request: Hashable) -> bool:
+        return request in self._seat
+
+
 class CompiledTwin(EvictionPolicy):
     """The compiled twin of a fresh reference policy, same name, same decisions.
 
@@ -38,7 +72,7 @@ class CompiledTwin(EvictionPolicy):
     shifts the safety net's statistics; the cache itself never depends on it). ``_taken`` lists
     blocks taken back with :meth:`take` that the core still holds as evictable, and every method
     that reaches the core hands them to it first, so the core sees the same operations in the
-    same order as the reference would; ``_seat`` numbers the running requests (:meth:`admit`
+    same order as the reference would; ``_seats`` numbers the running requests (:meth:`admit`
     to :meth:`finish`) with the lowest numbers free, the ids the core knows them by;
     ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
     because every change of it passes through this class.
@@ -61,8 +95,7 @@ class CompiledTwin(EvictionPolicy):
         self._n_blocks = n_blocks
         self.max_contents = max_contents or max(CONTENTS_PER_BLOCK * n_blocks, MIN_CONTENTS)
         self._content_id: OrderedDict[Hashable, int] = OrderedDict()
-        self._seat: dict[Hashable, int] = {}
-        self._free_seats: list[int] = []  # a heap: the lowest number is reused first
+        self._seats = Seats()
         self._taken: list[int] = []
         #: ``take(block)``: :meth:`remove` of a block the caller knows is evictable, applied
         #: before the next call that reaches the core (vLLM takes back a free block on every
@@ -128,19 +161,17 @@ class CompiledTwin(EvictionPolicy):
     def admit(self, request: Hashable, contents: Sequence[Hashable], now: float, workload: int = 0, *,
               n_lookup: int | None = None, n_blocks: int | None = None) -> None:
         n_lookup, n_blocks = request_sizes(contents, n_lookup, n_blocks)
-        if request in self._seat:
+        if request in self._seats:
             raise ValueError(f"request {request!r} was admitted before and has not finished")
-        seat = heapq.heappop(self._free_seats) if self._free_seats else len(self._seat)
-        self._seat[request] = seat
+        seat = self._seats.take(request)
         handle.admit(self._address, seat, np.array(self._contents(contents), dtype=np.int64), n_lookup, n_blocks,
                      float(now), workload)
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
                n_blocks: int | None = None) -> None:
         n_blocks = finished_size(contents, n_blocks)
-        seat = self._seat.pop(request, None)
-        if seat is not None:
-            heapq.heappush(self._free_seats, seat)
+        seat = self._seats.give(request)
+        if seat >= 0:
             handle.finish(self._address, seat, float(now),
                           np.array(self._contents(() if contents is None else contents), dtype=np.int64), n_blocks)
 
@@ -203,8 +234,7 @@ class CompiledTwin(EvictionPolicy):
 
     def clear(self) -> None:
         self._content_id.clear()
-        self._seat.clear()
-        self._free_seats.clear()
+        self._seats.clear()
         self._taken.clear()
         self._build()
 

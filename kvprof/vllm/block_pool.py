@@ -262,8 +262,8 @@ class KvprofBlockPool(BlockPool):
         """
         size = self.hash_block_size
         prompt = request.num_prompt_tokens
-        n_full = min(prompt // size, len(request.block_hashes))
-        contents = [make_block_hash_with_group_id(h, 0) for h in request.block_hashes[:n_full]]
+        contents = self._chain_keys(request, prompt)
+        n_full = len(contents)
         cls = self.kvprof_spec.class_index(request_extra_args(request), prompt)
         self.policy.admit(request.request_id, contents, self._clock(), cls,
                           n_lookup=min(max(request.num_tokens - 1, 0) // size, n_full), n_blocks=-(-prompt // size))
@@ -271,10 +271,13 @@ class KvprofBlockPool(BlockPool):
     def finish_request(self, request, n_blocks: int) -> None:
         """``request``, holding ``n_blocks`` blocks, is about to be freed: its whole chain of computed
         full blocks (the output's too) reaches the policy, which caches what the output filled."""
-        size = self.hash_block_size
-        n_full = min(request.num_computed_tokens // size, len(request.block_hashes))
-        contents = [make_block_hash_with_group_id(h, 0) for h in request.block_hashes[:n_full]]
-        self.policy.finish(request.request_id, self._clock(), contents, n_blocks=max(n_blocks, n_full))
+        contents = self._chain_keys(request, request.num_computed_tokens)
+        self.policy.finish(request.request_id, self._clock(), contents, n_blocks=max(n_blocks, len(contents)))
+
+    def _chain_keys(self, request, n_tokens: int) -> list:
+        """The cache keys (group 0's) of the full blocks among ``request``'s first ``n_tokens`` tokens."""
+        n_full = min(n_tokens // self.hash_block_size, len(request.block_hashes))
+        return [make_block_hash_with_group_id(h, 0) for h in request.block_hashes[:n_full]]
 
     def replace_policy(self, spec: PolicySpec, policy) -> None:
         """Serve with ``policy`` (a fresh compiled twin built from ``spec``) from now on.

@@ -14,7 +14,7 @@ does the rest:
 * a log line every ``log_interval_s``: the hit ratio of what serves and of LRU on the same traffic;
 * reloads: every ``reload_interval_s`` it looks at the hp file; a changed, valid file becomes a new
   compiled policy that the scheduler thread swaps in at its next call (the pool keeps its cached
-  blocks, their ages and reuse counts); an invalid one is logged with its location, counted,
+  blocks, their ages and reuse counts, and so does a CPU offload tier); an invalid one is logged with its location, counted,
   and the running policy stays.
 
 The recorder (:class:`kvprof.vllm.record.Recorder`) has a thread of its own, so that a slow disk
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -135,6 +136,9 @@ class LiveLoop:
             self._pending = None
             spec, twin = pending
             self.pool.replace_policy(spec, twin)
+            offload = sys.modules.get("kvprof.vllm.offload")  # imported only where vLLM offloads to CPU
+            if offload is not None:
+                offload.replace_policies(spec)
             self.spec = spec
 
     def _put(self, event) -> None:

@@ -13,7 +13,6 @@ thread, never on the scheduler's.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -24,6 +23,7 @@ from kvprof.core import tiers
 from kvprof.core.build import compile_policy
 from kvprof.core.policy import outcome, policy_admit, policy_finish
 from kvprof.core.structs import NONE
+from kvprof.core.twin import Seats
 from kvprof.core.timed import admit, finish, forget
 from kvprof.policy.base import EvictionPolicy
 
@@ -73,8 +73,7 @@ class Counterfactual:
         self.tiers = {name: _Tier(policy, capacity, self.max_contents) for name, policy in policies.items()}
         self.lookups = 0  # prompt blocks that could have been hits, over admitted requests
         self._no_use = np.full(0, math.inf)
-        self._seat: dict[Hashable, int] = {}  # running request -> its number for the policies' admit/finish
-        self._free_seats: list[int] = []
+        self._seats = Seats()  # running request -> its number for the policies' admit/finish
 
     def replace(self, name: str, policy: EvictionPolicy) -> None:
         """Run ``policy`` under ``name`` from now on, in a new (empty) tier."""
@@ -107,7 +106,7 @@ class Counterfactual:
         n_lookup = min(max(prompt_tokens - 1, 0) // size, n_full)
         self.lookups += n_lookup
         next_use = self._next_use(n_prompt)
-        seat = self._take_seat(key)
+        seat = self._seats.take(key)
         for tier in self.tiers.values():
             slots = np.zeros(n_prompt, np.int64)
             workload = classes[tier.keyed_by == "cell"]
@@ -127,7 +126,7 @@ class Counterfactual:
         n_new = max(-(-written // size) - n_prompt, n_output_full)
         output = self._contents(hashes[n_full:n_full + n_output_full])
         next_use = self._next_use(n_prompt + n_output_full)
-        seat = self._give_seat(key)
+        seat = self._seats.give(key)
         for tier in self.tiers.values():
             entry = tier.running.pop(key, None)
             if entry is None:  # admitted before this tier was replaced
@@ -141,23 +140,12 @@ class Counterfactual:
 
     def forget_request(self, key: Hashable, now: float) -> None:
         """Request ``key`` left without a finish the counterfactual heard of: free what it holds."""
-        seat = self._give_seat(key)
+        seat = self._seats.give(key)
         for tier in self.tiers.values():
             entry = tier.running.pop(key, None)
             if entry is not None:
                 policy_finish(tier.compiled, seat, now, entry[3][:0], 0)
                 tiers.release(tier.gpu, entry[0], entry[1], now)
-
-    def _take_seat(self, key: Hashable) -> int:
-        seat = heapq.heappop(self._free_seats) if self._free_seats else len(self._seat)
-        self._seat[key] = seat
-        return seat
-
-    def _give_seat(self, key: Hashable) -> int:
-        seat = self._seat.pop(key, -1)
-        if seat >= 0:
-            heapq.heappush(self._free_seats, seat)
-        return seat
 
     # -- contents --------------------------------------------------------------------------
     def _contents(self, hashes: Sequence) -> list[int]:

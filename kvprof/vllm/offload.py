@@ -41,15 +41,19 @@ from __future__ import annotations
 import os
 import re
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
+from kvprof.cells import TIER_EDGES
 from kvprof.vllm.spec import CONFIG_KEY, KvPolicyConfigError, PolicySpec
 
 #: Set by the plugin in the engine core when ``kv_policy`` is configured.
 ACTIVE_SPEC: PolicySpec | None = None
+#: Every tier of this process, for :func:`replace_policies` (a reload of the hp file).
+TIERS: weakref.WeakSet[KvprofCachePolicy] = weakref.WeakSet()
 _REQ_ID_TAG = re.compile(r"(?:^|[^A-Za-z0-9])workload=([A-Za-z0-9_.+\-]+)")
 
 
@@ -84,18 +88,23 @@ class KvprofCachePolicy(CachePolicy):
         self._store_ctx = None
         #: Request id that stored each chunk; None until named (vLLM 0.30: by the first ``touch``).
         self._stored_by: dict[Any, str | None] = {}
+        #: Per chunk, for a reload (:meth:`replace_policy`): the tags its class came from at its last
+        #: access, its depth then, its hits since it was stored and when it was last accessed or freed.
+        self._history: dict[Any, list] = {}
+        TIERS.add(self)
 
     # -- helpers ---------------------------------------------------------------------------
-    def _class_of(self, req_context) -> int:
-        if req_context is None:
-            return self.spec.default_index
+    @staticmethod
+    def _tags_of(req_context) -> dict | None:
+        """The tags a request names its class with (module docstring); None for an untagged one."""
         params = getattr(req_context, "kv_transfer_params", None)
         if isinstance(params, dict) and any(k in params for k in ("workload", "type", "turn")):
-            return self.spec.class_index(params)
+            return params
         match = _REQ_ID_TAG.search(str(getattr(req_context, "req_id", "")))
-        if match:
-            return self.spec.class_index({"workload": match.group(1)})
-        return self.spec.default_index
+        return {"workload": match.group(1)} if match else None
+
+    def _class_of(self, tags: dict | None) -> int:
+        return self.spec.default_index if tags is None else self.spec.class_index(tags)
 
     def _id_of(self, key) -> int:
         block = self._id.get(key)
@@ -114,6 +123,7 @@ class KvprofCachePolicy(CachePolicy):
         del self._id[key]
         del self._key[block]
         del self._stored_by[key]
+        del self._history[key]
         self._spare_ids.append(block)
 
     @staticmethod
@@ -133,8 +143,9 @@ class KvprofCachePolicy(CachePolicy):
         self._stored_by[key] = getattr(req_context, "req_id", None)
         block = self._id_of(key)
         now = self._clock()
-        self.policy.access(block, now, self._class_of(req_context), self._depth(key, req_context, 0), hit=False,
-                           content=key)
+        tags, depth = self._tags_of(req_context), self._depth(key, req_context, 0)
+        self._history[key] = [tags, depth, 0, now]
+        self.policy.access(block, now, self._class_of(tags), depth, hit=False, content=key)
         if chunk.ref_cnt == 0:
             self.policy.free((block,), now)
 
@@ -169,14 +180,19 @@ class KvprofCachePolicy(CachePolicy):
         self._access(keys, req_context, reused=reused_keys)
 
     def _access(self, keys: list, req_context, reused) -> None:
-        cls = self._class_of(req_context)
+        tags = self._tags_of(req_context)
+        cls = self._class_of(tags)
         now = self._clock()
-        access = self.policy.access
+        access, history = self.policy.access, self._history
         for i, key in enumerate(keys):
             block = self._id.get(key)
             if block is None or key not in self.chunks:
                 continue
-            access(block, now, cls, self._depth(key, req_context, i), hit=key in reused, content=key)
+            depth, hit = self._depth(key, req_context, i), key in reused
+            access(block, now, cls, depth, hit=hit, content=key)
+            past = history[key]
+            past[0], past[1], past[3] = tags, depth, now
+            past[2] += hit
 
     def evict(self, n: int, protected: set):
         if n == 0:
@@ -209,13 +225,45 @@ class KvprofCachePolicy(CachePolicy):
         self.policy.clear()
         self.chunks.clear()
         self._stored_by.clear()
+        self._history.clear()
         self._id.clear()
         self._key.clear()
         self._spare_ids.clear()
         self._next_id = 0
 
     def mark_evictable(self, key) -> None:
-        self.policy.free((self._id_of(key),), self._clock())
+        now = self._clock()
+        self.policy.free((self._id_of(key),), now)
+        if key in self._history:
+            self._history[key][3] = now
 
     def mark_non_evictable(self, key) -> None:
         self.policy.remove(self._id[key])
+
+    def replace_policy(self, spec: PolicySpec) -> None:
+        """Order the tier by ``spec`` (a reloaded hp file) from now on.
+
+        The chunks carry over as the GPU pool's blocks do
+        (:meth:`kvprof.vllm.block_pool.KvprofBlockPool.replace_policy`): oldest first, each accessed
+        in the new policy as often as it was hit since it was stored, with its depth, at the time
+        it was last accessed or freed, classified by the new file from the tags it was last
+        accessed with; the evictable ones are then freed in that order. Ghosts and ``wa``'s
+        shadows start afresh.
+        """
+        policy = spec.make_policy(capacity=self.cache_capacity, n_blocks=self.cache_capacity)
+        self.spec = spec
+        chunks = sorted(self.chunks, key=lambda key: self._history[key][3])
+        for key in chunks:
+            tags, depth, hits, stamp = self._history[key]
+            for k in range(min(hits, TIER_EDGES[-1]) + 1):
+                policy.access(self._id[key], stamp, self._class_of(tags), depth, hit=k > 0, content=key)
+        for key in chunks:
+            if self.chunks[key].ref_cnt == 0:
+                policy.free((self._id[key],), self._history[key][3])
+        self.policy = policy
+
+
+def replace_policies(spec: PolicySpec) -> None:
+    """A reloaded hp file reaches every CPU offload tier of this process (:data:`TIERS`)."""
+    for tier in list(TIERS):
+        tier.replace_policy(spec)

@@ -368,7 +368,8 @@ def track_requests(scheduler, manager, pool, live) -> None:
     @functools.wraps(original_free)
     def _free_request(request, *args, **kwargs):
         if pool is not None and request.request_id in first_scheduled:
-            _never_raise(lambda: pool.finish_request(request, len(manager.get_blocks(request.request_id).blocks[0])))
+            # the coordinator's own list of the request's blocks (group 0), not a KVCacheBlocks built to count them
+            _never_raise(lambda: pool.finish_request(request, len(manager.coordinator.get_blocks(request.request_id)[0])))
         try:
             return original_free(request, *args, **kwargs)
         finally:

@@ -155,3 +155,35 @@ def test_kvprof_cache_policy_refuses_without_spec(monkeypatch, in_vllm):
     monkeypatch.delenv("KVPROF_KV_POLICY_CONFIG", raising=False)
     with pytest.raises(KvPolicyConfigError, match="needs a policy"):
         _manager("kvprof", None)
+
+
+def test_a_reload_reorders_the_tier_and_keeps_its_chunks(tmp_path, in_vllm):
+    """A reloaded hp file reaches the CPU tier (kvprof.vllm.offload.replace_policies, called by the
+    live loop with the GPU pool's swap): the chunks stay, each with its class tags, hits and age, and
+    the new file's scores decide the next victims."""
+    if not in_vllm:
+        return
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+    from vllm_support import HP_TEST
+
+    from kvprof.vllm import offload
+    from kvprof.vllm.spec import load_spec_hp
+
+    spec = _spec(tmp_path)
+    manager = _manager("kvprof", spec)
+    tier = manager._policy
+    hot, cold, _ = _scenario(manager)  # the tier holds hot's and the new request's chunks
+    _load(manager, hot, ReqContext("again", kv_transfer_params={"type": "hot", "turn": 1}))
+    held = dict(tier.chunks)
+    assert all(tier._history[k][2] == 1 for k in hot)
+
+    swapped = dict(HP_TEST, classes={"hot_1": HP_TEST["classes"]["cold_1"], "cold_1": HP_TEST["classes"]["hot_1"]})
+    (tmp_path / "hp.json").write_text(json.dumps(swapped))
+    old_policy = tier.policy
+    offload.replace_policies(spec.with_hp(*load_spec_hp(str(tmp_path / "hp.json"))))
+    assert tier.policy is not old_policy and tier.chunks == held and len(tier.policy) == len(held)
+    assert tier.spec.hp.table()[1][0] != spec.hp.table()[1][0]  # the new file's scores serve
+
+    newer = [make_offload_key(bytes([4, i]) * 8, 0) for i in range(4)]
+    out = _store(manager, newer, ReqContext("newest", kv_transfer_params={"workload": "cold_1"}))
+    assert sorted(out.evicted_keys) == sorted(hot)  # hot_1 now scores as never reused: its chunks go first
