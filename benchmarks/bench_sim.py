@@ -68,10 +68,10 @@ print(json.dumps({"seconds": time.perf_counter() - start, "miss_ratio": miss_rat
 def kvprof_throughput(trace, hp: HpFile, policy: str, capacity: int, config: SimConfig) -> dict:
     """``simulate``'s compiled engine over ``trace``, after a warm-up run on its first minute."""
     warm = prepare_workload(trace.time_window(None, trace.window[0] + 60.0), hp, config.engine_block_size)
-    simulate(warm, make_policy(policy, hp), capacity, config)
+    simulate(warm, make_policy(policy, hp, capacity), capacity, config)
     workload = prepare_workload(trace, hp, config.engine_block_size)
     start = time.perf_counter()
-    metrics = simulate(workload, make_policy(policy, hp), capacity, config)
+    metrics = simulate(workload, make_policy(policy, hp, capacity), capacity, config)  # as compare builds it
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "per_s": workload.n_accesses / seconds, "block_hit_ratio": metrics.block_hit_ratio,
             "accesses": workload.n_accesses}

@@ -116,6 +116,19 @@ def test_the_twin_switches_leader_as_the_reference_does(bailian):
     assert references[1].shadow_hits() == references[0].shadow_hits()
 
 
+@pytest.mark.parametrize("rate", [0.5, 0.2])
+def test_the_twin_samples_the_shadows_as_the_reference_does(bailian, rate):
+    trace, hp, _ = bailian
+    workload = prepare_workload(trace, hp, 16)
+    references = [make_policy("wa", hp, 500, shadow_sample=rate) for _ in range(2)]
+    python = simulate(workload, references[0], 500, SimConfig(engine_block_size=16), engine="python")
+    compiled = simulate(workload, references[1], 500, SimConfig(engine_block_size=16), engine="compiled")
+    assert python == compiled
+    assert references[1].order_name == references[0].order_name
+    assert references[1].shadow_hits() == references[0].shadow_hits()
+    assert 0 < sum(references[0].shadow_hits().values()) < 6 * python.hits_device, "a sample sees less"
+
+
 def test_the_engine_is_chosen_by_the_policies_and_the_observer():
     workload = prepare_workload(make_trace([(0.0, "a", 1, [1, 2, 3]), (1.0, "a", 1, [1, 2, 4])]), engine_block_size=16)
     with pytest.raises(SimulationError, match="compiled twins"):

@@ -38,6 +38,7 @@ WA_VARIANTS = {
     "wa default orders": lambda: wa_policy(P, LAM, safety_net=True, orders=DEFAULT_ORDERS),
     "wa learned leads": lambda: wa_policy(P, LAM, orders=("learned", "model"), learned=LEARNED),
     "wa every order": lambda: wa_policy(P, LAM, safety_net=True, orders=ORDER_NAMES, learned=LEARNED),
+    "wa sampled shadows": lambda: wa_policy(P, LAM, safety_net=True, orders=DEFAULT_ORDERS, shadow_sample=0.5),
 }
 BUILDERS = {**{name: (lambda name=name: build(name)) for name in sorted(POLICIES) if name != "wa"}, **WA_VARIANTS,
             "learned": lambda: LearnedPolicy(LEARNED)}

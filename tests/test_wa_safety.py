@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from kvprof.models.hp import ReuseRow
 from kvprof.policy import LRUPolicy, make_policy
-from kvprof.policy.shadow import ShadowCache
-from kvprof.policy.wa import DEFAULT_ORDERS
+from kvprof.core.policy import mixed as compiled_mixed
+from kvprof.policy.shadow import ChainSample, ShadowCache, mixed
+from kvprof.policy.wa import DEFAULT_ORDERS, SHADOW_SAMPLE, SHADOW_SAMPLE_MIN_BLOCKS, default_sample
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.synth import generate, write_jsonl
@@ -151,3 +152,51 @@ def test_with_a_wrong_profile_the_safety_net_ends_no_worse_than_lru(adversarial)
     assert model.token_hit_ratio < 0.8 * lru, "the profile is not wrong enough to test anything"
     assert wa >= 0.99 * lru
     assert wa_policy_.order_name != "model"
+
+
+def test_a_conversation_is_one_chain_and_a_shared_system_prompt_is_not():
+    sample = ChainSample(0.5)
+    chains = []
+    for contents in (["s1", "s2", "a1"],                # conversation a under system prompt s
+                     ["s1", "s2", "b1", "b2"],          # b branches off the prompt a continued: a new chain
+                     ["s1", "s2", "a1", "a2", "a3"],    # a's next turn continues a1, which no one else did
+                     ["s1", "s2", "b1", "b2", "b3"],    # b's next turn
+                     ["s1", "s2", "a1"],                # a preempted turn admitted again: nothing new
+                     ["s1", "s2", "a1", "c1"],          # c branches off a1, which a's second turn continued
+                     [], ["x1"]):                       # no contents, and one never seen: new chains
+        before = dict(sample.chain)
+        sample.admits(contents)
+        new = [sample.chain[c] for c in contents if c not in before]
+        chains.append(new[0] if new else sample.chain[contents[-1]] if contents else sample.n_chains - 1)
+    assert chains == [0, 1, 0, 1, 0, 2, 3, 4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(number=st.integers(0, 2**63 - 1))
+def test_the_compiled_mix_of_a_chain_number_is_the_reference_one(number):
+    assert int(compiled_mixed(number)) == mixed(number)
+
+
+def test_a_sample_holds_about_its_share_of_chains():
+    sample = ChainSample(0.1)
+    kept = sum(sample.admits([("prompt", i), ("turn", i)]) for i in range(20000))
+    assert sample.n_chains == 20000 and abs(kept / 20000 - 0.1) < 0.01
+
+
+def test_the_default_sample_keeps_every_shadow_above_its_minimum_size():
+    assert default_sample(None) == default_sample(SHADOW_SAMPLE_MIN_BLOCKS) == 1.0
+    assert default_sample(4 * SHADOW_SAMPLE_MIN_BLOCKS) == 0.25
+    assert default_sample(10**9) == SHADOW_SAMPLE
+    with pytest.raises(ValueError, match="sample rate"):
+        ChainSample(0.0)
+
+
+@pytest.mark.parametrize("engine", ["compiled", "python"])
+def test_sampled_shadows_are_scaled_and_only_see_sampled_requests(short_trace, engine):
+    workload, hp = short_trace
+    full, half = (make_policy("wa", hp, 400, shadow_sample=rate, switch_margin=math.inf) for rate in (1.0, 0.5))
+    simulate(workload, full, 400, SimConfig(), engine=engine)
+    simulate(workload, half, 400, SimConfig(), engine=engine)
+    assert [shadow.limit for shadow in half._shadows] == [200] * len(DEFAULT_ORDERS)
+    for name, hits in half.shadow_hits().items():
+        assert 0 < hits < full.shadow_hits()[name]

@@ -14,6 +14,8 @@ candidate ``i``'s row order, or -1 when ``order_followed[i]`` names the followed
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, types
 from numba.experimental import structref
@@ -77,6 +79,12 @@ policy_type = structs.struct(PolicyType, Policy, [
     ("capacity", types.int64),  # the real cache's size (0: the most blocks seen)
     ("calibrated", types.boolean),
     ("never", types.float64[:]),  # next uses of shadow blocks: inf (only Belady reads them)
+    # the shadows' sample of chains (kvprof.policy.shadow.ChainSample)
+    ("sample_rate", types.float64),
+    ("sample_below", types.uint64),
+    ("chain_of", types.int64[:]),  # content -> chain (NONE: never admitted)
+    ("continued", types.boolean[:]),  # content -> some request had a new content after it
+    ("n_chains", types.int64),
 ])
 
 
@@ -185,6 +193,11 @@ def new_policy(main, followed, order_kind, order_followed, shadows, leader):
     policy.capacity = 0
     policy.calibrated = False
     policy.never = np.full(16, np.inf)
+    policy.sample_rate = 1.0
+    policy.sample_below = np.uint64(0)
+    policy.chain_of = np.full(16, NONE, np.int64)
+    policy.continued = np.zeros(16, np.bool_)
+    policy.n_chains = 0
     return policy
 
 
@@ -283,14 +296,67 @@ def policy_admit(policy, seat, contents, n_lookup, n_blocks, now, workload):
     size = policy.capacity if policy.capacity else max(main.most, main.held + main.size)
     if n_blocks > len(policy.never):
         policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
-    for shadow in shadows:
-        if shadow.limit < size:  # no capacity given: the most blocks seen
-            set_limit(shadow, size, now)
-        shadow_admit(shadow, seat, contents, n_lookup, n_blocks, now, workload, policy.never)
+    if in_sample(policy, contents):
+        limit = scaled_size(size, policy.sample_rate)
+        for shadow in shadows:
+            if shadow.limit < limit:  # no capacity given: the most blocks seen
+                set_limit(shadow, limit, now)
+            shadow_admit(shadow, seat, contents, n_lookup, n_blocks, now, workload, policy.never)
     policy.unweighed += n_lookup
     if policy.unweighed >= max(policy.period_min, size // policy.period_share):
         _weigh(policy, policy.unweighed, size)
         policy.unweighed = 0
+
+
+@njit(cache=True)
+def mixed(number):
+    """``kvprof.policy.shadow.mixed``: splitmix64's finalizer, in uint64."""
+    z = np.uint64(number)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True)
+def scaled_size(size, rate):
+    """``kvprof.policy.shadow.scaled_size``."""
+    return size if rate >= 1.0 else int(math.ceil(size * rate))
+
+
+@njit(cache=True)
+def in_sample(policy, contents):
+    """``ChainSample.admits``: number the chain of a request admitted with ``contents``; whether
+    it is in the shadows' sample."""
+    if policy.sample_rate >= 1.0:
+        return True
+    top = -1
+    for content in contents:
+        top = max(top, content)
+    if top >= len(policy.chain_of):
+        policy.chain_of = grown(policy.chain_of, top + 1, NONE)
+        policy.continued = grown(policy.continued, top + 1, False)
+    chain_of, continued = policy.chain_of, policy.continued
+    chain = NONE
+    for depth in range(len(contents)):
+        content = contents[depth]
+        if chain_of[content] != NONE:
+            continue
+        if chain == NONE:
+            if depth and not continued[contents[depth - 1]]:
+                chain = chain_of[contents[depth - 1]]
+            else:
+                chain = policy.n_chains
+                policy.n_chains += 1
+        if depth:
+            continued[contents[depth - 1]] = True
+        chain_of[content] = chain
+    if chain == NONE:
+        if len(contents):
+            chain = chain_of[contents[len(contents) - 1]]
+        else:
+            chain = policy.n_chains
+            policy.n_chains += 1
+    return mixed(chain) < policy.sample_below
 
 
 @njit(cache=True)
@@ -310,11 +376,12 @@ def _weigh(policy, lookups, size):
     real_gained = policy.real_hits - policy.real_seen
     policy.real_seen = policy.real_hits
     prior = float(max(size, 1))
+    calibrated = policy.calibrated and policy.sample_rate >= 1.0  # off when sampling (wa's _weigh)
     score, seen, real_led, shadow_led = policy.shadow_score, policy.shadow_seen, policy.real_led, policy.shadow_led
     best = 0
     best_corrected = leader_corrected = 0.0
     for i in range(len(shadows)):
-        gained = shadows[i].hits - seen[i]
+        gained = (shadows[i].hits - seen[i]) / policy.sample_rate  # hits in the whole traffic
         seen[i] = shadows[i].hits
         score[i] = score[i] * keep + gained
         real_led[i] *= keep
@@ -322,7 +389,7 @@ def _weigh(policy, lookups, size):
         if i == policy.leader:
             real_led[i] += real_gained
             shadow_led[i] += gained
-        factor = (real_led[i] + prior) / (shadow_led[i] + prior) if policy.calibrated else 1.0
+        factor = (real_led[i] + prior) / (shadow_led[i] + prior) if calibrated else 1.0
         corrected = score[i] * factor
         if i == 0 or corrected > best_corrected:
             best, best_corrected = i, corrected
@@ -355,11 +422,14 @@ def empty_shadows():
 
 
 @njit(cache=True)
-def set_safety_net(policy, window_capacities, switch_margin, period_min, period_share, capacity, calibrated):
-    """wa's constants for comparing shadows (:mod:`kvprof.policy.wa`) and the real cache's size."""
+def set_safety_net(policy, window_capacities, switch_margin, period_min, period_share, capacity, calibrated,
+                   sample_rate, sample_below):
+    """wa's constants for comparing shadows (:mod:`kvprof.policy.wa`), the real cache's size and
+    the shadows' sample (its rate and the threshold of mixed chain numbers in it)."""
     policy.window_capacities, policy.switch_margin = window_capacities, switch_margin
     policy.period_min, policy.period_share = period_min, period_share
     policy.capacity, policy.calibrated = capacity, calibrated
+    policy.sample_rate, policy.sample_below = sample_rate, sample_below
 
 
 @njit(cache=True)

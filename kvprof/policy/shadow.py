@@ -6,6 +6,10 @@ finishes; it keeps vLLM's prefix-cache rules on slots of its own (the very
 :class:`~kvprof.policy.prefix_cache.PrefixCache` the simulator runs) but holds only contents
 (hashes), never KV data. So its hits are what its order would have hit on this traffic at this
 size; ``wa`` follows the order whose shadow hits most (:mod:`kvprof.policy.wa`).
+
+The shadows may run on a spatial sample of the traffic (:class:`ChainSample`, SHARDS-style): only
+the requests of sampled conversations, in caches scaled to the sample. Every shadow sees the same
+sample, so they rank the candidates on the same traffic at a fraction of the cost.
 """
 
 from __future__ import annotations
@@ -25,6 +29,82 @@ class _Never:
 
 
 NEVER = _Never()
+
+
+#: splitmix64's finalizer: a full-avalanche mix of chain numbers (small counters) into 64 bits.
+MIX = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+_BITS = (1 << 64) - 1
+
+
+def mixed(number: int) -> int:
+    """``number`` mixed into 64 bits (splitmix64's finalizer; :func:`kvprof.core.policy.mixed` is its twin)."""
+    z = number & _BITS
+    z = ((z ^ (z >> 30)) * MIX[0]) & _BITS
+    z = ((z ^ (z >> 27)) * MIX[1]) & _BITS
+    return z ^ (z >> 31)
+
+
+def sample_threshold(rate: float) -> int:
+    """Mixed chain numbers below this are in a sample of ``rate``."""
+    return min(int(rate * 2.0**64), _BITS)
+
+
+def scaled_size(size: int, rate: float) -> int:
+    """A cache of ``size`` blocks scaled to a sample of ``rate`` (rounded up, so never 0 for a cache)."""
+    return size if rate >= 1.0 else int(math.ceil(size * rate))
+
+
+class ChainSample:
+    """Which admitted requests the shadows see: the requests of a spatial sample of conversations.
+
+    A policy is not told conversations, only each request's chain of contents, so chains are
+    numbered from those: a request whose first new content (one no request was admitted with
+    before) continues a content no other request continued belongs to that content's chain (the
+    next turn of a conversation extends the previous turn's prompt); one whose first new content
+    branches off a content another request continued (a new conversation under a shared system
+    prompt), or that has no known content before it, starts a new chain, numbered in order; a
+    request with no new content belongs to its last content's chain. A chain is in the sample
+    when its mixed number (:func:`mixed`) falls below ``rate`` of 2**64, so a conversation's
+    requests are in or out together, and conversations that share only a system prompt are
+    drawn independently. Numbers depend only on the order of admissions and on which contents
+    are equal, so every implementation that sees the same requests draws the same sample.
+
+    Invariant: ``chain`` maps every content of an admitted request to the chain that first had
+    it; ``continued`` holds the contents after which some request had a new content; ``n_chains``
+    chains were numbered.
+    """
+
+    def __init__(self, rate: float = 1.0) -> None:
+        if not 0.0 < rate <= 1.0:
+            raise ValueError(f"a shadow sample rate must lie in (0, 1], got {rate}")
+        self.rate = float(rate)
+        self.threshold = sample_threshold(self.rate)
+        self.chain: dict[Hashable, int] = {}
+        self.continued: set[Hashable] = set()
+        self.n_chains = 0
+
+    def admits(self, contents: Sequence[Hashable]) -> bool:
+        """Number the chain of a request admitted with ``contents``; whether it is in the sample."""
+        if self.rate >= 1.0:
+            return True
+        chain_of, continued = self.chain, self.continued
+        chain = None
+        for depth, content in enumerate(contents):
+            if content in chain_of:
+                continue
+            if chain is None:
+                parent = contents[depth - 1] if depth else None
+                chain = chain_of[parent] if depth and parent not in continued else self._new_chain()
+            if depth:
+                continued.add(contents[depth - 1])
+            chain_of[content] = chain
+        if chain is None:
+            chain = chain_of[contents[-1]] if len(contents) else self._new_chain()
+        return mixed(chain) < self.threshold
+
+    def _new_chain(self) -> int:
+        self.n_chains += 1
+        return self.n_chains - 1
 
 
 class ShadowCache(PrefixCache):
