@@ -11,6 +11,10 @@ numba's cached code and peak RSS (the child's own) are counted as a user's run c
 2. The same steps inside one child, timed each (wall and CPU): imports, reading, the fit with its
    held-out scores, writing; what the CLI adds around them is the rest of (1).
 3. Reading alone: block ids per second and peak RSS.
+4. With ``--capacity`` (bailian-a's suite sizes by default): what training ``wa``'s learned
+   candidate adds to ``kvprof fit --capacity`` (target <= 2 s): the tuning with and without it
+   (``tune(learn=...)``, the Belady replays that label the frees, the regression, and the learned
+   shadow in every tuning replay), side by side in one child, alternating, best of ``--repeat``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,34 @@ print(json.dumps({"steps": marks, "peak_rss_mb": peak, "block_ids": trace.n_bloc
 """
 
 
+TUNING = r"""
+import json, sys, time
+from kvprof.cli.profile_cmd import _holdout
+from kvprof.profiler.fit import fit_trace
+from kvprof.profiler.reader import read_trace
+from kvprof.sim.config import SimConfig
+from kvprof.sim.tune import tune
+trace, _ = read_trace(sys.argv[1])
+fitted = trace.time_window(0, 3600)
+hp = fit_trace(fitted, holdout=_holdout(trace, fitted))
+capacities = [int(c) for c in sys.argv[2].split(",")]
+tune(hp, fitted, capacities[:1], SimConfig())  # numba's cache warm
+walls = {False: [], True: []}
+for _ in range(int(sys.argv[3])):
+    for learn in (False, True):
+        start = time.perf_counter()
+        tune(hp, fitted, capacities, SimConfig(), learn=learn, holdout=_holdout(trace, fitted))
+        walls[learn].append(time.perf_counter() - start)
+print(json.dumps({"without": walls[False], "with": walls[True]}))
+"""
+
+
+def tuning(path: Path, capacities: str, repeat: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", TUNING, str(path), capacities, str(repeat)], capture_output=True,
+                          text=True, env=child_env(), check=True)
+    return json.loads(done.stdout)
+
+
 def child_env() -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
@@ -75,6 +107,8 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--capacity", default="256,1024,4096,16384",
+                        help="capacities of the tuning measured with and without the learned candidate ('': skip it)")
     args = parser.parse_args()
 
     from kvprof.profiler.synth import generate, write_jsonl
@@ -86,6 +120,7 @@ def main() -> None:
         steps(path, out)  # numba's cache and the OS's file cache warm, as on a user's second run
         runs = [kvprof_fit(path, out) for _ in range(args.repeat)]
         parts = [steps(path, out) for _ in range(args.repeat)]
+        tuned = tuning(path, args.capacity, args.repeat) if args.capacity else None
 
     best = min(runs, key=lambda r: r["wall_s"])
     part = min(parts, key=lambda r: sum(w for w, _ in r["steps"].values()))
@@ -100,6 +135,12 @@ def main() -> None:
         f"{name} {wall:.2f} / {cpu:.2f}" for name, (wall, cpu) in part["steps"].items()))
     print(f"read: {ids_per_s / 1e6:.2f} M block ids/s [target >= 1.0: {'met' if ids_per_s >= 1e6 else 'MISSED'}]; "
           f"the child's peak RSS {part['peak_rss_mb']:.0f} MB")
+    if tuned:
+        without, with_learned = min(tuned["without"]), min(tuned["with"])
+        added = with_learned - without
+        print(f"fit --capacity {args.capacity}: tuning {without:.2f} s without the learned candidate, "
+              f"{with_learned:.2f} s with it (best of {args.repeat}): it adds {added:.2f} s [target <= 2 s: "
+              f"{'met' if added <= 2 else 'MISSED'}]")
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 

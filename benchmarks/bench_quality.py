@@ -116,7 +116,7 @@ def run_case(case: Case, trace, jobs: int, ray: str | None = None) -> dict:
             "wa_gap_closed": (ratio["wa"] - ratio[best]) / gap if gap > 0 else None,
         })
     return {"trace": case.name, "fit_window": list(case.fit), "eval_window": [case.evaluate[0], case.evaluate[1]],
-            "engine_block": case.engine_block, "tuning": [dict(entry) for entry in hp.tuning], "rows": rows,
+            "engine_block": case.engine_block, "tuning": hp.to_dict().get("tuning", []), "rows": rows,
             "wall_s": time.perf_counter() - started, "sweep_s": results.wall_s, "hp": hp, "results": results}
 
 

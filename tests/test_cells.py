@@ -160,6 +160,10 @@ def test_tuning_records_a_horizon_of_the_grid_and_a_candidate_per_capacity(small
         assert entry["start"] == max(hits, key=hits.get)
         ratios = entry["measured"]["hit_ratio_by_horizon_s"]
         assert ratios[f"{entry['horizon_s']:g}"] == max(ratios.values())
+        # The learned candidate took part: a predictor over the cells, its shadow counted.
+        assert len(entry["learned"].cell) == len(hp.cell_names()) and "learned" in hits
+        quality = entry["learned"].quality
+        assert quality["holdout_log_loss"] < quality["holdout_base_log_loss"]
 
 
 def test_fit_cli_reports_cells_holdout_and_tuning(small_bailian, tmp_path):
@@ -169,7 +173,7 @@ def test_fit_cli_reports_cells_holdout_and_tuning(small_bailian, tmp_path):
     assert result.exit_code == 0, result.output
     assert "cells x reuse tiers" in result.stdout and "tuned on the fit window" in result.stdout
     data = json.loads(out.read_text())
-    assert data["schema"] == "kvprof.hp/2" and data["tuning"][0]["capacity"] == 128
+    assert data["schema"] == "kvprof.hp/3" and data["tuning"][0]["capacity"] == 128
     rows = [row for tiers in data["cells"].values() for row in tiers]
     assert any("holdout" in (row.get("diagnostics") or {}) for row in rows)
     result = invoke("fit", path, "-o", out, "--window", "0:360", "--max-cells", "0")

@@ -8,15 +8,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvprof.core.twin import CompiledTwin
+from kvprof.models.learned import N_LOG_BINS, LearnedModel
 from kvprof.policy import POLICIES, make_policy
-from kvprof.policy.wa import DEFAULT_ORDERS
+from kvprof.policy.learned import LearnedPolicy
+from kvprof.policy.wa import DEFAULT_ORDERS, ORDER_NAMES
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.synth import generate, write_jsonl
 from tests.test_policies import LAM, OPS, P, PolicyPool, Scenario, build, wa_policy
 
+#: A predictor over the four test cells whose buckets (three edges) all fill: the weights vary
+#: with every feature, so blocks of one free call land in different buckets; a credit of a few
+#: steps of the scenarios' clock, so the buckets interleave.
+LEARNED = LearnedModel(0.1, cell=(0.8, -0.6, 0.3, -0.2), tier=(-1.0, 0.4, 1.1, 2.0),
+                       depth=tuple(np.linspace(1.5, -1.5, N_LOG_BINS)), tail=tuple(np.linspace(-1.0, 1.0, N_LOG_BINS)),
+                       edges=(0.3, 0.5, 0.7), credit_s=2.5)
+
 #: wa in each configuration the twin must follow: every candidate order alone (adaptive
-#: frequency learning from its own ghost), the followed S3-FIFO leading, and the safety net.
+#: frequency learning from its own ghost), the followed S3-FIFO or learned candidate leading, and
+#: the safety net (with the learned candidate too).
 WA_VARIANTS = {
     "wa model": lambda: wa_policy(P, LAM),
     "wa lru": lambda: wa_policy(P, LAM, orders=("lru",)),
@@ -26,9 +36,12 @@ WA_VARIANTS = {
     "wa s3fifo leads": lambda: wa_policy(P, LAM, orders=("s3fifo", "model")),
     "wa+shadows": lambda: build("wa+shadows"),
     "wa default orders": lambda: wa_policy(P, LAM, safety_net=True, orders=DEFAULT_ORDERS),
+    "wa learned leads": lambda: wa_policy(P, LAM, orders=("learned", "model"), learned=LEARNED),
+    "wa every order": lambda: wa_policy(P, LAM, safety_net=True, orders=ORDER_NAMES, learned=LEARNED),
     "wa sampled shadows": lambda: wa_policy(P, LAM, safety_net=True, orders=DEFAULT_ORDERS, shadow_sample=0.5),
 }
-BUILDERS = {**{name: (lambda name=name: build(name)) for name in sorted(POLICIES) if name != "wa"}, **WA_VARIANTS}
+BUILDERS = {**{name: (lambda name=name: build(name)) for name in sorted(POLICIES) if name != "wa"}, **WA_VARIANTS,
+            "learned": lambda: LearnedPolicy(LEARNED)}
 
 
 def run_side_by_side(reference, twin, ops, num_blocks, n_classes=4):

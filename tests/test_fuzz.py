@@ -155,10 +155,19 @@ def _trimmed(document: dict, classes: tuple[str, ...], sessions: tuple[str, ...]
     return trimmed
 
 
-#: Valid documents to mutate: fitted files of both schema versions and a published-format one (configs/README.md).
+def _with_learned(document: dict) -> dict:
+    """A version 3 ``document``: its first tuning entry holds a predictor over its cells (the default's included)."""
+    model = {"bias": -0.5, "cell": [0.25] * (len(document["cells"]) + 1), "tier": [-1.0, 0.0, 0.5, 2.0],
+             "depth": [0.1] * 12, "tail": [-0.1] * 12, "edges": [0.25, 0.5], "quality": {"n_frees": 10}}
+    tuning = [{**document["tuning"][0], "learned": model}, *document["tuning"][1:]]
+    return {**document, "schema": "kvprof.hp/3", "tuning": tuning}
+
+
+#: Valid documents to mutate: fitted files of every schema version and a published-format one (configs/README.md).
 HP_DOCUMENTS = (
     _trimmed(json.loads((CONFIGS / "bailian-a-hp.json").read_text()), ("text_1", "text_1@reused", "text_5+"),
              ("text", "image")),
+    _with_learned(_trimmed(json.loads((CONFIGS / "bailian-a-hp.json").read_text()), ("text_1",), ())),
     _trimmed(json.loads((CONFIGS / "bailian-a-hp-v1.json").read_text()), ("text_1", "text_1@reused", "text_5+"),
              ("text", "image")),
     _trimmed(json.loads((CONFIGS / "bailian-a-published-format.json").read_text()), ("text_1", "text_2", "file_5+")),

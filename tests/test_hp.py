@@ -109,8 +109,8 @@ TEXT_SESSION = "sessions.text"
 
 # (case, edit of the valid file's dict, JSON location the error must name, words the message must contain)
 LOADER_ERRORS = [
-    ("schema v3", lambda d: _set(d, "schema", "kvprof.hp/3"), "schema",
-     "schema 'kvprof.hp/3' is not supported; this kvprof reads kvprof.hp/1 and kvprof.hp/2"),
+    ("schema v4", lambda d: _set(d, "schema", "kvprof.hp/4"), "schema",
+     "schema 'kvprof.hp/4' is not supported; this kvprof reads kvprof.hp/1, kvprof.hp/2 and kvprof.hp/3"),
     ("schema missing", lambda d: _delete(d, "schema"), "schema", "missing"),
     ("schema a number", lambda d: _set(d, "schema", 1), "schema", "schema 1 is not supported"),
     ("p NaN", lambda d: _set(d, "classes.text_1.p", math.nan), "classes.text_1.p", "NaN is not a JSON number"),
@@ -362,7 +362,7 @@ def test_a_fitted_version_2_file_round_trips(fitted_v2, tmp_path):
     path = tmp_path / "hp.json"
     fitted_v2.save(path)
     loaded = load_hp(path)
-    assert loaded.to_dict() == fitted_v2.to_dict() and loaded.schema == "kvprof.hp/2"
+    assert loaded.to_dict() == fitted_v2.to_dict() and loaded.schema == SCHEMA
     assert loaded.cell_rule == fitted_v2.cell_rule and loaded.cell_names() == fitted_v2.cell_names()
     p, weights, rates = loaded.reuse_rows()
     assert p.shape == (len(loaded.cell_names()), 4) and weights.shape == rates.shape == p.shape + (weights.shape[2],)
@@ -531,7 +531,7 @@ def test_show_names_the_schema_it_read_and_says_when_there_is_no_provenance(hp, 
 
 
 @pytest.mark.parametrize("schema, words", [
-    ("kvprof.result/1", "show reads hp files (kvprof.hp/1, kvprof.hp/2, or the published format) and results files "
+    ("kvprof.result/1", "show reads hp files (kvprof.hp/1, kvprof.hp/2, kvprof.hp/3, or the published format) and results files "
                         "(kvprof.results/1)"),
     ("kvprof.results/2", 'results schema "kvprof.results/2" is not supported; this kvprof reads kvprof.results/1'),
 ])
@@ -573,3 +573,59 @@ def test_a_long_cell_name_is_shown_whole(tmp_path):
     assert shown.exit_code == 0 and "…" not in shown.stdout
     rest = iter(shown.stdout)
     assert all(char in rest for char in long_name)  # every character, in order, across the folded lines
+
+
+# --- version 3: the learned candidate's predictor in a tuning entry --------------------------------
+
+
+def _with_learned(hp: HpFile) -> HpFile:
+    """``hp`` tuned for one capacity with a predictor over its cells, started on it."""
+    import dataclasses
+
+    from kvprof.models.learned import N_LOG_BINS, LearnedModel
+
+    model = LearnedModel(-0.5, cell=tuple(0.1 * i for i in range(len(hp.cell_names()))), tier=(-1.0, 0.0, 0.5, 2.0),
+                         depth=(0.25,) * N_LOG_BINS, tail=(-0.25,) * N_LOG_BINS, edges=(0.25, 0.5),
+                         quality={"n_frees": 10, "holdout_log_loss": 0.4})
+    return dataclasses.replace(hp, tuning=({"capacity": 512, "horizon_s": 15.0, "start": "learned", "learned": model},))
+
+
+def test_a_version_3_file_with_a_predictor_round_trips_and_adds_the_candidate(fitted_v2, tmp_path):
+    from kvprof.policy import make_policy
+
+    hp = _with_learned(fitted_v2)
+    hp.save(tmp_path / "hp.json")
+    loaded = load_hp(tmp_path / "hp.json")
+    assert loaded.schema == SCHEMA and loaded.to_dict() == hp.to_dict()
+    assert loaded.tuning[0]["learned"] == hp.tuning[0]["learned"]
+    policy = make_policy("wa", loaded, capacity=500)
+    assert policy.order_names[0] == "learned" and policy.learned == hp.tuning[0]["learned"]
+    # Without a predictor for the capacity the candidate is absent, as in older files.
+    assert "learned" not in make_policy("wa", fitted_v2, capacity=500).order_names
+
+
+def _learned_data(fitted_v2) -> dict:
+    return _with_learned(fitted_v2).to_dict()
+
+
+@pytest.mark.parametrize("edit, where, words", [
+    (lambda d: d.update(schema="kvprof.hp/2"), "tuning[0].learned", "unknown key"),
+    (lambda d: d["tuning"][0]["learned"]["cell"].append(0.0), "tuning[0].learned.cell", "the file has"),
+    (lambda d: d["tuning"][0]["learned"]["depth"].pop(), "tuning[0].learned.depth", "must hold 12 weights"),
+    (lambda d: d["tuning"][0]["learned"]["tier"].__setitem__(1, "x"), "tuning[0].learned.tier[1]", "finite number"),
+    (lambda d: d["tuning"][0]["learned"].update(bias=10**400), "tuning[0].learned.bias", "finite number"),
+    (lambda d: d["tuning"][0]["learned"].update(edges=[0.5, 0.25]), "tuning[0].learned.edges", "increasing"),
+    (lambda d: d["tuning"][0]["learned"].update(edges=[1.0]), "tuning[0].learned.edges[0]", "> 0"),
+    (lambda d: d["tuning"][0]["learned"].update(edges=[]), "tuning[0].learned.edges", "must not be empty"),
+    (lambda d: d["tuning"][0]["learned"]["quality"].update(n_frees="ten"), "tuning[0].learned.quality.n_frees",
+     "finite number"),
+    (lambda d: d["tuning"][0].pop("learned"), "tuning[0].start", "no learned predictor"),
+])
+def test_a_bad_predictor_is_a_located_error(fitted_v2, tmp_path, edit, where, words):
+    data = _learned_data(fitted_v2)
+    edit(data)
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(HpFileError) as caught:
+        load_hp(path)
+    assert caught.value.where == where and words in str(caught.value)

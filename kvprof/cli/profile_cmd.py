@@ -217,7 +217,8 @@ def fit(
     if capacities:
         from kvprof.sim.config import SimConfig
 
-        hp = tune_with_progress(hp, fitted, capacities, SimConfig(engine_block_size=engine_block), jobs, ray)
+        hp = tune_with_progress(hp, fitted, capacities, SimConfig(engine_block_size=engine_block), jobs, ray,
+                                holdout=_holdout(trace, fitted))
     _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {fitted.n_requests} requests")
 
 
@@ -245,7 +246,7 @@ def _engine_block(engine_block_size: int | None, trace_block: int) -> int:
     return engine_block_size
 
 
-def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | None = None):
+def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | None = None, holdout=None):
     """``kvprof.sim.tune`` (fit's --capacity, compare without --config) with a progress bar of its replays."""
     from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 
@@ -255,7 +256,7 @@ def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | Non
     say(f"tuning wa for {len(capacities)} capacities on the fit window (the simulator compiles on first use)")
     with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
         task = bar.add_task("tuning replays", total=None)
-        return tune(hp, fitted, capacities, config, n_jobs=jobs, ray=ray,
+        return tune(hp, fitted, capacities, config, n_jobs=jobs, ray=ray, holdout=holdout,
                     progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
@@ -329,13 +330,28 @@ def _cells_table(hp, title: str):
 
 def _tuning_table(hp):
     entries, more = first_rows(list(hp.tuning), "capacities")
-    out = table("tuned on the fit window (wa's token hit ratio per horizon; start: best shadow)",
-                {"capacity": "right", "hit ratio by H": "left", "horizon (s)": "right", "start": "left"}, caption=more)
+    out = table("tuned on the fit window (wa's token hit ratio per horizon; start: best shadow; learned: "
+                "frees Belady kept, and the predictor's held-out log-loss vs the base rate's, accuracy)",
+                {"capacity": "right", "hit ratio by H": "left", "horizon (s)": "right", "start": "left",
+                 "learned": "left"}, caption=more)
     for entry in entries:
         tried = entry.get("measured", {}).get("hit_ratio_by_horizon_s", {})
         out.add_row(f"{entry['capacity']:,}", ", ".join(f"{h} s: {r:.4f}" for h, r in tried.items()),
-                    f"{entry['horizon_s']:g}", entry["start"])
+                    f"{entry['horizon_s']:g}", entry["start"], _learned_text(entry.get("learned")))
     return out
+
+
+def _learned_text(model) -> str:
+    """The learned predictor's labels and held-out quality in one cell ("-": none)."""
+    if model is None:
+        return "-"
+    quality = model.quality
+    text = f"{quality.get('friendly_share', math.nan):.1%} of {quality.get('n_frees', 0):,} kept"
+    if "holdout_log_loss" in quality:
+        text += (f"; log-loss {quality['holdout_log_loss']:.3f} vs {quality['holdout_base_log_loss']:.3f}, "
+                 f"accuracy {quality['holdout_accuracy']:.1%} (base rate {quality['holdout_base_rate']:.1%}) on "
+                 + ("the next window" if quality.get("holdout_window") else "the last third"))
+    return text
 
 
 def _classes_table(hp, title: str):

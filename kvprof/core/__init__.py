@@ -26,10 +26,11 @@ from pathlib import Path
 from kvprof.policy import (
     ARCPolicy, BeladyPolicy, LFUPolicy, LRUPolicy, PublishedWorkloadAwarePolicy, S3FIFOPolicy, WorkloadAwarePolicy,
 )
+from kvprof.policy.learned import LearnedPolicy
 
-#: Reference classes that have a compiled twin.
+#: Reference classes that have a compiled twin (every registered class, and wa's learned candidate).
 TWIN_CLASSES = (LRUPolicy, LFUPolicy, S3FIFOPolicy, ARCPolicy, BeladyPolicy, PublishedWorkloadAwarePolicy,
-                WorkloadAwarePolicy)
+                WorkloadAwarePolicy, LearnedPolicy)
 
 
 def has_twin(policy) -> bool:

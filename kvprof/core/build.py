@@ -15,6 +15,7 @@ from kvprof.policy import orders, wa as wa_module
 from kvprof.policy.arc import ARCPolicy
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.belady import BeladyPolicy
+from kvprof.policy.learned import LearnedPolicy
 from kvprof.policy.lfu import LFUPolicy
 from kvprof.policy.lru import LRUPolicy
 from kvprof.policy.s3fifo import MAX_FREQ, S3FIFOPolicy
@@ -23,7 +24,8 @@ from kvprof.policy.wa_paper import PublishedWorkloadAwarePolicy
 
 #: The kind of core that runs each reference class (:data:`kvprof.core.TWIN_CLASSES`).
 TWINS = {LRUPolicy: kinds.LRU, LFUPolicy: kinds.LFU, S3FIFOPolicy: kinds.S3FIFO, ARCPolicy: kinds.ARC,
-         BeladyPolicy: kinds.BELADY, PublishedWorkloadAwarePolicy: kinds.CLASSED, WorkloadAwarePolicy: kinds.CLASSED}
+         BeladyPolicy: kinds.BELADY, PublishedWorkloadAwarePolicy: kinds.CLASSED, WorkloadAwarePolicy: kinds.CLASSED,
+         LearnedPolicy: kinds.LEARNED}
 
 
 def compile_policy(policy: EvictionPolicy, n_blocks: int = 0):
@@ -103,13 +105,19 @@ def _core(policy: EvictionPolicy, n_blocks: int):
         return kinds.new_core(kind, n_blocks, 2, 2)
     if kind == kinds.BELADY:
         return kinds.new_core(kind, n_blocks, 1, 0)
+    if kind == kinds.LEARNED:
+        model = policy.model
+        core = kinds.new_core(kind, n_blocks, model.n_buckets, 0)
+        kinds.set_learned(core, len(model.cell), _tier_table(), model.bias,
+                          *(np.array(w, dtype=np.float64) for w in (model.cell, model.tier, model.depth, model.tail)),
+                          model.log_odds_edges(), float(model.credit_s))
+        return core
     core = kinds.new_core(kind, n_blocks, policy.n_classes, 1)
     kinds.set_rows(core, policy._default, policy.stamps_allocation, policy.stamps_free, policy.class_follows_hits)
     if isinstance(policy, PublishedWorkloadAwarePolicy):
         kinds.set_paper(core, np.array(policy._scale, dtype=np.float64), np.array(policy._lam, dtype=np.float64))
         return core
-    tier_table = np.array([orders.tier_of(h) for h in range(orders.TIER_EDGES[-1] + 2)], dtype=np.int64)
-    kinds.set_wa(core, policy.n_cells, policy.n_tiers, tier_table, *_model_table(policy._row_order("model")))
+    kinds.set_wa(core, policy.n_cells, policy.n_tiers, _tier_table(), *_model_table(policy._row_order("model")))
     order = policy._orders[0]
     if order is not None:
         # Without shadows the leading order learns from the policy's own ghost (wa's _recall).
@@ -117,6 +125,11 @@ def _core(policy: EvictionPolicy, n_blocks: int):
         kinds.set_order(core, _order_kind(order), not policy._shadows, frequency.beta, frequency.adaptive,
                         frequency.step, frequency.beta_max)
     return core
+
+
+def _tier_table() -> np.ndarray:
+    """``orders.tier_of`` as a table (its last entry for any higher count)."""
+    return np.array([orders.tier_of(h) for h in range(orders.TIER_EDGES[-1] + 2)], dtype=np.int64)
 
 
 def _model_table(model: orders.ModelOrder) -> tuple:

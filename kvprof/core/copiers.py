@@ -83,6 +83,13 @@ def copy_core(s):
     c.key0 = s.key0.copy()
     c.key1 = s.key1.copy()
     c.key2 = s.key2.copy()
+    c.learned_bias = s.learned_bias
+    c.learned_cell = s.learned_cell.copy()
+    c.learned_tier = s.learned_tier.copy()
+    c.learned_depth = s.learned_depth.copy()
+    c.learned_tail = s.learned_tail.copy()
+    c.learned_edges = s.learned_edges.copy()
+    c.learned_credit = s.learned_credit
     return c
 
 

@@ -13,7 +13,10 @@ functions below run its protocol (``core_access``, ``core_free``, ``core_remove`
   and 1 (B2);
 * ``BELADY`` -- :class:`kvprof.policy.belady.BeladyPolicy`: a heap with lazy deletion;
 * ``CLASSED`` -- :class:`kvprof.policy.classed.ClassedLRUPolicy` (``wa-paper``, and ``wa``'s
-  rows, hit counts and ghost, below in this module).
+  rows, hit counts and ghost, below in this module);
+* ``LEARNED`` -- :class:`kvprof.policy.learned.LearnedPolicy` (``wa``'s learned candidate): list
+  ``k`` holds bucket ``k`` in free order; ``row`` is a block's cell, ``count`` its hits,
+  ``stamp`` when it was freed.
 
 Invariant of every kind: ``size`` counts the evictable blocks, exactly those the driver freed
 and neither removed nor evicted since. Per-block tables grow on demand (``reserve_blocks``);
@@ -32,7 +35,7 @@ from kvprof.core import structs
 from kvprof.core.prefix_cache import register_pool_protocol
 from kvprof.core.structs import NONE, grown, heap_pop, heap_push, holds, pop_front, push_back, unlink
 
-LRU, LFU, S3FIFO, ARC, BELADY, CLASSED = range(6)
+LRU, LFU, S3FIFO, ARC, BELADY, CLASSED, LEARNED = range(7)
 
 #: Row orders of a ``CLASSED`` core (:mod:`kvprof.policy.orders`, and wa-paper's published score).
 ORDER_MODEL, ORDER_RECENCY, ORDER_FREQUENCY, ORDER_PAPER, ORDER_SEGMENTED = range(5)
@@ -76,6 +79,10 @@ core_type = structs.struct(CoreType, Core, [
     ("paper_scale", types.float64[:]), ("paper_lam", types.float64[:]),
     ("tier_of", types.int64[:]), ("ghosts_by_tier", types.int64[:]), ("held", types.int64), ("most", types.int64),
     ("key0", types.float64[:]), ("key1", types.float64[:]), ("key2", types.float64[:]),
+    # learned: log-odds weights per feature bin, bucket edges as log-odds
+    ("learned_bias", types.float64), ("learned_cell", types.float64[:]), ("learned_tier", types.float64[:]),
+    ("learned_depth", types.float64[:]), ("learned_tail", types.float64[:]), ("learned_edges", types.float64[:]),
+    ("learned_credit", types.float64),
 ])
 
 
@@ -132,6 +139,13 @@ def new_core(kind, n_blocks, n_lists, n_ghost_lists):
     core.key0 = np.zeros(n_lists)
     core.key1 = np.zeros(n_lists)
     core.key2 = np.zeros(n_lists)
+    core.learned_bias = 0.0
+    core.learned_cell = np.zeros(1)
+    core.learned_tier = np.zeros(1)
+    core.learned_depth = np.zeros(1)
+    core.learned_tail = np.zeros(1)
+    core.learned_edges = np.zeros(0)
+    core.learned_credit = 0.0
     return core
 
 
@@ -180,12 +194,19 @@ def core_access(core, block, now, workload, depth, hit, next_use, content):
         core.depth[block] = depth
     elif kind == CLASSED:
         _classed_access(core, block, now, workload, depth, hit, content)
+    elif kind == LEARNED:
+        core.row[block] = workload if 0 <= workload < core.n_cells else core.n_cells - 1
+        core.depth[block] = depth
+        core.count[block] = core.count[block] + 1 if hit else 0
 
 
 @njit(cache=True)
 def core_free(core, blocks, n, now):
     """``EvictionPolicy.free`` of ``blocks[:n]``, in that order."""
     kind = core.kind
+    if kind == LEARNED:
+        _learned_free(core, blocks, n, now)
+        return
     for i in range(n):
         block = blocks[i]
         if block >= len(core.count):
@@ -253,6 +274,8 @@ def core_evict_n(core, n, now, out, at):
             out[i] = _s3fifo_evict(core)
         elif kind == ARC:
             out[i] = _arc_evict(core)
+        elif kind == LEARNED:
+            out[i] = _learned_evict(core)
         else:
             out[i] = _belady_evict(core)
         core.size -= 1
@@ -376,6 +399,56 @@ def _belady_compact(core):
     for k in range(heap.n):
         keep[k] = core.live[heap.item[k]] == heap.seq[k]
     structs.heap_keep(heap, keep)
+
+
+# -- learned ------------------------------------------------------------------------------------
+@njit(cache=True)
+def log_bin(value):
+    """The bit length of ``value`` >= 0 (``kvprof.models.learned.log_bin`` before its cap)."""
+    bits = 0
+    while value > 0:
+        value >>= 1
+        bits += 1
+    return bits
+
+
+@njit(cache=True)
+def _learned_free(core, blocks, n, now):
+    """``LearnedPolicy.free``: each block to the bucket of its predicted log-odds."""
+    deepest = 0
+    for i in range(n):
+        block = blocks[i]
+        if block >= len(core.count):
+            reserve_blocks(core, block + 1)
+        deepest = max(deepest, core.depth[block])
+    last_bin = len(core.learned_depth) - 1
+    for i in range(n):
+        block = blocks[i]
+        depth = core.depth[block]
+        log_odds = (core.learned_bias + core.learned_cell[core.row[block]] + core.learned_tier[tier(core, core.count[block])]
+                    + core.learned_depth[min(log_bin(depth), last_bin)]
+                    + core.learned_tail[min(log_bin(deepest - depth), last_bin)])
+        bucket = 0
+        for edge in core.learned_edges:
+            if log_odds >= edge:
+                bucket += 1
+        core.stamp[block] = now
+        push_back(core.q, bucket, block)
+    core.size += n
+
+
+@njit(cache=True)
+def _learned_evict(core):
+    """``LearnedPolicy.evict``: the head of least ``freed + bucket * credit``, the lower bucket on a tie."""
+    q = core.q
+    best = NONE
+    best_key = 0.0
+    for bucket in range(core.n_rows):
+        if q.count[bucket]:
+            key = core.stamp[q.head[bucket]] + bucket * core.learned_credit
+            if best == NONE or key < best_key:
+                best, best_key = bucket, key
+    return pop_front(q, best)
 
 
 # -- classed: rows, wa's hit counts and ghost ---------------------------------------------------
@@ -611,6 +684,17 @@ def set_order(core, order, learns, beta, adaptive, step, beta_max):
     """The row order eviction follows, and whether it learns from this core's own ghost."""
     core.order, core.learns = order, learns
     core.beta, core.adaptive, core.step, core.beta_max = beta, adaptive, step, beta_max
+
+
+@njit(cache=True)
+def set_learned(core, n_cells, tier_of, bias, cell, tier_weights, depth, tail, edges, credit):
+    """A ``LEARNED`` core's predictor (:class:`kvprof.models.learned.LearnedModel`, edges as log-odds)."""
+    core.n_cells, core.n_tiers, core.tier_of = n_cells, len(tier_weights), tier_of
+    core.default_row = n_cells - 1
+    core.row[:] = n_cells - 1
+    core.learned_bias, core.learned_cell, core.learned_tier = bias, cell, tier_weights
+    core.learned_depth, core.learned_tail, core.learned_edges = depth, tail, edges
+    core.learned_credit = credit
 
 
 @njit(cache=True)

@@ -1,10 +1,11 @@
-"""The hyperparameter file: per-cell reuse models and per-class parameters, schema ``kvprof.hp/2``.
+"""The hyperparameter file: per-cell reuse models and per-class parameters, schema ``kvprof.hp/3``.
 
 The profiler writes it; the simulator and the vLLM plugin read it. Version 2 adds, for the
 ``wa`` policy, workload *cells* (the classes, or cells a learned :class:`~kvprof.cells.CellRule`
 draws), each with one cure-fraction mixture of exponentials per reuse tier, and the choices a
 profile-driven tuning made; ``kvprof.hp/1`` files still load (each class becomes a cell with
-one-component rows). The loader is strict (unknown
+one-component rows). Version 3 adds to a tuning entry the ``learned`` candidate's predictor
+(:class:`~kvprof.models.learned.LearnedModel`); version 2 files still load. The loader is strict (unknown
 keys, NaN, out-of-range values are errors naming the file and the JSON location) because a typo
 in a hand-edited file would otherwise silently fall back to defaults in production. It also reads
 the published profiler's ``{"a": {class: lambda}, "p": {class: p}}`` files unchanged. The layout
@@ -26,12 +27,13 @@ from kvprof.cells import CLASS_FEATURE, PROMPT_FEATURE, TIER_EDGES, TURN_FEATURE
 from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule, is_name_text
 from kvprof.errors import HpFileError
 from kvprof.jsonfile import JsonChecks, member, read_json
-from kvprof.limits import POSITIVE_SECONDS, SECONDS
+from kvprof.limits import POSITIVE_SECONDS, SECONDS, Bound
+from kvprof.models.learned import N_LOG_BINS, LearnedModel
 from kvprof.models.sessions import MAX_TURNS
 
-SCHEMA = "kvprof.hp/2"
+SCHEMA = "kvprof.hp/3"
 #: Versions this kvprof reads.
-SCHEMAS = ("kvprof.hp/1", SCHEMA)
+SCHEMAS = ("kvprof.hp/1", "kvprof.hp/2", SCHEMA)
 #: :attr:`HpFile.schema` of a file in the published profiler's format (which has no schema).
 PUBLISHED_FORMAT = "published"
 #: Keys of a published-format file: ``{"a": {class: lambda}, "p": {class: p}}``.
@@ -52,7 +54,7 @@ PUBLISHED_TURN_CAP = MAX_TURN_CAP
 PUBLISHED_DEFAULT_P, PUBLISHED_DEFAULT_LAMBDA = 1.0, 0.0
 
 #: Candidate orders a tuned file may start the ``wa`` policy on (:mod:`kvprof.policy.wa`).
-CANDIDATES = ("lru", "model", "segmented", "frequency", "strict-frequency", "s3fifo")
+CANDIDATES = ("lru", "model", "segmented", "frequency", "strict-frequency", "s3fifo", "learned")
 
 _DIAGNOSTIC_COUNTS = ("n_accesses", "n_reuses", "n_censored")
 _DIAGNOSTIC_STATS = ("ks", "mean_gap_s", "median_gap_s")
@@ -193,7 +195,8 @@ class HpFile:
         How requests map to cells; None: each class is a cell.
     tuning : list of dict
         Choices of ``kvprof fit --capacity``: per capacity (blocks), ``horizon_s`` and the
-        candidate order to ``start`` on; a policy takes the entry nearest its capacity.
+        candidate order to ``start`` on, and optionally the ``learned`` candidate's predictor
+        (a :class:`~kvprof.models.learned.LearnedModel`); a policy takes the entry nearest its capacity.
     """
 
     classes: dict[str, ClassParams]
@@ -343,7 +346,8 @@ class HpFile:
             if self.cell_rule is not None:
                 out["cell_rule"] = self.cell_rule.to_dict()
         if self.tuning:
-            out["tuning"] = [dict(entry) for entry in self.tuning]
+            out["tuning"] = [{key: value.to_dict() if isinstance(value, LearnedModel) else value
+                              for key, value in entry.items()} for entry in self.tuning]
         return out
 
     @classmethod
@@ -394,13 +398,15 @@ _V2_KEYS = ("tier_edges", "cells", "default_cell", "cell_rule", "tuning")
 
 
 def _read_schema(checks: JsonChecks, data) -> HpFile:
-    """A ``kvprof.hp/1`` or ``kvprof.hp/2`` document (version 2: version 1 plus cells and tuning)."""
+    """A ``kvprof.hp/1``, ``/2`` or ``/3`` document (version 2: version 1 plus cells and tuning; version 3:
+    tuning entries may hold a ``learned`` predictor)."""
     version = _check_schema(checks, data)  # before the keys: a newer file's new keys are not typos
     checks.fields(data, None, required=("schema", "horizon_s", "class_rule", "classes", "default"),
-                  optional=("provenance", "min_gap_s", "block_size", "sessions", *(_V2_KEYS if version == SCHEMA else ())))
+                  optional=("provenance", "min_gap_s", "block_size", "sessions",
+                            *(_V2_KEYS if version != "kvprof.hp/1" else ())))
     horizon = float(checks.bounded(data["horizon_s"], "horizon_s", POSITIVE_SECONDS))
     cells = _read_cells(checks, data)
-    return HpFile(
+    hp = HpFile(
         classes=_read_classes(checks, data["classes"], "classes"),
         default=_read_class_params(checks, data["default"], "default"),
         horizon=horizon,
@@ -410,15 +416,21 @@ def _read_schema(checks: JsonChecks, data) -> HpFile:
         provenance=checks.mapping(data.get("provenance", {}), "provenance"),
         sessions=_read_sessions(checks, data.get("sessions", {}), "sessions"),
         **cells,
-        tuning=_read_tuning(checks, data.get("tuning", []), "tuning"),
+        tuning=_read_tuning(checks, data.get("tuning", []), "tuning", learned=version == SCHEMA),
         schema=version,
     )
+    n_cells = len(hp.cell_names())
+    for i, entry in enumerate(hp.tuning):
+        if "learned" in entry and len(entry["learned"].cell) != n_cells:
+            checks.fail(f"tuning[{i}].learned.cell", f"has {len(entry['learned'].cell)} weights; the file has "
+                                                     f"{n_cells} cells (the default included)")
+    return hp
 
 
 def _check_schema(checks: JsonChecks, data) -> str:
     """The version of an object whose ``schema`` is one of :data:`SCHEMAS`; refuse anything else."""
     checks.mapping(data, None)
-    readable = " and ".join(SCHEMAS)
+    readable = f"{', '.join(SCHEMAS[:-1])} and {SCHEMAS[-1]}"
     if "schema" not in data:
         checks.fail("schema", f'is missing: this kvprof reads {readable}, and the published format (an object of '
                               f'only "a" and "p")')
@@ -529,13 +541,14 @@ def _feature(checks: JsonChecks, name, where: str, fields: list[str]) -> str:
     return name
 
 
-def _read_tuning(checks: JsonChecks, data, where: str) -> tuple[dict, ...]:
+def _read_tuning(checks: JsonChecks, data, where: str, *, learned: bool = True) -> tuple[dict, ...]:
     """Entries of ``capacity`` (blocks, each tuned once), ``horizon_s`` and ``start`` (a candidate order),
-    plus what tuning ``measured``."""
+    plus what tuning ``measured`` and (with ``learned``: version 3) the ``learned`` predictor."""
     entries = []
     for i, entry in enumerate(checks.sequence(data, where)):
         at = f"{where}[{i}]"
-        checks.fields(entry, at, required=("capacity", "horizon_s", "start"), optional=("measured",))
+        checks.fields(entry, at, required=("capacity", "horizon_s", "start"),
+                      optional=("measured", "learned") if learned else ("measured",))
         checks.integer(entry["capacity"], member(at, "capacity"), low=1)
         earlier = next((j for j, other in enumerate(entries) if other["capacity"] == entry["capacity"]), None)
         if earlier is not None:
@@ -544,8 +557,42 @@ def _read_tuning(checks: JsonChecks, data, where: str) -> tuple[dict, ...]:
         checks.one_of(entry["start"], member(at, "start"), CANDIDATES)
         if "measured" in entry:
             _check_measured(checks, entry["measured"], member(at, "measured"))
+        if "learned" in entry:
+            entry = {**entry, "learned": _read_learned(checks, entry["learned"], member(at, "learned"))}
+        elif entry["start"] == "learned":
+            checks.fail(member(at, "start"), "is 'learned' but the entry has no learned predictor")
         entries.append(entry)
     return tuple(entries)
+
+
+#: Bound of a learned log-odds weight: far beyond any fit (a probability of 1 - e^-1000), finite.
+LOG_ODDS = Bound(-1e3, 1e3)
+#: Bound of a bucket edge: a probability strictly between 0 and 1.
+OPEN_PROBABILITY = Bound(0.0, 1.0 - 1e-12, low_open=True)
+
+
+def _read_learned(checks: JsonChecks, data, where: str) -> LearnedModel:
+    """A :class:`~kvprof.models.learned.LearnedModel`: ``bias``, per-bin weights, bucket ``edges``, ``quality``."""
+    checks.fields(data, where, required=("bias", "cell", "tier", "depth", "tail", "edges"),
+                  optional=("credit_s", "quality"))
+    bias = float(checks.bounded(data["bias"], member(where, "bias"), LOG_ODDS))
+    weights = {}
+    for name, size in (("cell", None), ("tier", len(TIER_EDGES)), ("depth", N_LOG_BINS), ("tail", N_LOG_BINS)):
+        at = member(where, name)
+        values = checks.sequence(data[name], at, empty=False)
+        if size is not None and len(values) != size:
+            checks.fail(at, f"must hold {size} weights, got {len(values)}")
+        weights[name] = tuple(float(checks.bounded(v, f"{at}[{j}]", LOG_ODDS)) for j, v in enumerate(values))
+    at = member(where, "edges")
+    edges = tuple(float(checks.bounded(v, f"{at}[{j}]", OPEN_PROBABILITY))
+                  for j, v in enumerate(checks.sequence(data["edges"], at, empty=False)))
+    if list(edges) != sorted(set(edges)):
+        checks.fail(at, "must be distinct and increasing")
+    credit = float(checks.bounded(data.get("credit_s", LearnedModel.credit_s), member(where, "credit_s"), SECONDS))
+    quality = checks.mapping(data.get("quality", {}), member(where, "quality"))
+    for key, value in quality.items():
+        checks.number(value, member(member(where, "quality"), key), low=-math.inf)
+    return LearnedModel(bias, edges=edges, credit_s=credit, quality=quality, **weights)
 
 
 def _check_measured(checks: JsonChecks, data, where: str) -> None:

@@ -9,8 +9,10 @@ from collections.abc import Hashable, Iterable, Sequence
 import numpy as np
 
 from kvprof.models.hp import CANDIDATES
+from kvprof.models.learned import LearnedModel
 from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 from kvprof.policy.classed import ClassedLRUPolicy, _as_list
+from kvprof.policy.learned import LearnedPolicy
 from kvprof.policy.orders import FrequencyOrder, ModelOrder, Order, RecencyOrder, SegmentedOrder, tier_of
 from kvprof.policy.s3fifo import S3FIFOPolicy
 from kvprof.policy.shadow import ChainSample, ShadowCache, scaled_size
@@ -18,12 +20,13 @@ from kvprof.policy.shadow import ChainSample, ShadowCache, scaled_size
 #: Candidate orders over the row lists (see :mod:`kvprof.policy.orders`).
 ROW_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency")
 #: Candidate policies with a structure of their own, kept in step with the real cache's blocks.
-FOLLOWED_POLICIES: dict[str, type[EvictionPolicy]] = {"s3fifo": S3FIFOPolicy}
+FOLLOWED_POLICIES: dict[str, type[EvictionPolicy]] = {"s3fifo": S3FIFOPolicy, "learned": LearnedPolicy}
 ORDER_NAMES = ROW_ORDERS + tuple(FOLLOWED_POLICIES)
 if set(ORDER_NAMES) != set(CANDIDATES):  # the hp loader checks tuned start orders against CANDIDATES
     raise ImportError(f"wa's candidate orders {ORDER_NAMES} differ from kvprof.models.hp.CANDIDATES {CANDIDATES}")
 #: The candidates by default, the fitted model first: followed until a shadow beats it (a file
-#: tuned for the capacity names the order to start on instead).
+#: tuned for the capacity names the order to start on instead). ``learned`` joins them where the
+#: hp file has a predictor for the capacity.
 DEFAULT_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency", "s3fifo")
 #: Shadows compare their hits over about this many capacities' worth of accesses (a half-life).
 WINDOW_CAPACITIES = 16.0
@@ -117,6 +120,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         the same for every shadow) at the real cache's size times the share, rounded up, and its
         hits count as hits over the share (an estimate of the whole traffic's); the calibration
         is off then (a sampled shadow misses the real hits by the sample's error as well).
+    learned : LearnedModel, optional
+        The ``learned`` candidate's predictor (required when ``orders`` names it).
     """
 
     name = "wa"
@@ -128,7 +133,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
 
     def __init__(self, p, weights, rates, horizon: float, *, orders=DEFAULT_ORDERS, safety_net: bool = True,
                  capacity: int | None = None, switch_margin: float = SWITCH_MARGIN, calibrated: bool = True,
-                 shadow_sample: float | None = None) -> None:
+                 shadow_sample: float | None = None, learned: LearnedModel | None = None) -> None:
         p = np.asarray(p, dtype=np.float64)
         weights = np.asarray(weights, dtype=np.float64)
         rates = np.asarray(rates, dtype=np.float64)
@@ -142,6 +147,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             raise ValueError(f"orders must name distinct candidates of {', '.join(ORDER_NAMES)}; got {list(orders)}")
         if not horizon > 0:
             raise ValueError(f"horizon must be > 0 seconds, got {horizon}")
+        if "learned" in orders and (learned is None or len(learned.cell) != p.shape[0]):
+            raise ValueError(f"the learned candidate needs a predictor with one weight per cell ({p.shape[0]})")
         if capacity is not None and capacity < 0:
             raise ValueError(f"capacity must be >= 0 blocks, got {capacity}")
         if not switch_margin >= 0:
@@ -154,9 +161,10 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         self.capacity = capacity or 0
         self.switch_margin = float(switch_margin)
         self.calibrated = bool(calibrated)
+        self.learned = learned
         self._sample = ChainSample(default_sample(capacity) if shadow_sample is None else shadow_sample)
         self._orders: list[Order | None] = [self._row_order(name) for name in orders]
-        self._followed = {i: FOLLOWED_POLICIES[name]() for i, name in enumerate(orders) if name in FOLLOWED_POLICIES}
+        self._followed = {i: self._new_followed(name) for i, name in enumerate(orders) if name in FOLLOWED_POLICIES}
         self._hits = np.zeros(0, dtype=np.int64)
         self._pinned = np.zeros(0, dtype=bool)
         self._content: dict[int, Hashable] = {}
@@ -166,7 +174,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         self._ghosts_by_tier = [0] * self.n_tiers
         self._shadows = []
         if safety_net and len(orders) > 1:
-            self._shadows = [ShadowCache(FOLLOWED_POLICIES[name]() if name in FOLLOWED_POLICIES else
+            self._shadows = [ShadowCache(self._new_followed(name) if name in FOLLOWED_POLICIES else
                                          WorkloadAwarePolicy(p, weights, rates, horizon, orders=(name,), safety_net=False),
                                          scaled_size(self.capacity, self._sample.rate))
                              for name in orders]
@@ -196,6 +204,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             return FrequencyOrder(self.n_tiers, beta=4.0, adaptive=False)
         return None  # a followed policy
 
+    def _new_followed(self, name: str) -> EvictionPolicy:
+        return LearnedPolicy(self.learned) if name == "learned" else FOLLOWED_POLICIES[name]()
+
     def _lead(self, index: int) -> None:
         self.leader = index
         self._order = self._orders[index]
@@ -214,8 +225,14 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         tuned = hp.tuned(capacity)
         if horizon is None:
             horizon = tuned.get("horizon_s", hp.horizon)
-        if "orders" not in kwargs and "start" in tuned:
-            kwargs["orders"] = (tuned["start"], *(name for name in DEFAULT_ORDERS if name != tuned["start"]))
+        learned = tuned.get("learned")
+        if learned is not None:
+            kwargs.setdefault("learned", learned)
+        if "orders" not in kwargs:
+            orders = DEFAULT_ORDERS + (("learned",) if learned is not None else ())
+            start = tuned.get("start", orders[0])
+            if start in orders:
+                kwargs["orders"] = (start, *(name for name in orders if name != start))
         p, weights, rates = hp.reuse_rows()
         return cls(p, weights, rates, horizon, capacity=capacity, **kwargs)
 

@@ -1,0 +1,92 @@
+"""The ``learned`` candidate's predictor: P(Belady keeps a block until its next use | features at its free).
+
+A logistic regression over one-hot binned features is, once fitted, one weight per feature bin:
+the log-odds of a freed block is ``bias + cell[c] + tier[t] + depth[d] + tail[s]``, a lookup and
+four additions, cheap enough for the live pool's free path and trivially compiled. The features
+are what the pool knows when a request frees its blocks, nothing from the future:
+
+* ``c`` -- the cell of the request that touched the block last (the hp file's cells, default last);
+* ``t`` -- the reuse tier of its hits since it was allocated (:data:`~kvprof.cells.TIER_EDGES`);
+* ``d`` -- its depth in the chain, log2-binned (:func:`log_bin`);
+* ``s`` -- its distance from the deepest block of the same free call (the freed chain's tail), log2-binned.
+
+The fitted policy puts a freed block in bucket ``k`` = how many of ``edges`` its probability
+reaches and evicts, among the buckets' oldest blocks, the one freed longest ago counting a
+block of bucket ``k`` as freed ``k * credit_s`` later (:class:`kvprof.policy.learned.LearnedPolicy`):
+a block predicted friendly that stays unused longer than the friendly ones were (the credit is a
+high quantile of their reuse gaps under Belady) was mispredicted and ages out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Bins of the depth and tail-distance features: 0, 1, 2-3, 4-7, ... and the last one for the rest.
+N_LOG_BINS = 12
+
+
+def log_bin(value: int) -> int:
+    """Bin of a non-negative integer: its bit length, capped at ``N_LOG_BINS - 1``."""
+    return min(int(value).bit_length(), N_LOG_BINS - 1)
+
+
+@dataclass(frozen=True)
+class LearnedModel:
+    """One weight per feature bin (see the module docstring) and the bucket edges.
+
+    Attributes
+    ----------
+    bias : float
+    cell, tier, depth, tail : tuple of float
+        Log-odds weight per cell, reuse tier, depth bin and tail-distance bin.
+    edges : tuple of float
+        Increasing probabilities in (0, 1): a block goes to the bucket of the edges it reaches.
+    credit_s : float
+        Seconds of idle time each bucket above the lowest is credited, >= 0 and finite.
+    quality : dict
+        How the model was fitted and how well it predicted held-out frees (free-form numbers).
+    """
+
+    bias: float
+    cell: tuple[float, ...]
+    tier: tuple[float, ...]
+    depth: tuple[float, ...]
+    tail: tuple[float, ...]
+    edges: tuple[float, ...] = (0.5,)
+    credit_s: float = 1e9
+    quality: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        weights = (self.bias, *self.cell, *self.tier, *self.depth, *self.tail)
+        if not all(math.isfinite(w) for w in weights):
+            raise ValueError("learned weights must be finite")
+        if len(self.depth) != N_LOG_BINS or len(self.tail) != N_LOG_BINS or not self.cell or not self.tier:
+            raise ValueError(f"learned model needs cell and tier weights and {N_LOG_BINS} depth and tail bins")
+        if not self.edges or any(not 0.0 < e < 1.0 for e in self.edges) or list(self.edges) != sorted(set(self.edges)):
+            raise ValueError("learned bucket edges must be distinct increasing probabilities in (0, 1)")
+        if not 0.0 <= self.credit_s <= 1e9:
+            raise ValueError(f"learned credit must be from 0 to 1e9 s, got {self.credit_s}")
+
+    @property
+    def n_buckets(self) -> int:
+        return len(self.edges) + 1
+
+    def log_odds_edges(self) -> np.ndarray:
+        """The edges as log-odds, so a bucket is found without an exponential."""
+        edges = np.asarray(self.edges, dtype=np.float64)
+        return np.log(edges) - np.log1p(-edges)
+
+    def log_odds(self, cell, tier, depth_bin, tail_bin) -> np.ndarray:
+        """Vectorised log-odds of feature-bin index arrays."""
+        return (self.bias + np.asarray(self.cell)[cell] + np.asarray(self.tier)[tier]
+                + np.asarray(self.depth)[depth_bin] + np.asarray(self.tail)[tail_bin])
+
+    def to_dict(self) -> dict:
+        out = {"bias": self.bias, "cell": list(self.cell), "tier": list(self.tier), "depth": list(self.depth),
+               "tail": list(self.tail), "edges": list(self.edges), "credit_s": self.credit_s}
+        if self.quality:
+            out["quality"] = dict(self.quality)
+        return out
