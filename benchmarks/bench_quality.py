@@ -95,12 +95,12 @@ def chosen_traces(names: str | None):
             yield case, trace
 
 
-def run_case(case: Case, trace, jobs: int, ray: str | None = None) -> dict:
+def run_case(case: Case, trace, jobs: int, ray: str | None = None, learn: bool = False) -> dict:
     """Fit and tune on the fit window, sweep every policy on the evaluation window."""
     started = time.perf_counter()
     config = SimConfig(engine_block_size=case.engine_block)
     fitted = trace.time_window(*case.fit)
-    hp = tune(fit_trace(fitted), fitted, case.capacities, config, n_jobs=jobs, ray=ray)
+    hp = tune(fit_trace(fitted), fitted, case.capacities, config, n_jobs=jobs, ray=ray, learn=learn)
     results = run_sweep(trace.time_window(*case.evaluate), hp, POLICIES, case.capacities, config, n_jobs=jobs, ray=ray)
     rows = []
     for capacity in case.capacities:
@@ -184,6 +184,7 @@ def print_table(cases: list[dict], checks: list[dict]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=-1, help="joblib workers (-1: all cores)")
+    parser.add_argument("--learned", action="store_true", help="train wa's learned candidate in the tuning (fit --learned)")
     parser.add_argument("--traces", help="comma-separated case names to run (default: all)")
     parser.add_argument("--sample", help="comma-separated sample rates to replay each evaluation window at too")
     parser.add_argument("--ray", metavar="ADDRESS", help="run the replays on this Ray cluster (auto: RAY_ADDRESS or the "
@@ -194,7 +195,7 @@ def main() -> int:
     done, samples = [], []
     started = time.perf_counter()
     for case, trace in chosen_traces(args.traces):
-        done.append(run_case(case, trace, args.jobs, args.ray))
+        done.append(run_case(case, trace, args.jobs, args.ray, args.learned))
         print(f"{case.name}: {done[-1]['wall_s']:.0f} s", file=sys.stderr)
         samples += sampled(case, trace, done[-1], rates, args.jobs, args.ray)
         del done[-1]["hp"], done[-1]["results"]  # kept for the samples, not for the JSON

@@ -152,7 +152,7 @@ def small_bailian(tmp_path_factory):
 def test_tuning_records_a_horizon_of_the_grid_and_a_candidate_per_capacity(small_bailian):
     _, trace = small_bailian
     hp = fit_trace(trace, max_cells=2, horizon=40.0)
-    tuned = tune(hp, trace, (64, 256), SimConfig())
+    tuned = tune(hp, trace, (64, 256), SimConfig(), learn=True)
     assert [entry["capacity"] for entry in tuned.tuning] == [64, 256]
     for entry in tuned.tuning:
         assert entry["horizon_s"] in [40.0 * f for f in HORIZON_FACTORS]
@@ -174,6 +174,14 @@ def test_fit_cli_reports_cells_holdout_and_tuning(small_bailian, tmp_path):
     assert "cells x reuse tiers" in result.stdout and "tuned on the fit window" in result.stdout
     data = json.loads(out.read_text())
     assert data["schema"] == "kvprof.hp/3" and data["tuning"][0]["capacity"] == 128
+    assert "learned" not in data["tuning"][0]  # opt-in: --learned
+    result = invoke("fit", path, "-o", out, "--window", "0:360", "--capacity", "128", "--max-cells", "4", "-j", "1",
+                    "--learned")
+    assert result.exit_code == 0, result.output
+    assert "kept; log-loss" in " ".join(result.stdout.split())  # the predictor's held-out quality, printed
+    assert "learned" in json.loads(out.read_text())["tuning"][0]
+    result = invoke("fit", path, "-o", out, "--learned")
+    assert result.exit_code == 2 and "--capacity" in result.output
     rows = [row for tiers in data["cells"].values() for row in tiers]
     assert any("holdout" in (row.get("diagnostics") or {}) for row in rows)
     result = invoke("fit", path, "-o", out, "--window", "0:360", "--max-cells", "0")

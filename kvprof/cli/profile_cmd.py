@@ -149,6 +149,11 @@ def fit(
                                              "may then be a directory of trace files (one trace, read a file at a "
                                              "time); the same hp file as without it.")
     ] = False,
+    learned: Annotated[
+        bool, typer.Option("--learned", help="With --capacity: train wa's learned candidate on Belady's decisions on "
+                                             "the fit window (Belady replays per capacity; experimental, no gain "
+                                             "measured yet) and report its held-out quality.")
+    ] = False,
     spill_dir: Annotated[
         Optional[Path], typer.Option("--spill-dir", help="Where --sharded writes its shards (default: the system's "
                                                          "temporary directory; with --ray one the nodes share).")
@@ -177,7 +182,7 @@ def fit(
         if bounds and any(bound is not None and bound < 0 for bound in bounds):
             raise typer.BadParameter("--sharded reads windows from the trace's start, not back from its end",
                                      param_hint="--window/--sharded")
-        if capacity is not None:
+        if capacity is not None or learned:
             raise typer.BadParameter("tuning replays the fit window in memory: fit --sharded, then tune without it",
                                      param_hint="--capacity/--sharded")
         if spill_dir is not None:
@@ -197,6 +202,9 @@ def fit(
     if engine_block_size is not None and not capacities:
         raise typer.BadParameter("is the block of the tuning replays: give it with --capacity",
                                  param_hint="--engine-block-size")
+    if learned and not capacities:
+        raise typer.BadParameter("trains the learned candidate per tuned capacity: give it with --capacity",
+                                 param_hint="--learned")
     if ray is not None and not capacities:
         raise typer.BadParameter("runs the tuning replays (or, with --sharded, the shards): give it with --capacity",
                                  param_hint="--ray")
@@ -218,7 +226,7 @@ def fit(
         from kvprof.sim.config import SimConfig
 
         hp = tune_with_progress(hp, fitted, capacities, SimConfig(engine_block_size=engine_block), jobs, ray,
-                                holdout=_holdout(trace, fitted))
+                                holdout=_holdout(trace, fitted), learn=learned)
     _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {fitted.n_requests} requests")
 
 
@@ -246,7 +254,8 @@ def _engine_block(engine_block_size: int | None, trace_block: int) -> int:
     return engine_block_size
 
 
-def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | None = None, holdout=None):
+def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | None = None, holdout=None,
+                       learn: bool = False):
     """``kvprof.sim.tune`` (fit's --capacity, compare without --config) with a progress bar of its replays."""
     from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 
@@ -256,7 +265,7 @@ def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | Non
     say(f"tuning wa for {len(capacities)} capacities on the fit window (the simulator compiles on first use)")
     with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
         task = bar.add_task("tuning replays", total=None)
-        return tune(hp, fitted, capacities, config, n_jobs=jobs, ray=ray, holdout=holdout,
+        return tune(hp, fitted, capacities, config, n_jobs=jobs, ray=ray, holdout=holdout, learn=learn,
                     progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 

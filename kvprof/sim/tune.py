@@ -38,7 +38,7 @@ REPLAYED_SHARE = 1 / 3
 
 def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig = SimConfig(), *,
          n_jobs: int = 1, ray: str | None = None, progress: Callable[[int, int], None] | None = None,
-         learn: bool = True, holdout: Trace | None = None) -> HpFile:
+         learn: bool = False, holdout: Trace | None = None) -> HpFile:
     """``hp`` with a tuning entry per capacity, chosen by replaying the end of ``trace`` (the fit window).
 
     Parameters
@@ -61,7 +61,9 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     progress : callable(done, total) or None
         Called as each replay finishes.
     learn : bool
-        Train the ``learned`` candidate's predictor per capacity (on Belady's replays).
+        Train the ``learned`` candidate's predictor per capacity (on Belady's replays). Off by
+        default: on the quality suite it gained nothing over the simple orders for 10x its time
+        (README, "Policy quality").
     holdout : Trace or None
         The window after ``trace``: the start of it (as long as the replayed part) is labelled
         too, to measure the predictor on traffic it was not fitted on.
