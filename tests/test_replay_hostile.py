@@ -214,8 +214,10 @@ def test_an_interrupted_replay_writes_the_answered_requests_as_an_incomplete_run
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
+    # SIGINT as a terminal sends it: a shell's background job would start the child with it ignored
     process = subprocess.Popen([*KVPROF, "replay", str(path), "--url", url, "--model", "m", "--max-concurrency", "1",
-                                "-o", str(out)], stderr=subprocess.PIPE)
+                                "-o", str(out)], stderr=subprocess.PIPE,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(handler.bodies) < 6:
         assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
