@@ -149,16 +149,23 @@ def print_sampled(rows: list[dict]) -> None:
 
 
 def targets(cases: list[dict]) -> list[dict]:
-    """The issue's three targets over the cases run."""
+    """The quality targets (issue 24) over the cases run."""
     every = [row["wa_gain_over_best"] for case in cases for row in case["rows"] if row["wa_gain_over_best"] is not None]
-    small = [row["wa_gap_closed"] for case in cases for row in case["rows"][:2] if row["wa_gap_closed"] is not None]
+    # the two smallest sizes of the real traces (weka, Mooncake): where the headroom to Belady is largest
+    small = [row for case in cases if not case["trace"].startswith("bailian") for row in case["rows"][:2]]
+    gains = [row["wa_gain_over_best"] for row in small if row["wa_gain_over_best"] is not None]
+    closed = [row["wa_gap_closed"] for row in small if row["wa_gap_closed"] is not None]
     bailian = [case["rows"][0]["wa_gain_over_lru"] for case in cases if case["trace"].startswith("bailian-a")]
     out = [{"target": "wa >= best baseline - 1 % on every trace and capacity",
             "measured": f"worst {min(every):+.1%}" if every else "-", "met": bool(every) and min(every) >= -0.01}]
-    if small:
-        mean = sum(small) / len(small)
-        out.append({"target": "wa closes >= 15 % of the best-baseline-to-Belady gap at the two smallest capacities, "
-                              "on average", "measured": f"{mean:.1%}", "met": mean >= 0.15})
+    if gains:
+        mean = sum(gains) / len(gains)
+        out.append({"target": "weka and Mooncake, two smallest capacities: wa >= best baseline + 3 % on average",
+                    "measured": f"{mean:+.1%}", "met": mean >= 0.03})
+    if closed:
+        mean = sum(closed) / len(closed)
+        out.append({"target": "weka and Mooncake, two smallest capacities: wa closes >= 10 % of the "
+                              "best-baseline-to-Belady gap on average", "measured": f"{mean:+.1%}", "met": mean >= 0.10})
     if bailian:
         out.append({"target": "bailian-a seeds 0-2, smallest capacity: wa >= +10 % over lru",
                     "measured": ", ".join(f"{g:+.1%}" for g in bailian), "met": min(bailian) >= 0.10})

@@ -375,7 +375,7 @@ class HpFile:
 
 
 def load_hp(path) -> HpFile:
-    """Read and validate a hyperparameter file (``kvprof.hp/2``, ``kvprof.hp/1`` or the published format).
+    """Read and validate a hyperparameter file (``kvprof.hp/3``, ``/2``, ``/1`` or the published format).
 
     Raises
     ------
