@@ -84,19 +84,20 @@ def simulate(source: Path, hp: Path, out: Path) -> dict:
     kvprof("compare", source, "--config", hp, "--policies", "wa,lru", "--capacity", GPU_BLOCKS,
            "--cpu-capacity", CPU_BLOCKS, "--block-size", BLOCK, "--trace-block-tokens", BLOCK,
            "--rate-scale", RATE_SCALE if source.is_file() else 1.0, "--eval-window", "0:", "-o", out,
-           timeout=400)  # the first run compiles kvprof's core: minutes on a small shared machine
+           timeout=900)  # the first run compiles kvprof's core: minutes on a small shared machine
     runs = json.loads((out / "results.json").read_text())["runs"]
     return {r["policy"]: {"cached_tokens": r["cached_tokens"], "device_blocks": r["hits_device"],
                           "host_blocks": r["hits_host"]} for r in runs}
 
 
-def scheduler_step_times(model: Path) -> None:
+def scheduler_step_times(model: Path) -> bool:
     bench = REPO / "benchmarks" / "bench_scheduler.py"
     if not bench.exists():
         print("benchmarks/bench_scheduler.py is not in this checkout: no step-time figure")
-        return
+        return False
     run([sys.executable, bench, "--configs", "native", "wa+record", "--requests", "200", "--pools", "4096",
          "--no-call-pass", "--model", model], 240)
+    return True
 
 
 def gpu_present() -> str | None:
@@ -208,13 +209,14 @@ def main() -> int:
     sim = simulate(trace, hp, work / "sim")
     print(json.dumps(sim))
     stage("4. scheduler step time, in process, without and with kvprof")
-    scheduler_step_times(model)
+    timed = scheduler_step_times(model)
 
     stage("5. GPU")
     gpu = gpu_present()
     if gpu is None:
-        print("NO GPU: no NVIDIA GPU usable here (nvidia-smi and torch.cuda). Done: model, trace, hp file, simulation, "
-              "step times. Not done: serving with vLLM's GPU build, live cached tokens, offload hits, greedy identity.")
+        print("NO GPU: no NVIDIA GPU usable here (nvidia-smi and torch.cuda). Done: model, trace, hp file, simulation"
+              f"{', step times' if timed else ''}. Not done (they need the GPU): serving with vLLM's GPU build, live "
+              "cached tokens, offload hits, greedy identity.")
         return NO_GPU
     print(gpu)
 
