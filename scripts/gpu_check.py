@@ -81,9 +81,11 @@ def make_trace(work: Path) -> Path:
 
 
 def simulate(source: Path, hp: Path, out: Path) -> dict:
-    kvprof("compare", source, "--config", hp, "--policies", "wa,lru", "--capacity", GPU_BLOCKS,
-           "--cpu-capacity", CPU_BLOCKS, "--block-size", BLOCK, "--trace-block-tokens", BLOCK,
-           "--rate-scale", RATE_SCALE if source.is_file() else 1.0, "--eval-window", "0:", "-o", out,
+    # a trace at the replay's speed; a recording (a folder) knows its block size and live timing. The
+    # capacity is the server's usable blocks: vLLM keeps one of them as its null block.
+    as_trace = ["--trace-block-tokens", BLOCK, "--rate-scale", RATE_SCALE] if source.is_file() else []
+    kvprof("compare", source, "--config", hp, "--policies", "wa,lru", "--capacity", GPU_BLOCKS - 1,
+           "--cpu-capacity", CPU_BLOCKS, "--block-size", BLOCK, *as_trace, "--eval-window", "0:", "-o", out,
            timeout=900)  # the first run compiles kvprof's core: minutes on a small shared machine
     runs = json.loads((out / "results.json").read_text())["runs"]
     return {r["policy"]: {"cached_tokens": r["cached_tokens"], "device_blocks": r["hits_device"],
