@@ -133,3 +133,20 @@ def test_belady_behind_least_loaded_is_a_clear_error(small_trace, tmp_path):
     assert result.exit_code == 1
     assert "belady cannot run behind least-loaded" in one_line(result.output)
     assert not (tmp_path / "out" / results.FILE).exists()
+
+
+def test_a_sweep_gives_the_same_rows_on_joblib_workers_and_on_ray(small_trace, tmp_path):
+    common = ("--replicas", "1,3", "--router", "least-loaded,session", "--policies", "lru,wa", "--capacity", "64",
+              "--fit-window", "0:360", "--eval-window", "360:", "--json")
+    one = invoke("fleet", small_trace, *common, "-j", "1", "-o", tmp_path / "one")
+    two = invoke("fleet", small_trace, *common, "-j", "2", "-o", tmp_path / "two")
+    assert one.exit_code == 0 and two.exit_code == 0, two.output
+    assert json.loads(one.stdout) == json.loads(two.stdout)
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    try:
+        remote = invoke("fleet", small_trace, *common, "--ray", "auto", "-o", tmp_path / "ray")
+    finally:
+        ray.shutdown()
+    assert remote.exit_code == 0, remote.output
+    assert json.loads(remote.stdout) == json.loads(one.stdout)
