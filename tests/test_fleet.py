@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvprof import results
-from kvprof.profiler.synth import generate, write_jsonl
 from kvprof.sim.config import SimConfig, SimulationError
 from kvprof.sim.fleet import ROUTERS, RouterSpec, jump_hash, route, run_fleet
 from kvprof.sim.sample import chain_roots
@@ -23,9 +22,8 @@ WINDOWS = ("--fit-window", "0:360", "--eval-window", "360:", "-j", "1")
 
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory):
-    path = tmp_path_factory.mktemp("fleet") / "a.jsonl"
-    write_jsonl(path, generate("bailian-a", 0.2, 5))
-    return path
+    """compare's test trace: 12 minutes of bailian-a."""
+    return synthetic(tmp_path_factory.mktemp("fleet"), hours=0.2, seed=5)[0]
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +148,19 @@ def test_a_sweep_gives_the_same_rows_on_joblib_workers_and_on_ray(small_trace, t
         ray.shutdown()
     assert remote.exit_code == 0, remote.output
     assert json.loads(remote.stdout) == json.loads(one.stdout)
+
+
+def test_hp_per_replica_of_one_replica_is_the_fleets_and_of_three_is_fitted_on_each_share(small_trace, tmp_path):
+    common = ("--router", "session", "--policies", "lru,wa", "--capacity", "64", "--hp-per-replica", *WINDOWS,
+              "--json")
+    one = invoke("fleet", small_trace, *common, "--replicas", "1", "-o", tmp_path / "one")
+    assert one.exit_code == 0, one.output
+    rows = {(row["policy"], row["hp"]): row for row in json.loads(one.stdout)}
+    assert set(rows) == {("lru", "fleet"), ("wa", "fleet"), ("wa", "per-replica")}  # lru reads no hp file
+    assert rows["wa", "per-replica"]["fleet_token_hit_ratio"] == rows["wa", "fleet"]["fleet_token_hit_ratio"]
+    three = invoke("fleet", small_trace, *common, "--replicas", "3", "-o", tmp_path / "three")
+    assert three.exit_code == 0, three.output
+    document = results.load(tmp_path / "three" / results.FILE)
+    assert "wa, session x3, hp per-replica" in document["config"]["policies"]
+    per_replica = [row for row in json.loads(three.stdout) if row["hp"] == "per-replica"]
+    assert len(per_replica) == 1 and len(per_replica[0]["replica_token_hit_ratios"]) == 3

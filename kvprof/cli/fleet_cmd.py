@@ -109,6 +109,11 @@ def fleet(
     decode: Annotated[
         Optional[bool], typer.Option("--decode/--no-decode", help="Model decoding, as compare's (default: off).")
     ] = None,
+    hp_per_replica: Annotated[
+        bool, typer.Option("--hp-per-replica",
+                           help="Also run the policies that read an hp file with one per replica, fitted and tuned "
+                                "on the --fit-window traffic the router sends it (rows say hp per-replica).")
+    ] = False,
     jobs: JobsOpt = -1,
     ray: RayOpt = None,
     json_out: JsonOpt = False,
@@ -140,8 +145,9 @@ def fleet(
     fits = config is None and _needs_hp(names)
     output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ())],
                inputs=[trace_path, config, cost_file])
-    tasks = [(RouterSpec(name, load_weight, index_blocks), n, policy, c)
-             for name in routers for n in counts for policy in names for c in capacities]
+    modes = {policy: (False, True) if hp_per_replica and _needs_hp([policy]) else (False,) for policy in names}
+    tasks = [(RouterSpec(name, load_weight, index_blocks), n, policy, c, per_replica)
+             for name in routers for n in counts for policy in names for c in capacities for per_replica in modes[policy]]
     check_memory([max(counts) * max(capacities)], 0, jobs, len(tasks), "--replicas/--capacity")
     cost = _cost_model(cost_file, prefill_tokens_per_s=prefill_rate, decode=decode)
     trace_block = trace_block_size(trace_path, format, trace_block_tokens)
@@ -168,7 +174,10 @@ def fleet(
         hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs, ray)
         hp_input = {"fitted_on_window": fit_window, "path": str(output / FITTED_HP)}
     inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit}
-    document, rows = _run(evaluated, hp, tasks, sim_config, jobs, ray, inputs, json_out)
+    fit_part = trace.time_window(*fit_bounds) if hp_per_replica else None
+    if fit_part is not None and fit_part.n_requests == 0:
+        raise SimulationError(f"the fit window {fit_window} holds no requests to fit the replicas' hp files on")
+    document, rows = _run(evaluated, hp, fit_part, tasks, sim_config, jobs, ray, inputs, json_out)
     make_dir(output)
     if fitted is not None:
         fitted.save(output / FITTED_HP)
@@ -183,7 +192,8 @@ def fleet(
     say(f"wrote {output / results_file.FILE} and {len(plots)} plots in {document['wall_s']:.1f} s")
 
 
-def _run(trace, hp, tasks, config: SimConfig, jobs: int, ray, inputs: dict, quiet: bool) -> tuple[dict, list[dict]]:
+def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: dict,
+         quiet: bool) -> tuple[dict, list[dict]]:
     """Every configuration as a task; the results document and its rows (one per configuration)."""
     from kvprof.sim.fleet import label
     from kvprof.sim.runner import run_tasks
@@ -193,13 +203,14 @@ def _run(trace, hp, tasks, config: SimConfig, jobs: int, ray, inputs: dict, quie
     workload = prepare_workload(trace, hp, config.engine_block_size, config.rate_scale)
     with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=quiet) as bar:
         task = bar.add_task("routing and replaying", total=len(tasks))
-        runs = run_tasks(_one, (trace, workload, hp), [(*task, config) for task in tasks], n_jobs=jobs, ray=ray,
+        runs = run_tasks(_one, (trace, workload, hp, fit_part), [(*task, config) for task in tasks], n_jobs=jobs,
+                         ray=ray,
                          progress=lambda done, total: bar.update(task, completed=done))
     rows = [run.to_dict() for run in runs]
     facts = {"trace": {"source": trace.source, "sha256": trace.sha256, "format": trace.format,
                        "block_size": trace.block_size, "window": [trace.window[0], trace.censor_time],
                        "n_requests": trace.n_requests, "n_engine_block_accesses": workload.n_accesses}}
-    labels = [label(row["policy"], row["router"], row["replicas"]) for row in rows]
+    labels = [label(row["policy"], row["router"], row["replicas"], row["hp"]) for row in rows]
     document = results_file.build(
         inputs={**inputs, **facts},
         config={**config.to_dict(), "mode": "fleet", "policies": list(dict.fromkeys(labels)),
@@ -211,11 +222,12 @@ def _run(trace, hp, tasks, config: SimConfig, jobs: int, ray, inputs: dict, quie
     return document, rows
 
 
-def _one(shared, spec, replicas: int, policy: str, capacity: int, config: SimConfig):
-    from kvprof.sim.fleet import run_fleet
+def _one(shared, spec, replicas: int, policy: str, capacity: int, per_replica: bool, config: SimConfig):
+    from kvprof.sim.fleet import fit_per_replica, run_fleet
 
-    trace, workload, hp = shared
-    return run_fleet(trace, workload, hp, spec, replicas, policy, capacity, config)
+    trace, workload, hp, fit_part = shared
+    hps = fit_per_replica(fit_part, spec, replicas, capacity, config, hp) if per_replica else None
+    return run_fleet(trace, workload, hp, spec, replicas, policy, capacity, config, hps)
 
 
 def _table(rows: list[dict], document: dict):
@@ -224,7 +236,8 @@ def _table(rows: list[dict], document: dict):
                 f"capacity per replica", {c: "left" if c in ("router", "policy") else "right" for c in _COLUMNS})
     for row in rows:
         ratios = row["replica_token_hit_ratios"]
-        out.add_row(row["router"], row["policy"], str(row["replicas"]), f"{row['capacity']:,}",
+        out.add_row(row["router"], row["policy"] + (" (hp per replica)" if row["hp"] != "fleet" else ""),
+                    str(row["replicas"]), f"{row['capacity']:,}",
                     f"{row['fleet_token_hit_ratio']:.4f}", f"{row['belady_token_hit_ratio']:.4f}",
                     f"{min(ratios):.3f}..{max(ratios):.3f}", f"{row['load_imbalance']:.2f}",
                     qttft_cell(row["qttft_mean_s"], row["qttft_overloaded"]),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -192,8 +193,9 @@ class Routing:
 
 
 def route(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: int, policy: str, capacity: int,
-          config: SimConfig) -> Routing:
-    """The replica of every request of ``workload`` (prepared from ``trace``) under ``spec``.
+          config: SimConfig, replica_hps: Sequence | None = None) -> Routing:
+    """The replica of every request of ``workload`` (prepared from ``trace`` with ``hp``) under
+    ``spec``; replica ``j`` runs ``replica_hps[j]`` (default: ``hp``) when the replicas run.
 
     Raises
     ------
@@ -222,15 +224,28 @@ def route(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: int,
     if policy == ORACLE:
         raise SimulationError(f"belady cannot run behind {spec.name}: it reads each replica's future traffic, which "
                               f"this router decides as it goes (belady is reported as each replica's bound instead)")
-    return _route_live(workload, hp, router, replicas, policy, capacity, config, chosen)
+    hps = list(replica_hps or [hp] * replicas)
+    workloads = {id(hp): workload}  # replicas of one hp file share its columns
+    for other in hps:
+        if id(other) not in workloads:
+            workloads[id(other)] = prepare_workload(trace, other, config.engine_block_size, config.rate_scale)
+    return _route_live(router, [(workloads[id(one)], one) for one in hps], policy, capacity, config, chosen)
 
 
-def _route_live(workload, hp, router: _Router, replicas: int, policy: str, capacity: int, config: SimConfig,
-                chosen: np.ndarray) -> Routing:
-    """Route while the replicas run on the Python engine, each paused at every arrival."""
+def _route_live(router: _Router, replicas: list[tuple[Workload, object]], policy: str, capacity: int,
+                config: SimConfig, chosen: np.ndarray) -> Routing:
+    """Route while the replicas (each a workload and its hp file) run on the Python engine, each
+    paused at every arrival."""
     schedule = [(0.0, capacity)]
-    template = _Replay(workload, PrefixCache(make_policy(policy, hp, capacity), capacity), None, config, schedule, None)
-    runs = [template.over(PrefixCache(make_policy(policy, hp, capacity), capacity)) for _ in range(replicas)]
+    templates: dict[int, _Replay] = {}
+    runs = []
+    for workload, hp in replicas:
+        if id(workload) not in templates:
+            templates[id(workload)] = _Replay(workload, PrefixCache(make_policy(policy, hp, capacity), capacity),
+                                              None, config, schedule, None)
+        runs.append(templates[id(workload)].over(PrefixCache(make_policy(policy, hp, capacity), capacity)))
+    workload = replicas[0][0]
+    replicas = len(runs)
     arrival = workload.arrival.tolist()
     n = len(arrival)
     feeds = [Arrivals(arrival, (), arrival[0]) for _ in range(replicas)]
@@ -265,6 +280,7 @@ class FleetRun:
     bounds: tuple[RunMetrics, ...]
     qttft: np.ndarray = field(repr=False)
     live_hits: tuple[int, ...] | None = None
+    hp_per_replica: bool = False
 
     @property
     def fleet_token_hit_ratio(self) -> float:
@@ -291,6 +307,7 @@ class FleetRun:
         cached = sum(run.cached_tokens for run in self.runs)
         return {
             "policy": self.policy,
+            "hp": "per-replica" if self.hp_per_replica else "fleet",
             "router": self.router,
             "replicas": self.replicas,
             "capacity": self.capacity,
@@ -314,36 +331,65 @@ class FleetRun:
         }
 
 
-def label(policy: str, router: str, replicas: int) -> str:
-    """What plots and ``show`` call a configuration (their ``policy``): ``lru, session x8``."""
-    return f"{policy}, {router} x{replicas}"
+def label(policy: str, router: str, replicas: int, hp: str = "fleet") -> str:
+    """What plots and ``show`` call a configuration (their ``policy``): ``lru, session x8``, and
+    ``wa, session x8, hp per-replica`` for one hp file per replica."""
+    return f"{policy}, {router} x{replicas}" + (f", hp {hp}" if hp != "fleet" else "")
 
 
 def run_fleet(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: int, policy: str, capacity: int,
-              config: SimConfig) -> FleetRun:
-    """Route ``trace`` (prepared as ``workload``) over ``replicas`` servers of ``capacity`` blocks
-    under ``policy``, then replay each replica's share alone, under ``policy`` and Belady."""
+              config: SimConfig, replica_hps: Sequence | None = None) -> FleetRun:
+    """Route ``trace`` (prepared as ``workload`` with ``hp``) over ``replicas`` servers of
+    ``capacity`` blocks under ``policy``, then replay each replica's share alone, under ``policy``
+    and Belady. Replica ``j`` runs ``replica_hps[j]`` when given (:func:`fit_per_replica`), else ``hp``."""
     from kvprof.core.engine import run as replay_compiled  # numba is imported only when a replay runs
 
     config = SimConfig(engine_block_size=config.engine_block_size, cost=config.cost, rate_scale=config.rate_scale,
                        timing="model")
-    routing = route(trace, workload, hp, spec, replicas, policy, capacity, config)
+    hps = list(replica_hps or [hp] * replicas)
+    routing = route(trace, workload, hp, spec, replicas, policy, capacity, config, hps)
     runs, bounds, qttft = [], [], []
-    for j in range(replicas):
+    for j, replica_hp in enumerate(hps):
         rows = routing.replica == j
-        share = workload if rows.all() else (
-            prepare_workload(trace.select(rows, window=trace.window), hp, config.engine_block_size, config.rate_scale)
-            if rows.any() else None)
+        share = workload if rows.all() and replica_hp is hp else _share(trace, rows, replica_hp, config)
         for name, out in ((policy, runs), (ORACLE, bounds)):
             if share is None:
                 out.append(_idle(name, capacity))
                 continue
-            outcome = replay_compiled(share, make_policy(name, hp, capacity), None, config, [(0.0, capacity)])
+            outcome = replay_compiled(share, make_policy(name, replica_hp, capacity), None, config,
+                                      [(0.0, capacity)])
             out.append(_metrics(share, config.cost, name, capacity, **outcome))
             if name == policy:
                 qttft.append(outcome["qttft"])
     return FleetRun(spec.name, policy, replicas, capacity, tuple(runs), tuple(bounds),
-                    np.concatenate(qttft) if qttft else np.empty(0), routing.live_hits)
+                    np.concatenate(qttft) if qttft else np.empty(0), routing.live_hits, replica_hps is not None)
+
+
+def fit_per_replica(fit_window: Trace, spec: RouterSpec, replicas: int, capacity: int, config: SimConfig,
+                    fallback) -> tuple:
+    """One hp file per replica, fitted on the traffic ``spec`` sends it in ``fit_window`` (routed
+    with every replica under lru, which reads no hp file) and tuned for ``capacity``, as ``compare``
+    fits and tunes one on the whole window; ``fallback`` for a replica the router sent nothing."""
+    from kvprof.profiler.fit import fit_trace
+    from kvprof.sim.tune import tune
+
+    config = SimConfig(engine_block_size=config.engine_block_size, cost=config.cost, rate_scale=config.rate_scale,
+                       timing="model")
+    workload = prepare_workload(fit_window, None, config.engine_block_size, config.rate_scale)
+    routing = route(fit_window, workload, None, spec, replicas, "lru", capacity, config)
+    hps = []
+    for j in range(replicas):
+        rows = routing.replica == j
+        share = fit_window.select(rows, window=fit_window.window) if rows.any() else None
+        hps.append(tune(fit_trace(share), share, [capacity], config) if share is not None else fallback)
+    return tuple(hps)
+
+
+def _share(trace: Trace, rows: np.ndarray, hp, config: SimConfig) -> Workload | None:
+    """The workload of the requests ``rows`` of ``trace`` (None if there are none)."""
+    if not rows.any():
+        return None
+    return prepare_workload(trace.select(rows, window=trace.window), hp, config.engine_block_size, config.rate_scale)
 
 
 def _idle(policy: str, capacity: int) -> RunMetrics:
