@@ -348,7 +348,7 @@ class Arrivals:
     """The requests arriving at one replay, in arrival order, as far as they are known.
 
     Invariant: ``pending`` holds the known requests not yet moved to the replay's queue, in
-    arrival order, all arriving before ``horizon``, the earliest time a request not yet known may
+    arrival order, none arriving after ``horizon``, the earliest time a request not yet known may
     arrive (infinity once all are known, as for a whole workload).
     """
 
