@@ -236,19 +236,16 @@ def _route_live(router: _Router, replicas: list[tuple[Workload, object]], policy
                 config: SimConfig, chosen: np.ndarray) -> Routing:
     """Route while the replicas (each a workload and its hp file) run on the Python engine, each
     paused at every arrival."""
-    schedule = [(0.0, capacity)]
-    templates: dict[int, _Replay] = {}
+    first: dict[int, _Replay] = {}  # per workload, the replica whose columns the others share
     runs = []
     for workload, hp in replicas:
-        if id(workload) not in templates:
-            templates[id(workload)] = _Replay(workload, PrefixCache(make_policy(policy, hp, capacity), capacity),
-                                              None, config, schedule, None)
-        runs.append(templates[id(workload)].over(PrefixCache(make_policy(policy, hp, capacity), capacity)))
-    workload = replicas[0][0]
-    replicas = len(runs)
-    arrival = workload.arrival.tolist()
+        gpu = PrefixCache(make_policy(policy, hp, capacity), capacity)
+        shared = first.get(id(workload))
+        runs.append(shared.over(gpu) if shared else _Replay(workload, gpu, None, config, [(0.0, capacity)], None))
+        first.setdefault(id(workload), runs[-1])
+    arrival = replicas[0][0].arrival.tolist()
     n = len(arrival)
-    feeds = [Arrivals(arrival, (), arrival[0]) for _ in range(replicas)]
+    feeds = [Arrivals(arrival, (), arrival[0]) for _ in runs]
     steps = [run.steps(feed) for run, feed in zip(runs, feeds)]
     held = [next(step) for step in steps]  # every replica until the first arrival
     caches = [run.gpu for run in runs]
