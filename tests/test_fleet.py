@@ -164,3 +164,18 @@ def test_hp_per_replica_of_one_replica_is_the_fleets_and_of_three_is_fitted_on_e
     assert "wa, session x3, hp per-replica" in document["config"]["policies"]
     per_replica = [row for row in json.loads(three.stdout) if row["hp"] == "per-replica"]
     assert len(per_replica) == 1 and len(per_replica[0]["replica_token_hit_ratios"]) == 3
+
+
+def test_replicas_with_their_own_hp_files_hit_while_routing_what_their_replays_hit(prepared):
+    from kvprof.profiler.fit import fit_trace
+    from kvprof.sim.fleet import fit_per_replica
+
+    trace, _ = prepared
+    fit_part, evaluated = trace.time_window(None, 300.0), trace.time_window(300.0, None)
+    hp = fit_trace(fit_part)
+    hps = fit_per_replica(fit_part, RouterSpec("least-loaded"), 2, 64, SimConfig(), hp)
+    assert len(hps) == 2 and hps[0] is not hps[1] and all(one.tuning for one in hps)
+    run = run_fleet(evaluated, prepare_workload(evaluated, hp, 128), hp, RouterSpec("prefix-precise"), 2, "wa", 64,
+                    SimConfig(), hps)
+    assert run.hp_per_replica and run.to_dict()["hp"] == "per-replica"
+    assert run.live_hits == tuple(replica.hits_device for replica in run.runs)
