@@ -36,6 +36,7 @@ def required_args(command: str, tmp_path) -> list:
         "compare": [missing, "-o", out],
         "demo": ["-o", out],
         "replay": [missing, "--model", "m", "-o", out],
+        "fleet": [missing, "-o", out],
     }[command]
 
 

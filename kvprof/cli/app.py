@@ -10,7 +10,7 @@ import signal
 
 import typer
 
-from kvprof.cli import compare_cmd, profile_cmd, replay_cmd
+from kvprof.cli import compare_cmd, fleet_cmd, profile_cmd, replay_cmd
 from kvprof.cli.output import escape_unencodable_streams
 
 app = typer.Typer(
@@ -32,6 +32,7 @@ app.command("synth")(profile_cmd.synth)
 app.command("compare")(compare_cmd.compare)
 app.command("demo")(compare_cmd.demo)
 app.command("replay")(replay_cmd.replay)
+app.command("fleet")(fleet_cmd.fleet)
 
 
 class Terminated(KeyboardInterrupt):

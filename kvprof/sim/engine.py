@@ -7,6 +7,7 @@ numbers, so the same inputs always give the same metrics.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from collections import deque
@@ -197,6 +198,13 @@ class _Replay:
         self.prompt = workload.prompt_tokens.tolist()
         self.held: dict[int, list[int]] = {}
 
+    def over(self, gpu: PrefixCache) -> _Replay:
+        """A replay of the same workload through another GPU tier (no CPU tier), sharing the
+        read-only per-request columns: one replica of a fleet (:mod:`kvprof.sim.fleet`)."""
+        replica = copy.copy(self)
+        replica.gpu, replica.host, replica.held = gpu, None, {}
+        return replica
+
     def admit(self, r: int, now: float) -> tuple[int, int] | None:
         """Give request ``r`` its blocks if the GPU has room.
 
@@ -238,9 +246,18 @@ class _Replay:
             self.observer(self.gpu, self.host)
 
     def run(self) -> RunMetrics:
+        steps = self.steps(Arrivals(self.w.arrival.tolist()))
+        for _ in steps:  # every arrival is known at once: the loop never pauses
+            pass
+        return _metrics(self.w, self.cost, self.gpu.policy.name, self.schedule[0][1], *self.outcome)
+
+    def steps(self, arrivals: Arrivals):
+        """The replay loop, as a generator: it pauses (yields the requests it holds, waiting or
+        running) whenever its clock reaches ``arrivals.horizon``, the first arrival not yet known;
+        then ``outcome`` holds the raw counts :func:`_metrics` reads."""
         w, gpu, cost, ebs = self.w, self.gpu, self.cost, self.ebs
         n = w.n_requests
-        arrival = w.arrival.tolist()
+        arrival = arrivals.arrival
         output = w.output_tokens.tolist()
         prompt = self.prompt
         schedule = self.schedule
@@ -250,19 +267,18 @@ class _Replay:
         prefilling: deque[list[int]] = deque()  # [request, uncomputed prompt tokens]
         decoding: list[tuple[float, int]] = []  # heap of (finish time, request)
         n_running = hits_device = hits_host = computed = 0
-        next_arrival = 0
         next_change = 1
         now = 0.0
         while True:
+            while now >= arrivals.horizon:
+                yield len(waiting) + n_running
             while next_change < len(schedule) and schedule[next_change][0] <= now:
                 gpu.set_limit(schedule[next_change][1], now)
                 next_change += 1
             while decoding and decoding[0][0] <= now:
                 self.release(heapq.heappop(decoding)[1], now)
                 n_running -= 1
-            while next_arrival < n and arrival[next_arrival] <= now:
-                waiting.append(next_arrival)
-                next_arrival += 1
+            arrivals.move(now, waiting)
 
             # One engine step: running prefills first, then admissions while the budget lasts.
             budget = cost.max_batched_tokens
@@ -297,14 +313,12 @@ class _Replay:
                     # Nothing runs and the cache never grows again: the head can never fit.
                     waiting.popleft()
                     continue
-                pending = []
-                if next_arrival < n:
-                    pending.append(arrival[next_arrival])
+                pending = [arrivals.next_time()]
                 if decoding:
                     pending.append(decoding[0][0])
                 if next_change < len(schedule):
                     pending.append(schedule[next_change][0])
-                if not pending:
+                if min(pending) == math.inf:
                     break
                 now = max(now, min(pending))
                 continue
@@ -314,6 +328,8 @@ class _Replay:
                 + step_tokens / cost.prefill_tokens_per_s
                 + host_loads * cost.host_load_s_per_block
             )
+            while now >= arrivals.horizon:  # a router sees this step's requests running until it ends
+                yield len(waiting) + n_running
             while prefilling and not prefilling[0][1]:
                 r = prefilling.popleft()[0]
                 qttft[r] = now - arrival[r]
@@ -324,8 +340,32 @@ class _Replay:
                     self.release(r, now)
                     n_running -= 1
         host_evictions = self.host.evictions if self.host else 0
-        return _metrics(self.w, cost, gpu.policy.name, self.schedule[0][1], qttft[served], served, hits_device,
-                        hits_host, computed, now, gpu.evictions, gpu.dropped, host_evictions)
+        self.outcome = (qttft[served], served, hits_device, hits_host, computed, now, gpu.evictions, gpu.dropped,
+                        host_evictions)
+
+
+class Arrivals:
+    """The requests arriving at one replay, in arrival order, as far as they are known.
+
+    Invariant: ``pending`` holds the known requests not yet moved to the replay's queue, in
+    arrival order, none arriving after ``horizon``, the earliest time a request not yet known may
+    arrive (infinity once all are known, as for a whole workload).
+    """
+
+    def __init__(self, arrival: list[float], requests=None, horizon: float = math.inf):
+        self.arrival = arrival
+        self.pending = deque(range(len(arrival)) if requests is None else requests)
+        self.horizon = horizon
+
+    def move(self, now: float, waiting: deque) -> None:
+        """Append the requests arrived by ``now`` to ``waiting``."""
+        pending, arrival = self.pending, self.arrival
+        while pending and arrival[pending[0]] <= now:
+            waiting.append(pending.popleft())
+
+    def next_time(self) -> float:
+        """When the next request may arrive (infinity: none will)."""
+        return self.arrival[self.pending[0]] if self.pending else self.horizon
 
 
 def _metrics(

@@ -1,0 +1,181 @@
+"""``kvprof fleet``: one replica is compare, the routers route as documented, and the replicas a
+router reads while routing count the hits their replays count afterwards."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvprof import results
+from kvprof.sim.config import SimConfig, SimulationError
+from kvprof.sim.fleet import ROUTERS, RouterSpec, jump_hash, route, run_fleet
+from kvprof.sim.sample import chain_roots
+from kvprof.sim.workload import prepare_workload
+from tests.helpers import invoke, one_line, synthetic
+
+WINDOWS = ("--fit-window", "0:360", "--eval-window", "360:", "-j", "1")
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory):
+    """compare's test trace: 12 minutes of bailian-a."""
+    return synthetic(tmp_path_factory.mktemp("fleet"), hours=0.2, seed=5)[0]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """Ten minutes of bailian-a, prepared at 128-token blocks without an hp file."""
+    _, trace = synthetic(tmp_path_factory.mktemp("prepared"), hours=0.17, seed=3)
+    return trace, prepare_workload(trace, None, 128)
+
+
+def test_one_replica_is_compare_for_every_router(small_trace, tmp_path):
+    common = ("--policies", "lru,wa", "--capacity", "64,256", *WINDOWS, "--json")
+    single = invoke("compare", small_trace, *common, "-o", tmp_path / "compare")
+    assert single.exit_code == 0, single.output
+    expected = {(run["policy"], run["capacity"]): run["token_hit_ratio"] for run in json.loads(single.stdout)["runs"]}
+    fleet = invoke("fleet", small_trace, *common, "--replicas", "1", "--router", ",".join(ROUTERS),
+                   "-o", tmp_path / "fleet")
+    assert fleet.exit_code == 0, fleet.output
+    rows = json.loads(fleet.stdout)
+    assert len(rows) == len(ROUTERS) * 2 * 2
+    for row in rows:
+        assert row["fleet_token_hit_ratio"] == expected[row["policy"], row["capacity"]]
+        assert row["replica_token_hit_ratios"] == [row["fleet_token_hit_ratio"]]
+        assert row["load_imbalance"] == 1.0
+        assert row["fleet_token_hit_ratio"] <= row["belady_token_hit_ratio"]
+    document = results.load(tmp_path / "fleet" / results.FILE)
+    assert len(document["runs"]) == len(rows)
+    assert {run["policy"] for run in document["runs"]} >= {"lru, prefix-precise x1", "wa, session x1"}
+    assert (tmp_path / "fleet" / "hp.json").exists()
+    assert invoke("show", tmp_path / "fleet" / results.FILE).exit_code == 0
+
+
+@pytest.mark.parametrize("spec", [RouterSpec("least-loaded"), RouterSpec("prefix-precise"),
+                                  RouterSpec("prefix-precise", load_weight=0.0), RouterSpec("prefix-approx")],
+                         ids=lambda spec: f"{spec.name}-{spec.load_weight:g}")
+@pytest.mark.parametrize("decode", [False, True])
+def test_replicas_read_while_routing_hit_what_their_replays_hit(prepared, spec, decode):
+    """The live pass (Python replicas run together) and the measuring pass (each replica's traffic
+    replayed alone by the compiled engine) are the same replays."""
+    trace, workload = prepared
+    config = SimConfig(cost=SimConfig().cost.__class__(decode=decode, prefill_tokens_per_s=4000.0))
+    run = run_fleet(trace, workload, None, spec, 3, "lru", 96, config)
+    assert run.live_hits == tuple(replica.hits_device for replica in run.runs)
+    assert sum(replica.n_requests for replica in run.runs) == trace.n_requests
+    assert all(replica.token_hit_ratio <= bound.token_hit_ratio + 1e-12 for replica, bound in zip(run.runs, run.bounds))
+    assert run.qttft.size == trace.n_requests - sum(replica.n_rejected for replica in run.runs)
+
+
+def test_routers_that_read_only_the_trace(prepared):
+    trace, workload = prepared
+    config = SimConfig()
+    rr = route(trace, workload, None, RouterSpec("round-robin"), 4, "lru", 64, config).replica
+    assert rr.tolist() == [r % 4 for r in range(trace.n_requests)]
+    session = route(trace, workload, None, RouterSpec("session"), 4, "lru", 64, config).replica
+    roots = chain_roots(trace)
+    for root in np.unique(roots):
+        assert np.unique(session[roots == root]).size == 1, "a conversation was split"
+    assert not RouterSpec("prefix-approx", load_weight=0.0).reads_replicas
+    approx = route(trace, workload, None, RouterSpec("prefix-approx", load_weight=0.0), 4, "lru", 64, config)
+    assert approx.live_hits is None and set(approx.replica.tolist()) <= set(range(4))
+
+
+def test_least_loaded_spreads_a_burst(prepared):
+    """Requests arriving together (faster than one replica serves them) go to the idle replicas."""
+    trace, workload = prepared
+    burst = trace.select(np.arange(trace.n_requests) < 8, window=trace.window)
+    burst_workload = prepare_workload(burst, None, 128, rate_scale=1e6)
+    config = SimConfig(rate_scale=1e6, cost=SimConfig().cost.__class__(prefill_tokens_per_s=10.0))
+    chosen = route(burst, burst_workload, None, RouterSpec("least-loaded"), 4, "lru", 4096, config).replica
+    assert np.bincount(chosen, minlength=4).tolist() == [2, 2, 2, 2]
+
+
+def test_belady_cannot_run_behind_a_router_that_reads_the_replicas(prepared):
+    trace, workload = prepared
+    with pytest.raises(SimulationError, match="belady cannot run behind least-loaded"):
+        run_fleet(trace, workload, None, RouterSpec("least-loaded"), 2, "belady", 64, SimConfig())
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.integers(-2**63, 2**64 - 1), buckets=st.integers(1, 64))
+def test_jump_hash_moves_a_key_only_to_a_new_bucket(key, buckets):
+    before, after = jump_hash(key, buckets), jump_hash(key, buckets + 1)
+    assert 0 <= before < buckets
+    assert after in (before, buckets)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--replicas", "0"], "--replicas"),
+    (["--replicas", "4,4"], "given twice"),
+    (["--router", "random"], "unknown router 'random'"),
+    (["--policies", "nope"], "unknown policy"),
+    (["--capacity", "0"], "--capacity"),
+    (["--load-weight", "-1"], "--load-weight"),
+    (["--index-blocks", "0"], "--index-blocks"),
+])
+def test_bad_options_exit_2_before_reading_the_trace(tmp_path, args, words):
+    result = invoke("fleet", tmp_path / "missing.jsonl", "-o", tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    assert words in one_line(result.output)
+    assert not (tmp_path / "out").exists()
+
+
+def test_belady_behind_least_loaded_is_a_clear_error(small_trace, tmp_path):
+    result = invoke("fleet", small_trace, "--router", "least-loaded", "--policies", "belady", "--capacity", "64",
+                    *WINDOWS, "-o", tmp_path / "out")
+    assert result.exit_code == 1
+    assert "belady cannot run behind least-loaded" in one_line(result.output)
+    assert not (tmp_path / "out" / results.FILE).exists()
+
+
+def test_a_sweep_gives_the_same_rows_on_joblib_workers_and_on_ray(small_trace, tmp_path):
+    common = ("--replicas", "1,3", "--router", "least-loaded,session", "--policies", "lru,wa", "--capacity", "64",
+              "--fit-window", "0:360", "--eval-window", "360:", "--json")
+    one = invoke("fleet", small_trace, *common, "-j", "1", "-o", tmp_path / "one")
+    two = invoke("fleet", small_trace, *common, "-j", "2", "-o", tmp_path / "two")
+    assert one.exit_code == 0 and two.exit_code == 0, two.output
+    assert json.loads(one.stdout) == json.loads(two.stdout)
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    try:
+        remote = invoke("fleet", small_trace, *common, "--ray", "auto", "-o", tmp_path / "ray")
+    finally:
+        ray.shutdown()
+    assert remote.exit_code == 0, remote.output
+    assert json.loads(remote.stdout) == json.loads(one.stdout)
+
+
+def test_hp_per_replica_of_one_replica_is_the_fleets_and_of_three_is_fitted_on_each_share(small_trace, tmp_path):
+    common = ("--router", "session", "--policies", "lru,wa", "--capacity", "64", "--hp-per-replica", *WINDOWS,
+              "--json")
+    one = invoke("fleet", small_trace, *common, "--replicas", "1", "-o", tmp_path / "one")
+    assert one.exit_code == 0, one.output
+    rows = {(row["policy"], row["hp"]): row for row in json.loads(one.stdout)}
+    assert set(rows) == {("lru", "fleet"), ("wa", "fleet"), ("wa", "per-replica")}  # lru reads no hp file
+    assert rows["wa", "per-replica"]["fleet_token_hit_ratio"] == rows["wa", "fleet"]["fleet_token_hit_ratio"]
+    three = invoke("fleet", small_trace, *common, "--replicas", "3", "-o", tmp_path / "three")
+    assert three.exit_code == 0, three.output
+    document = results.load(tmp_path / "three" / results.FILE)
+    assert "wa, session x3, hp per-replica" in document["config"]["policies"]
+    per_replica = [row for row in json.loads(three.stdout) if row["hp"] == "per-replica"]
+    assert len(per_replica) == 1 and len(per_replica[0]["replica_token_hit_ratios"]) == 3
+
+
+def test_replicas_with_their_own_hp_files_hit_while_routing_what_their_replays_hit(prepared):
+    from kvprof.profiler.fit import fit_trace
+    from kvprof.sim.fleet import fit_per_replica
+
+    trace, _ = prepared
+    fit_part, evaluated = trace.time_window(None, 300.0), trace.time_window(300.0, None)
+    hp = fit_trace(fit_part)
+    hps = fit_per_replica(fit_part, RouterSpec("least-loaded"), 2, 64, SimConfig(), hp)
+    assert len(hps) == 2 and hps[0] is not hps[1] and all(one.tuning for one in hps)
+    run = run_fleet(evaluated, prepare_workload(evaluated, hp, 128), hp, RouterSpec("prefix-precise"), 2, "wa", 64,
+                    SimConfig(), hps)
+    assert run.hp_per_replica and run.to_dict()["hp"] == "per-replica"
+    assert run.live_hits == tuple(replica.hits_device for replica in run.runs)
