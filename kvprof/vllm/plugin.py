@@ -351,6 +351,13 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
     scheduler._kvprof_live = live
     _logger().info("%s; GPU tier: %d blocks; compiled core ready in %.1f s", spec.describe(num_gpu_blocks),
                    num_gpu_blocks, seconds)
+    groups = getattr(getattr(scheduler, "kv_cache_config", None), "kv_cache_groups", ())
+    if len(groups) > 1:
+        _logger().warning(
+            "kvprof: %d KV cache groups (%s) share the pool's %d blocks; the policy orders every group's cached "
+            "blocks, but the counterfactual, wa's shadows and `kvprof compare` of a recording simulate one group "
+            "of that size, so their hits overstate what this server can hit (docs/vllm.md, Hybrid models)",
+            len(groups), ", ".join(type(g.kv_cache_spec).__name__ for g in groups), num_gpu_blocks)
 
 
 def _never_raise(call, *args) -> None:

@@ -87,3 +87,82 @@ def test_a_mamba_group_is_refused_with_a_clear_message(in_vllm):
     assert "--kv-policy-mode shadow" in str(err.value) and str(err.value).startswith("kvprof kv_policy:")
     check_kv_cache_groups(policy_spec("lru", mode="shadow"), config)  # vLLM's own eviction stays: nothing to refuse
     check_kv_cache_groups(policy_spec("lru"), kv_cache_config(32))  # full + sliding window is served
+
+
+# --- served: a tiny Gemma-3 (sliding-window + full-attention layers) through `vllm serve` -----------
+
+SERVED_BLOCKS = 24  # shared by both groups: the test sequence's prompts (4 blocks + 4 tokens) evict
+
+
+@pytest.fixture(scope="module")
+def hybrid_model(vllm_venv, tmp_path_factory):
+    """The tiny Gemma-3, built as conftest's ``tiny_model`` builds the Llama."""
+    import subprocess
+
+    from vllm_support import HERE, serves_on_cpu, vllm_python
+
+    if not serves_on_cpu(vllm_venv):
+        pytest.skip(f"{vllm_venv} holds vLLM's upstream (CUDA) build, which cannot serve without a GPU")
+
+    out = tmp_path_factory.mktemp("tiny-gemma3") / "model"
+    subprocess.run([vllm_python(vllm_venv), str(HERE / "tiny_hybrid_model.py"), str(out)], check=True, timeout=600)
+    return out
+
+
+def _served(vllm_venv, model, tmp_path_factory, name: str, *extra: str) -> dict:
+    """The test sequence of test_serve.py served once, with its results, kvprof's metrics and the log."""
+    import json
+    import time
+    import urllib.request
+
+    from test_serve import run_sequence
+    from vllm_support import vllm_server
+
+    log = tmp_path_factory.mktemp(f"hybrid-{name}") / "vllm.log"
+    with vllm_server(vllm_venv, model, *extra, log=log, blocks=SERVED_BLOCKS) as url:
+        results = run_sequence(url)
+        time.sleep(1.5)  # kvprof's metrics snapshot is at most a second old
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+    run = {"results": results, "metrics": metrics, "log": log.read_text()}
+    (log.parent / "run.json").write_text(json.dumps({"results": results, "metrics": metrics}))  # for a look after
+    return run
+
+
+@pytest.fixture(scope="module")
+def served(vllm_venv, hybrid_model, hp_file, tmp_path_factory) -> dict:
+    """The sequence served by vLLM's own pool, by kvprof's ``lru`` and by ``wa``: one server at a time."""
+    return {
+        "vllm": _served(vllm_venv, hybrid_model, tmp_path_factory, "vllm"),
+        "lru": _served(vllm_venv, hybrid_model, tmp_path_factory, "lru", "--kv-policy", "lru"),
+        "wa": _served(vllm_venv, hybrid_model, tmp_path_factory, "wa", "--kv-policy-config", str(hp_file)),
+    }
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+@pytest.mark.slow
+def test_the_served_model_has_a_full_and_a_sliding_window_group(served):
+    for run in served.values():
+        assert "kv cache group sizes (32, 32)" in run["log"]
+    assert "2 KV cache groups (FullAttentionSpec, SlidingWindowSpec)" in served["wa"]["log"] or \
+        "2 KV cache groups (SlidingWindowSpec, FullAttentionSpec)" in served["wa"]["log"]
+
+
+@pytest.mark.slow
+def test_greedy_outputs_are_identical_with_and_without_the_policy(served):
+    tokens = {name: [r["tokens"] for r in run["results"]] for name, run in served.items()}
+    assert tokens["lru"] == tokens["vllm"]
+    assert tokens["wa"] == tokens["vllm"]
+    assert len({tuple(t) for t in tokens["vllm"]}) > 2, "the model must not answer every prompt alike"
+
+
+@pytest.mark.slow
+def test_lru_hits_what_vllms_pool_hits_and_wa_evicts(served):
+    cached = {name: [r["cached"] for r in run["results"]] for name, run in served.items()}
+    assert cached["lru"] == cached["vllm"]
+    assert any(cached["vllm"])
+    assert _metric(served["wa"]["metrics"], "kvprof_evictions_total") > 0
+    assert _metric(served["lru"]["metrics"], "kvprof_cached_blocks_total") * 32 == sum(cached["lru"])
