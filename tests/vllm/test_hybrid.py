@@ -109,22 +109,32 @@ def hybrid_model(vllm_venv, tmp_path_factory):
     return out
 
 
-def _served(vllm_venv, model, tmp_path_factory, name: str, *extra: str) -> dict:
-    """The test sequence of test_serve.py served once, with its results, kvprof's metrics and the log."""
+def _served(vllm_venv, model, tmp_path_factory, name: str, *extra: str, events: bool = False) -> dict:
+    """The test sequence of test_serve.py served once, with its results, kvprof's metrics and the log;
+    with ``events``, the server publishes its KV events over ZMQ (``--kv-events-config``) and they
+    are collected as a router would."""
     import json
     import time
     import urllib.request
 
     from test_serve import run_sequence
-    from vllm_support import vllm_server
+    from vllm_support import free_port, vllm_server
 
     log = tmp_path_factory.mktemp(f"hybrid-{name}") / "vllm.log"
+    subscriber = None
+    if events:
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        extra = (*extra, "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                           "endpoint": endpoint, "topic": "kv"}))
+        subscriber = _EventSubscriber(endpoint)
     with vllm_server(vllm_venv, model, *extra, log=log, blocks=SERVED_BLOCKS) as url:
+        time.sleep(1.0)  # ZMQ's slow joiner: the subscription reaches the publisher before the first event
         results = run_sequence(url)
-        time.sleep(1.5)  # kvprof's metrics snapshot is at most a second old
+        time.sleep(1.5)  # kvprof's metrics snapshot is at most a second old; the last events are published
         with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
             metrics = r.read().decode()
-    run = {"results": results, "metrics": metrics, "log": log.read_text()}
+    run = {"results": results, "metrics": metrics, "log": log.read_text(),
+           "events": subscriber.close() if subscriber else None}
     (log.parent / "run.json").write_text(json.dumps({"results": results, "metrics": metrics}))  # for a look after
     return run
 
@@ -135,8 +145,53 @@ def served(vllm_venv, hybrid_model, hp_file, tmp_path_factory) -> dict:
     return {
         "vllm": _served(vllm_venv, hybrid_model, tmp_path_factory, "vllm"),
         "lru": _served(vllm_venv, hybrid_model, tmp_path_factory, "lru", "--kv-policy", "lru"),
-        "wa": _served(vllm_venv, hybrid_model, tmp_path_factory, "wa", "--kv-policy-config", str(hp_file)),
+        "wa": _served(vllm_venv, hybrid_model, tmp_path_factory, "wa", "--kv-policy-config", str(hp_file),
+                      events=_HAS_ZMQ),
     }
+
+
+try:
+    import msgspec  # noqa: F401 - vLLM's dependencies: the vLLM venv has them
+    import zmq  # noqa: F401
+
+    _HAS_ZMQ = True
+except ImportError:
+    _HAS_ZMQ = False
+
+
+class _EventSubscriber:
+    """A ZMQ SUB socket bound to the endpoint vLLM's KV events publisher connects to, as a router's;
+    read by a thread until :meth:`close`."""
+
+    def __init__(self, endpoint: str) -> None:
+        import threading
+
+        import zmq
+
+        self._socket = zmq.Context.instance().socket(zmq.SUB)
+        self._socket.setsockopt(zmq.SUBSCRIBE, b"kv")
+        self._socket.bind(endpoint)  # vLLM's publisher connects to an endpoint that names a host, binds "*"
+        self._frames: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            if self._socket.poll(100):
+                _topic, _seq, payload = self._socket.recv_multipart()
+                self._frames.append(payload)
+
+    def close(self) -> list:
+        """The events received, in order, decoded as vLLM's ``KVEventBatch``."""
+        import msgspec
+        from vllm.distributed.kv_events import KVEventBatch
+
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._socket.close(linger=0)
+        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        return [event for frame in self._frames for event in decoder.decode(frame).events]
 
 
 def _metric(text: str, name: str) -> float:
@@ -166,3 +221,28 @@ def test_lru_hits_what_vllms_pool_hits_and_wa_evicts(served):
     assert any(cached["vllm"])
     assert _metric(served["wa"]["metrics"], "kvprof_evictions_total") > 0
     assert _metric(served["lru"]["metrics"], "kvprof_cached_blocks_total") * 32 == sum(cached["lru"])
+
+
+@pytest.mark.slow
+def test_a_router_sees_every_eviction_of_the_served_pool(served):
+    """``--kv-events-config`` under ``wa``: a BlockRemoved for each block kvprof evicted, every
+    removal of a block announced before, both groups' blocks announced."""
+    from collections import Counter
+
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+    events = served["wa"]["events"]
+    if events is None:
+        pytest.skip("no zmq/msgspec in this interpreter (run the vLLM tests with the vLLM venv's python)")
+    index: Counter = Counter()
+    removed = 0
+    for event in events:
+        if isinstance(event, BlockStored):
+            index.update((h, event.group_idx) for h in event.block_hashes)
+        elif isinstance(event, BlockRemoved):
+            for key in ((h, event.group_idx) for h in event.block_hashes):
+                assert index[key] > 0, f"BlockRemoved of {key}, never stored"
+                index[key] -= 1
+                removed += 1
+    assert {e.group_idx for e in events if isinstance(e, BlockStored)} == {0, 1}
+    assert removed == _metric(served["wa"]["metrics"], "kvprof_evictions_total") > 0
