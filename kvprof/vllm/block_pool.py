@@ -190,6 +190,21 @@ class PolicyFreeQueue:
         self._back.clear()
 
 
+def chain_depths(blocks, hash_block_size: int) -> list:
+    """``(depth, block)`` for the non-null blocks a request hits in one KV cache group.
+
+    The depth is the block's position in the request, in hash blocks, read from the tokens its
+    hash covers: a sliding-window group touches only the hit blocks inside its window (the
+    chain's tail, after null blocks), so a block's index in ``blocks`` is not its depth. Where a
+    group's blocks are hash-sized (all groups of the models vLLM's CPU build serves), this is the
+    depth :meth:`KvprofBlockPool.cache_full_blocks` gave the block. A block cached without a
+    token count (a vLLM that does not keep one, or a test) takes its index in ``blocks``.
+    """
+    return [(depth if (tokens := getattr(block, "_block_hash_num_tokens", None)) is None  # absent before 0.32
+             else tokens // hash_block_size - 1, block) for depth, block in enumerate(blocks)
+            if not block.is_null]
+
+
 class KvprofBlockPool(BlockPool):
     """vLLM's ``BlockPool`` with a :class:`PolicyFreeQueue` and the policy fed from vLLM's events.
 
@@ -221,8 +236,7 @@ class KvprofBlockPool(BlockPool):
 
     def touch(self, blocks, *args, **kwargs) -> None:
         super().touch(blocks, *args, **kwargs)  # takes free hit blocks out of the queue (policy.remove)
-        self._access_chain([(depth, block) for depth, block in enumerate(blocks) if not block.is_null],
-                           self.current_request, hit=True)
+        self._access_chain(chain_depths(blocks, self.hash_block_size), self.current_request, hit=True)
 
     def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs) -> None:
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)

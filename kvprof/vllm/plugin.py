@@ -271,10 +271,39 @@ def _hook_scheduler_init() -> None:
         if not additional or additional.get(CONFIG_KEY) is None:
             return original(self, vllm_config, *args, **kwargs)
         spec = validate_vllm_config(vllm_config)  # again: the engine core may be started without the CLI
+        check_kv_cache_groups(spec, args[0] if args else kwargs.get("kv_cache_config"))
         install_into_scheduler(self, spec, lambda: original(self, vllm_config, *args, **kwargs))
 
     __init__._kvprof = True
     cls.__init__ = __init__
+
+
+def check_kv_cache_groups(spec: PolicySpec | None, kv_cache_config) -> None:
+    """Refuse, in enforce mode, a model with a Mamba state group among its KV cache groups.
+
+    Full-attention and sliding-window groups share the pool and its policy (docs/vllm.md, "Hybrid
+    models"). A Mamba group's blocks are state checkpoints that vLLM re-points, drops and re-caches
+    in place (``cache_partial_block``, ``move_block_hashes``, ``_maybe_evict_cached_block`` on
+    blocks in use) without the events the policy is fed, so kvprof cannot order them.
+
+    Raises
+    ------
+    KvPolicyConfigError
+    """
+    if spec is None or spec.policy is None or spec.mode != "enforce" or kv_cache_config is None:
+        return
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    for index, group in enumerate(kv_cache_config.kv_cache_groups):
+        layer_specs = getattr(group.kv_cache_spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
+        kinds = layer_specs.values() if layer_specs else (group.kv_cache_spec,)
+        if any(isinstance(kind, MambaSpec) for kind in kinds):
+            layers = ", ".join(group.layer_names[:3]) + (", ..." if len(group.layer_names) > 3 else "")
+            raise KvPolicyConfigError(
+                f"KV cache group {index} ({layers}) holds Mamba state (MambaSpec), whose blocks kvprof's "
+                "pool cannot order: this model can be served with --kv-policy-mode shadow or --kv-record, "
+                "not with kvprof's policy in force"
+            )
 
 
 def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
@@ -322,6 +351,13 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
     scheduler._kvprof_live = live
     _logger().info("%s; GPU tier: %d blocks; compiled core ready in %.1f s", spec.describe(num_gpu_blocks),
                    num_gpu_blocks, seconds)
+    groups = getattr(getattr(scheduler, "kv_cache_config", None), "kv_cache_groups", ())
+    if len(groups) > 1:
+        _logger().warning(
+            "kvprof: %d KV cache groups (%s) share the pool's %d blocks; the policy orders every group's cached "
+            "blocks, but the counterfactual, wa's shadows and `kvprof compare` of a recording simulate one group "
+            "of that size, so their hits overstate what this server can hit (docs/vllm.md, Hybrid models)",
+            len(groups), ", ".join(type(g.kv_cache_spec).__name__ for g in groups), num_gpu_blocks)
 
 
 def _never_raise(call, *args) -> None:

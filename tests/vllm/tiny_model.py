@@ -87,14 +87,15 @@ def build_model(out: Path, vocab_size: int) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def build(out: str | Path) -> Path:
-    """Build the model into ``out`` unless a complete build is already there; returns ``out``."""
+def build(out: str | Path, model_builder=None) -> Path:
+    """Build the model (``model_builder(out, vocab_size)``, a Llama by default) and its tokenizer into
+    ``out`` unless a complete build is already there; returns ``out``."""
     out = Path(out)
     if (out / ".complete").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(out)
-    build_model(out, vocab)
+    (model_builder or build_model)(out, vocab)
     (out / ".complete").write_text(json.dumps({"seed": SEED, "vocab_size": vocab}) + "\n")
     return out
 
