@@ -142,10 +142,9 @@ def test_metrics_count_classes_counterfactual_and_records(tmp_path, monkeypatch,
         time.sleep(1.5)  # a snapshot and a log line
         loop.close()
     samples = {(name, tuple(sorted(labels.items()))): value for name, labels, value in read_snapshots(tmp_path)}
-    engine = ("engine", loop._engine)
 
     def value(name, **labels):
-        return samples[(name, tuple(sorted({**labels, "engine": engine[1]}.items())))]
+        return samples[(name, tuple(sorted({**labels, **loop._labels}.items())))]
 
     assert value("kvprof_prompt_blocks_total", **{"class": "hot_1"}) == 4 * 2  # (12 - 1) // 4 lookups each
     assert value("kvprof_cached_blocks_total", **{"class": "hot_1"}) == 3 * 2
