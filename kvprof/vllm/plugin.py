@@ -74,6 +74,13 @@ def register() -> None:
     _hook_cli(EngineArgs)
     _hook_engine_config(EngineArgs)
     _hook_scheduler_cls(SchedulerConfig)
+    from kvprof.vllm.metrics import METRICS_DIR_ENV, serve_on_vllm_metrics
+
+    directory = os.environ.get(METRICS_DIR_ENV)
+    if directory and os.path.isdir(directory):
+        # a process vLLM started after kvprof's configuration was validated: with several API servers,
+        # each loads the plugins only while it builds its engine config, after its hooks could act
+        serve_on_vllm_metrics()
 
 
 # --- CLI ------------------------------------------------------------------------------------------
@@ -332,7 +339,9 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
                                                 and scheduler.vllm_config.model_config.model),
              "vllm": vllm_version(), "kvprof": __version__, "policy": spec.policy or "vllm-lru"}
     parallel = getattr(getattr(scheduler, "vllm_config", None), "parallel_config", None)
-    rank = getattr(parallel, "data_parallel_rank", 0) or 0
+    # the DP rank: vLLM resets data_parallel_rank to 0 in each engine core of a dense model (its ranks are independent)
+    rank = getattr(parallel, "data_parallel_index", None)
+    rank = getattr(parallel, "data_parallel_rank", 0) if rank is None else rank
     live = LiveLoop(spec, num_gpu_blocks=num_gpu_blocks, block_size=block_size, start=start, pool=pool, rank=rank)
     track_requests(scheduler, manager, pool, live)
     live.begin()

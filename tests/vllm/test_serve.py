@@ -294,3 +294,50 @@ def test_help_states_each_default_once(vllm_venv, tmp_path):
     text = " ".join(out.split())
     assert rc == 0 and "--kv-log-interval SECONDS" in text, out[-3000:]
     assert "(default: None)" not in text and "(default 300; 0: never)." in text
+
+
+@pytest.fixture(scope="module")
+def data_parallel_run(vllm_venv, tiny_model, tmp_path_factory):
+    """Two API servers (vLLM then serves /metrics from prometheus_client's multiprocess registries)
+    in front of two data-parallel engine cores, each with its own kvprof policy; the CPU build runs it."""
+    from kvprof.atomic import atomic_write_text
+
+    tmp = tmp_path_factory.mktemp("serve-dp")
+    hp_path, log = tmp / "hp.json", tmp / "vllm.log"
+    hp_path.write_text(json.dumps(HP_TEST))
+    with vllm_server(vllm_venv, tiny_model, "--kv-policy-config", str(hp_path), "--kv-policy-reload-interval", "0.5",
+                     "--api-server-count", "2", "--data-parallel-size", "2", log=log, blocks=BLOCKS) as url:
+        scrapes = [wait_for_metric(url, "kvprof_info", lambda text: len(info_sha256_by_rank(text)) == 2)
+                   for _ in range(4)]  # each scrape may be answered by either API server
+        changed = json.dumps(dict(HP_TEST, horizon_s=30.0))
+        atomic_write_text(hp_path, changed)
+        sha = hashlib.sha256(changed.encode()).hexdigest()
+        deadline = time.monotonic() + 120
+        while set(info_sha256_by_rank(scrape(url)).values()) != {sha}:  # each rank swaps at its next step
+            assert time.monotonic() < deadline, scrape(url)[-3000:]
+            completion(url, [5] * 40, max_tokens=2)
+            time.sleep(0.5)
+    return {"scrapes": scrapes, "log": log.read_text(), "sha": sha}
+
+
+def info_sha256_by_rank(text: str) -> dict[str, str]:
+    """rank -> the sha256 of the hp file in force there, from ``kvprof_info`` on /metrics."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kvprof_info{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            out[labels["rank"]] = labels["hp_sha256"]
+    return out
+
+
+def test_two_api_servers_serve_every_rank_s_metrics(data_parallel_run):
+    for text in data_parallel_run["scrapes"]:
+        assert sorted(info_sha256_by_rank(text)) == ["0", "1"]
+        assert re.search(r'^kvprof_reloads_total\{[^}]*rank="1",result="ok"\} 0\.0', text, re.M)
+        assert 'vllm:' in text  # vLLM's own metrics are still there
+
+
+def test_a_reload_reaches_every_rank(data_parallel_run):
+    log = data_parallel_run["log"]
+    for rank in (0, 1):
+        assert re.search(rf"EngineCore_DP{rank}.*kvprof: reloaded .*sha256 {data_parallel_run['sha'][:12]}", log)
