@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprof.errors import KvprofError
-from kvprof.limits import Bound, _shown
+from kvprof.limits import SECONDS, Bound, _shown
 
 #: Key of ``additional_config`` that holds kvprof's settings.
 CONFIG_KEY = "kv_policy"
@@ -62,7 +62,7 @@ class Seconds:
 
 #: Numeric settings. The lower bounds keep a typo from costing the server: a recorded file per
 #: request, a log line per event, a look at the hp file per event.
-SECONDS = {"record_rotate_s": Seconds(3600.0, Bound(1.0, 1e9), False),
+SECONDS_SETTINGS = {"record_rotate_s": Seconds(3600.0, Bound(1.0, 1e9), False),
            "reload_interval_s": Seconds(10.0, Bound(0.01, 1e9), True),
            "log_interval_s": Seconds(300.0, Bound(1.0, 1e9), True)}
 #: Every key of ``kv_policy`` and the ``vllm serve`` flag that sets it.
@@ -164,7 +164,7 @@ class PolicySpec:
         live = [known for known in POLICIES if known != "belady"]
         name = _choice(raw, "policy", live, "belady")
         mode = _choice(raw, "mode", MODES) or "enforce"
-        seconds = {key: _seconds(key, raw.get(key), setting) for key, setting in SECONDS.items()}
+        seconds = {key: _seconds(key, raw.get(key), setting) for key, setting in SECONDS_SETTINGS.items()}
         if raw.get("record_rotate_s") is not None and record is None:
             raise KvPolicyConfigError(f"record_rotate_s ({FLAG_OF['record_rotate_s']}) is about a recording: "
                                       f"it needs {FLAG_OF['record']} DIR")
@@ -404,7 +404,7 @@ def _seconds(key: str, value, setting: Seconds) -> float:
         return setting.default
     rule = ("0 (off) or " if setting.zero_is_off else "") + setting.bound.describe()
     try:
-        number = Bound(0.0, 1e9).parse(value)
+        number = SECONDS.parse(value)
         if not (number == 0 and setting.zero_is_off):
             setting.bound.check(number)
     except ValueError:
