@@ -62,7 +62,12 @@ def read_json(path: str | Path, error: type[JsonFileError]) -> object:
     OSError
         The file cannot be read.
     """
-    raw = Path(path).read_bytes()
+    return parse_json(Path(path).read_bytes(), path, error)
+
+
+def parse_json(raw: bytes, path: str | Path, error: type[JsonFileError]) -> object:
+    """The decoded JSON of ``raw``, the bytes of ``path`` already read (for a file read once);
+    refused as :func:`read_json` refuses."""
     try:
         text = raw.decode("utf-8").removeprefix(_BOM)
     except UnicodeDecodeError as exc:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -104,10 +106,12 @@ def test_the_live_counterfactual_computes_what_compare_of_a_recording_does(case)
     assert live.hits[policy] == m.hits_device
 
 
+#: What the plugin tells the recorder about the server.
+START = {"pid": 1, "model": "m", "vllm": "0.32.0", "kvprof": "0.1.0", "policy": "lru"}
+
+
 def run_loop(tmp_path, spec, requests, clock, **kwargs):
-    loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start={"pid": 1, "model": "m", "vllm": "0.32.0",
-                                                                 "kvprof": "0.1.0", "policy": "lru"}, clock=clock,
-                    **kwargs).begin()
+    loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start=START, clock=clock, **kwargs).begin()
     for request, hits in requests:
         clock.t += 1
         loop.scheduled(request, clock.t)
@@ -142,10 +146,9 @@ def test_metrics_count_classes_counterfactual_and_records(tmp_path, monkeypatch,
         time.sleep(1.5)  # a snapshot and a log line
         loop.close()
     samples = {(name, tuple(sorted(labels.items()))): value for name, labels, value in read_snapshots(tmp_path)}
-    engine = ("engine", loop._engine)
 
     def value(name, **labels):
-        return samples[(name, tuple(sorted({**labels, "engine": engine[1]}.items())))]
+        return samples[(name, tuple(sorted({**labels, **loop._labels}.items())))]
 
     assert value("kvprof_prompt_blocks_total", **{"class": "hot_1"}) == 4 * 2  # (12 - 1) // 4 lookups each
     assert value("kvprof_cached_blocks_total", **{"class": "hot_1"}) == 3 * 2
@@ -269,3 +272,166 @@ def test_a_reload_racing_a_write_never_serves_half_a_file(tmp_path, atomic):
     assert loop.metrics.get("kvprof_reloads_total", result="ok") >= 2
     if atomic:
         assert loop.metrics.get("kvprof_reloads_total", result="error") == 0
+
+
+class FakePool:
+    """The parts of KvprofBlockPool the live loop uses in enforce mode, with the real compiled twin."""
+
+    def __init__(self, spec, blocks=9):
+        self.num_gpu_blocks = blocks
+        self.policy = spec.make_policy(capacity=blocks, n_blocks=blocks)
+        self.free_block_queue = SimpleNamespace(evictions=0)
+
+    def replace_policy(self, spec, twin):
+        self.policy = twin
+
+
+def wait_for(condition, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def info_sha(loop) -> str:
+    (labels,) = [labels for name, labels, _ in loop.metrics.samples() if name == "kvprof_info"]
+    return labels["hp_sha256"]
+
+
+@pytest.mark.parametrize("third", ["another file", "the file in force"])
+def test_the_newest_hp_file_wins_over_a_reload_still_pending(tmp_path, third):
+    """Enforce mode on an idle server: a reload waits for the scheduler's next step; the file is then
+    replaced again (atomically, as kvprof fit does). The newest file is what the next step swaps in,
+    and kvprof_info says what is in force, never what waits."""
+    import hashlib
+
+    from kvprof.atomic import atomic_write_text
+
+    hp_path = tmp_path / "hp.json"
+    texts = {h: json.dumps(dict(HP, horizon_s=h)) for h in (60.0, 30.0, 90.0)}
+    sha = {h: hashlib.sha256(t.encode()).hexdigest() for h, t in texts.items()}
+    atomic_write_text(hp_path, texts[60.0])
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "reload_interval_s": 0.01}})
+    loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start={}, pool=FakePool(spec)).begin()
+    try:
+        atomic_write_text(hp_path, texts[30.0])
+        wait_for(lambda: loop._pending is not None)
+        time.sleep(0.1)  # snapshots and periodic work go on; nothing is in force yet
+        assert loop.spec.hp_sha256 == info_sha(loop) == sha[60.0]
+        newest = 90.0 if third == "another file" else 60.0
+        atomic_write_text(hp_path, texts[newest])
+        wait_for(lambda: loop.metrics.get("kvprof_reloads_total", result="ok") == 2)
+        loop.poll()  # the scheduler's next step
+        assert loop.spec.hp_sha256 == sha[newest] and loop.spec.hp.horizon == newest
+        wait_for(lambda: info_sha(loop) == sha[newest])
+    finally:
+        loop.close()
+    assert loop.metrics.get("kvprof_reloads_total", result="error") == 0
+
+
+def test_every_series_exists_at_zero_from_the_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVPROF_METRICS_DIR", str(tmp_path))
+    hp_path = tmp_path / "hp.json"
+    hp_path.write_text(json.dumps(HP))
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "mode": "shadow",
+                                                            "record": str(tmp_path / "rec")}})
+    loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start=START, rank=1).begin()
+    try:
+        wait_for(lambda: read_snapshots(tmp_path))
+    finally:
+        loop.close()
+    series = {(name, tuple(sorted(labels.items()))): value for name, labels, value in read_snapshots(tmp_path)}
+    engine = (("engine", loop._labels["engine"]), ("rank", "1"))
+    expected = [("kvprof_reloads_total", (("result", result),)) for result in ("ok", "error")]
+    expected += [(name, (("class", c),)) for name in ("kvprof_prompt_blocks_total", "kvprof_cached_blocks_total")
+                 for c in ("hot_1", "cold_1", "<default>")]
+    expected += [("kvprof_unclassified_requests_total", (("reason", r),))
+                 for r in ("untagged", "unknown_workload", "unknown_class", "bad_turn")]
+    expected += [("kvprof_records_total", (("result", r),)) for r in ("written", "queue_full", "disk", "error")]
+    expected += [("kvprof_counterfactual_cached_blocks_total", (("policy", p),)) for p in ("lru", "wa")]
+    expected += [("kvprof_events_dropped_total", ()), ("kvprof_leader_changes_total", ())]
+    for name, labels in expected:
+        assert series[(name, tuple(sorted(labels + engine)))] == 0, name
+
+
+def test_a_log_line_counts_the_server_and_lru_over_the_same_requests(caplog):
+    """A request admitted in one window and finished in the next counts in the next for both: with
+    vLLM's LRU serving, "vLLM's own eviction hit" equals "lru replayed beside it" in every window."""
+    spec = PolicySpec.from_additional_config({"kv_policy": {"policy": "lru", "mode": "shadow"}})
+    loop = LiveLoop(spec, num_gpu_blocks=64, block_size=BS, start={})  # not begun: events handled here
+    chain = [b"a", b"b", b"c"]
+    first, second = fake_request("r0", chain), fake_request("r1", chain)
+    with caplog.at_level(logging.INFO, logger="vllm.kvprof"):
+        loop._handle(("admit", 1.0, first))
+        loop._handle(("finish", 2.0, first, True, 0))
+        loop._handle(("admit", 3.0, second))  # will hit 2 blocks (its prompt's last block is never looked up)
+        loop._log_interval(4.0)
+        loop._handle(("finish", 5.0, second, True, 2 * BS))
+        loop._log_interval(6.0)
+    lines = [r.getMessage() for r in caplog.records if "last" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "1 requests, 2 prompt blocks: vLLM's own eviction hit 0.0 %" in lines[0]
+    assert "(lru replayed beside it: 0.0 %)" in lines[0]
+    assert "vLLM's own eviction hit 100.0 %" in lines[1] and "(lru replayed beside it: 100.0 %)" in lines[1]
+
+
+def test_two_engine_cores_report_by_rank_and_both_take_a_reload(tmp_path, monkeypatch):
+    """Data parallelism, in process: each rank's engine core runs a loop of its own (its policy, its
+    pool), writing its own snapshot labelled with its rank; one change of the hp file reaches both."""
+    import hashlib
+
+    from kvprof.atomic import atomic_write_text
+
+    monkeypatch.setenv("KVPROF_METRICS_DIR", str(tmp_path))
+    hp_path = tmp_path / "hp.json"
+    atomic_write_text(hp_path, json.dumps(HP))
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "reload_interval_s": 0.01}})
+    loops = [LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start={}, pool=FakePool(spec), rank=rank)
+             for rank in (0, 1)]
+    for rank, loop in enumerate(loops):
+        loop._labels["engine"] = f"core{rank}"  # one process here; in vLLM each core has its own pid
+        loop.begin()
+    changed = json.dumps(dict(HP, horizon_s=30.0))
+    try:
+        atomic_write_text(hp_path, changed)
+        for loop in loops:
+            wait_for(lambda: loop._pending is not None)
+            loop.poll()
+            wait_for(lambda: info_sha(loop) == hashlib.sha256(changed.encode()).hexdigest())
+    finally:
+        for loop in loops:
+            loop.close()
+    info = [labels for name, labels, _ in read_snapshots(tmp_path) if name == "kvprof_info"]
+    assert sorted((i["rank"], i["engine"]) for i in info) == [("0", "core0"), ("1", "core1")]
+    assert {i["hp_sha256"] for i in info} == {hashlib.sha256(changed.encode()).hexdigest()}
+    assert all(loop.spec.hp.horizon == 30.0 and loop.pool.policy.reference.horizon == 30.0 for loop in loops)
+
+
+def test_kvprof_metrics_join_a_multiprocess_registry(tmp_path):
+    """With several API servers vLLM serves, in each, a fresh registry holding prometheus_client's
+    MultiProcessCollector (vllm.v1.metrics.prometheus.get_prometheus_registry); kvprof's collector
+    joins it. In a child process: the hook changes prometheus_client's module state."""
+    import subprocess
+    import sys
+
+    engine = tmp_path / "kvprof"
+    engine.mkdir()
+    (tmp_path / "prom").mkdir()
+    code = f"""
+import os
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = {str(tmp_path / 'prom')!r}
+os.environ["KVPROF_METRICS_DIR"] = {str(engine)!r}
+from kvprof.vllm.metrics import Metrics, serve_on_vllm_metrics
+serve_on_vllm_metrics()
+metrics = Metrics()
+metrics.inc("kvprof_reloads_total", 0, result="ok")
+metrics.write({str(engine)!r}, {{"engine": "7", "rank": "1"}})
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry)  # as vLLM's get_prometheus_registry does
+print(generate_latest(registry).decode())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0, out.stderr
+    assert 'kvprof_reloads_total{engine="7",rank="1",result="ok"} 0.0' in out.stdout

@@ -15,7 +15,12 @@ does the rest:
 * reloads: every ``reload_interval_s`` it looks at the hp file; a changed, valid file becomes a new
   compiled policy that the scheduler thread swaps in at its next call (the pool keeps its cached
   blocks, their ages and reuse counts, and so does a CPU offload tier); an invalid one is logged with its location, counted,
-  and the running policy stays.
+  and the running policy stays. The file on disk is compared with what is in force, so the newest
+  valid file wins even when an earlier reload still waits for the scheduler; the metrics say what
+  is in force.
+
+Every engine core (a data-parallel rank) runs a loop of its own: its own policy, counterfactual,
+metrics (labelled with its ``rank``) and reloads of the same hp file.
 
 The recorder (:class:`kvprof.vllm.record.Recorder`) has a thread of its own, so that a slow disk
 delays nothing else.
@@ -33,7 +38,7 @@ from kvprof.policy import make_policy
 from kvprof.vllm.handoff import Handoff
 from kvprof.vllm.metrics import METRICS_DIR_ENV, Metrics
 from kvprof.vllm.observe import Counterfactual
-from kvprof.vllm.spec import ChangedWhileRead, KvPolicyConfigError, PolicySpec, load_spec_hp, request_extra_args
+from kvprof.vllm.spec import KvPolicyConfigError, PolicySpec, load_spec_hp, request_extra_args
 
 logger = logging.getLogger("vllm.kvprof")
 
@@ -45,6 +50,10 @@ SNAPSHOT_S = 1.0
 POLL_S = 0.05
 #: Distinct tag values logged (once each) as unclassified, and type values used as metric labels.
 _DISTINCT_KEPT = 256
+#: Why a request goes to the default class (``kvprof_unclassified_requests_total``'s reasons).
+UNCLASSIFIED_REASONS = ("untagged", "unknown_workload", "unknown_class", "bad_turn")
+#: What becomes of a request the recorder is given (``kvprof_records_total``'s results).
+RECORD_RESULTS = ("written", "queue_full", "disk", "error")
 
 
 class LiveLoop:
@@ -52,7 +61,9 @@ class LiveLoop:
 
     Invariants: the scheduler thread only enqueues events and swaps references; a request's
     counterfactual admission comes before its finish (one queue, in the scheduler's order);
-    ``spec`` is the configuration in force (replaced whole on a reload).
+    ``spec`` is the configuration in force (replaced whole on a reload); at most one reload waits
+    for the scheduler thread (``_pending``, taken and replaced under ``_swap``), and it is never
+    of the file in force. Every series the loop will report exists from its start, at 0.
 
     Parameters
     ----------
@@ -65,10 +76,12 @@ class LiveLoop:
         The server's description for the recording (model, versions, policy).
     pool : KvprofBlockPool or None
         The pool kvprof's policy evicts in (enforce mode).
+    rank : int
+        The engine core's data-parallel rank (the ``rank`` label of its metrics).
     """
 
     def __init__(self, spec: PolicySpec, *, num_gpu_blocks: int, block_size: int, start: dict, pool=None,
-                 clock=time.time) -> None:
+                 rank: int = 0, clock=time.time) -> None:
         self.spec = spec
         self.pool = pool
         self.block_size = block_size
@@ -87,6 +100,8 @@ class LiveLoop:
         self.counterfactual = Counterfactual(policies, self.capacity, block_size)
         self._events = Handoff(EVENT_QUEUE)
         self._pending = None  # (spec, compiled twin) for the scheduler thread to swap in
+        self._swap = threading.Lock()
+        self._shown = None  # the spec kvprof_info describes
         self._stop = threading.Event()
         self._seen: set = set()  # tag values already logged as unclassified
         self._types: set = set()
@@ -94,9 +109,10 @@ class LiveLoop:
         self._next_reload = self._next_log = self._next_snapshot = 0.0
         self._interval = {"start": clock(), "lookups": 0, "cached": 0, "requests": 0, "cf_lookups": 0, "cf": {}}
         self._leader = None
-        self._engine = str(os.getpid())
+        self._labels = {"engine": str(os.getpid()), "rank": str(rank)}
         self._metrics_dir = os.environ.get(METRICS_DIR_ENV)
-        self._set_info(spec)
+        self._declare()
+        self._show_in_force()
         self._thread = threading.Thread(target=self._run, name="kvprof-live", daemon=True)
 
     def begin(self) -> LiveLoop:
@@ -131,9 +147,12 @@ class LiveLoop:
 
     def poll(self) -> None:
         """Swap in a reloaded policy, if one is ready (the scheduler thread, between its calls to the pool)."""
-        pending = self._pending
-        if pending is not None:
-            self._pending = None
+        if self._pending is None:
+            return
+        with self._swap:
+            pending, self._pending = self._pending, None
+            if pending is None:
+                return
             spec, twin = pending
             self.pool.replace_policy(spec, twin)
             offload = sys.modules.get("kvprof.vllm.offload")  # imported only where vLLM offloads to CPU
@@ -169,13 +188,12 @@ class LiveLoop:
             self.counterfactual.admit(key, request.block_hashes, request.num_prompt_tokens, (index, index), now)
             return
         admitted, hit_tokens = event[3:]
-        self.counterfactual.finish(key, request.block_hashes, request.num_prompt_tokens,
-                                   request.num_output_tokens, now)
-        if not admitted:
+        lookups = self.counterfactual.finish(key, request.block_hashes, request.num_prompt_tokens,
+                                             request.num_output_tokens, now)
+        if not admitted or lookups is None:
             return
-        size = self.block_size
-        lookups = min(max(request.num_prompt_tokens - 1, 0) // size, len(request.block_hashes))
-        cached = min(hit_tokens // size, lookups)
+        # the same requests and prompt blocks the counterfactual counted: a window compares like with like
+        cached = min(hit_tokens // self.block_size, lookups)
         label = self._class_label(request)
         self.metrics.inc("kvprof_prompt_blocks_total", lookups, **{"class": label})
         self.metrics.inc("kvprof_cached_blocks_total", cached, **{"class": label})
@@ -216,6 +234,8 @@ class LiveLoop:
 
     def _periodic(self) -> None:
         now = self._clock()
+        if self.spec is not self._shown:
+            self._show_in_force()
         if now >= self._next_snapshot:
             self._next_snapshot = now + SNAPSHOT_S
             self._snapshot()
@@ -248,7 +268,7 @@ class LiveLoop:
                 metrics.set("kvprof_records_total", count, result=reason)
         if self._metrics_dir:
             try:
-                metrics.write(self._metrics_dir, self._engine)
+                metrics.write(self._metrics_dir, self._labels)
             except OSError:
                 pass  # the API server is gone (shutting down)
 
@@ -279,7 +299,7 @@ class LiveLoop:
         cf_n = cf_lookups - interval["cf_lookups"]
         self._interval = {"start": now, "lookups": 0, "cached": 0, "requests": 0, "cf_lookups": cf_lookups,
                           "cf": dict(cf_hits)}
-        if not lookups or not cf_n:
+        if not lookups or not cf_n:  # (both count the same finished requests: both are 0 or neither)
             return
         real = interval["cached"] / lookups
         lru = cf_delta["lru"] / cf_n
@@ -297,7 +317,31 @@ class LiveLoop:
                            f"traffic ({spec.policy} {_relative(real, lru)})")
         logger.info(line)
 
-    def _set_info(self, spec: PolicySpec) -> None:
+    def _declare(self) -> None:
+        """Every series this loop reports, at 0 until it counts (Prometheus shows a series from the start)."""
+        metrics, spec = self.metrics, self.spec
+        for name in ("kvprof_events_dropped_total",) + (("kvprof_evictions_total",) if self.pool is not None else ()):
+            metrics.inc(name, 0)
+        for name in self.counterfactual.tiers:
+            metrics.inc("kvprof_counterfactual_cached_blocks_total", 0, policy=name)
+        if self.recorder is not None:
+            for result in RECORD_RESULTS:
+                metrics.inc("kvprof_records_total", 0, result=result)
+        if spec.config:
+            for result in ("ok", "error"):
+                metrics.inc("kvprof_reloads_total", 0, result=result)
+        if spec.hp is not None:
+            for reason in UNCLASSIFIED_REASONS:
+                metrics.inc("kvprof_unclassified_requests_total", 0, reason=reason)
+        if self._safety_net() is not None:
+            metrics.inc("kvprof_leader_changes_total", 0)
+
+    def _show_in_force(self) -> None:
+        """``kvprof_info`` (and each class's counters, at 0 until used) of the spec in force now."""
+        spec = self.spec
+        if self._shown is not None and spec.hp_sha256 != self._shown.hp_sha256:
+            logger.info("kvprof: %s (sha256 %s) is in force", spec.config, spec.hp_sha256[:12])
+        self._shown = spec
         hp = spec.hp
         self.metrics.clear("kvprof_info")
         self.metrics.set("kvprof_info", 1, policy=spec.policy or "none",
@@ -305,35 +349,48 @@ class LiveLoop:
                          hp_sha256=spec.hp_sha256 or "", recording=spec.record or "",
                          classes=len(spec.class_names) - 1 if hp is not None else 0,
                          cells=len(hp.cell_names()) - 1 if hp is not None else 0)
+        labels = spec.class_names if hp is not None else ()
+        for label in labels:
+            for name in ("kvprof_prompt_blocks_total", "kvprof_cached_blocks_total"):
+                self.metrics.inc(name, 0, **{"class": label})
 
     # -- reloads (background thread) ----------------------------------------------------------
     def _maybe_reload(self) -> None:
+        """Take the hp file on disk if it differs from the newest one taken (in force or waiting for
+        the scheduler thread); when it is the one in force again, the waiting one is dropped."""
         state = _file_state(self.spec.config)
         if state == self._file_state:
             return
         self._file_state = state
         try:
             hp, sha256 = load_spec_hp(self.spec.config)
-            if sha256 == self.spec.hp_sha256:
+            with self._swap:
+                newest = (self._pending[0] if self._pending is not None else self.spec).hp_sha256
+            if sha256 == newest:  # touched, or rewritten with the same bytes
                 return
             spec = self.spec.with_hp(hp, sha256)
-            if self.pool is not None:  # the scheduler thread swaps it in (poll)
-                self._pending = (spec, spec.make_policy(capacity=self.pool.num_gpu_blocks,
-                                                        n_blocks=self.pool.num_gpu_blocks))
-            else:
-                if spec.policy in self.counterfactual.tiers:
-                    self.counterfactual.replace(spec.policy, spec.reference_policy(self.capacity))
-                self.spec = spec
-        except ChangedWhileRead:
-            self._file_state = None  # read it again at the next look
-            return
+            twin = None
+            if self.pool is not None and sha256 != self.spec.hp_sha256:
+                twin = spec.make_policy(capacity=self.pool.num_gpu_blocks, n_blocks=self.pool.num_gpu_blocks)
         except KvPolicyConfigError as err:
             self.metrics.inc("kvprof_reloads_total", result="error")
             logger.error("kvprof: not reloading %s, the running policy stays: %s", self.spec.config, err)
             return
+        with self._swap:
+            if sha256 == self.spec.hp_sha256:  # back to the file in force
+                dropped, self._pending = self._pending, None
+                message = "the reload waiting for the scheduler is dropped" if dropped else "nothing to swap"
+            elif self.pool is not None:  # the scheduler thread swaps it in (poll)
+                self._pending = (spec, twin)
+                message = "in force from the scheduler's next step"
+            else:
+                if spec.policy in self.counterfactual.tiers:
+                    self.counterfactual.replace(spec.policy, spec.reference_policy(self.capacity))
+                self.spec = spec
+                message = "in force now"
         self.metrics.inc("kvprof_reloads_total", result="ok")
-        self._set_info(spec)
-        logger.info("kvprof: reloaded %s: %s", spec.config, spec.describe(self.capacity + 1))
+        logger.info("kvprof: reloaded %s (sha256 %s), %s: %s", spec.config, sha256[:12], message,
+                    spec.describe(self.capacity + 1))
 
 
 def _file_state(path: str | None):

@@ -1,19 +1,23 @@
-"""kvprof's Prometheus metrics, counted in vLLM's engine core and served on vLLM's own ``/metrics``.
+"""kvprof's Prometheus metrics, counted in vLLM's engine cores and served on vLLM's own ``/metrics``.
 
-vLLM serves ``/metrics`` from its API server process, while the scheduler (and so kvprof's
-policy, recorder and counterfactual) lives in the engine core, another process. The engine core
-keeps plain counters (:class:`Metrics`) and writes a snapshot of them once a second, atomically,
-into a directory the API server chose when it validated the configuration
-(``$KVPROF_METRICS_DIR``); a collector registered in the API server's default registry
-(:class:`SnapshotCollector`) reads the snapshots at every scrape. So the metrics appear beside
-vLLM's own, at most a second old, whatever vLLM release and without prometheus_client's
-multiprocess mode (which vLLM turns on only for several API servers, and which would hide the
-API server's own metrics if switched on late). With ``--api-server-count`` above 1 vLLM serves a
-registry of its own making: kvprof's metrics are then not on ``/metrics`` (docs/vllm.md).
+vLLM serves ``/metrics`` from its API server process(es), while the scheduler (and so kvprof's
+policy, recorder and counterfactual) lives in an engine core, another process, one per
+data-parallel rank. Each engine core keeps plain counters (:class:`Metrics`) and writes a
+snapshot of them once a second, atomically, into a directory the first process that validated
+the configuration chose (``$KVPROF_METRICS_DIR``, inherited by every process vLLM starts after);
+a collector (:class:`SnapshotCollector`) reads the snapshots at every scrape. It is registered
+in the registry each API server serves: prometheus_client's default registry with one API
+server; with ``--api-server-count`` above 1 vLLM switches prometheus_client to its multiprocess
+mode and each API server serves a registry of its own holding a ``MultiProcessCollector``
+(``vllm.v1.metrics.prometheus.get_prometheus_registry``), so kvprof's collector joins every
+such registry when it is made (:func:`serve_on_vllm_metrics`). The snapshots are not written in
+prometheus_client's multiprocess format: their gauges (``kvprof_info``) and counters set from a
+count (the counterfactual's hits) would need per-metric aggregation modes, and whichever API
+server answers a scrape reads the same files anyway.
 
 Names follow Prometheus conventions: ``kvprof_`` prefix, ``_total`` for counters, ``_info`` for
 the labels of what runs. Each snapshot's samples carry an ``engine`` label (the engine core's
-index in ``$KVPROF_METRICS_DIR``).
+process id) and a ``rank`` label (its data-parallel rank).
 """
 
 from __future__ import annotations
@@ -88,21 +92,23 @@ class Metrics:
         with self._lock:
             return [(name, dict(labels), value) for (name, labels), value in sorted(self._values.items())]
 
-    def write(self, directory: str | Path, engine: str) -> None:
-        """The snapshot, atomically, as ``directory/engine-<engine>.json``."""
-        document = {"engine": engine, "samples": [[n, l, v] for n, l, v in self.samples()]}
-        atomic_write_text(Path(directory) / f"engine-{engine}.json", json.dumps(document))
+    def write(self, directory: str | Path, engine_labels: dict[str, str]) -> None:
+        """The snapshot, atomically, as ``directory/engine-<engine>.json``; ``engine_labels``
+        (``engine``, ``rank``) go on every sample."""
+        document = {"labels": engine_labels, "samples": [[n, l, v] for n, l, v in self.samples()]}
+        atomic_write_text(Path(directory) / f"engine-{engine_labels['engine']}.json", json.dumps(document))
 
 
 def read_snapshots(directory: str | Path) -> list[tuple[str, dict, float]]:
-    """Every engine's samples in ``directory``, each with its ``engine`` label; unreadable files are skipped."""
+    """Every engine's samples in ``directory``, each with its engine's labels; unreadable files are skipped."""
     out = []
     for path in sorted(Path(directory).glob("engine-*.json")):
         try:
             document = json.loads(path.read_text())
+            engine_labels = {str(k): str(v) for k, v in document["labels"].items()}
             for name, labels, value in document["samples"]:
                 if name in FAMILIES:
-                    out.append((name, {**labels, "engine": str(document["engine"])}, float(value)))
+                    out.append((name, {**labels, **engine_labels}, float(value)))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being replaced, or not ours
     return out
@@ -136,20 +142,43 @@ class SnapshotCollector:
 
 
 def serve_on_vllm_metrics() -> Path:
-    """In the API server: a fresh snapshot directory, named in the environment the engine cores
-    inherit, and its collector in prometheus_client's default registry (the one vLLM's
-    ``/metrics`` serves with a single API server). Idempotent."""
+    """In an API server: the snapshot directory (made fresh and named in the environment the engine
+    cores and other API servers inherit, unless an earlier process did), and its collector in the
+    registry this process serves on ``/metrics``. Idempotent."""
     directory = os.environ.get(METRICS_DIR_ENV)
-    if directory and Path(directory).is_dir():
-        return Path(directory)
-    import atexit
-    import shutil
-    import tempfile
+    if not (directory and Path(directory).is_dir()):
+        import atexit
+        import shutil
+        import tempfile
 
-    from prometheus_client import REGISTRY
-
-    directory = tempfile.mkdtemp(prefix="kvprof-metrics-")
-    os.environ[METRICS_DIR_ENV] = directory
-    REGISTRY.register(SnapshotCollector(directory))
-    atexit.register(shutil.rmtree, directory, True)
+        directory = tempfile.mkdtemp(prefix="kvprof-metrics-")
+        os.environ[METRICS_DIR_ENV] = directory
+        atexit.register(shutil.rmtree, directory, True)
+    _register_collector(Path(directory))
     return Path(directory)
+
+
+_registered: list[Path] = []  # the directory whose collector this process registered
+
+
+def _register_collector(directory: Path) -> None:
+    """One :class:`SnapshotCollector` of ``directory`` in the default registry, and in every registry
+    that prometheus_client's multiprocess mode builds from now on (vLLM's, with several API servers)."""
+    if _registered:
+        return
+    _registered.append(directory)
+    from prometheus_client import REGISTRY, multiprocess
+
+    REGISTRY.register(SnapshotCollector(directory))
+    base = multiprocess.MultiProcessCollector
+
+    class MultiProcessAndKvprofCollector(base):
+        """prometheus_client's collector of its multiprocess files; registering it registers
+        kvprof's snapshot collector beside it."""
+
+        def __init__(self, registry, path=None):
+            super().__init__(registry, path)
+            if registry is not None and registry is not REGISTRY:
+                registry.register(SnapshotCollector(directory))
+
+    multiprocess.MultiProcessCollector = MultiProcessAndKvprofCollector

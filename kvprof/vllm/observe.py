@@ -40,9 +40,9 @@ class _Tier:
         self.keyed_by = reference.keyed_by
         self.compiled = compile_policy(reference, capacity)
         self.gpu = tiers.new_device(self.compiled, capacity, n_contents)
-        # request -> (its slots, how many it holds, its class or cell, its prompt's contents)
-        self.running: dict[Hashable, tuple[np.ndarray, int, int, np.ndarray]] = {}
-        self.hits = 0
+        # request -> (its slots, how many it holds, its class or cell, its prompt's contents, its hits)
+        self.running: dict[Hashable, tuple[np.ndarray, int, int, np.ndarray, int]] = {}
+        self.hits = 0  # over finished requests
 
 
 class Counterfactual:
@@ -52,7 +52,9 @@ class Counterfactual:
     is given to a new hash, the old hash is first made uncached in every tier (:func:`forget`), so
     a tier never takes one content for another (a ghost or shadow of ``wa`` may, as in the pool's
     twin: it only shifts the safety net's statistics). Every admitted request is in ``running``
-    of every tier until it finishes.
+    of every tier until it finishes. Hits and lookups are counted when a request finishes, over
+    the requests the server counts (it knows a request's hits when it frees it), so that both
+    count the same requests in any window.
 
     Parameters
     ----------
@@ -71,7 +73,8 @@ class Counterfactual:
         self.max_contents = max_contents or max(CONTENTS_PER_BLOCK * capacity, MIN_CONTENTS)
         self._numbers: OrderedDict[Hashable, int] = OrderedDict()
         self.tiers = {name: _Tier(policy, capacity, self.max_contents) for name, policy in policies.items()}
-        self.lookups = 0  # prompt blocks that could have been hits, over admitted requests
+        self.lookups = 0  # prompt blocks that could have been hits, over finished requests
+        self._lookups_of: dict[Hashable, int] = {}  # running request -> its prompt blocks that could hit
         self._no_use = np.full(0, math.inf)
         self._seats = Seats()  # running request -> its number for the policies' admit/finish
 
@@ -104,7 +107,7 @@ class Counterfactual:
         blocks = np.full(n_prompt, NONE, np.int64)
         blocks[:n_full] = self._contents(hashes[:n_full])
         n_lookup = min(max(prompt_tokens - 1, 0) // size, n_full)
-        self.lookups += n_lookup
+        self._lookups_of[key] = n_lookup
         next_use = self._next_use(n_prompt)
         seat = self._seats.take(key)
         for tier in self.tiers.values():
@@ -112,12 +115,12 @@ class Counterfactual:
             workload = classes[tier.keyed_by == "cell"]
             n_hit, held = admit(tier.gpu, blocks, next_use, 0, n_full, n_lookup, n_prompt, now, workload, slots)
             policy_admit(tier.compiled, seat, blocks[:n_full], n_lookup, n_prompt, now, workload)
-            tier.hits += int(n_hit)
-            tier.running[key] = (slots, int(held), workload, blocks)
+            tier.running[key] = (slots, int(held), workload, blocks, int(n_hit))
 
-    def finish(self, key: Hashable, hashes: Sequence, prompt_tokens: int, output_tokens: int, now: float) -> None:
+    def finish(self, key: Hashable, hashes: Sequence, prompt_tokens: int, output_tokens: int, now: float) -> int | None:
         """Request ``key`` finished at ``now``: the blocks its output filled are cached (their
-        hashes follow the prompt's in ``hashes``), then all its blocks are freed."""
+        hashes follow the prompt's in ``hashes``), then all its blocks are freed. Its lookups and
+        hits are counted now; returns its lookups (None: it was never admitted)."""
         size = self.block_size
         n_full = min(prompt_tokens // size, len(hashes))
         n_prompt = -(-prompt_tokens // size)
@@ -127,20 +130,25 @@ class Counterfactual:
         output = self._contents(hashes[n_full:n_full + n_output_full])
         next_use = self._next_use(n_prompt + n_output_full)
         seat = self._seats.give(key)
+        n_lookup = self._lookups_of.pop(key, None)
+        self.lookups += n_lookup or 0
         for tier in self.tiers.values():
             entry = tier.running.pop(key, None)
             if entry is None:  # admitted before this tier was replaced
                 continue
-            slots, held, workload, prompt = entry
+            slots, held, workload, prompt, n_hit = entry
+            tier.hits += n_hit
             # the layout of RecordedTiming: the prompt's blocks (a full tier may give some only now), the output's
             blocks = np.concatenate([prompt, np.array(output, np.int64)])
             slots = np.concatenate([slots, np.zeros(n_new, np.int64)])
             policy_finish(tier.compiled, seat, now, blocks, n_prompt + n_new)
             finish(tier.gpu, blocks, next_use, 0, held, len(blocks), n_new, now, workload, slots)
+        return n_lookup
 
     def forget_request(self, key: Hashable, now: float) -> None:
         """Request ``key`` left without a finish the counterfactual heard of: free what it holds."""
         seat = self._seats.give(key)
+        self._lookups_of.pop(key, None)
         for tier in self.tiers.values():
             entry = tier.running.pop(key, None)
             if entry is not None:

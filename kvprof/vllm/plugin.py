@@ -29,12 +29,13 @@ Hooks, all installed once per process and all pass-through unless ``kv_policy`` 
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import os
 import time
 
-from kvprof.vllm.spec import CONFIG_KEY, DEFAULT_POLICY, KvPolicyConfigError, PolicySpec, check_version
+from kvprof.vllm.spec import CONFIG_KEY, DEFAULT_POLICY, FLAG_OF, KvPolicyConfigError, PolicySpec, check_version
 
 _installed = False
 
@@ -73,44 +74,66 @@ def register() -> None:
     _hook_cli(EngineArgs)
     _hook_engine_config(EngineArgs)
     _hook_scheduler_cls(SchedulerConfig)
+    from kvprof.vllm.metrics import METRICS_DIR_ENV, serve_on_vllm_metrics
+
+    directory = os.environ.get(METRICS_DIR_ENV)
+    if directory and os.path.isdir(directory):
+        # a process vLLM started after kvprof's configuration was validated: with several API servers,
+        # each loads the plugins only while it builds its engine config, after its hooks could act
+        serve_on_vllm_metrics()
 
 
 # --- CLI ------------------------------------------------------------------------------------------
 
 
-#: kvprof's flags: (flag, ``kv_policy`` key, type, metavar, help).
+#: kvprof's flags: (``kv_policy`` key, metavar, help); the flag is ``FLAG_OF[key]``. Every value
+#: is taken as text and checked where ``--additional-config`` values are (:mod:`kvprof.vllm.spec`),
+#: so one rule holds for both.
 FLAGS = (
-    ("--kv-policy-config", "config", str, "PATH",
+    ("config", "PATH",
      "kvprof hyperparameter file (from `kvprof fit`); serve with kvprof's eviction policy. Same as "
      "--additional-config '{\"kv_policy\": {\"config\": PATH}}'. Requests name their workload with vllm_xargs "
      "{\"workload\": \"text_2\"} or {\"type\": \"text\", \"turn\": 2}."),
-    ("--kv-policy", "policy", str, "NAME",
+    ("policy", "NAME",
      f"Eviction policy to serve: {DEFAULT_POLICY} (the default with --kv-policy-config) or wa-paper, which need "
      "--kv-policy-config; lru, lfu, s3fifo, arc, which need none."),
-    ("--kv-policy-mode", "mode", str, "{enforce,shadow}",
+    ("mode", "{enforce,shadow}",
      "enforce (default): the policy evicts. shadow: vLLM's own eviction stays, and the policy runs beside it on "
      "block hashes only; the metrics and the log say what it would have hit."),
-    ("--kv-record", "record", str, "DIR",
+    ("record", "DIR",
      "Record the served requests into DIR as a trace kvprof reads (`kvprof fit DIR`): block-hash ids, lengths, "
      "tags, timing; no tokens or text. Without --kv-policy-config vLLM's eviction is unchanged."),
-    ("--kv-record-rotate", "record_rotate_s", float, "SECONDS", "Seconds per recorded file (default 3600)."),
-    ("--kv-policy-reload-interval", "reload_interval_s", float, "SECONDS",
-     "Re-read the hp file every SECONDS when it changed (default 10; 0: never)."),
-    ("--kv-log-interval", "log_interval_s", float, "SECONDS",
-     "Log the hit ratio of what serves and of LRU on the same traffic every SECONDS (default 300; 0: never)."),
+    ("record_rotate_s", "SECONDS", "Seconds per recorded file, at least 1 (default 3600); needs --kv-record."),
+    ("reload_interval_s", "SECONDS",
+     "Re-read the hp file every SECONDS when it changed, at least 0.01 (default 10; 0: never)."),
+    ("log_interval_s", "SECONDS",
+     "Log the hit ratio of what serves and of LRU on the same traffic every SECONDS, at least 1 "
+     "(default 300; 0: never)."),
 )
 
 
 def add_arguments(parser) -> None:
-    """Add kvprof's flags to a vLLM argument parser (a no-op if they are there already)."""
-    if any("--kv-policy-config" in a.option_strings for a in getattr(parser, "_actions", [])):
+    """Add kvprof's flags to a vLLM argument parser (a no-op if they are there already).
+
+    Their default is ``SUPPRESS`` (absent from the namespace when not given), so a help formatter
+    that shows defaults adds nothing to the help's own "(default ...)"."""
+    if any(FLAG_OF["config"] in a.option_strings for a in getattr(parser, "_actions", [])):
         return
     group = parser.add_argument_group(
         title="kvprof",
         description="Profile-driven KV-cache eviction (kvprof plugin). Without these flags vLLM is unchanged.",
     )
-    for flag, _, kind, metavar, help_text in FLAGS:
-        group.add_argument(flag, metavar=metavar, type=kind, default=None, help=help_text)
+    for key, metavar, help_text in FLAGS:
+        group.add_argument(FLAG_OF[key], dest=_dest(key), metavar=metavar, default=argparse.SUPPRESS, help=help_text)
+
+
+def _dest(key: str) -> str:
+    return "kvprof_" + key
+
+
+def cli_values(args) -> dict:
+    """The ``kv_policy`` values of kvprof's flags in parsed ``args`` (key -> text; None: not given)."""
+    return {key: getattr(args, _dest(key), None) for key, *_ in FLAGS}
 
 
 def merge_cli_into(additional_config: dict | None, values: dict) -> dict | None:
@@ -143,8 +166,7 @@ def _hook_cli(engine_args_cls) -> None:
     @functools.wraps(original_from)
     def from_cli_args(cls, args, *more, **kwargs):
         engine_args = original_from(cls, args, *more, **kwargs)
-        values = {key: getattr(args, flag[2:].replace("-", "_"), None) for flag, key, *_ in FLAGS}
-        engine_args.additional_config = merge_cli_into(engine_args.additional_config, values)
+        engine_args.additional_config = merge_cli_into(engine_args.additional_config, cli_values(args))
         try:
             engine_args._kvprof_cli = True  # refusals end `vllm serve` with one line, not a traceback
         except AttributeError:  # a slotted EngineArgs
@@ -345,7 +367,11 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
     start = {"pid": os.getpid(), "model": str(getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
                                                 and scheduler.vllm_config.model_config.model),
              "vllm": vllm_version(), "kvprof": __version__, "policy": spec.policy or "vllm-lru"}
-    live = LiveLoop(spec, num_gpu_blocks=num_gpu_blocks, block_size=block_size, start=start, pool=pool)
+    parallel = getattr(getattr(scheduler, "vllm_config", None), "parallel_config", None)
+    # the DP rank: vLLM resets data_parallel_rank to 0 in each engine core of a dense model (its ranks are independent)
+    rank = getattr(parallel, "data_parallel_index", None)
+    rank = getattr(parallel, "data_parallel_rank", 0) if rank is None else rank
+    live = LiveLoop(spec, num_gpu_blocks=num_gpu_blocks, block_size=block_size, start=start, pool=pool, rank=rank)
     track_requests(scheduler, manager, pool, live)
     live.begin()
     scheduler._kvprof_live = live

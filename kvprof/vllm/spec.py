@@ -35,13 +35,13 @@ gives a request of no class).
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvprof.errors import KvprofError
+from kvprof.limits import SECONDS, Bound, _shown
 
 #: Key of ``additional_config`` that holds kvprof's settings.
 CONFIG_KEY = "kv_policy"
@@ -49,9 +49,27 @@ DEFAULT_POLICY = "wa"
 #: vLLM releases the adaptor was built against: 0.30 <= version < 0.34.
 SUPPORTED = ((0, 30), (0, 34))
 MODES = ("enforce", "shadow")
-#: Numeric settings: name -> (default, whether 0 is allowed: "off").
-_SECONDS = {"record_rotate_s": (3600.0, False), "reload_interval_s": (10.0, True), "log_interval_s": (300.0, True)}
-_KEYS = ("config", "policy", "mode", "record", *_SECONDS)
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """A numeric setting: its default, the values it may take, and whether 0 turns it off."""
+
+    default: float
+    bound: Bound
+    zero_is_off: bool
+
+
+#: Numeric settings. The lower bounds keep a typo from costing the server: a recorded file per
+#: request, a log line per event, a look at the hp file per event.
+SECONDS_SETTINGS = {"record_rotate_s": Seconds(3600.0, Bound(1.0, 1e9), False),
+           "reload_interval_s": Seconds(10.0, Bound(0.01, 1e9), True),
+           "log_interval_s": Seconds(300.0, Bound(1.0, 1e9), True)}
+#: Every key of ``kv_policy`` and the ``vllm serve`` flag that sets it.
+FLAG_OF = {"config": "--kv-policy-config", "policy": "--kv-policy", "mode": "--kv-policy-mode",
+           "record": "--kv-record", "record_rotate_s": "--kv-record-rotate",
+           "reload_interval_s": "--kv-policy-reload-interval", "log_interval_s": "--kv-log-interval"}
+_KEYS = tuple(FLAG_OF)
 
 
 class KvPolicyConfigError(KvprofError, ValueError):
@@ -59,10 +77,6 @@ class KvPolicyConfigError(KvprofError, ValueError):
 
     def __init__(self, message: str):
         super().__init__(f"kvprof kv_policy: {message}")
-
-
-class ChangedWhileRead(KvPolicyConfigError):
-    """The hp file was replaced while it was read; read it again."""
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -144,15 +158,20 @@ class PolicySpec:
         unknown = sorted(set(raw) - set(_KEYS), key=str)
         if unknown:
             raise KvPolicyConfigError(f"unknown key(s) {unknown}; known: {', '.join(_KEYS)}")
-        path, record = raw.get("config"), raw.get("record")
-        for key, value in (("config", path), ("record", record)):
-            if value is not None and (not isinstance(value, str) or not value):
-                raise KvPolicyConfigError(f"{key} must be a path, got {value!r:.80}")
-        name = raw.get("policy") or (DEFAULT_POLICY if path is not None or record is None else None)
-        mode = raw.get("mode") or "enforce"
-        if mode not in MODES:
-            raise KvPolicyConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r:.80}")
-        seconds = {key: _seconds(key, raw.get(key), default, zero) for key, (default, zero) in _SECONDS.items()}
+        path, record = _path(raw, "config"), _path(raw, "record")
+        from kvprof.policy import POLICIES
+
+        live = [known for known in POLICIES if known != "belady"]
+        name = _choice(raw, "policy", live, "belady")
+        mode = _choice(raw, "mode", MODES) or "enforce"
+        seconds = {key: _seconds(key, raw.get(key), setting) for key, setting in SECONDS_SETTINGS.items()}
+        if raw.get("record_rotate_s") is not None and record is None:
+            raise KvPolicyConfigError(f"record_rotate_s ({FLAG_OF['record_rotate_s']}) is about a recording: "
+                                      f"it needs {FLAG_OF['record']} DIR")
+        if name is None and path is None and record is None:
+            raise KvPolicyConfigError(f"nothing to serve or record: pass {FLAG_OF['config']} PATH, "
+                                      f"{FLAG_OF['policy']} NAME or {FLAG_OF['record']} DIR")
+        name = name or (DEFAULT_POLICY if path is not None else None)
         if name is None:
             if mode == "shadow":
                 raise KvPolicyConfigError("shadow mode runs a policy beside vLLM's eviction: pass --kv-policy-config "
@@ -160,11 +179,8 @@ class PolicySpec:
             return cls(policy=None, config=None, mode=mode, record=record, **seconds)
         from kvprof.policy import POLICIES
 
-        live = [known for known in POLICIES if known != "belady"]
         if name == "belady":
             raise KvPolicyConfigError("policy 'belady' needs the future and cannot serve live traffic")
-        if name not in live:
-            raise KvPolicyConfigError(f"unknown policy {name!r:.80}; live policies: {', '.join(live)}")
         hp = sha256 = None
         if path is not None:
             hp, sha256 = load_spec_hp(path)
@@ -321,37 +337,79 @@ class PolicySpec:
 def load_spec_hp(path):
     """The hp file at ``path`` for serving, and the sha256 of the bytes it was loaded from.
 
+    The file is read once (so the digest is of what was loaded) and must be a regular file: kvprof
+    reads it where vLLM starts, again in every engine core and at every reload, which a pipe or a
+    FIFO cannot serve (and opening a FIFO with no writer would block the start-up).
+
     Raises
     ------
     KvPolicyConfigError
-        Any loader error, with its location.
+        Any loader error, with its location; a path that is not a regular file.
     """
     import hashlib
 
     from kvprof.errors import HpFileError
-    from kvprof.models.hp import load_hp
+    from kvprof.jsonfile import parse_json
+    from kvprof.models.hp import HpFile
 
     try:
-        before = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-        hp = load_hp(path)
-        after = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        raw = _read_regular_file(path)
+        return HpFile.from_dict(parse_json(raw, path, HpFileError), path=str(path)), hashlib.sha256(raw).hexdigest()
     except HpFileError as err:
         raise KvPolicyConfigError(f"cannot use hp file: {err}") from None
     except OSError as err:
         raise KvPolicyConfigError(f"cannot use hp file {path}: {err.strerror or err}") from None
-    if before != after:  # written while it was read: the digest may not be of what was loaded
-        raise ChangedWhileRead(f"cannot use hp file {path}: it changed while it was read")
-    return hp, after
 
 
-def _seconds(key: str, value, default: float, zero_allowed: bool) -> float:
+def _read_regular_file(path) -> bytes:
+    """The bytes of ``path``, opened without blocking; refused unless it is a regular file."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO or pipe" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket")
+            raise KvPolicyConfigError(
+                f"cannot use hp file {path}: it is {kind}, not a regular file (kvprof reads it at start-up, "
+                "in every engine core and at each reload): write it to a file and pass that path")
+        return handle.read()
+
+
+def _path(raw: dict, key: str) -> str | None:
+    """``raw[key]`` as a path: None when absent, else non-empty text without a NUL byte."""
+    value = raw.get(key)
+    if value is not None and (type(value) is not str or not value or "\0" in value):
+        raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) must be a path (non-empty, no NUL byte), "
+                                  f"got {_shown(value)}")
+    return value
+
+
+def _choice(raw: dict, key: str, options, *refused_later: str) -> str | None:
+    """``raw[key]``: None when absent, else one of ``options`` (or of ``refused_later``, which the
+    caller refuses with a message of its own)."""
+    value = raw.get(key)
+    if value is None or (type(value) is str and value in (*options, *refused_later)):
+        return value
+    if key == "policy" and type(value) is str and value:
+        raise KvPolicyConfigError(f"unknown policy {_shown(value)}; live policies: {', '.join(options)}")
+    raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) must be one of {', '.join(options)}, got {_shown(value)}")
+
+
+def _seconds(key: str, value, setting: Seconds) -> float:
+    """``value`` (a number, or its ASCII text from the command line) checked against ``setting``."""
     if value is None:
-        return default
-    allowed = "from 0 (off) to 1e9" if zero_allowed else "above 0 and at most 1e9"
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or value < 0 or (value == 0 and not zero_allowed) or value > 10**9):
-        raise KvPolicyConfigError(f"{key} must be a number of seconds {allowed}, got {value!r:.80}")
-    return float(value)
+        return setting.default
+    rule = ("0 (off) or " if setting.zero_is_off else "") + setting.bound.describe()
+    try:
+        number = SECONDS.parse(value)
+        if not (number == 0 and setting.zero_is_off):
+            setting.bound.check(number)
+    except ValueError:
+        raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) must be {rule} seconds, got {_shown(value)}") from None
+    return float(number)
 
 
 def request_extra_args(request) -> dict | None:

@@ -99,14 +99,15 @@ def replay(url: str, trace_path: Path, out: Path) -> dict:
 
 
 def metrics(url: str) -> dict[str, float]:
-    """kvprof's samples on the server's /metrics, keyed by ``name{labels}`` without the engine label."""
+    """kvprof's samples on the server's /metrics, keyed by ``name{labels}`` without the engine's labels
+    (``engine``, ``rank``: one engine core here)."""
     with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
         text = r.read().decode()
     out = {}
     for line in text.splitlines():
         if line.startswith("kvprof_"):
             key, value = line.rsplit(" ", 1)
-            out[re.sub(r',?engine="[^"]*"', "", key).replace("{,", "{").replace("{}", "")] = float(value)
+            out[re.sub(r',?(engine|rank)="[^"]*"', "", key).replace("{,", "{").replace("{}", "")] = float(value)
     return out
 
 

@@ -9,7 +9,12 @@ same operations (tests/vllm/predict.py), and greedy outputs must be identical to
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
+import time
+import urllib.request
 
 import pytest
 
@@ -62,13 +67,73 @@ def predicted(policy_name: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def wa_run(vllm_venv, tiny_model, hp_file, tmp_path_factory):
+def served_hp(tmp_path_factory):
+    """The wa server's own hp file (its reloads rewrite it)."""
+    path = tmp_path_factory.mktemp("served-hp") / "hp.json"
+    path.write_text(json.dumps(HP_TEST))
+    return path
+
+
+@pytest.fixture(scope="module")
+def wa_run(vllm_venv, tiny_model, served_hp, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-wa") / "vllm.log"
-    with vllm_server(vllm_venv, tiny_model, "--kv-policy-config", str(hp_file), log=log, blocks=BLOCKS) as url:
+    with vllm_server(vllm_venv, tiny_model, "--kv-policy-config", str(served_hp), "--kv-policy-reload-interval", "0.5",
+                     log=log, blocks=BLOCKS) as url:
+        at_start = wait_for_metric(url, "kvprof_info")
         results = run_sequence(url)
         replay_dir = tmp_path_factory.mktemp("replay")
         replay = replay_against(url, replay_dir)  # shares this server: one start, not two
-    return {"results": results, "log": log.read_text(), "replay": replay, "replay_out": replay_dir / "out"}
+        reloads = reload_sequence(url, served_hp, log)  # last: it changes the policy
+    return {"results": results, "log": log.read_text(), "replay": replay, "replay_out": replay_dir / "out",
+            "at_start": at_start, "reloads": reloads}
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        return r.read().decode()
+
+
+def wait_for_metric(url: str, name: str, condition=lambda text: True, seconds: float = 30.0) -> str:
+    """``/metrics`` once it shows ``name`` (an engine core writes its snapshot once a second) and ``condition``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        text = scrape(url)
+        if f"\n{name}{{" in text and condition(text):
+            return text
+        assert time.monotonic() < deadline, f"{name} not on /metrics as expected:\n{text[-3000:]}"
+        time.sleep(0.5)
+
+
+def info_sha256(text: str) -> set[str]:
+    return set(re.findall(r'^kvprof_info\{[^}]*hp_sha256="([0-9a-f]+)"', text, re.M))
+
+
+def wait_for_log(log, text: str, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, f"not logged: {text}"
+        time.sleep(0.2)
+
+
+def reload_sequence(url, hp_path, log) -> dict:
+    """On the idle server: a reload that waits for the scheduler's next step, then the file replaced
+    again before any request. What the request then runs under is the newest file, and /metrics
+    never says a file is in force before it is."""
+    from kvprof.atomic import atomic_write_text
+
+    texts = [json.dumps(dict(HP_TEST, horizon_s=h)) for h in (30.0, 90.0)]
+    sha = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
+    in_force = hashlib.sha256(hp_path.read_bytes()).hexdigest()
+    atomic_write_text(hp_path, texts[0])
+    wait_for_log(log, f"reloaded {hp_path} (sha256 {sha[0][:12]}), in force from the scheduler's next step")
+    time.sleep(2.5)  # two snapshots later
+    pending = info_sha256(scrape(url))
+    atomic_write_text(hp_path, texts[1])
+    wait_for_log(log, f"reloaded {hp_path} (sha256 {sha[1][:12]}), in force from the scheduler's next step")
+    completion(url, [5] * 40, max_tokens=2)  # the scheduler's next step swaps the newest file in
+    wait_for_log(log, f"{hp_path} (sha256 {sha[1][:12]}) is in force")
+    after = wait_for_metric(url, "kvprof_info", lambda text: info_sha256(text) == {sha[1]})
+    return {"in_force": in_force, "while_pending": pending, "after": after, "sha": sha}
 
 
 def replay_against(url, out_dir):
@@ -130,9 +195,26 @@ def test_prediction_differs_from_lru():
     assert wa[5] == 4 * BS and lru[5] < wa[5]  # the hot prefix survives the cold burst only under wa
 
 
-def test_startup_log_names_policy_file_and_classes(wa_run, hp_file):
+def test_every_kvprof_series_is_on_metrics_from_the_start(wa_run):
+    text = wa_run["at_start"]
+    for line in ('kvprof_reloads_total{engine="', 'result="ok"} 0.0', 'result="error"} 0.0',
+                 'kvprof_prompt_blocks_total{class="hot_1"', 'kvprof_cached_blocks_total{class="<default>"',
+                 'kvprof_unclassified_requests_total{engine="', 'kvprof_evictions_total{engine="'):
+        assert line in text, line
+    assert re.search(r'^kvprof_info\{.*rank="0"', text, re.M)
+
+
+def test_the_newest_hp_file_wins_over_a_pending_reload(wa_run):
+    reloads = wa_run["reloads"]
+    assert reloads["while_pending"] == {reloads["in_force"]}  # waiting is not in force
+    assert info_sha256(reloads["after"]) == {reloads["sha"][1]}
+    assert 'kvprof_reloads_total{engine="' in reloads["after"]
+    assert re.search(r'^kvprof_reloads_total\{[^}]*result="ok"\} 2\.0', reloads["after"], re.M)
+
+
+def test_startup_log_names_policy_file_and_classes(wa_run, served_hp):
     log = wa_run["log"]
-    assert f"kvprof eviction policy 'wa' in force from {hp_file}: 2 fitted classes + default" in log
+    assert f"kvprof eviction policy 'wa' in force from {served_hp}: 2 fitted classes + default" in log
     # the engine core says what runs at its own cache size: wa's horizon and first candidate
     assert "horizon 60 s, starting on order 'model' (not tuned: fitted defaults)" in log
     assert "GPU tier: 16 blocks; compiled core ready in" in log
@@ -166,13 +248,18 @@ def test_policy_changes_cache_hits_not_outputs(wa_run, lru_run):
         ("belady", "kvprof kv_policy: policy 'belady' needs the future"),
         ("record-not-a-directory", "kvprof kv_policy: --kv-record"),
         ("record-corrupt", "kvprof kv_policy: --kv-record"),
-        ("bad-mode", "kvprof kv_policy: mode must be one of enforce, shadow"),
+        ("bad-mode", "kvprof kv_policy: mode (--kv-policy-mode) must be one of enforce, shadow, got 'loud'"),
+        ("fifo", "it is a FIFO or pipe, not a regular file"),
+        ("rotate-alone", "record_rotate_s (--kv-record-rotate) is about a recording: it needs --kv-record DIR"),
+        ("huge-interval", "log_interval_s (--kv-log-interval) must be 0 (off) or a finite number from 1 to 1e+09"),
+        ("nul-in-path", "config (--kv-policy-config) must be a path (non-empty, no NUL byte)"),
         ("unknown-policy", "kvprof kv_policy: unknown policy 'nope'; live policies: lru, wa, wa-paper, lfu, s3fifo, arc"),
     ],
 )
 def test_startup_fails_closed(case, expected, vllm_venv, tiny_model, hp_file, tmp_path):
     corrupt = tmp_path / "rec"
     corrupt.mkdir()
+    os.mkfifo(tmp_path / "hp.fifo")
     _write(corrupt / "recording.json", '{"schema": "kvprof.recording/1", "block_size": -3}')
     extra = {
         "missing": ["--kv-policy-config", str(tmp_path / "nope.json")],
@@ -183,6 +270,11 @@ def test_startup_fails_closed(case, expected, vllm_venv, tiny_model, hp_file, tm
         "record-corrupt": ["--kv-record", str(corrupt)],
         "bad-mode": ["--kv-policy-config", str(hp_file), "--kv-policy-mode", "loud"],
         "unknown-policy": ["--kv-policy-config", str(hp_file), "--kv-policy", "nope"],
+        "fifo": ["--kv-policy-config", str(tmp_path / "hp.fifo")],
+        "rotate-alone": ["--kv-record-rotate", "60"],
+        "huge-interval": ["--additional-config", json.dumps({"kv_policy": {"config": str(hp_file),
+                                                                           "log_interval_s": int("9" * 400)}})],
+        "nul-in-path": ["--additional-config", json.dumps({"kv_policy": {"config": "hp\0.json"}})],
     }[case]
     rc, out = run_to_exit(serve_command(vllm_venv, tiny_model, free_port(), *extra), timeout=240, cwd=tmp_path)
     assert rc == 2, out[-3000:]
@@ -195,3 +287,57 @@ def test_startup_fails_closed(case, expected, vllm_venv, tiny_model, hp_file, tm
 def _write(path, text):
     path.write_text(text)
     return path
+
+
+def test_help_states_each_default_once(vllm_venv, tmp_path):
+    rc, out = run_to_exit([str(vllm_venv / "bin" / "vllm"), "serve", "--help=kvprof"], timeout=240, cwd=tmp_path)
+    text = " ".join(out.split())
+    assert rc == 0 and "--kv-log-interval SECONDS" in text, out[-3000:]
+    assert "(default: None)" not in text and "(default 300; 0: never)." in text
+
+
+@pytest.fixture(scope="module")
+def data_parallel_run(vllm_venv, tiny_model, tmp_path_factory):
+    """Two API servers (vLLM then serves /metrics from prometheus_client's multiprocess registries)
+    in front of two data-parallel engine cores, each with its own kvprof policy; the CPU build runs it."""
+    from kvprof.atomic import atomic_write_text
+
+    tmp = tmp_path_factory.mktemp("serve-dp")
+    hp_path, log = tmp / "hp.json", tmp / "vllm.log"
+    hp_path.write_text(json.dumps(HP_TEST))
+    with vllm_server(vllm_venv, tiny_model, "--kv-policy-config", str(hp_path), "--kv-policy-reload-interval", "0.5",
+                     "--api-server-count", "2", "--data-parallel-size", "2", log=log, blocks=BLOCKS) as url:
+        scrapes = [wait_for_metric(url, "kvprof_info", lambda text: len(info_sha256_by_rank(text)) == 2)
+                   for _ in range(4)]  # each scrape may be answered by either API server
+        changed = json.dumps(dict(HP_TEST, horizon_s=30.0))
+        atomic_write_text(hp_path, changed)
+        sha = hashlib.sha256(changed.encode()).hexdigest()
+        deadline = time.monotonic() + 120
+        while set(info_sha256_by_rank(scrape(url)).values()) != {sha}:  # each rank swaps at its next step
+            assert time.monotonic() < deadline, scrape(url)[-3000:]
+            completion(url, [5] * 40, max_tokens=2)
+            time.sleep(0.5)
+    return {"scrapes": scrapes, "log": log.read_text(), "sha": sha}
+
+
+def info_sha256_by_rank(text: str) -> dict[str, str]:
+    """rank -> the sha256 of the hp file in force there, from ``kvprof_info`` on /metrics."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kvprof_info{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            out[labels["rank"]] = labels["hp_sha256"]
+    return out
+
+
+def test_two_api_servers_serve_every_rank_s_metrics(data_parallel_run):
+    for text in data_parallel_run["scrapes"]:
+        assert sorted(info_sha256_by_rank(text)) == ["0", "1"]
+        assert re.search(r'^kvprof_reloads_total\{[^}]*rank="1",result="ok"\} 0\.0', text, re.M)
+        assert 'vllm:' in text  # vLLM's own metrics are still there
+
+
+def test_a_reload_reaches_every_rank(data_parallel_run):
+    log = data_parallel_run["log"]
+    for rank in (0, 1):
+        assert re.search(rf"EngineCore_DP{rank}.*kvprof: reloaded .*sha256 {data_parallel_run['sha'][:12]}", log)

@@ -1,0 +1,139 @@
+"""The ``kv_policy`` options, however given (``vllm serve`` flags, ``--additional-config`` JSON,
+``LLM(additional_config=...)``): one rule each, and a refusal that names the option and the flag.
+Without vLLM: the flags are added to a plain argparse parser the way the plugin adds them to vLLM's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+
+import pytest
+
+from kvprof.vllm.plugin import add_arguments, cli_values, merge_cli_into
+from kvprof.vllm.spec import KvPolicyConfigError, PolicySpec
+
+from tests.test_live import HP
+
+
+@pytest.fixture
+def hp_file(tmp_path):
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(HP))
+    return str(path)
+
+
+def spec_of(**entry) -> PolicySpec:
+    return PolicySpec.from_additional_config({"kv_policy": entry})
+
+
+def spec_of_flags(*argv: str) -> PolicySpec:
+    """The spec ``vllm serve ... *argv`` configures: parsed, merged and validated as the plugin does."""
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_arguments(parser)
+    return PolicySpec.from_additional_config(merge_cli_into(None, cli_values(parser.parse_args(argv))))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--kv-record-rotate", "1e-300", "--kv-record", "{rec}"),
+     "record_rotate_s (--kv-record-rotate) must be a finite number from 1 to 1e+09 seconds, got '1e-300'"),
+    (("--kv-log-interval", "1e-300", "--kv-policy-config", "{hp}"),
+     "log_interval_s (--kv-log-interval) must be 0 (off) or a finite number from 1 to 1e+09 seconds"),
+    (("--kv-policy-reload-interval", "1e-300", "--kv-policy-config", "{hp}"),
+     "reload_interval_s (--kv-policy-reload-interval) must be 0 (off) or a finite number from 0.01"),
+    (("--kv-log-interval", "1" * 400, "--kv-policy-config", "{hp}"), "log_interval_s (--kv-log-interval) must be"),
+    (("--kv-log-interval", "\uff16\uff10", "--kv-policy-config", "{hp}"), "got '\\uff16\\uff10'"),  # full-width 60
+    (("--kv-log-interval", "nan", "--kv-policy-config", "{hp}"), "log_interval_s (--kv-log-interval) must be"),
+    (("--kv-policy-mode", "", "--kv-policy-config", "{hp}"),
+     "mode (--kv-policy-mode) must be one of enforce, shadow, got ''"),
+    (("--kv-policy", "", "--kv-policy-config", "{hp}"), "policy (--kv-policy) must be one of lru, wa"),
+    (("--kv-policy-config", "{hp}\0x",), "config (--kv-policy-config) must be a path (non-empty, no NUL byte)"),
+    (("--kv-record", "rec\0",), "record (--kv-record) must be a path (non-empty, no NUL byte)"),
+    (("--kv-record-rotate", "60",), "record_rotate_s (--kv-record-rotate) is about a recording: it needs --kv-record"),
+    (("--kv-log-interval", "5",), "nothing to serve or record: pass --kv-policy-config PATH"),
+])
+def test_a_bad_flag_is_refused_naming_it(argv, message, hp_file, tmp_path):
+    argv = tuple(a.replace("{hp}", hp_file).replace("{rec}", str(tmp_path / "rec")) for a in argv)
+    with pytest.raises(KvPolicyConfigError) as caught:
+        spec_of_flags(*argv)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"mode": 0}, "mode (--kv-policy-mode) must be one of enforce, shadow, got 0"),
+    ({"mode": {}}, "mode (--kv-policy-mode) must be one of enforce, shadow, got {}"),
+    ({"mode": ""}, "mode (--kv-policy-mode) must be one of enforce, shadow, got ''"),
+    ({"policy": False}, "policy (--kv-policy) must be one of lru, wa, wa-paper, lfu, s3fifo, arc, got False"),
+    ({"policy": "nope"}, "unknown policy 'nope'; live policies: lru, wa, wa-paper, lfu, s3fifo, arc"),
+    ({"log_interval_s": 10 ** 400}, "log_interval_s (--kv-log-interval) must be"),
+    ({"log_interval_s": True}, "log_interval_s (--kv-log-interval) must be"),
+    ({"reload_interval_s": -1}, "reload_interval_s (--kv-policy-reload-interval) must be"),
+    ({"config": "hp\0.json"}, "config (--kv-policy-config) must be a path"),
+    ({"config": ""}, "config (--kv-policy-config) must be a path"),
+    ({"config": 3}, "config (--kv-policy-config) must be a path"),
+    ({"record_rotate_s": 60}, "it needs --kv-record DIR"),
+    ({}, "nothing to serve or record"),
+])
+def test_a_bad_additional_config_value_is_refused_naming_it(entry, message, hp_file):
+    entry = {"config": hp_file, **entry} if "config" not in entry and entry and "record_rotate_s" not in entry \
+        else entry
+    with pytest.raises(KvPolicyConfigError) as caught:
+        spec_of(**entry)
+    assert message in str(caught.value)
+
+
+def test_good_values_pass_by_flag_and_by_json_alike(hp_file, tmp_path):
+    by_flags = spec_of_flags("--kv-policy-config", hp_file, "--kv-log-interval", "0", "--kv-policy-reload-interval",
+                             "0.5", "--kv-record", str(tmp_path / "rec"), "--kv-record-rotate", "1")
+    by_json = spec_of(config=hp_file, log_interval_s=0, reload_interval_s=0.5, record=str(tmp_path / "rec"),
+                      record_rotate_s=1)
+    for spec in (by_flags, by_json):
+        assert (spec.policy, spec.mode, spec.log_interval_s, spec.reload_interval_s, spec.record_rotate_s) == \
+            ("wa", "enforce", 0.0, 0.5, 1.0)
+    defaults = spec_of(config=hp_file)
+    assert (defaults.log_interval_s, defaults.reload_interval_s, defaults.record_rotate_s) == (300.0, 10.0, 3600.0)
+
+
+def test_help_states_each_default_once():
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert "(default: None)" not in text and "(default 300; 0: never)." in text
+    assert set(cli_values(parser.parse_args([])).values()) == {None}  # a flag not given is not in kv_policy
+
+
+def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path):
+    fifo = tmp_path / "hp.fifo"
+    os.mkfifo(fifo)
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(_refusal(config=str(fifo))), daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "reading the hp file blocked on a FIFO with no writer"
+    assert "it is a FIFO or pipe, not a regular file" in outcome[0]
+
+
+def test_a_path_that_can_be_read_once_is_refused_clearly():
+    """``--kv-policy-config <(cat hp.json)``: the file is read where vLLM starts, in each engine
+    core and at each reload, which a pipe cannot give; the message says so (not "not valid JSON")."""
+    read, write = os.pipe()
+    try:
+        os.write(write, json.dumps(HP).encode())
+        os.close(write)
+        message = _refusal(config=f"/proc/self/fd/{read}")
+    finally:
+        os.close(read)
+    assert "it is a FIFO or pipe, not a regular file" in message and "write it to a file" in message
+
+
+def test_a_directory_is_refused(tmp_path):
+    assert "cannot use hp file" in _refusal(config=str(tmp_path))
+
+
+def _refusal(**entry) -> str:
+    try:
+        spec_of(**entry)
+    except KvPolicyConfigError as err:
+        return str(err)
+    return "accepted"
