@@ -119,7 +119,7 @@ import sys, time
 sys.path.insert(0, {str(Path(__file__).parents[1])!r})
 from tests.test_recording import request, START, BS
 from kvprof.vllm.record import Recorder
-rec = Recorder({str(tmp_path / 'k')!r}, block_size=BS, start=START, flush_s=0.05).begin()
+rec = Recorder({str(tmp_path / 'k')!r}, block_size=BS, start=START, flush_s=0.05, guard=False).begin()
 t0 = time.time()
 for i in range(100000):
     rec.submit(request(t0 + i, [1, 2, i]), t0 + i, 0, t0 + i + 0.5)
@@ -136,7 +136,9 @@ for i in range(100000):
     data = part.read_bytes()
     part.write_bytes(data[: len(data) - 7])
     trace, report = read_trace(tmp_path / "k")
-    assert trace.n_requests > 100 and report.truncated == 1
+    written = load_recording(tmp_path / "k").starts[0].written  # saved with every closed frame
+    assert trace.n_requests > 100 and report.cut_frames == 1 and report.truncated == 0
+    assert report.missing == written - trace.n_requests > 0  # the cut frame's lines, counted before the cut
     ts = trace.timestamp
     assert np.allclose(np.diff(ts), 1.0)  # nothing lost before the cut
     with pytest.raises(TraceError, match="cannot decompress"):  # a finished file is held to the letter

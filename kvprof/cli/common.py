@@ -226,9 +226,13 @@ def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=
     if report.skipped:
         detail = ", ".join(f"{count} {kind}" for kind, count in sorted(report.skipped.items()))
         warn(f"skipped {sum(report.skipped.values())} invalid lines of {path}: {detail}")
-    if report.truncated:
-        say(f"note: {path} is a recording whose open file ends in an unfinished line or zstd frame "
-            f"(a server still writing, or killed): skipped {report.truncated} line(s) at its end")
+    if report.truncated or report.cut_frames:
+        say(f"note: {path} is a recording with open files (a server still writing, or killed unfinished): "
+            f"{report.truncated} unfinished last line(s) skipped; {report.cut_frames} file(s) end inside an "
+            f"unfinished zstd frame, whose requests (up to 2 s of them each) are lost")
+    if report.missing:
+        warn(f"{report.missing:,} requests recording.json counts as written are in no file of {path} "
+             f"(a file cut or removed after they were written)")
     if report.recording is not None and report.recording.dropped:
         warn(f"the server could not record {report.recording.dropped:,} requests (recording.json says why): "
              f"they are missing from {path}")
