@@ -231,6 +231,8 @@ def read_trace(
     report = ReadReport()
     files = [(path, False)]
     if Path(path).is_dir():
+        if format not in (None, "bailian"):
+            raise TraceError(name, f"a recording is Bailian-style JSONL (timestamps in seconds), not {format}")
         report.recording, files = _recording(path, block_size)
         block_size, time_tolerance = report.recording.block_size, math.inf
     with _StoredFiles(files, progress, recording=report.recording is not None) as stored:
@@ -267,7 +269,7 @@ def _recording(path, block_size: int | None) -> tuple[Recording, list[tuple[Path
         raise TraceError(exc.path, exc.reason if exc.where is None else f"at {exc.where}: {exc.reason}") from None
     if block_size is not None and block_size != recording.block_size:
         raise TraceError(str(path), f"the recording's hash ids are {recording.block_size}-token blocks "
-                                    f"(recording.json), not {block_size}: leave out --block-size")
+                                    f"(recording.json), not {block_size}: leave out the trace's block size")
     files = trace_files(path)
     if not files:
         raise TraceError(str(path), "the recording holds no trace files yet (the server writes its first "

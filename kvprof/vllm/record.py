@@ -261,7 +261,7 @@ class Recorder:
                 self.start.dropped["disk"] += 1
                 return
             self._open_file(now, self._next_chat_id - 1)
-        elif now - self._file_started >= self.rotate_s:
+        elif abs(now - self._file_started) >= self.rotate_s:  # a clock stepped back rotates too
             self._close_file()
             self._open_file(now, self._next_chat_id - 1)
         self._writer.write(line)
@@ -270,7 +270,7 @@ class Recorder:
     def _maybe_flush(self) -> None:
         if self._file is None or not self._unflushed:
             return
-        if self._clock() - self._last_flush < self.flush_s and not self._stop.is_set():
+        if self._clock() - self._last_flush < self.flush_s:  # (a stopping writer flushes once, at its close)
             return
         self._writer.flush(zstandard.FLUSH_FRAME)
         self._file.flush()
