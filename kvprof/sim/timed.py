@@ -151,7 +151,7 @@ def recorded_times(trace) -> tuple[np.ndarray, np.ndarray]:
                          (np.isfinite(admit) & ~(release >= admit), "finished before it was scheduled")):
         if bad.any():
             i = int(np.argmax(bad))
-            raise SimulationError(f"request {int(trace.chat_id[i])} of {trace.source} {problem} (scheduled "
+            raise SimulationError(f"{_request(trace, i)} {problem} (scheduled "
                                   f"{admit[i]:g} s, finished {release[i]:g} s): its recorded timing cannot be replayed; "
                                   f"pass --timing model")
     return admit, release
@@ -209,20 +209,23 @@ def _seconds(trace, name: str) -> np.ndarray:
     column = trace.extra[name]
     if column.dtype.kind in "fiu":
         values = column.astype(np.float64)
-    else:
+    else:  # objects (null somewhere), or booleans
         values = np.full(column.shape, math.nan)
         for i, v in enumerate(column.tolist()):
             if v is not None:
                 if type(v) not in (int, float):
-                    raise SimulationError(f"request {int(trace.chat_id[i])} of {trace.source}: {name} must be a number "
-                                          f"of seconds or null, got {type(v).__name__} {v!r:.40}")
+                    raise SimulationError(f"{_request(trace, i)}: {name} must be a number of seconds or null, "
+                                          f"got {type(v).__name__} {v!r:.40}")
                 values[i] = v
-    bad = np.isinf(values)
-    if column.dtype.kind == "b" or bad.any():
-        i = 0 if column.dtype.kind == "b" else int(np.argmax(bad))
-        raise SimulationError(f"request {int(trace.chat_id[i])} of {trace.source}: {name} must be a finite number of "
-                              f"seconds or null, got {column[i]!r}")
+    if np.isinf(values).any():
+        i = int(np.argmax(np.isinf(values)))
+        raise SimulationError(f"{_request(trace, i)}: {name} must be a finite number of seconds or null, "
+                              f"got {float(values[i])!r}")
     return values
+
+
+def _request(trace, i: int) -> str:
+    return f"request {int(trace.chat_id[i])}" + (f" of {trace.source}" if trace.source else "")
 
 
 def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu) -> tuple[list[int], list[int]]:
