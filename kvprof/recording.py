@@ -20,8 +20,8 @@ server's block size, one line per request written when it finishes, plus ``sched
 its blocks and when it freed them), ``finish_reason``, ``cached_tokens`` (prompt tokens the server
 found in its prefix cache) and the client's scalar tags. Timestamps are
 seconds since ``origin``, so they keep their precision. ``.part`` files are zstd frames closed
-every few seconds: after ``kill -9`` one is readable up to its last closed frame, and the reader
-counts the lines it had to skip at its end.
+every few seconds: one whose writer died is readable up to its last closed frame, and the reader
+says what it could not read at its end.
 
 ``recording.json``::
 

@@ -44,11 +44,13 @@ Decisions worth knowing (the README documents them):
   :meth:`Trace.time_window` and reuse is censored at its end. A negative bound counts back from
   the last arrival (``(-3600, None)``: the last hour).
 * Recordings: a directory written by ``vllm serve --kv-record`` (:mod:`kvprof.recording`) is read
-  as one trace: its files in write order, as if concatenated (errors name the file and its own
-  line), at the recording's block size. Lines are written when requests finish, so they are
-  sorted by arrival whatever their order. A still-open ``.part`` file (a running or killed
-  server) may end inside a zstd frame or a line: what cannot be read at its end is counted as
-  ``truncated``, never an error.
+  as one trace: its files in write order (of the first chat id each name holds, whatever the
+  clock said), as if concatenated (errors name the file and its own line), at the recording's
+  block size, one file open at a time, each request with its data-parallel ``rank``. Lines are
+  written when requests finish, so they are sorted by arrival whatever their order. A still-open
+  ``.part`` file (a running or killed server) may end inside a zstd frame or a line: an
+  unfinished line is counted as ``truncated``, a cut frame in ``cut_frames``, never an error; a
+  ``.part`` renamed since the listing is read finished; an empty finished file is an error.
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def test_a_stop_by_signal_leaves_a_finished_recording(signal_name, vllm_venv, ti
 
     from kvprof.profiler.reader import read_trace
     from kvprof.recording import load_recording, trace_files
-    from vllm_support import server_env
+    from vllm_support import server_env, wait_until_up
 
     rec = tmp_path / "rec"
     log = tmp_path / "serve.log"
@@ -219,7 +219,7 @@ def test_a_stop_by_signal_leaves_a_finished_recording(signal_name, vllm_venv, ti
                                 stderr=subprocess.STDOUT, env=server_env(), start_new_session=True, cwd=str(tmp_path))
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, proc, log)
+        wait_until_up(url, proc, log)
         sent = run_sequence(url)
         time.sleep(3)  # past the writer's flush interval (2 s): what is flushed is what must survive
         proc.send_signal(getattr(signal, signal_name))  # the API server only, as `kill` or `docker stop` sends it
@@ -238,21 +238,3 @@ def test_a_stop_by_signal_leaves_a_finished_recording(signal_name, vllm_venv, ti
     assert trace.n_requests == len(sent) == start.written, (trace.n_requests, start, log.read_text()[-3000:])
     assert report.cut_frames == report.truncated == report.missing == 0
 
-
-def _wait_healthy(url, proc, log, timeout=600):
-    import time
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"vllm serve not up after {timeout} s:\n{log.read_text()[-4000:]}")
