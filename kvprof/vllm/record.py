@@ -392,7 +392,7 @@ def _start_guard(directory: Path) -> subprocess.Popen | None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
     try:
         return subprocess.Popen([sys.executable, "-m", "kvprof.vllm.record", "--guard", str(directory),
-                                 str(os.getpid())], stdin=subprocess.PIPE, env=env, start_new_session=True)
+                                 str(os.getpid())], stdin=subprocess.PIPE, env=env)
     except OSError as exc:
         logger.error("kvprof --kv-record: cannot start the guard that finishes the recording after a stop (%s); "
                      "the next start finishes what a stop leaves", exc)
@@ -402,13 +402,19 @@ def _start_guard(directory: Path) -> subprocess.Popen | None:
 def guard(directory: str, parent: int) -> None:
     """Wait for ``parent`` (the engine core) to go; finish what it left open unless it said ``closed``.
 
-    Deaf to SIGINT, SIGTERM and SIGHUP: a terminal's Ctrl-C and systemd's stop reach the whole
-    group, and the guard must outlive the engine core to do its work (a second or less).
+    It first leaves the engine core's process tree (a second fork: vLLM's shutdown SIGKILLs every
+    descendant of the engine core) and is deaf to SIGINT, SIGTERM and SIGHUP (a terminal's Ctrl-C
+    and systemd's stop reach the whole group): it must outlive the engine core to do its work (a
+    second or less). The engine core is gone when its end of the stdin pipe closes (the kernel
+    closes a dead process's files) or its ``/proc`` entry is gone or a zombie.
     """
+    if os.fork():  # the first child exits at once; the guard is nobody's descendant
+        os._exit(0)
+    os.setsid()
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, signal.SIG_IGN)
     said = b""
-    while os.getppid() == parent:
+    while _alive(parent):
         ready, _, _ = select.select([0], [], [], 0.2)
         if ready:
             data = os.read(0, 64)
@@ -425,6 +431,17 @@ def guard(directory: str, parent: int) -> None:
         if finished:
             save_recording(directory, recording)
     _log_finished(Path(directory), finished, f"the stopped engine core (pid {parent}) left", log=logger.warning)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (not gone, not a zombie); True where ``/proc`` cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        return True
 
 
 def _scalar(value) -> bool:
