@@ -33,6 +33,7 @@ import math
 import os
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,7 +47,7 @@ import zstandard
 import kvprof
 from kvprof.recording import (
     DROP_REASONS, FILE, FINISHED_SUFFIX, OPEN_SUFFIX, PROBE_TAG, Recording, RecordingError, Start, complete_frames,
-    finish_abandoned, finished_name, load_recording, locked, save_recording,
+    finish_abandoned, finished_name, load_recording, locked, save_recording, trace_files,
 )
 from kvprof.vllm.handoff import Handoff
 
@@ -390,9 +391,12 @@ def _start_guard(directory: Path) -> subprocess.Popen | None:
     """The guard of this process's recording (see the module); None when it cannot start (logged)."""
     root = str(Path(kvprof.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+    command = [sys.executable, "-m", "kvprof.vllm.record", "--guard", str(directory), str(os.getpid())]
+    # util-linux's setsid -f forks at once: the guard leaves the engine core's tree before vLLM's shutdown can
+    # SIGKILL it (a Python start takes seconds on a busy machine); without it the guard forks itself
+    detach = shutil.which("setsid")
     try:
-        return subprocess.Popen([sys.executable, "-m", "kvprof.vllm.record", "--guard", str(directory),
-                                 str(os.getpid())], stdin=subprocess.PIPE, env=env)
+        return subprocess.Popen([detach, "-f", *command] if detach else command, stdin=subprocess.PIPE, env=env)
     except OSError as exc:
         logger.error("kvprof --kv-record: cannot start the guard that finishes the recording after a stop (%s); "
                      "the next start finishes what a stop leaves", exc)
@@ -408,9 +412,10 @@ def guard(directory: str, parent: int) -> None:
     second or less). The engine core is gone when its end of the stdin pipe closes (the kernel
     closes a dead process's files) or its ``/proc`` entry is gone or a zombie.
     """
-    if os.fork():  # the first child exits at once; the guard is nobody's descendant
-        os._exit(0)
-    os.setsid()
+    if os.getppid() == parent:  # not detached by setsid -f: leave the tree now
+        if os.fork():
+            os._exit(0)
+        os.setsid()
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, signal.SIG_IGN)
     said = b""
@@ -423,14 +428,25 @@ def guard(directory: str, parent: int) -> None:
                 break
     if b"closed" in said:
         return
-    time.sleep(0.05)  # the kernel releases a dead process's locks as it reaps it
     logging.basicConfig(format="(kvprof guard) %(levelname)s %(message)s")
-    with locked(directory):
-        recording = load_recording(directory)
-        finished = finish_abandoned(directory, recording)
-        if finished:
-            save_recording(directory, recording)
+    mine = f"-{parent}-c"  # its files' names (another rank's open file is its own writer's)
+    deadline = time.monotonic() + 10.0
+    finished: list = []
+    while True:  # until the kernel has let go of the dead writer's lock (it closes a dead process's files one by one)
+        with locked(directory):
+            recording = load_recording(directory)
+            done = finish_abandoned(directory, recording)
+            if done:
+                save_recording(directory, recording)
+        finished += done
+        left = [path.name for path, still_open in trace_files(directory) if still_open and mine in path.name]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     _log_finished(Path(directory), finished, f"the stopped engine core (pid {parent}) left", log=logger.warning)
+    if left:
+        logger.error("kvprof --kv-record %s: %s still held after the engine core (pid %d) stopped; the next start "
+                     "finishes it", directory, ", ".join(left), parent)
 
 
 def _alive(pid: int) -> bool:
