@@ -55,7 +55,7 @@ logger = logging.getLogger("vllm.kvprof")
 
 #: Fields of a trace line that a client tag must not replace (its value is dropped and counted).
 RESERVED = frozenset({"chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn",
-                      "hash_ids", "scheduled", "finished", "finish_reason", "cached_tokens", "session"})
+                      "hash_ids", "scheduled", "finished", "finish_reason", "cached_tokens", "session", "rank"})
 #: Tags that name a conversation: a request's parent is the previous finished request of it.
 SESSION_TAGS = ("session",)
 #: Seconds the writer sleeps when it has nothing to write.
