@@ -67,7 +67,8 @@ _TRACE_NAME = re.compile(r"^trace-[0-9A-Za-z_-]+\.jsonl\.zst(\.part)?$")
 _FIRST_CHAT_ID = re.compile(r"-c([0-9]+)\.jsonl\.zst(\.part)?$")
 #: The most GPU blocks a start may report (a bound no real server comes near; beyond it the number is corrupt).
 MAX_GPU_BLOCKS = 1 << 40
-#: The ``vllm_xargs`` tag (value ``true``) of a request the recorder leaves out: ``kvprof replay``'s test request.
+#: The ``vllm_xargs`` tag of a request the recorder leaves out (any value: vLLM's API turns ``true`` into 1):
+#: ``kvprof replay``'s test request.
 PROBE_TAG = "kvprof_probe"
 #: Why a record was not written.
 DROP_REASONS = ("queue_full", "disk", "error")

@@ -370,7 +370,7 @@ def test_session_tags_of_different_json_types_are_different_conversations(tmp_pa
 def test_the_replays_test_request_is_not_recorded(tmp_path):
     from kvprof.recording import PROBE_TAG
 
-    reqs = [(request(1e6, [1], tags={PROBE_TAG: True}), 1e6, 1e6 + 0.1),
+    reqs = [(request(1e6, [1], tags={PROBE_TAG: 1}), 1e6, 1e6 + 0.1),  # vLLM's API turns true into 1
             (request(1e6 + 1, [2], tags={"type": "a"}), 1e6 + 1, 1e6 + 2)]
     recorder = record(tmp_path / "p", reqs, clock=Clock(1e6))
     assert recorder.written == 1 and not any(recorder.dropped.values())

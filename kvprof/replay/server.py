@@ -146,7 +146,7 @@ class Server:
         """
         try:
             # tagged so that a server recording the replay (--kv-record) leaves it out of the trace
-            self.complete([FIRST_TOKEN_ID, vocab_size - 1], max_tokens=1, workload={PROBE_TAG: True})
+            self.complete([FIRST_TOKEN_ID, vocab_size - 1], max_tokens=1, workload={PROBE_TAG: 1})
         except RequestFailed as exc:
             hint = ""
             if "vocab" in str(exc).lower():

@@ -194,7 +194,7 @@ class LiveLoop:
     def _class_label(self, request) -> str:
         """The request's class for metric labels (a bounded set), counting unclassified requests."""
         tags = request_extra_args(request) or {}
-        if tags.get(PROBE_TAG) is True:  # kvprof replay's test request: no class, no warning
+        if PROBE_TAG in tags:  # kvprof replay's test request: no class, no warning
             return "<probe>"
         spec = self.spec
         if spec.hp is None:  # recording only: the type tag, while there are few of them

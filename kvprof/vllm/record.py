@@ -208,7 +208,7 @@ class Recorder:
     def _line(self, item) -> bytes | None:
         """The record's trace line, None for a replay's test request."""
         arrival, scheduled, finished, n_prompt, n_output, reason, tags, hashes, cached_tokens = item
-        if tags and tags.get(PROBE_TAG) is True:
+        if tags and PROBE_TAG in tags:
             return None
         origin, size = self.recording.origin, self.block_size
         n_ids = -(-n_prompt // size)
