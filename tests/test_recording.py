@@ -119,7 +119,7 @@ import sys, time
 sys.path.insert(0, {str(Path(__file__).parents[1])!r})
 from tests.test_recording import request, START, BS
 from kvprof.vllm.record import Recorder
-rec = Recorder({str(tmp_path / 'k')!r}, block_size=BS, start=START, flush_s=0.05).begin()
+rec = Recorder({str(tmp_path / 'k')!r}, block_size=BS, start=START, flush_s=0.05, guard=False).begin()
 t0 = time.time()
 for i in range(100000):
     rec.submit(request(t0 + i, [1, 2, i]), t0 + i, 0, t0 + i + 0.5)
@@ -136,7 +136,10 @@ for i in range(100000):
     data = part.read_bytes()
     part.write_bytes(data[: len(data) - 7])
     trace, report = read_trace(tmp_path / "k")
-    assert trace.n_requests > 100 and report.truncated == 1
+    written = load_recording(tmp_path / "k").starts[0].written  # saved with every closed frame
+    assert trace.n_requests > 100 and report.cut_frames == 1 and report.truncated == 0
+    # the cut frame's lines, if the writer counted them before it was killed
+    assert report.missing == written - trace.n_requests >= 0
     ts = trace.timestamp
     assert np.allclose(np.diff(ts), 1.0)  # nothing lost before the cut
     with pytest.raises(TraceError, match="cannot decompress"):  # a finished file is held to the letter
@@ -239,7 +242,7 @@ def test_every_command_reads_a_recording(tmp_path):
                     "--policies", "lru,wa,belady", "-o", out, "-j", "1")
     assert result.exit_code == 0, result.output
     document = json.loads((out / "results.json").read_text())
-    assert document["config"]["timing"] == "auto" and document["config"]["engine_block_size"] == BS
+    assert document["config"]["timing"] == "recorded" and document["config"]["engine_block_size"] == BS  # what ran
     assert {run["capacity"] for run in document["runs"]} == {63}
     by_policy = {run["policy"]: run for run in document["runs"]}
     assert by_policy["lru"]["cached_tokens"] == 59 * 3 * BS  # every api request after the first hits the system prompt
@@ -260,3 +263,180 @@ def test_recorded_timing_needs_a_recording(tmp_path):
     assert result.exit_code == 1 and "no recorded timing" in result.output
     result = invoke("compare", tmp_path / "t.jsonl", "--policies", "lru", "--timing", "soon", "-o", tmp_path / "o")
     assert result.exit_code == 2 and "--timing" in result.output
+
+
+def _script(directory, *, guard, n=100000, rank=0, flush_s=0.05):
+    """A process recording requests until it is killed."""
+    return f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+from tests.test_recording import request, START, BS
+from kvprof.vllm.record import Recorder
+rec = Recorder({str(directory)!r}, block_size=BS, start={{**START, "rank": {rank}}}, flush_s={flush_s},
+               guard={guard}).begin()
+t0 = time.time()
+print("ready", flush=True)
+for i in range({n}):
+    rec.submit(request(t0 + i, [1, 2, i], tags={{"session": i // 3}}), t0 + i, 0, t0 + i + 0.5)
+    if i % 200 == 0:
+        time.sleep(0.01)
+"""
+
+
+def _killed(directory, *, guard, seconds=2.0):
+    proc = subprocess.Popen([sys.executable, "-c", _script(directory, guard=guard)], stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"ready"
+    time.sleep(seconds)
+    proc.kill()  # SIGKILL: what vLLM's abort shutdown does to the engine core right after SIGTERM
+    proc.wait()
+
+
+def _wait_finished(directory, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while any(still_open for _, still_open in trace_files(directory)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_a_killed_writer_leaves_finished_files_and_true_counts_by_its_guard(tmp_path):
+    _killed(tmp_path / "g", guard=True)
+    _wait_finished(tmp_path / "g")
+    files = trace_files(tmp_path / "g")
+    assert files and not any(still_open for _, still_open in files)
+    trace, report = read_trace(tmp_path / "g")
+    start = load_recording(tmp_path / "g").starts[0]
+    assert start.written == start.in_finished_files == trace.n_requests > 100
+    assert start.recovered == 1 and report.cut_frames == report.truncated == report.missing == 0
+    assert np.allclose(np.diff(trace.timestamp), 1.0)  # nothing lost before the last closed frame
+
+
+def test_the_next_start_finishes_what_a_killed_one_left_and_says_so(tmp_path, caplog):
+    _killed(tmp_path / "n", guard=False)
+    assert [still_open for _, still_open in trace_files(tmp_path / "n")] == [True]
+    with caplog.at_level("WARNING", logger="vllm.kvprof"):
+        record(tmp_path / "n", [(request(2e9, [5]), 2e9, 2e9 + 1)], clock=Clock(2e9))
+    assert "finished 1 file(s) a stopped server left open" in caplog.text
+    files = trace_files(tmp_path / "n")
+    assert len(files) == 2 and not any(still_open for _, still_open in files)
+    trace, report = read_trace(tmp_path / "n")
+    first, second = load_recording(tmp_path / "n").starts
+    assert (first.recovered, second.written) == (1, 1)
+    assert first.written + second.written == trace.n_requests and report.missing == 0
+
+
+def test_two_ranks_write_one_recording_read_as_one_fleet(tmp_path):
+    """Two engine cores (data-parallel ranks) recording into one directory at once."""
+    procs = [subprocess.Popen([sys.executable, "-c", _script(tmp_path / "dp", guard=True, n=3000, rank=rank) +
+                               "rec.close()\n"], stdout=subprocess.PIPE) for rank in (0, 1)]
+    for proc in procs:
+        proc.communicate(timeout=120)
+        assert proc.returncode == 0
+    recording = load_recording(tmp_path / "dp")
+    assert recording.ranks == (0, 1) and [s.written for s in recording.starts] == [3000, 3000]
+    assert {f"-r{s.rank}-" for s in recording.starts} == {
+        next(part for part in ("-r0-", "-r1-") if part in path.name) for path, _ in trace_files(tmp_path / "dp")}
+    trace, _ = read_trace(tmp_path / "dp")
+    assert trace.n_requests == 6000 and np.bincount(trace.extra["rank"]).tolist() == [3000, 3000]
+    one, _ = read_trace(tmp_path / "dp", rank=1)
+    assert one.n_requests == 3000 and set(one.extra["rank"].tolist()) == {1}
+    assert set(one.chat_id // CHAT_IDS_PER_START) == {recording.ranks.index(1) if recording.starts[1].rank == 1 else 0}
+    with pytest.raises(TraceError, match=r"no rank 2 \(ranks: 0, 1\)"):
+        read_trace(tmp_path / "dp", rank=2)
+
+
+def test_files_are_read_in_write_order_when_the_clock_steps_back(tmp_path):
+    clock = Clock(1e6)
+    recorder = Recorder(tmp_path / "c", block_size=BS, start=START, clock=clock, rotate_s=500.0, flush_s=0.01).begin()
+    for i in range(6):
+        clock.t += 1000 if i != 3 else -2500  # one step back: that file's name sorts before the first's
+        recorder.submit(request(clock.t, [1, 2, i + 10], tags={"session": "s"}), clock.t, 0, clock.t + 0.5)
+        time.sleep(0.2)
+    recorder.close()
+    names = [path.name for path, _ in trace_files(tmp_path / "c")]
+    assert len(names) == 6 and sorted(names) != names
+    trace, report = read_trace(tmp_path / "c")
+    assert trace.n_requests == 6 and not report.skipped
+    assert trace.turn[np.argsort(trace.chat_id)].tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_session_tags_of_different_json_types_are_different_conversations(tmp_path):
+    values = [True, 1, 1.0, False, 0, "1"]
+    reqs = [(request(1e6 + k, [k + 1], tags={"session": v}), 1e6 + k, 1e6 + k + 0.5) for k, v in enumerate(values * 2)]
+    record(tmp_path / "s", reqs, clock=Clock(1e6))
+    trace, _ = read_trace(tmp_path / "s")
+    assert trace.turn.tolist() == [1] * 6 + [2] * 6
+    assert trace.parent_chat_id[6:].tolist() == trace.chat_id[:6].tolist()
+
+
+def test_the_replays_test_request_is_not_recorded(tmp_path):
+    from kvprof.recording import PROBE_TAG
+
+    reqs = [(request(1e6, [1], tags={PROBE_TAG: 1}), 1e6, 1e6 + 0.1),  # vLLM's API turns true into 1
+            (request(1e6 + 1, [2], tags={"type": "a"}), 1e6 + 1, 1e6 + 2)]
+    recorder = record(tmp_path / "p", reqs, clock=Clock(1e6))
+    assert recorder.written == 1 and not any(recorder.dropped.values())
+    trace, _ = read_trace(tmp_path / "p")
+    assert trace.types == ("a",) or list(trace.type_names) == ["a"]
+
+
+def test_a_part_renamed_between_listing_and_reading_is_read_finished(tmp_path, monkeypatch):
+    import kvprof.profiler.reader as reader
+
+    record(tmp_path / "r", [(request(1e6 + i, [i + 1]), 1e6 + i, 1e6 + i + 1) for i in range(3)], clock=Clock(1e6))
+    (path, _), = trace_files(tmp_path / "r")
+    stale = [(path.with_name(path.name + ".part"), True)]  # listed while still open, renamed since
+    monkeypatch.setattr(reader, "trace_files", lambda directory: stale)
+    trace, report = read_trace(tmp_path / "r")
+    assert trace.n_requests == 3 and report.truncated == report.cut_frames == 0
+
+
+def test_hundreds_of_files_read_under_a_low_open_file_limit(tmp_path):
+    # --kv-record-rotate 1e-300: a file per request
+    recorder = Recorder(tmp_path / "m", block_size=BS, start=START, rotate_s=1e-300, flush_s=0.0).begin()
+    for i in range(400):
+        now = time.time()
+        recorder.submit(request(now, [i + 1]), now, 0, now + 0.5)
+        time.sleep(0.001)
+    recorder.close(timeout=600)
+    assert len(trace_files(tmp_path / "m")) == 400
+    script = f"""
+import resource, sys
+sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+from kvprof.profiler.reader import read_trace
+print(read_trace({str(tmp_path / 'm')!r})[0].n_requests)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["400"]
+
+
+def test_an_empty_finished_file_is_an_error(tmp_path):
+    record(tmp_path / "e", [(request(1e6, [1]), 1e6, 1e6 + 1)], clock=Clock(1e6))
+    (tmp_path / "e" / "trace-20261201T000000-r0-1-c5.jsonl.zst").write_bytes(b"")
+    with pytest.raises(TraceError, match="finished recording file is empty"):
+        read_trace(tmp_path / "e")
+
+
+def test_recording_json_that_cannot_be_a_servers_is_refused(tmp_path):
+    record(tmp_path / "j", [(request(1e6, [1]), 1e6, 1e6 + 1)], clock=Clock(1e6))
+    path = tmp_path / "j" / "recording.json"
+    doc = json.loads(path.read_text())
+    for change, where in ((lambda d: d.update(starts=[]), r"at starts: must not be empty"),
+                          (lambda d: d["starts"][0].update(num_gpu_blocks=2**63 - 1), r"starts\[0\]\.num_gpu_blocks")):
+        broken = json.loads(json.dumps(doc))
+        change(broken)
+        path.write_text(json.dumps(broken))
+        with pytest.raises(RecordingError, match=where):
+            load_recording(tmp_path / "j")
+
+
+def test_options_that_contradict_a_recording_are_usage_errors(tmp_path):
+    from tests.helpers import invoke
+
+    record(tmp_path / "o", [(request(1e6, [1]), 1e6, 1e6 + 1)], clock=Clock(1e6))
+    for args, option in ((("inspect", tmp_path / "o", "--format", "mooncake"), "--format"),
+                         (("compare", tmp_path / "o", "--trace-block-tokens", "32", "-o", tmp_path / "x"),
+                          "--trace-block-tokens"),
+                         (("inspect", tmp_path / "o", "--rank", "3"), "--rank")):
+        result = invoke(*args)
+        assert result.exit_code == 2 and option in result.output, result.output

@@ -134,3 +134,30 @@ def test_a_window_starting_before_the_trace_is_cut_where_the_trace_starts(trace_
         fit_trace(shifted.time_window(0, 700), holdout=shifted.time_window(700, 1400)))
     refused = invoke("fit", path, "--sharded", "--window", "-100:", "-o", tmp_path / "hp.json")
     assert refused.exit_code == 2 and "from the trace's start" in one_line(refused.output)
+
+
+def test_a_trace_split_by_time_fits_in_shards_with_conversations_crossing_files(trace_file, tmp_path):
+    from kvprof.errors import TraceError
+    from kvprof.profiler.shards import fit_sharded, trace_paths
+
+    trace = read_trace(trace_file)[0]
+    lines = trace_file.read_text().splitlines(keepends=True)
+    times = [json.loads(line)["timestamp"] for line in lines]
+    cut = sorted(times)[len(times) // 2]
+    parts = tmp_path / "split"
+    parts.mkdir()
+    (parts / "1-early.jsonl").write_text("".join(line for line, t in zip(lines, times) if t < cut))
+    (parts / "2-late.jsonl").write_text("".join(line for line, t in zip(lines, times) if t >= cut))
+    late = [json.loads(line) for line, t in zip(lines, times) if t >= cut]
+    early_ids = {json.loads(line)["chat_id"] for line, t in zip(lines, times) if t < cut}
+    assert any(r["parent_chat_id"] in early_ids for r in late)  # a conversation crosses the files
+    sharded = fit_sharded(trace_paths(parts), window=(None, None), shard_accesses=50_000)
+    documents = [json.loads(_document(hp)) for hp in (sharded, fit_trace(trace))]
+    for document in documents:
+        for key in ("trace", "sha256"):
+            document["provenance"].pop(key)
+    assert documents[0] == documents[1]
+    # a file present twice, under another name, is refused, not counted twice
+    (parts / "3-copy.jsonl").write_text((parts / "2-late.jsonl").read_text())
+    with pytest.raises(TraceError, match=r"3-copy\.jsonl.*already the chat_id of a line of an earlier file"):
+        fit_sharded(trace_paths(parts), window=(None, None), shard_accesses=50_000)

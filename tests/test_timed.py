@@ -57,7 +57,7 @@ def test_never_scheduled_requests_take_nothing_and_are_not_served():
 
 def test_finished_before_scheduled_is_refused():
     rows = [(0.0, "a", 1, [1, 2])]
-    with pytest.raises(SimulationError, match="finished .* before it was scheduled"):
+    with pytest.raises(SimulationError, match="finished before it was scheduled"):
         run(recorded(rows, [5.0], [4.0]))
 
 
@@ -144,3 +144,57 @@ def test_wa_shadows_agree_in_both_replays(case):
     assert metrics[0].to_dict() == pytest.approx(metrics[1].to_dict(), nan_ok=True)
     assert compiled.shadow_hits() == python.shadow_hits()
     assert compiled.order_name == python.order_name
+
+
+def test_bad_recorded_times_matter_only_where_recorded_timing_runs():
+    rows = [(0.0, "a", 1, [1, 2]), (1.0, "a", 1, [1, 2])]
+    trace = recorded(rows, [0.0, 1.0], [0.5, float("nan")])
+    assert run(trace, timing="model").n_requests == 2  # the cost model ignores the recorded times
+    for timing in ("recorded", "auto"):
+        with pytest.raises(SimulationError, match="request 1 has no finished time.*--timing model"):
+            run(trace, timing=timing)
+
+
+@pytest.mark.parametrize("value,message", [
+    (True, "scheduled must be a number of seconds or null, got bool True"),
+    ("soon", "scheduled must be a number of seconds or null, got str 'soon'"),
+    (float("inf"), "scheduled must be a finite number of seconds or null, got inf"),
+    (None, None),
+])
+def test_recorded_times_that_are_not_seconds_are_refused_by_request(value, message):
+    rows = [(0.0, "a", 1, [1, 2]), (1.0, "a", 1, [1, 2])]
+    trace = recorded(rows, [0.0, value], [0.5, 2.0])
+    if value is None:  # a whole column of booleans, as a reader gives it
+        trace = dataclasses.replace(trace, extra={**trace.extra, "scheduled": np.array([True, True])})
+        message = "request 0: scheduled must be a number of seconds or null, got bool True"
+    with pytest.raises(SimulationError, match=message):
+        run(trace, timing="recorded")
+
+
+def test_a_missing_scheduled_time_is_only_an_aborted_requests():
+    rows = [(0.0, "a", 1, [1, 2]), (1.0, "a", 1, [1, 2])]
+    trace = recorded(rows, [0.0, None], [0.5, 2.0])
+    for reasons, refused in ((["stop", "abort"], False), (["stop", "stop"], True), (["stop", None], True)):
+        with_reasons = dataclasses.replace(trace, extra={**trace.extra, "finish_reason": np.array(reasons, object)})
+        if refused:
+            with pytest.raises(SimulationError, match="request 1 .* no scheduled time .* not aborted"):
+                run(with_reasons)
+        else:
+            assert run(with_reasons).n_rejected == 1
+
+
+def test_auto_timing_says_what_runs():
+    from kvprof.sim.timed import resolve_timing
+
+    trace = recorded([(0.0, "a", 1, [1, 2])], [0.0], [1.0])
+    assert resolve_timing("auto", trace, 16) == "recorded"
+    assert resolve_timing("auto", trace, 32) == "model"  # another block size: the recorded times do not apply
+    assert resolve_timing("auto", trace, 16, cpu_capacity=8) == "model"
+    assert resolve_timing("auto", trace, 16, capacity_schedule=((0.0, 4),)) == "model"
+    with pytest.raises(SimulationError, match="at its 16-token blocks; a replay at 32-token blocks"):
+        resolve_timing("recorded", trace, 32)
+    with pytest.raises(SimulationError, match="no CPU tier"):
+        resolve_timing("recorded", trace, 16, cpu_capacity=8)
+    workload = prepare_workload(trace, engine_block_size=16)
+    config = SimConfig(engine_block_size=16, timing="auto", cpu_capacity=8)
+    assert simulate(workload, make_policy("lru"), 4, config, host_policy=make_policy("lru")).n_requests == 1

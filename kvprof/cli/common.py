@@ -202,15 +202,44 @@ def trace_block_size(path: Path, format: str | None, block_size: int | None) -> 
     return FORMAT_BLOCK_SIZE.get(format) if format else None
 
 
-def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=False):
+RankOpt = Annotated[
+    Optional[int], number_option("--rank", bound=Bound(0, INT64_MAX, whole=True),
+                                 help="Of a vLLM recording of several data-parallel ranks, only this rank's "
+                                      "requests (default: the whole fleet's).")
+]
+
+
+def check_recording_options(path, format, block_size, rank, block_option: str = "--block-size") -> None:
+    """Options that contradict a recording (a format, a block size other than its own), or
+    ``--rank`` of a trace file, are usage errors (exit 2)."""
+    recording = recording_of(path)
+    if recording is None:
+        if rank is not None:
+            raise typer.BadParameter("selects a data-parallel rank of a vLLM recording directory; "
+                                     f"{path} is a trace file", param_hint="--rank")
+        return
+    if format not in (None, "bailian"):
+        raise typer.BadParameter(f"a recording is Bailian-style JSONL with its timestamps in seconds: leave out "
+                                 f"--format {format}", param_hint="--format")
+    if block_size not in (None, recording.block_size):
+        raise typer.BadParameter(f"the recording's hash ids are {recording.block_size}-token blocks (recording.json): "
+                                 f"leave it out", param_hint=block_option)
+    if rank is not None and rank not in recording.ranks:
+        raise typer.BadParameter(f"the recording holds rank(s) {', '.join(map(str, recording.ranks))}",
+                                 param_hint="--rank")
+
+
+def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=False, rank=None,
+               block_option="--block-size"):
     """Read a trace with a progress bar on stderr, reporting skipped lines; returns the Trace.
 
-    An unknown ``format`` is a usage error (exit 2). Skipped lines (``--skip-invalid``) are always
-    reported, never dropped silently.
+    An unknown ``format`` and options that contradict a recording are usage errors (exit 2).
+    Skipped lines (``--skip-invalid``) are always reported, never dropped silently.
     """
     from kvprof.profiler.reader import read_trace
 
     check_format(format)
+    check_recording_options(path, format, block_size, rank, block_option)
     if _is_stream(path):
         say(f"reading {path}, a stream: waiting for its lines (until the writer closes it)")
     with progress(DownloadColumn(), TimeRemainingColumn()) as bar:
@@ -221,14 +250,19 @@ def open_trace(path, *, format=None, block_size=None, window=None, skip_invalid=
             block_size=block_size,
             window=window,
             skip_invalid=skip_invalid,
+            rank=rank,
             progress=lambda done, total: bar.update(task, completed=done, total=total or None),
         )
     if report.skipped:
         detail = ", ".join(f"{count} {kind}" for kind, count in sorted(report.skipped.items()))
         warn(f"skipped {sum(report.skipped.values())} invalid lines of {path}: {detail}")
-    if report.truncated:
-        say(f"note: {path} is a recording whose open file ends in an unfinished line or zstd frame "
-            f"(a server still writing, or killed): skipped {report.truncated} line(s) at its end")
+    if report.truncated or report.cut_frames:
+        say(f"note: {path} is a recording with open files (a server still writing, or killed unfinished): "
+            f"{report.truncated} unfinished last line(s) skipped; {report.cut_frames} file(s) end inside an "
+            f"unfinished zstd frame, whose requests (up to 2 s of them each) are lost")
+    if report.missing:
+        warn(f"{report.missing:,} requests recording.json counts as written are in no file of {path} "
+             f"(a file cut or removed after they were written)")
     if report.recording is not None and report.recording.dropped:
         warn(f"the server could not record {report.recording.dropped:,} requests (recording.json says why): "
              f"they are missing from {path}")

@@ -21,6 +21,7 @@ from kvprof.cli.common import (
     FormatOpt,
     JobsOpt,
     LimitOpt,
+    RankOpt,
     SkipOpt,
     TraceArg,
     TraceBlockTokensOpt,
@@ -126,6 +127,7 @@ def compare(
     format: FormatOpt = None,
     trace_block_tokens: TraceBlockTokensOpt = None,
     skip_invalid: SkipOpt = False,
+    rank: RankOpt = None,
     cost_file: Annotated[
         Optional[Path],
         typer.Option("--cost", help="Cost-model file (kvprof.cost/1), e.g. the cost.json kvprof replay "
@@ -206,7 +208,8 @@ def compare(
         from kvprof.models.hp import load_hp
 
         hp, hp_input = load_hp(config), {"path": str(config)}
-    trace = open_trace(trace_path, format=format, block_size=trace_block_tokens, skip_invalid=skip_invalid)
+    trace = open_trace(trace_path, format=format, block_size=trace_block_tokens, skip_invalid=skip_invalid, rank=rank,
+                       block_option="--trace-block-tokens")
     if block_size is not None:
         _check_multiple(block_size, trace.block_size)
     evaluated = trace.time_window(*eval_bounds)
@@ -221,6 +224,10 @@ def compare(
             f"--fit-window {first:.0f}:{split} --eval-window {split}:"
         )
     engine_block = block_size or (trace.block_size if recording else default_engine_block(trace.block_size))
+    from kvprof.sim.timed import resolve_timing
+
+    # results.json records what ran, not "auto"
+    timing = resolve_timing(timing, evaluated, engine_block, rate_scale, cpu_capacity, tuple(schedule))
     sim_config = dataclasses.replace(_sim_config(engine_block, cpu_capacity, schedule, cost, rate_scale, sample),
                                      timing=timing)
     fitted = None

@@ -14,6 +14,7 @@ from kvprof.cli.common import (
     FormatOpt,
     JobsOpt,
     RayOpt,
+    RankOpt,
     SkipOpt,
     TraceArg,
     capacity_list,
@@ -161,6 +162,7 @@ def fit(
     format: FormatOpt = None,
     block_size: BlockSizeOpt = None,
     skip_invalid: SkipOpt = False,
+    rank: RankOpt = None,
     json_out: JsonOpt = False,
 ):
     """Fit per-workload reuse models on a trace window and write the hp file.
@@ -211,7 +213,7 @@ def fit(
     trace_block = recording.block_size if recording else trace_block_size(trace_path, format, block_size)
     if capacities and trace_block is not None:
         _engine_block(engine_block_size, trace_block)
-    trace = open_trace(trace_path, format=format, block_size=block_size, skip_invalid=skip_invalid)
+    trace = open_trace(trace_path, format=format, block_size=block_size, skip_invalid=skip_invalid, rank=rank)
     _check_trace_fields(trace, rule, fields)
     if recording is not None:
         engine_block_size = engine_block_size or trace.block_size
@@ -399,6 +401,7 @@ def inspect(
     format: FormatOpt = None,
     block_size: BlockSizeOpt = None,
     skip_invalid: SkipOpt = False,
+    rank: RankOpt = None,
     json_out: JsonOpt = False,
 ):
     """Print trace statistics: requests, sessions, types, turns, block reuse, ideal hit ratio, reuse gaps,
@@ -410,7 +413,8 @@ def inspect(
     rule = _class_rule(class_key, turn_cap, class_field)
     bounds = parse_window_option(window)
     check_format(format)
-    trace = open_trace(trace_path, format=format, block_size=block_size, window=bounds, skip_invalid=skip_invalid)
+    trace = open_trace(trace_path, format=format, block_size=block_size, window=bounds, skip_invalid=skip_invalid,
+                       rank=rank)
     _check_trace_fields(trace, rule)
     summary = trace_summary(trace, rule, min_gap=min_gap)
     if json_out:

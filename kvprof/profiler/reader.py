@@ -44,11 +44,13 @@ Decisions worth knowing (the README documents them):
   :meth:`Trace.time_window` and reuse is censored at its end. A negative bound counts back from
   the last arrival (``(-3600, None)``: the last hour).
 * Recordings: a directory written by ``vllm serve --kv-record`` (:mod:`kvprof.recording`) is read
-  as one trace: its files in write order, as if concatenated (errors name the file and its own
-  line), at the recording's block size. Lines are written when requests finish, so they are
-  sorted by arrival whatever their order. A still-open ``.part`` file (a running or killed
-  server) may end inside a zstd frame or a line: what cannot be read at its end is counted as
-  ``truncated``, never an error.
+  as one trace: its files in write order (of the first chat id each name holds, whatever the
+  clock said), as if concatenated (errors name the file and its own line), at the recording's
+  block size, one file open at a time, each request with its data-parallel ``rank``. Lines are
+  written when requests finish, so they are sorted by arrival whatever their order. A still-open
+  ``.part`` file (a running or killed server) may end inside a zstd frame or a line: an
+  unfinished line is counted as ``truncated``, a cut frame in ``cut_frames``, never an error; a
+  ``.part`` renamed since the listing is read finished; an empty finished file is an error.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ import zstandard
 
 from kvprof.errors import TraceError
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE, Trace
-from kvprof.recording import Recording, RecordingError, load_recording, trace_files
+from kvprof.recording import CHAT_IDS_PER_START, Recording, RecordingError, load_recording, trace_files
 
 __all__ = ["SKIP_KINDS", "ReadReport", "detect_format", "peek_format", "read_trace", "required_fields"]
 
@@ -145,8 +147,13 @@ class ReadReport:
     ignored_fields : tuple of str
         Fields that held a list or an object on some line; those values are not kept.
     truncated : int
-        Lines lost at the end of a recording's still-open (``.part``) files: an unfinished last
-        line, or one cut off inside an unfinished zstd frame.
+        Unfinished last lines of a recording's still-open (``.part``) files.
+    cut_frames : int
+        Of those files, the ones that end inside an unfinished zstd frame: the requests it held
+        (up to one flush interval's, 2 s) are lost, how many no file tells.
+    missing : int
+        Lines ``recording.json`` counts as written (``written``, saved with every closed frame)
+        that no file held: frames cut or lost after they were counted.
     recording : Recording or None
         The recording's ``recording.json`` when ``path`` was a recording directory.
     """
@@ -157,6 +164,8 @@ class ReadReport:
     outside_window: int = 0
     ignored_fields: tuple[str, ...] = ()
     truncated: int = 0
+    cut_frames: int = 0
+    missing: int = 0
     recording: Recording | None = None
 
     @property
@@ -173,6 +182,8 @@ def read_trace(
     skip_invalid: bool = False,
     progress: Callable[[int, int], None] | None = None,
     time_tolerance: float = 1e-3,
+    rank: int | None = None,
+    earlier_chat_ids: np.ndarray | None = None,
 ) -> tuple[Trace, ReadReport]:
     """Read a Bailian or Mooncake JSONL trace (plain, gzip or zstd) into a :class:`Trace`.
 
@@ -194,6 +205,12 @@ def read_trace(
         Called every few MB of the stored file and once at the end.
     time_tolerance : float
         Seconds a timestamp may fall below an earlier line's before it is an error.
+    rank : int or None
+        Of a recording of several data-parallel ranks, keep only this rank's requests (None: the
+        fleet's, each with its ``rank`` in ``Trace.extra``).
+    earlier_chat_ids : sorted int64 array or None
+        Chat ids of earlier files of one trace read file by file: a parent may be one of them, a
+        chat id may not repeat one.
 
     Returns
     -------
@@ -216,22 +233,29 @@ def read_trace(
     report = ReadReport()
     files = [(path, False)]
     if Path(path).is_dir():
+        if format not in (None, "bailian"):
+            raise TraceError(name, f"a recording is Bailian-style JSONL (timestamps in seconds), not {format}")
         report.recording, files = _recording(path, block_size)
         block_size, time_tolerance = report.recording.block_size, math.inf
-    with _StoredFiles(files, progress) as stored:
+    with _StoredFiles(files, progress, recording=report.recording is not None) as stored:
         parser = _Parser(format, skip_invalid, report)
         parser.parse(stored.lines())
-        report.truncated = stored.truncated
+        report.truncated, report.cut_frames = stored.truncated, stored.cut_frames
         rows = parser.rows
         if rows is None:
             raise stored.error(parser.problem) if parser.problem else _no_requests(name, report, stored.is_stream)
         size = block_size or FORMAT_BLOCK_SIZE[rows.format]
         columns = rows.arrays()
-        keep = _validate(stored, columns, size, time_tolerance, skip_invalid, report, parser.problem)
+        earlier = np.zeros(0, np.int64) if earlier_chat_ids is None else earlier_chat_ids
+        keep = _validate(stored, columns, size, time_tolerance, skip_invalid, report, parser.problem, earlier)
         sha256 = stored.sha256()
     if not keep.any():
         raise _no_requests(name, report, False)
     trace = _build_trace(rows, columns, keep, size, source=Path(path).name, sha256=sha256)
+    if report.recording is not None:
+        trace = _with_ranks(name, trace, report.recording, rank, report)
+    elif rank is not None:
+        raise TraceError(name, "--rank selects one data-parallel rank of a vLLM recording; this is a trace file")
     report.ignored_fields = tuple(sorted(rows.ignored_fields))
     if window is not None:
         trace = _cut_window(name, trace, window, report)
@@ -247,12 +271,33 @@ def _recording(path, block_size: int | None) -> tuple[Recording, list[tuple[Path
         raise TraceError(exc.path, exc.reason if exc.where is None else f"at {exc.where}: {exc.reason}") from None
     if block_size is not None and block_size != recording.block_size:
         raise TraceError(str(path), f"the recording's hash ids are {recording.block_size}-token blocks "
-                                    f"(recording.json), not {block_size}: leave out --block-size")
+                                    f"(recording.json), not {block_size}: leave out the trace's block size")
     files = trace_files(path)
     if not files:
         raise TraceError(str(path), "the recording holds no trace files yet (the server writes its first "
                                     "when a request finishes)")
     return recording, files
+
+
+def _with_ranks(name: str, trace: Trace, recording: Recording, rank: int | None, report: ReadReport) -> Trace:
+    """The recording's trace with the data-parallel rank of each request (its start's) in ``extra``;
+    only ``rank``'s requests when it is not None. Counts ``report.missing``."""
+    start_rank = np.array([s.rank for s in recording.starts], dtype=np.int64)
+    start = trace.chat_id // CHAT_IDS_PER_START
+    if start.max() >= start_rank.size:
+        i = int(np.argmax(start >= start_rank.size))
+        raise TraceError(name, f"chat_id {int(trace.chat_id[i])} belongs to no start of recording.json "
+                               f"({start_rank.size} start(s)): a line was written by another recording")
+    ranks = start_rank[start]
+    trace = replace(trace, extra={**trace.extra, "rank": ranks})
+    read = np.bincount(start, minlength=start_rank.size)
+    report.missing = int(sum(max(s.written - int(n), 0) for s, n in zip(recording.starts, read)))
+    if rank is None:
+        return trace
+    if rank not in recording.ranks:
+        raise TraceError(name, f"the recording holds no rank {rank} (ranks: "
+                               f"{', '.join(map(str, recording.ranks))})")
+    return _drop_unused_types(trace.select(np.flatnonzero(ranks == rank)))
 
 
 def detect_format(record: dict) -> str:
@@ -320,6 +365,7 @@ class _StoredFile:
         #: A still-open recording file: what cannot be read at its end is counted, not an error.
         self._tolerant = tolerant
         self.truncated = 0
+        self.cut = 0  # 1 when the file ends inside a zstd frame its writer never finished
         self._cut = False
         self.n_lines = 0  # lines (blank ones included) seen so far
         self._file = open(path, "rb")  # noqa: SIM115 - closed by __exit__
@@ -377,8 +423,9 @@ class _StoredFile:
         partial = bool(tail) and not tail.isspace()
         if partial and not self._tolerant:
             yield line_no + 1, tail
-        elif partial or self._cut:  # the writer died inside this line, or inside a frame
+        elif partial:  # the writer died inside this line
             self.truncated += 1
+        self.cut = int(self._cut)  # or inside a frame: how many lines it held, nothing tells
         self.n_lines = line_no + partial
 
     def sha256(self) -> str:
@@ -421,6 +468,14 @@ class _StoredFile:
             raise EOFError("the file ends inside a zstd frame (truncated?)")
 
 
+def _size(path) -> int:
+    """Stored bytes of a file (0 for a ``.part`` renamed since it was listed: progress only)."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
 class _StoredFiles:
     """Several stored files read as one text, in order: lines are numbered across them, and
     :meth:`error` and :meth:`label` turn such a number back into a file and its own line.
@@ -428,14 +483,17 @@ class _StoredFiles:
     A single file is the common case; a recording directory is several.
     """
 
-    def __init__(self, files: list[tuple[object, bool]], progress: Callable[[int, int], None] | None):
-        self._files = files
+    def __init__(self, files: list[tuple[object, bool]], progress: Callable[[int, int], None] | None,
+                 recording: bool = False):
+        self._files = list(files)
+        self._recording_files = recording
         self._progress = progress
         self._opened: list[_StoredFile] = []
         self._first_lines: list[int] = []  # global number of each opened file's line 1
         self._sha = hashlib.sha256() if len(files) > 1 else None
         self.truncated = 0
-        self._total = sum(os.stat(f).st_size for f, _ in files) if len(files) > 1 else None
+        self.cut_frames = 0
+        self._total = sum(_size(f) for f, _ in files) if len(files) > 1 else None
         self._done = 0
         self.is_stream = False
 
@@ -448,19 +506,36 @@ class _StoredFiles:
 
     def lines(self) -> Iterator[tuple[int, bytes]]:
         offset = 0
-        for path, still_open in self._files:
-            stored = _StoredFile(path, self._file_progress, tolerant=still_open)
-            self._opened.append(stored)
+        for k, (path, still_open) in enumerate(self._files):
+            stored = self._open(k, path, still_open)
             self._first_lines.append(offset + 1)
             self.is_stream = stored.is_stream
             last = 0
             for last, line in stored.lines():
                 yield offset + last, line
             self.truncated += stored.truncated
+            self.cut_frames += stored.cut
             offset += stored.n_lines
-            if self._sha is not None:
+            if self._sha is not None:  # several files: each closed once read (a directory may hold thousands)
                 self._sha.update(bytes.fromhex(stored.sha256()))
                 self._done += stored.size
+                stored.close()
+
+    def _open(self, k: int, path, still_open: bool) -> _StoredFile:
+        """File ``k``, opened; a recording's ``.part`` finished (renamed) since the listing is read finished."""
+        try:
+            if not still_open and self._recording_files and os.stat(path).st_size == 0:
+                raise TraceError(str(path), "a finished recording file is empty (a finished file holds at least "
+                                            "one zstd frame: the file was truncated or replaced)")
+            stored = _StoredFile(path, self._file_progress, tolerant=still_open)
+        except FileNotFoundError:
+            if not still_open:
+                raise
+            path = Path(path).with_name(Path(path).name.removesuffix(".part"))
+            self._files[k] = (path, False)
+            stored = _StoredFile(path, self._file_progress)
+        self._opened.append(stored)
+        return stored
 
     def _file_progress(self, done: int, total: int) -> None:
         if self._progress is not None:
@@ -799,6 +874,7 @@ def _validate(
     skip_invalid: bool,
     report: ReadReport,
     stopped_at: _Problem | None,
+    earlier: np.ndarray,
 ) -> np.ndarray:
     """Run the value checks over all parsed rows; return the mask of rows to keep.
 
@@ -809,7 +885,8 @@ def _validate(
     keep = np.ones(columns["line"].shape, dtype=bool)
     first = stopped_at
     for check in (_value_checks, _hash_length_check, _time_order_check, _duplicate_check, _parent_check):
-        for bad in check(columns, keep, block_size=block_size, tolerance=tolerance, label=stored.label):
+        for bad in check(columns, keep, block_size=block_size, tolerance=tolerance, label=stored.label,
+                         earlier=earlier):
             bad_rows = np.flatnonzero(bad.mask & keep)
             if not bad_rows.size:
                 continue
@@ -896,23 +973,35 @@ def _time_order_check(columns, keep, *, tolerance, label, **_) -> Iterator[_BadR
     yield _BadRows("timestamp_backwards", "timestamp", bad, message)
 
 
-def _duplicate_check(columns, keep, *, label, **_) -> Iterator[_BadRows]:
-    """No kept row repeats the chat_id of an earlier kept row (file order)."""
+def _duplicate_check(columns, keep, *, label, earlier, **_) -> Iterator[_BadRows]:
+    """No kept row repeats the chat_id of an earlier kept row (file order) or of an earlier file."""
     kept = np.flatnonzero(keep)
     chat_id = columns["chat_id"]
     _, first = np.unique(chat_id[kept], return_index=True)
     bad = np.zeros(keep.shape, dtype=bool)
     bad[kept] = True
     bad[kept[first]] = False
+    in_earlier = _member(chat_id, earlier)
+    bad |= in_earlier
 
     def message(i):
+        if in_earlier[i]:
+            return f"chat_id {chat_id[i]} is already the chat_id of a line of an earlier file (the same file twice?)"
         j = kept[np.argmax(chat_id[kept] == chat_id[i])]
         return f"chat_id {chat_id[i]} is already the chat_id of {label(columns['line'][j])}"
 
     yield _BadRows("duplicate_chat_id", "chat_id", bad, message)
 
 
-def _parent_check(columns, keep, **_) -> Iterator[_BadRows]:
+def _member(values: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
+    """Which of ``values`` are in ``sorted_ids`` (sorted)."""
+    if not sorted_ids.size:
+        return np.zeros(values.shape, dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_ids, values), sorted_ids.size - 1)
+    return sorted_ids[pos] == values
+
+
+def _parent_check(columns, keep, *, earlier, **_) -> Iterator[_BadRows]:
     """Every parent is the chat_id of an earlier kept row.
 
     Rows whose parent is missing are dropped and the check repeated, so a whole chain behind a
@@ -921,20 +1010,22 @@ def _parent_check(columns, keep, **_) -> Iterator[_BadRows]:
     chat_id, parent = columns["chat_id"], columns["parent_chat_id"]
     bad = np.zeros(keep.shape, dtype=bool)
     while True:
-        orphans = _orphans(chat_id, parent, np.flatnonzero(keep & ~bad))
+        orphans = _orphans(chat_id, parent, np.flatnonzero(keep & ~bad), earlier)
         if not orphans.size:
             break
         bad[orphans] = True
 
     def message(i):
-        return f"parent_chat_id {parent[i]} is not the chat_id of any earlier valid line"
+        return f"parent_chat_id {parent[i]} is not the chat_id of any earlier valid line{' or file' if earlier.size else ''}"
 
     yield _BadRows("unknown_parent", "parent_chat_id", bad, message)
 
 
-def _orphans(chat_id: np.ndarray, parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Those of ``rows`` (sorted) whose parent is not the chat_id of an earlier one of ``rows``."""
+def _orphans(chat_id: np.ndarray, parent: np.ndarray, rows: np.ndarray, earlier: np.ndarray) -> np.ndarray:
+    """Those of ``rows`` (sorted) whose parent is neither the chat_id of an earlier one of ``rows``
+    nor one of ``earlier`` (sorted: earlier files')."""
     children = rows[parent[rows] != -1]
+    children = children[~_member(parent[children], earlier)]
     ids, first = np.unique(chat_id[rows], return_index=True)
     if not ids.size:
         return children

@@ -135,8 +135,11 @@ def _read(paths, window, holdout, spill: Path, shard_accesses, read_options):
     start, end = (-math.inf if window[0] is None else float(window[0])), (math.inf if window[1] is None else float(window[1]))
     holdout_end = end + (end - start) if holdout and math.isfinite(start) and math.isfinite(end) else end
     parts, sample, n_accesses = [], [], 0
+    earlier = np.zeros(0, np.int64)  # chat ids of the files read: a conversation may cross files, a file not repeat
     for index, path in enumerate(paths):
-        trace, _ = read_trace(path, **read_options)
+        trace, _ = read_trace(path, earlier_chat_ids=earlier, **read_options)
+        if trace.format == "bailian":  # Mooncake chat ids are row numbers, each file's own
+            earlier = np.union1d(earlier, trace.chat_id)
         first, last, fit_last = np.searchsorted(trace.timestamp, [start, holdout_end, end])
         if first == last:
             continue

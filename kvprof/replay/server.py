@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvprof.errors import KvprofError
 from kvprof.limits import BLOCK_TOKENS, BLOCKS, TOKENS, Bound
+from kvprof.recording import PROBE_TAG
 from kvprof.replay.prompts import FIRST_TOKEN_ID
 from kvprof.replay.response import (
     CONNECTION,
@@ -144,7 +145,8 @@ class Server:
             The server refused the request, could not be reached, or answered without what replay reads.
         """
         try:
-            self.complete([FIRST_TOKEN_ID, vocab_size - 1], max_tokens=1, workload={})
+            # tagged so that a server recording the replay (--kv-record) leaves it out of the trace
+            self.complete([FIRST_TOKEN_ID, vocab_size - 1], max_tokens=1, workload={PROBE_TAG: 1})
         except RequestFailed as exc:
             hint = ""
             if "vocab" in str(exc).lower():

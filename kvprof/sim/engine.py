@@ -147,10 +147,7 @@ def simulate(
         engine = "compiled" if compiled else "python"
     if engine not in ("compiled", "python"):
         raise SimulationError(f"engine must be 'compiled' or 'python', got {engine!r}")
-    if config.timing == "recorded" or (config.timing == "auto" and workload.timing is not None):
-        if workload.timing is None:
-            raise SimulationError("the trace has no recorded timing (the scheduled and finished times of a "
-                                  "`vllm serve --kv-record` recording, read at the server's block size and rate)")
+    if _recorded(config, workload):
         if observer is not None or (engine == "compiled" and not compiled):
             raise SimulationError("a replay on recorded timing runs the compiled twins or the Python policies, "
                                   "without an observer")
@@ -167,6 +164,18 @@ def simulate(
     gpu = PrefixCache(policy, schedule[0][1])
     host = HostCache(host_policy, config.cpu_capacity) if config.cpu_capacity else None
     return _Replay(workload, gpu, host, config, schedule, observer).run()
+
+
+def _recorded(config: SimConfig, workload: Workload) -> bool:
+    """Whether the replay runs on the workload's recorded timing (``config.timing``; ``auto``: where
+    it has usable recorded times and no CPU tier or schedule asks for what they cannot say)."""
+    if config.timing == "model":
+        return False
+    if workload.timing_error or (config.timing == "recorded" and workload.timing is None):
+        raise SimulationError(workload.timing_problem if workload.timing_error else
+                              f"--timing recorded: {workload.timing_problem}")
+    return workload.timing is not None and (config.timing == "recorded" or not (config.cpu_capacity
+                                                                                 or config.capacity_schedule))
 
 
 class _Replay:

@@ -84,26 +84,92 @@ class RecordedTiming:
         return request[order], admits[order], time[order]
 
 
+def timing_absent(trace, engine_block_size: int, rate_scale: float) -> str | None:
+    """Why a replay of ``trace`` at ``engine_block_size`` and ``rate_scale`` has no recorded timing,
+    None when it has (the values may still be bad: :func:`recorded_times` says)."""
+    if SCHEDULED not in trace.extra or FINISHED not in trace.extra:
+        return ("the trace has no recorded timing (the scheduled and finished times of a `vllm serve --kv-record` "
+                "recording)")
+    if engine_block_size != trace.block_size:
+        return (f"the recorded times are the server's, at its {trace.block_size}-token blocks; a replay at "
+                f"{engine_block_size}-token blocks would change them (leave out --block-size, or pass --timing model)")
+    if rate_scale != 1.0:
+        return "the recorded times are the server's, at its own rate (leave out --rate-scale, or pass --timing model)"
+    return None
+
+
+def resolve_timing(requested: str, trace, engine_block_size: int, rate_scale: float = 1.0, cpu_capacity: int = 0,
+                   capacity_schedule=()) -> str:
+    """What a replay under ``--timing requested`` runs: ``"recorded"`` or ``"model"``.
+
+    ``auto`` is recorded where the trace has usable recorded times and nothing asks for what a
+    recording cannot say (a CPU tier, a capacity schedule), else modelled; bad recorded values
+    are an error wherever recorded timing would run.
+
+    Raises
+    ------
+    SimulationError
+        ``recorded`` without recorded timing, with a CPU tier or a schedule; bad recorded values.
+    """
+    if requested == "model":
+        return "model"
+    absent = timing_absent(trace, engine_block_size, rate_scale)
+    if requested == "auto" and (absent is not None or cpu_capacity or capacity_schedule):
+        return "model"
+    if absent is not None:
+        raise SimulationError(f"--timing recorded: {absent}")
+    if cpu_capacity or capacity_schedule:
+        raise SimulationError(_NO_TIERS)
+    recorded_times(trace)
+    return "recorded"
+
+
+_NO_TIERS = ("a replay on recorded timing has no CPU tier and no capacity schedule (the recording says nothing of "
+             "how they would have changed the server's timing): pass --timing model for those")
+
+
+def recorded_times(trace) -> tuple[np.ndarray, np.ndarray]:
+    """``(scheduled, finished)`` of every request of a recording, seconds on the trace's clock
+    (scheduled NaN: never scheduled, an aborted request).
+
+    Raises
+    ------
+    SimulationError
+        A time that is not a finite number of seconds (a boolean is not one), a missing finished
+        time, a missing scheduled time of a request that did not finish aborted, or a request that
+        finished before it was scheduled; the message names the request and says how to go on.
+    """
+    admit = _seconds(trace, SCHEDULED)
+    release = _seconds(trace, FINISHED)
+    reason = trace.extra.get("finish_reason")
+    # A recording says why each request finished; a trace without the field is taken at its word.
+    aborted = np.ones(trace.n_requests, dtype=bool) if reason is None else np.array(
+        [r == "abort" for r in reason.tolist()], dtype=bool)
+    for bad, problem in ((np.isnan(release), "has no finished time (the field is missing or null)"),
+                         (np.isnan(admit) & ~aborted, "has no scheduled time (missing or null) but was not aborted "
+                                                      "(only a request aborted while waiting is never scheduled)"),
+                         (np.isfinite(admit) & ~(release >= admit), "finished before it was scheduled")):
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise SimulationError(f"{_request(trace, i)} {problem} (scheduled "
+                                  f"{admit[i]:g} s, finished {release[i]:g} s): its recorded timing cannot be replayed; "
+                                  f"pass --timing model")
+    return admit, release
+
+
 def recorded_timing(trace, origin: float, offsets: np.ndarray, block: np.ndarray, prompt: np.ndarray,
-                    output: np.ndarray, engine_block_size: int) -> RecordedTiming | None:
-    """The recorded timing of ``trace``'s requests, None when the trace has none.
+                    output: np.ndarray, engine_block_size: int) -> RecordedTiming:
+    """The recorded timing of ``trace``'s requests (it has the fields: :func:`timing_absent`).
 
     ``origin`` is the workload's time zero; ``offsets``/``block`` its prompt's full blocks.
 
     Raises
     ------
     SimulationError
-        A request that finished before it was scheduled.
+        Bad recorded values (:func:`recorded_times`).
     """
-    if SCHEDULED not in trace.extra or FINISHED not in trace.extra:
-        return None
-    admit = _seconds(trace.extra[SCHEDULED]) - origin
-    release = _seconds(trace.extra[FINISHED]) - origin
-    bad = np.flatnonzero(np.isfinite(admit) & ~(release >= admit))
-    if bad.size:
-        i = int(bad[0])
-        raise SimulationError(f"request {int(trace.chat_id[i])} of {trace.source} finished ({release[i] + origin:g} s) "
-                              f"before it was scheduled ({admit[i] + origin:g} s)")
+    admit, release = recorded_times(trace)
+    admit, release = admit - origin, release - origin
     size = engine_block_size
     n_full = np.diff(offsets)
     n_prompt = np.maximum(-(-prompt // size), n_full)
@@ -132,11 +198,34 @@ def recorded_timing(trace, origin: float, offsets: np.ndarray, block: np.ndarray
                           block=new_block, next_use=next_use)
 
 
-def _seconds(column: np.ndarray) -> np.ndarray:
-    """A trace column of seconds (missing or null: NaN) as float64."""
-    if column.dtype != object:
-        return column.astype(np.float64)
-    return np.array([math.nan if v is None else float(v) for v in column], dtype=np.float64)
+def _seconds(trace, name: str) -> np.ndarray:
+    """The trace's column ``name`` as float64 seconds (missing or null: NaN).
+
+    Raises
+    ------
+    SimulationError
+        A value that is not a finite number (a boolean, a string, inf).
+    """
+    column = trace.extra[name]
+    if column.dtype.kind in "fiu":
+        values = column.astype(np.float64)
+    else:  # objects (null somewhere), or booleans
+        values = np.full(column.shape, math.nan)
+        for i, v in enumerate(column.tolist()):
+            if v is not None:
+                if type(v) not in (int, float):
+                    raise SimulationError(f"{_request(trace, i)}: {name} must be a number of seconds or null, "
+                                          f"got {type(v).__name__} {v!r:.40}")
+                values[i] = v
+    if np.isinf(values).any():
+        i = int(np.argmax(np.isinf(values)))
+        raise SimulationError(f"{_request(trace, i)}: {name} must be a finite number of seconds or null, "
+                              f"got {float(values[i])!r}")
+    return values
+
+
+def _request(trace, i: int) -> str:
+    return f"request {int(trace.chat_id[i])}" + (f" of {trace.source}" if trace.source else "")
 
 
 def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu) -> tuple[list[int], list[int]]:
@@ -182,8 +271,7 @@ def simulate_recorded(workload, policy, capacity: int, config, engine: str):
 
     timing = workload.timing
     if config.cpu_capacity or config.capacity_schedule:
-        raise SimulationError("a replay on recorded timing has no CPU tier and no capacity schedule "
-                              "(pass --timing model for those)")
+        raise SimulationError(_NO_TIERS)
     classes = workload.codes_for(policy).astype(np.int64)
     if engine == "compiled":
         from kvprof.core import tiers

@@ -21,7 +21,7 @@ from kvprof.profiler.cells import cells_of_trace
 from kvprof.profiler.reuse import next_access
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimulationError
-from kvprof.sim.timed import FINISHED, SCHEDULED, RecordedTiming, recorded_timing
+from kvprof.sim.timed import RecordedTiming, recorded_timing, timing_absent
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,6 +67,10 @@ class Workload:
     timing : RecordedTiming or None
         When the server held each request's blocks, for a trace recorded by ``vllm serve
         --kv-record`` read at the server's block size and rate (:mod:`kvprof.sim.timed`).
+    timing_problem : str or None
+        Where ``timing`` is None, why (no recorded times, another block size or rate, bad values).
+    timing_error : bool
+        Whether that is bad recorded values (an error wherever recorded timing would run).
     """
 
     arrival: np.ndarray
@@ -85,6 +89,8 @@ class Workload:
     duration: float
     rate_scale: float = 1.0
     timing: RecordedTiming | None = None
+    timing_problem: str | None = None
+    timing_error: bool = False
 
     @property
     def n_requests(self) -> int:
@@ -187,11 +193,15 @@ def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128, rate_s
         rate_scale=rate_scale,
     )
     # The recorded times are the server's: only at its own block size and speed do they apply.
-    if rate_scale == 1.0 and group == 1 and SCHEDULED in trace.extra and FINISHED in trace.extra:
+    problem = timing_absent(trace, engine_block_size, rate_scale)
+    if problem is not None:
+        return replace(prepared, timing_problem=problem)
+    try:  # bad values matter only where recorded timing runs (not under --timing model)
         timing = recorded_timing(trace, start, offsets, prepared.block, prompt, prepared.output_tokens,
                                  engine_block_size)
-        prepared = replace(prepared, timing=timing)
-    return prepared
+    except SimulationError as exc:
+        return replace(prepared, timing_problem=str(exc), timing_error=True)
+    return replace(prepared, timing=timing)
 
 
 def _next_use(block: np.ndarray, offsets: np.ndarray, arrival: np.ndarray) -> np.ndarray:

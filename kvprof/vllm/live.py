@@ -35,6 +35,7 @@ import threading
 import time
 
 from kvprof.policy import make_policy
+from kvprof.recording import PROBE_TAG
 from kvprof.vllm.handoff import Handoff
 from kvprof.vllm.metrics import METRICS_DIR_ENV, Metrics
 from kvprof.vllm.observe import Counterfactual
@@ -211,6 +212,8 @@ class LiveLoop:
     def _class_label(self, request) -> str:
         """The request's class for metric labels (a bounded set), counting unclassified requests."""
         tags = request_extra_args(request) or {}
+        if PROBE_TAG in tags:  # kvprof replay's test request: no class, no warning
+            return "<probe>"
         spec = self.spec
         if spec.hp is None:  # recording only: the type tag, while there are few of them
             kind = tags.get("type")

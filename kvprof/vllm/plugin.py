@@ -366,12 +366,12 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
     seconds = warm_up(spec, pool, block_size)
     start = {"pid": os.getpid(), "model": str(getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
                                                 and scheduler.vllm_config.model_config.model),
-             "vllm": vllm_version(), "kvprof": __version__, "policy": spec.policy or "vllm-lru"}
-    parallel = getattr(getattr(scheduler, "vllm_config", None), "parallel_config", None)
-    # the DP rank: vLLM resets data_parallel_rank to 0 in each engine core of a dense model (its ranks are independent)
-    rank = getattr(parallel, "data_parallel_index", None)
-    rank = getattr(parallel, "data_parallel_rank", 0) if rank is None else rank
-    live = LiveLoop(spec, num_gpu_blocks=num_gpu_blocks, block_size=block_size, start=start, pool=pool, rank=rank)
+             "vllm": vllm_version(), "kvprof": __version__,
+             # what evicted: in shadow mode vLLM's LRU, the policy only beside it
+             "policy": spec.policy if spec.policy and spec.mode == "enforce" else "vllm-lru",
+             "rank": _data_parallel_rank(scheduler)}
+    live = LiveLoop(spec, num_gpu_blocks=num_gpu_blocks, block_size=block_size, start=start, pool=pool,
+                    rank=start["rank"])
     track_requests(scheduler, manager, pool, live)
     live.begin()
     scheduler._kvprof_live = live
@@ -392,6 +392,18 @@ def _never_raise(call, *args) -> None:
         call(*args)
     except Exception:  # noqa: BLE001 - kvprof must never stop serving
         _logger().exception("kvprof: the policy's request hook failed (serving goes on)")
+
+
+def _data_parallel_rank(scheduler) -> int:
+    """The engine core's data-parallel rank (0 without data parallelism).
+
+    ``data_parallel_index``, where vLLM has it: it resets ``data_parallel_rank`` to 0 in each engine core
+    of a dense model (its ranks are independent)."""
+    parallel = getattr(getattr(scheduler, "vllm_config", None), "parallel_config", None)
+    rank = getattr(parallel, "data_parallel_index", None)
+    if rank is None:
+        rank = getattr(parallel, "data_parallel_rank", 0)
+    return rank if type(rank) is int and rank >= 0 else 0
 
 
 def track_requests(scheduler, manager, pool, live) -> None:

@@ -13,16 +13,30 @@ shared how long a prefix, and nothing else of the text: no token, no text and no
 could be recomputed from a guessed prompt leaves the server. The key changes with every server
 start, and so does vLLM's own hash seed: ids of different starts never match, exactly as the
 server's cache never outlives a restart. The trailing partial block gets a fresh random id.
+
+Stops. vLLM's default shutdown (``mode=abort``, ``--shutdown-timeout 0``) sends the engine core
+SIGTERM and SIGKILL back to back, so nothing in it can be relied on to finish the open file. The
+recorder therefore starts a guard process (``python -m kvprof.vllm.record --guard``) that ignores
+signals and waits for the engine core to go; if the recorder did not close itself, the guard
+finishes what it left (cut after the last closed frame, renamed, counted in ``recording.json``).
+Counts are saved with every closed frame, so ``written`` is true after any stop, ``kill -9``
+included; a start finishes what a guard could not (killed with the rest of a container).
 """
 
 from __future__ import annotations
 
 import hashlib
+import fcntl
 import json
 import logging
 import math
 import os
 import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -30,17 +44,18 @@ from pathlib import Path
 
 import zstandard
 
-from kvprof.atomic import atomic_write_text
-from kvprof.vllm.handoff import Handoff
+import kvprof
 from kvprof.recording import (
-    DROP_REASONS, FILE, FINISHED_SUFFIX, OPEN_SUFFIX, Recording, RecordingError, Start, load_recording,
+    DROP_REASONS, FILE, FINISHED_SUFFIX, OPEN_SUFFIX, PROBE_TAG, Recording, RecordingError, Start, complete_frames,
+    finish_abandoned, finished_name, load_recording, locked, save_recording, trace_files,
 )
+from kvprof.vllm.handoff import Handoff
 
 logger = logging.getLogger("vllm.kvprof")
 
 #: Fields of a trace line that a client tag must not replace (its value is dropped and counted).
 RESERVED = frozenset({"chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn",
-                      "hash_ids", "scheduled", "finished", "finish_reason", "cached_tokens", "session"})
+                      "hash_ids", "scheduled", "finished", "finish_reason", "cached_tokens", "session", "rank"})
 #: Tags that name a conversation: a request's parent is the previous finished request of it.
 SESSION_TAGS = ("session",)
 #: Seconds the writer sleeps when it has nothing to write.
@@ -53,9 +68,10 @@ class Recorder:
 
     Invariants: :meth:`submit` never blocks and never raises (a record it cannot queue is counted
     under ``dropped["queue_full"]``); only the writer thread touches files, ids and sessions;
-    every record handed to the thread is either written or counted as dropped; a finished file
-    (``.jsonl.zst``) is complete, the open one (``.part``) ends with a closed zstd frame at most
-    ``flush_s`` seconds old.
+    every record handed to the thread is either written, counted as dropped or a replay's test
+    request (tagged :data:`~kvprof.recording.PROBE_TAG`, left out); a finished file
+    (``.jsonl.zst``) is complete, the open one (``.part``, held locked) ends with a closed zstd
+    frame at most ``flush_s`` seconds old, and ``recording.json`` counts what the closed frames hold.
 
     Parameters
     ----------
@@ -72,6 +88,8 @@ class Recorder:
         Seconds between closed zstd frames (what a ``kill -9`` can lose).
     queue_size : int
         Records waiting for the writer at most.
+    guard : bool
+        Start the guard process that finishes the open file if the engine core dies unclosed.
     clock : callable
         Seconds since the epoch; the same clock as vLLM's ``Request.arrival_time``.
 
@@ -83,7 +101,7 @@ class Recorder:
     """
 
     def __init__(self, directory, *, block_size: int, start: dict, rotate_s: float = 3600.0, flush_s: float = 2.0,
-                 queue_size: int = 65536, clock=time.time) -> None:
+                 queue_size: int = 65536, guard: bool = True, clock=time.time) -> None:
         self.directory = Path(directory)
         self.block_size = block_size
         self.rotate_s = rotate_s
@@ -93,9 +111,14 @@ class Recorder:
         # A fresh secret key per start; copying a keyed hasher is a quarter cheaper than keying one per block.
         self._keyed = hashlib.blake2b(digest_size=8, key=secrets.token_bytes(32))
         self._sessions: OrderedDict = OrderedDict()  # session tag -> (chat_id, turn) of its last record
+        self._index = 0  # this start's entry in recording.json
         self.recording = self._open_recording(start)
-        self.start = self.recording.starts[-1]
+        self.start = self.recording.starts[self._index]
         self._next_chat_id = self.start.chat_id_base
+        self._use_guard = guard
+        self._guard: subprocess.Popen | None = None
+        self._saved = None  # the counts recording.json holds
+        self._file_lines = 0  # lines in the closed frames of the open file
         self._file = None
         self._writer = None
         self._path: Path | None = None
@@ -125,15 +148,22 @@ class Recorder:
 
     # -- lifecycle ------------------------------------------------------------------------
     def begin(self) -> Recorder:
+        if self._use_guard:
+            self._guard = _start_guard(self.directory)
         self._thread.start()
         return self
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, close and rename the open file, update ``recording.json``."""
-        if not self._thread.is_alive():
-            return
-        self._stop.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join(timeout)
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            try:  # "closed": the guard has nothing to finish (unless the writer is stuck: then it finds the file held)
+                guard.communicate(b"" if self._thread.is_alive() else b"closed\n", timeout=timeout)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
 
     @property
     def written(self) -> int:
@@ -152,6 +182,8 @@ class Recorder:
             if item is not None:
                 try:
                     line = self._line(item)
+                    if line is None:
+                        continue
                 except Exception:  # noqa: BLE001 - the writer thread must outlive any one record
                     self.start.dropped["error"] += 1
                     logger.exception("kvprof --kv-record: could not write a record (counted as dropped)")
@@ -173,8 +205,11 @@ class Recorder:
             self._disk_error(exc, lost=0)
         self._save_recording()
 
-    def _line(self, item) -> bytes:
+    def _line(self, item) -> bytes | None:
+        """The record's trace line, None for a replay's test request."""
         arrival, scheduled, finished, n_prompt, n_output, reason, tags, hashes, cached_tokens = item
+        if tags and PROBE_TAG in tags:
+            return None
         origin, size = self.recording.origin, self.block_size
         n_ids = -(-n_prompt // size)
         n_full = min(n_prompt // size, len(hashes))
@@ -201,11 +236,12 @@ class Recorder:
         turn = turn if type(turn) is int and 1 <= turn < 2**31 else None
         if session is not None:
             record["session"] = session
-            previous = self._sessions.pop(session, None)
+            key = (type(session), session)  # true, 1 and 1.0 are equal in Python, distinct tags in JSON
+            previous = self._sessions.pop(key, None)
             if previous is not None:
                 record["parent_chat_id"], last_turn = previous
                 turn = turn or last_turn + 1
-            self._sessions[session] = (record["chat_id"], turn or 1)
+            self._sessions[key] = (record["chat_id"], turn or 1)
             if len(self._sessions) > _SESSIONS_KEPT:
                 self._sessions.popitem(last=False)
         record["turn"] = turn or 1
@@ -225,46 +261,49 @@ class Recorder:
             if now - self._disk_failed_at < 10 * self.flush_s:  # the disk failed a moment ago
                 self.start.dropped["disk"] += 1
                 return
-            self._open_file(now)
-        elif now - self._file_started >= self.rotate_s:
+            self._open_file(now, self._next_chat_id - 1)
+        elif abs(now - self._file_started) >= self.rotate_s:  # a clock stepped back rotates too
             self._close_file()
-            self._open_file(now)
+            self._open_file(now, self._next_chat_id - 1)
         self._writer.write(line)
         self._unflushed += 1
 
     def _maybe_flush(self) -> None:
         if self._file is None or not self._unflushed:
             return
-        if self._clock() - self._last_flush < self.flush_s and not self._stop.is_set():
+        if self._clock() - self._last_flush < self.flush_s:  # (a stopping writer flushes once, at its close)
             return
         self._writer.flush(zstandard.FLUSH_FRAME)
         self._file.flush()
         os.fsync(self._file.fileno())
         self.start.written += self._unflushed
+        self._file_lines += self._unflushed
         self._unflushed = 0
         self._last_flush = self._clock()
+        self._save_recording()  # counts true whatever stops the server next
 
-    def _open_file(self, now: float) -> None:
+    def _open_file(self, now: float, first_chat_id: int) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
-        n = 1
-        while True:  # numbered, so that name order is write order
-            path = self.directory / f"trace-{stamp}-{os.getpid()}-{n:03d}{OPEN_SUFFIX}"
-            if not path.exists() and not path.with_name(path.name[: -len(".part")]).exists():
-                break
-            n += 1
-        self._file = open(path, "xb")  # noqa: SIM115 - closed by _close_file
+        # The first chat id orders the files (and makes the name unique); the time is for people.
+        path = self.directory / f"trace-{stamp}-r{self.start.rank}-{os.getpid()}-c{first_chat_id}{OPEN_SUFFIX}"
+        with locked(self.directory):  # no finisher takes the new file for an abandoned one before it is held
+            handle = open(path, "xb")  # noqa: SIM115 - closed by _close_file
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._file = handle
         self._writer = zstandard.ZstdCompressor(level=3).stream_writer(self._file, closefd=False)
         self._path = path
+        self._file_lines = 0
         self._file_started = self._last_flush = now
 
     def _close_file(self) -> None:
         if self._file is None:
             return
         self._maybe_flush_all()
+        os.replace(self._path, finished_name(self._path))  # renamed while still held: no finisher takes it
         self._file.close()
-        final = self._path.with_name(self._path.name[: -len(".part")])
-        os.replace(self._path, final)
         self._file = self._writer = None
+        self.start.in_finished_files += self._file_lines
+        self._file_lines = 0
         self._save_recording()
 
     def _maybe_flush_all(self) -> None:
@@ -280,6 +319,12 @@ class Recorder:
         self.start.dropped["disk"] += lost + self._unflushed
         self._unflushed = 0
         if self._file is not None:
+            try:  # finish it as far as it is readable: its lines are counted already
+                self._file.truncate(complete_frames(self._file)[0])
+                os.replace(self._path, finished_name(self._path))
+                self.start.in_finished_files += self._file_lines
+            except OSError:
+                pass  # left as .part: a later start finishes it
             try:
                 self._file.close()
             except OSError:
@@ -297,6 +342,13 @@ class Recorder:
         except OSError as exc:
             raise RecordingError(str(self.directory), f"cannot create the recording directory: "
                                                       f"{exc.strerror or exc}") from None
+        try:
+            with locked(self.directory):
+                return self._add_start(start)
+        except OSError as exc:
+            raise RecordingError(str(self.directory), f"cannot write there: {exc.strerror or exc}") from None
+
+    def _add_start(self, start: dict) -> Recording:
         now = self._clock()
         if (self.directory / FILE).exists():
             recording = load_recording(self.directory)
@@ -304,24 +356,108 @@ class Recorder:
                 raise RecordingError(str(self.directory / FILE), f"recorded at {recording.block_size}-token "
                                      f"blocks, this server uses {self.block_size}: record into another directory",
                                      "block_size")
+            _log_finished(self.directory, finish_abandoned(self.directory, recording), "a stopped server left")
         else:
             recording = Recording(block_size=self.block_size, origin=now)
         recording.starts.append(Start(time=round(now - recording.origin, 6), chat_id_base=recording.next_chat_id_base(),
                                       dropped=dict.fromkeys(DROP_REASONS, 0), **start))
-        self.recording = recording
-        if not self._save_recording(raise_errors=True):
-            raise RecordingError(str(self.directory / FILE), "cannot write it")
+        self._index = len(recording.starts) - 1
+        save_recording(self.directory, recording)
         return recording
 
-    def _save_recording(self, raise_errors: bool = False) -> bool:
+    def _save_recording(self) -> bool:
+        """This start's entry written into ``recording.json`` (the other ranks' and starts' kept as they are)."""
         try:
-            atomic_write_text(self.directory / FILE, json.dumps(self.recording.to_dict(), indent=1) + "\n")
+            with locked(self.directory):
+                recording = load_recording(self.directory)
+                recording.starts[self._index] = self.start
+                save_recording(self.directory, recording)
+            self.recording = recording
             return True
-        except OSError as exc:
-            if raise_errors:
-                raise RecordingError(str(self.directory / FILE), f"cannot write it: {exc.strerror or exc}") from None
+        except (OSError, RecordingError, IndexError) as exc:
             logger.error("kvprof --kv-record: cannot update %s (%s)", self.directory / FILE, exc)
             return False
+
+
+def _log_finished(directory: Path, finished: list, who: str, log=logger.warning) -> None:
+    if finished:
+        lines = sum(f.lines for f in finished)
+        cut = sum(f.cut_bytes for f in finished)
+        log("kvprof --kv-record %s: finished %d file(s) %s open (%d lines kept; %d bytes of an unfinished "
+            "zstd frame dropped)", directory, len(finished), who, lines, cut)
+
+
+def _start_guard(directory: Path) -> subprocess.Popen | None:
+    """The guard of this process's recording (see the module); None when it cannot start (logged)."""
+    root = str(Path(kvprof.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+    command = [sys.executable, "-m", "kvprof.vllm.record", "--guard", str(directory), str(os.getpid())]
+    # util-linux's setsid -f forks at once: the guard leaves the engine core's tree before vLLM's shutdown can
+    # SIGKILL it (a Python start takes seconds on a busy machine); without it the guard forks itself
+    detach = shutil.which("setsid")
+    try:
+        return subprocess.Popen([detach, "-f", *command] if detach else command, stdin=subprocess.PIPE, env=env)
+    except OSError as exc:
+        logger.error("kvprof --kv-record: cannot start the guard that finishes the recording after a stop (%s); "
+                     "the next start finishes what a stop leaves", exc)
+        return None
+
+
+def guard(directory: str, parent: int) -> None:
+    """Wait for ``parent`` (the engine core) to go; finish what it left open unless it said ``closed``.
+
+    It first leaves the engine core's process tree (a second fork: vLLM's shutdown SIGKILLs every
+    descendant of the engine core) and is deaf to SIGINT, SIGTERM and SIGHUP (a terminal's Ctrl-C
+    and systemd's stop reach the whole group): it must outlive the engine core to do its work (a
+    second or less). The engine core is gone when its end of the stdin pipe closes (the kernel
+    closes a dead process's files) or its ``/proc`` entry is gone or a zombie.
+    """
+    if os.getppid() == parent:  # not detached by setsid -f: leave the tree now
+        if os.fork():
+            os._exit(0)
+        os.setsid()
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, signal.SIG_IGN)
+    said = b""
+    while _alive(parent):
+        ready, _, _ = select.select([0], [], [], 0.2)
+        if ready:
+            data = os.read(0, 64)
+            said += data
+            if not data or b"closed" in said:
+                break
+    if b"closed" in said:
+        return
+    logging.basicConfig(format="(kvprof guard) %(levelname)s %(message)s")
+    mine = f"-{parent}-c"  # its files' names (another rank's open file is its own writer's)
+    deadline = time.monotonic() + 10.0
+    finished: list = []
+    while True:  # until the kernel has let go of the dead writer's lock (it closes a dead process's files one by one)
+        with locked(directory):
+            recording = load_recording(directory)
+            done = finish_abandoned(directory, recording)
+            if done:
+                save_recording(directory, recording)
+        finished += done
+        left = [path.name for path, still_open in trace_files(directory) if still_open and mine in path.name]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    _log_finished(Path(directory), finished, f"the stopped engine core (pid {parent}) left", log=logger.warning)
+    if left:
+        logger.error("kvprof --kv-record %s: %s still held after the engine core (pid %d) stopped; the next start "
+                     "finishes it", directory, ", ".join(left), parent)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (not gone, not a zombie); True where ``/proc`` cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        return True
 
 
 def _scalar(value) -> bool:
@@ -334,3 +470,6 @@ def _scalar(value) -> bool:
 
 
 __all__ = ["FINISHED_SUFFIX", "Recorder"]
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--guard"]:
+    guard(sys.argv[2], int(sys.argv[3]))

@@ -225,9 +225,9 @@ def test_recording_has_the_prefix_structure_of_the_traffic(work, server_a):
     source, _ = read_trace(work["trace"], block_size=BS)
     everything, report = read_trace(work["tmp"] / "rec-a")
     assert report.recording.block_size == BS and report.recording.num_gpu_blocks == BLOCKS
-    # replay's two-token probe, the traffic, then the three prompts of outputs(): all recorded
-    assert everything.n_requests == 1 + source.n_requests + 3
-    recorded = everything.select(np.arange(1, 1 + source.n_requests))
+    # the traffic, then the three prompts of outputs(): all recorded; replay's two-token test request is not (tagged)
+    assert everything.n_requests == source.n_requests + 3
+    recorded = everything.select(np.arange(source.n_requests))
     # Two requests sent at one instant may reach the server in either order: compare what does not depend on it.
     assert prefix_tree(recorded) == prefix_tree(source)  # the same requests sharing the same prefixes
     assert sorted(zip(recorded.types, recorded.turn.tolist())) == sorted(zip(source.types, source.turn.tolist()))
@@ -297,12 +297,18 @@ def test_shadow_mode_leaves_vllms_eviction_alone(work, server_c):
     assert all(r["error"] is None for r in server_c["requests"])
     assert compare(work, "rec-c", "lru")["cached_tokens"] == recorded_cached(work, "rec-c") == live_cached(server_c)
     assert "in shadow mode" in server_c["log"] and "wa would have hit" in server_c["log"]
+    from kvprof.recording import load_recording
+
+    assert load_recording(work["tmp"] / "rec-c").starts[-1].policy == "vllm-lru"  # what evicted: vLLM's LRU
 
 
 # -- B: enforce, reload ---------------------------------------------------------------------------
 def test_compare_of_the_recording_gives_the_live_wa_hits(work, server_b, hp_file):
+    from kvprof.recording import load_recording
+
     assert all(r["error"] is None for r in server_b["requests"])
-    n = 1 + len(server_b["requests"])  # the probe and the traffic, before the hp file changed
+    assert load_recording(work["tmp"] / "rec-b").starts[0].policy == "wa"  # what evicted
+    n = len(server_b["requests"])  # the traffic before the hp file changed (replay's test request is not recorded)
     run = compare(work, "rec-b", "wa", hp=hp_file, limit=n)
     live = recorded_cached(work, "rec-b", n)
     assert live == live_cached(server_b)

@@ -341,3 +341,45 @@ def test_a_reload_reaches_every_rank(data_parallel_run):
     log = data_parallel_run["log"]
     for rank in (0, 1):
         assert re.search(rf"EngineCore_DP{rank}.*kvprof: reloaded .*sha256 {data_parallel_run['sha'][:12]}", log)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_stop_by_signal_leaves_a_finished_recording(signal_name, vllm_venv, tiny_model, tmp_path):
+    """``kill -INT`` / ``kill -TERM`` of ``vllm serve --kv-record`` under vLLM's default shutdown
+    (abort, timeout 0: the engine core is SIGKILLed right after SIGTERM): the recording is finished
+    by the recorder's guard, with counts that match its files."""
+    import signal
+    import subprocess
+    import time
+
+    from kvprof.profiler.reader import read_trace
+    from kvprof.recording import load_recording, trace_files
+    from vllm_support import server_env, wait_until_up
+
+    rec = tmp_path / "rec"
+    log = tmp_path / "serve.log"
+    port = free_port()
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(serve_command(vllm_venv, tiny_model, port, "--kv-record", str(rec)), stdout=fh,
+                                stderr=subprocess.STDOUT, env=server_env(), start_new_session=True, cwd=str(tmp_path))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url, proc, log)
+        sent = run_sequence(url)
+        time.sleep(3)  # past the writer's flush interval (2 s): what is flushed is what must survive
+        proc.send_signal(getattr(signal, signal_name))  # the API server only, as `kill` or `docker stop` sends it
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = time.monotonic() + 60
+    while any(still_open for _, still_open in trace_files(rec)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    files = trace_files(rec)
+    assert files and not any(still_open for _, still_open in files), (files, log.read_text()[-3000:])
+    trace, report = read_trace(rec)
+    start = load_recording(rec).starts[0]
+    assert trace.n_requests == len(sent) == start.written, (trace.n_requests, start, log.read_text()[-3000:])
+    assert report.cut_frames == report.truncated == report.missing == 0
+

@@ -133,22 +133,27 @@ def vllm_server(venv: Path, model: Path, *extra: str, log: Path, blocks: int = 1
                                 start_new_session=True, cwd=str(log.parent))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vllm serve not up after {STARTUP_TIMEOUT_S:.0f} s:\n{log.read_text()[-4000:]}")
-            time.sleep(1.0)
+        wait_until_up(url, proc, log)
         yield url
     finally:
         _kill_group(proc)
+
+
+def wait_until_up(url: str, proc: subprocess.Popen, log: Path) -> None:
+    """Return once ``vllm serve`` at ``url`` answers /health; raise with its log's tail if it exits or takes too long."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"vllm serve not up after {STARTUP_TIMEOUT_S:.0f} s:\n{log.read_text()[-4000:]}")
+        time.sleep(1.0)
 
 
 def run_to_exit(cmd: list[str], timeout: float, cwd: Path) -> tuple[int, str]:
