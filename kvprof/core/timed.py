@@ -3,15 +3,18 @@
 A request takes its blocks when the server first scheduled it and frees them when the server
 did, so blocks stay pinned exactly as long as they did in the server. :func:`admit` and
 :func:`release` are also what the live counterfactual of the vLLM plugin
-(:mod:`kvprof.vllm.observe`) calls, one request at a time.
+(:mod:`kvprof.vllm.observe`) calls, one request at a time. :func:`replay` plays the events in
+chunks, each one compiled call, so that an interrupt ends it within a chunk.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.typed import List
 
 from kvprof.core import structs, tiers
+from kvprof.core.interrupts import compiled_call
 from kvprof.core.policy import policy_admit, policy_finish, policy_remove
 from kvprof.core.structs import NONE
 
@@ -43,22 +46,38 @@ def finish(gpu, blocks, next_use, start, held, n_cacheable, n_new, now, workload
     return held + more
 
 
-@njit(cache=True)
+#: Events one compiled call plays: between calls Python runs, so an interrupt (SIGINT, SIGTERM)
+#: is acted on within one chunk, not when the whole replay returns.
+CHUNK_EVENTS = 8192
+
+
 def replay(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request, event_admits,
-           event_time, check):
+           event_time, check, chunk: int = CHUNK_EVENTS):
     """Play the events in order, each the admission or the finish of one request (the arrays of
-    :class:`kvprof.sim.timed.RecordedTiming`).
+    :class:`kvprof.sim.timed.RecordedTiming`), ``chunk`` events per compiled call.
 
     Returns ``(hits, held)`` per request (int64 arrays; 0 for requests never admitted).
     """
     n = len(n_prompt)
     hits = np.zeros(n, np.int64)
     held = np.zeros(n, np.int64)
-    seats = [np.zeros(0, np.int64) for _ in range(0)]  # slot arrays, one per running request, reused
-    free_seats = np.zeros(16, np.int64)
-    n_free_seats = 0
+    seats = List.empty_list(types.int64[::1])  # slot arrays, one per running request, reused
     seat_of = np.full(n, -1, np.int64)
-    for e in range(len(event_request)):
+    free_seats, n_free_seats = np.zeros(16, np.int64), 0
+    for start in range(0, len(event_request), chunk):
+        stop = min(start + chunk, len(event_request))
+        free_seats, n_free_seats = compiled_call(
+            _play, gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request,
+            event_admits, event_time, check, start, stop, hits, held, seats, seat_of, free_seats, n_free_seats)
+    return hits, held
+
+
+@njit(cache=True)
+def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request, event_admits,
+          event_time, check, start, stop, hits, held, seats, seat_of, free_seats, n_free_seats):
+    """Events ``start .. stop - 1`` of :func:`replay`; its state in ``hits .. n_free_seats``.
+    Returns ``(free_seats, n_free_seats)`` (the array may have grown)."""
+    for e in range(start, stop):
         r = event_request[e]
         if event_admits[e]:
             if n_free_seats:
@@ -85,7 +104,7 @@ def replay(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, nex
             n_free_seats += 1
         if check:
             tiers.check_device(gpu)
-    return hits, held
+    return free_seats, n_free_seats
 
 
 @njit(cache=True)
