@@ -3,9 +3,10 @@
 Wiring only: options are checked here, the work is :func:`kvprof.sim.sweep.run_sweep`, the
 document :mod:`kvprof.results`, the pictures :func:`kvprof.cli.plots.plot_results`.
 
-Outputs: a fitted ``hp.json`` and ``results.json`` are written only once the sweep has finished,
-``results.json`` last of the two, then the plots; until then the previous outputs stay as they
-were, so a failed or interrupted run never leaves a half-new directory behind.
+Outputs: a fitted ``hp.json``, ``results.json`` and the plots are written only once the sweep has
+finished, each to a temporary file, then renamed into place together (:func:`kvprof.atomic.staged`);
+until then the previous outputs stay as they were, so a failed or interrupted run never leaves a
+half-new directory behind.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from kvprof.cli.common import (
 )
 from kvprof.cli.output import print_json, progress, say, show, status, table, warn
 from kvprof import results as results_file
+from kvprof.atomic import staged
 from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE
 from kvprof.sim.config import (
     COST_BOUNDS,
@@ -265,7 +267,7 @@ def demo(
 
 def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs, fitted,
                     default_block=False, cost_file=None, ray=None) -> None:
-    """Sweep; then the fitted hp file, results.json and the plots, in that order; print the table."""
+    """Sweep; then the fitted hp file, results.json and the plots, put in place together; print the table."""
     from kvprof.cli.plots import plot_results
     from kvprof.sim.sweep import run_sweep
 
@@ -275,10 +277,11 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
                             progress=lambda done, total: bar.update(task, completed=done))
     document = results.to_dict()
     make_dir(output)
-    if fitted is not None:
-        fitted.save(output / FITTED_HP)
-    results_file.write(output / results_file.FILE, document)
-    plots = plot_results(document, output)
+    with staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
+        if fitted is not None:
+            fitted.save(outputs.stage(output / FITTED_HP))
+        results_file.write(output / results_file.FILE, document, outputs)
+        plots = plot_results(document, output, outputs)
     _warn_if_overloaded(results, cost_file)
     if json_out:
         print_json(document)
