@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvprof import __version__
-from kvprof.atomic import StagedFiles, atomic_write_text
+from kvprof.atomic import atomic_write_text
 from kvprof.errors import ResultsFileError
 from kvprof.jsonfile import JsonChecks, json_safe, read_json
 from kvprof.limits import RATE_SCALE
@@ -50,14 +50,9 @@ def build(*, inputs: dict, config: dict, runs: Sequence[dict], wall_s: float, co
     return validate(document, "<results being written>")
 
 
-def write(path: str | os.PathLike, document: dict, staging: StagedFiles | None = None) -> Path:
-    """Write ``document`` to ``path`` atomically, or as one of the files of ``staging`` (put in place
-    with the others of its run); returns ``path``."""
-    text = json.dumps(document, indent=2, allow_nan=False) + "\n"
-    if staging is None:
-        return atomic_write_text(path, text)
-    staging.stage(path).write_text(text, encoding="utf-8")
-    return Path(path)
+def write(path: str | os.PathLike, document: dict) -> Path:
+    """Write ``document`` to ``path`` atomically."""
+    return atomic_write_text(path, json.dumps(document, indent=2, allow_nan=False) + "\n")
 
 
 def claims(data: object) -> bool:

@@ -280,7 +280,7 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
     with staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
         if fitted is not None:
             fitted.save(outputs.stage(output / FITTED_HP))
-        results_file.write(output / results_file.FILE, document, outputs)
+        results_file.write(outputs.stage(output / results_file.FILE), document)
         plots = plot_results(document, output, outputs)
     _warn_if_overloaded(results, cost_file)
     if json_out:
