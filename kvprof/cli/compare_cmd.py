@@ -12,6 +12,7 @@ half-new directory behind.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -291,16 +292,23 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
 
 
 def _table(results, default_block: bool):
+    from kvprof.sim.sample import hit_ratio_error
+
     config = results.config
     trace_facts = results.inputs["trace"]
     block = f"{config.engine_block_size}-token engine blocks"
     if default_block:
         block += f" (default: the smallest multiple of the trace's {trace_facts['block_size']}-token blocks >= 128)"
     speed = f" at {config.rate_scale:g}x speed" if config.rate_scale != 1 else ""
+    error = None
     if "sample" in results.inputs:
         sample = results.inputs["sample"]
         speed += (f"; estimated on a sample of {config.sample_rate:g}: {sample['requests']:,} requests in "
-                  f"{sample['chains']:,} conversations, caches scaled to it")
+                  f"{sample['chains']:,} conversations, caches scaled to it; hit ratio ± at most 2 standard "
+                  f"errors of the conversations drawn, plus the tokens of requests only the scaled cache rejects "
+                  f"(not the error of scaling the cache itself)")
+        error = functools.partial(hit_ratio_error, rate=config.sample_rate, n_effective=sample["effective_chains"])
+        lost = sample["lost_token_share"]
     two_tiers = bool(config.cpu_capacity)
     columns = ["capacity", "policy", "hit ratio", "vs lru", "belady gap closed", "QTTFT mean (s)", "QTTFT p99 (s)"]
     if two_tiers:
@@ -314,7 +322,7 @@ def _table(results, default_block: bool):
             row = [
                 f"{capacity:,}",
                 policy,
-                f"{run.token_hit_ratio:.4f}",
+                f"{run.token_hit_ratio:.4f}" + (f" ± {error(run.token_hit_ratio, lost_share=lost[str(capacity)]):.4f}" if error else ""),
                 _percent(gains["hit_gain_over_lru"]) if policy != "lru" else "",
                 _percent(gains["belady_gap_closed"]) if policy not in ("lru", "belady") else "",
                 qttft_cell(run.qttft_mean_s, run.qttft_overloaded),
