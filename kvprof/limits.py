@@ -46,7 +46,7 @@ class Bound:
     def describe(self) -> str:
         """The rule in words: ``an integer from 1 to 16777216``, ``a finite number > 0 and <= 1e+06``."""
         kind = "an integer" if self.whole else "a finite number"
-        shown = str if self.whole else (lambda v: f"{v:g}")
+        shown = str if self.whole else _exactly
         top = shown(self.high) if self.whole or self.high < math.inf else None
         if self.low == -math.inf:
             return f"{kind} <= {top}" if top else kind
@@ -81,6 +81,12 @@ class Bound:
         if not self.accepts(int(text) if self.whole else float(text)):
             raise ValueError(f"{what} must be {self.describe()}, got {_shown(text)}")
         return int(text) if self.whole else float(text)
+
+
+def _exactly(number: float) -> str:
+    """A bound's number short (``1e+06``) where that is the number, else in full: 1 - 1e-12 is not "1"."""
+    short = f"{number:g}"
+    return short if float(short) == number else repr(number)
 
 
 def _shown(value) -> str:

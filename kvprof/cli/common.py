@@ -118,11 +118,12 @@ def ray_cluster(address: str | None) -> str | None:
     return address
 
 
+# Help texts are rich markup: "\\[" keeps a bracket that would read as a tag (tests/test_hostile_options.py).
 RayOpt = Annotated[
     Optional[str],
     typer.Option("--ray", callback=ray_cluster, metavar="ADDRESS",
                  help="Run the replays as tasks of this Ray cluster (auto: RAY_ADDRESS, else the cluster running "
-                      "here); needs pip install 'kvprof[ray]'. Same results as on this machine."),
+                      "here, within 30 s); needs pip install 'kvprof\\[ray]'. Same results as on this machine."),
 ]
 
 
@@ -137,9 +138,9 @@ def parse_list(text: str, bound: Bound, option: str, what: str) -> tuple:
     return tuple(values)
 
 
-def capacity_list(text: str, option: str = "--capacity") -> tuple[int, ...]:
-    """``--capacity``'s comma-separated whole numbers of blocks, each > 0 (a usage error otherwise)."""
-    return parse_list(text, BLOCKS, option, "capacity")
+def capacity_list(text: str, option: str = "--capacity", bound: Bound = BLOCKS) -> tuple[int, ...]:
+    """``--capacity``'s comma-separated whole numbers of blocks, each inside ``bound`` (a usage error otherwise)."""
+    return parse_list(text, bound, option, "capacity")
 
 
 def parse_window_option(text: str | None, option: str = "--window") -> tuple[float | None, float | None] | None:
