@@ -15,6 +15,7 @@ Three rules every command follows, each kept here once:
 from __future__ import annotations
 
 import functools
+import math
 import os
 import stat
 from collections.abc import Callable, Iterable
@@ -254,8 +255,11 @@ OVERLOADED = " (overloaded)"
 
 
 def qttft_cell(seconds: float | None, overloaded: bool = False) -> str:
-    """A QTTFT table cell: seconds with two decimals, ``-`` for none, marked when the server was overloaded."""
-    return ("-" if seconds is None else f"{seconds:.2f}") + (OVERLOADED if overloaded else "")
+    """A QTTFT table cell: seconds with two decimals, marked when the server was overloaded; ``-`` for
+    none (None, or NaN: a replay on recorded timing models none)."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    return f"{seconds:.2f}" + (OVERLOADED if overloaded else "")
 
 
 # --- outputs --------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -43,7 +44,7 @@ from kvprof.cli.common import (
 from kvprof.cli.output import print_json, progress, say, show, status, table, warn
 from kvprof import results as results_file
 from kvprof.atomic import staged
-from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE
+from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE, usable_blocks
 from kvprof.sim.config import (
     COST_BOUNDS,
     TIMINGS,
@@ -191,7 +192,7 @@ def compare(
                inputs=[trace_path, config, cost_file])
     recording = recording_of(trace_path)
     if capacity is None:
-        capacity = str(max(recording.num_gpu_blocks - 1, 1)) if recording else DEFAULT_CAPACITIES
+        capacity = str(usable_blocks(recording.num_gpu_blocks)) if recording else DEFAULT_CAPACITIES
     capacities = (schedule[0][1],) if schedule else _capacity_list(capacity)
     check_memory([*capacities, *(blocks for _, blocks in schedule)], cpu_capacity, jobs, len(names) * len(capacities),
                  "--capacity/--cpu-capacity/--capacity-schedule")
@@ -310,11 +311,10 @@ def _table(results, default_block: bool):
         error = functools.partial(hit_ratio_error, rate=config.sample_rate, n_effective=sample["effective_chains"])
         lost = sample["lost_token_share"]
     two_tiers = bool(config.cpu_capacity)
-    columns = ["capacity", "policy", "hit ratio", "vs lru", "belady gap closed", "QTTFT mean (s)", "QTTFT p99 (s)"]
+    columns = ["capacity (usable blocks)", "policy", "hit ratio", "vs lru", "belady gap closed", "QTTFT mean (s)", "QTTFT p99 (s)"]
     if two_tiers:
         columns += ["device hits", "host hits", "misses"]
-    out = table(f"{trace_facts['n_requests']:,} requests{speed}, {block}; QTTFT modelled at "
-                f"{config.cost.prefill_tokens_per_s:,.0f} prefill tokens/s",
+    out = table(f"{trace_facts['n_requests']:,} requests{speed}, {block}; {_qttft_source(results)}",
                 {column: "left" if column == "policy" else "right" for column in columns})
     for capacity in results.capacities:
         for policy in results.policies:
@@ -334,8 +334,29 @@ def _table(results, default_block: bool):
     return out
 
 
+def _qttft_source(results) -> str:
+    """Where the QTTFT columns come from: the cost model, or nowhere on recorded timing (and why)."""
+    if _on_recorded_timing(results):
+        return ("QTTFT -: on recorded timing every policy keeps the server's own schedule, so queueing is the "
+                "recording's, not a policy's (--timing model models it)")
+    return f"QTTFT modelled at {results.config.cost.prefill_tokens_per_s:,.0f} prefill tokens/s"
+
+
+def _on_recorded_timing(results) -> bool:
+    """Whether the runs replayed recorded timing (``auto`` picks it where the trace has it; then no
+    run has a modelled QTTFT)."""
+    timing = results.config.timing
+    return timing == "recorded" or (timing == "auto" and not any(_seconds(run.qttft_mean_s) for run in results.runs))
+
+
+def _seconds(value: float | None) -> bool:
+    return value is not None and not math.isnan(value)
+
+
 def _warn_if_overloaded(results, cost_file: Path | None) -> None:
     """Say once, on stderr, which runs' modelled server could not keep up, and what to do about it."""
+    if _on_recorded_timing(results):
+        return  # nothing was modelled
     overloaded = [run for run in results.runs if run.qttft_overloaded]
     if not overloaded:
         return

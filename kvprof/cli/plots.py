@@ -70,7 +70,7 @@ def _plot_panel(results: dict, out_dir: Path, staging: StagedFiles, stem: str, y
             if values:
                 axes.plot(*zip(*values), style, color=f"C{index}",
                           label=printable(policy) if style == STYLES[0] else None)
-    axes.set_xlabel("GPU capacity (engine blocks)")
+    axes.set_xlabel("GPU capacity (usable engine blocks: a vLLM server's num_gpu_blocks - 1)")
     axes.set_ylabel(ylabel.format(kind=_qttft_kind(runs)))
     axes.set_yscale(scale)
     axes.grid(True, alpha=0.3)

@@ -30,7 +30,7 @@ from kvprof.cli.common import (
 )
 from kvprof.cli.output import first_rows, plain, print_json, printable, say, show as show_table, status, table
 from kvprof.errors import KvprofError
-from kvprof.limits import BLOCK_TOKENS, COUNT, HOURS, POSITIVE_SECONDS, SECONDS, Bound
+from kvprof.limits import BLOCK_TOKENS, COUNT, HOURS, POSITIVE_SECONDS, SECONDS, Bound, usable_blocks
 
 BlockSizeOpt = Annotated[
     Optional[int], number_option("--block-size", bound=BLOCK_TOKENS,
@@ -198,7 +198,7 @@ def fit(
         return
     recording = recording_of(trace_path)
     if recording is not None and capacity is None:  # tune for the server that recorded it
-        capacity = str(max(recording.num_gpu_blocks - 1, 1))
+        capacity = str(usable_blocks(recording.num_gpu_blocks))
     capacities = _capacities(capacity, jobs)
     if engine_block_size is not None and not capacities:
         raise typer.BadParameter("is the block of the tuning replays: give it with --capacity",
