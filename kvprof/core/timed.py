@@ -77,6 +77,8 @@ def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next
           event_time, check, start, stop, hits, held, seats, seat_of, free_seats, n_free_seats):
     """Events ``start .. stop - 1`` of :func:`replay`; its state in ``hits .. n_free_seats``.
     Returns ``(free_seats, n_free_seats)`` (the array may have grown)."""
+    # A native list while the events play (a typed List costs a call per access), ``seats`` again after.
+    local = [seats[i] for i in range(len(seats))]
     for e in range(start, stop):
         r = event_request[e]
         if event_admits[e]:
@@ -84,26 +86,31 @@ def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next
                 n_free_seats -= 1
                 seat = free_seats[n_free_seats]
             else:
-                seat = len(seats)
-                seats.append(np.zeros(0, np.int64))
-            if len(seats[seat]) < n_prompt[r] + n_new[r]:
-                seats[seat] = np.zeros(max(n_prompt[r] + n_new[r], 2 * len(seats[seat])), np.int64)
+                seat = len(local)
+                local.append(np.zeros(0, np.int64))
+            if len(local[seat]) < n_prompt[r] + n_new[r]:
+                local[seat] = np.zeros(max(n_prompt[r] + n_new[r], 2 * len(local[seat])), np.int64)
             seat_of[r] = seat
             hits[r], held[r] = admit(gpu, blocks, next_use, offsets[r], n_full[r], n_lookup[r], n_prompt[r],
-                                     event_time[e], classes[r], seats[seat])
+                                     event_time[e], classes[r], local[seat])
             policy_admit(gpu.policy, seat, blocks[offsets[r]:offsets[r] + n_full[r]], n_lookup[r], n_prompt[r],
                          event_time[e], classes[r])
         else:
             seat = seat_of[r]
             policy_finish(gpu.policy, seat, event_time[e], blocks[offsets[r]:offsets[r + 1]], n_prompt[r] + n_new[r])
             held[r] = finish(gpu, blocks, next_use, offsets[r], held[r], offsets[r + 1] - offsets[r], n_new[r],
-                             event_time[e], classes[r], seats[seat])
+                             event_time[e], classes[r], local[seat])
             if n_free_seats == len(free_seats):
                 free_seats = structs.grown(free_seats, n_free_seats + 1, 0)
             free_seats[n_free_seats] = seat
             n_free_seats += 1
         if check:
             tiers.check_device(gpu)
+    for i in range(len(local)):
+        if i < len(seats):
+            seats[i] = local[i]
+        else:
+            seats.append(local[i])
     return free_seats, n_free_seats
 
 
