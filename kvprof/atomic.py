@@ -6,6 +6,11 @@ regular file (a directory, a socket) is refused. A symbolic link is followed: it
 replaced, the link stays. Errors name the path the caller gave, never the hidden temporary file
 nor the resolved one. The temporary file is removed on any exception, an interrupt included
 (the CLI turns SIGTERM into one, :mod:`kvprof.cli.app`).
+
+The outputs of one run (``results.json`` and its plots) are written as one :func:`staged` group:
+each to its temporary file, then all renamed into place together once every one is complete, with
+the interrupting signals held back during the renames; an interrupt before then leaves every old
+file as it was, one after finds every new one in place.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import contextlib
 import errno
 import os
 import stat
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -47,35 +54,14 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """
     path = Path(path)
     kwargs = {} if "b" in mode else {"encoding": "utf-8"}
-    target = Path(os.path.realpath(path))
-    with _naming(path):
-        kind = _existing_kind(target)
-    if kind == "stream":
+    with staged() as group:
+        written = group.stage(path)
         with _naming(path):
-            handle = open(target, mode, **kwargs)  # noqa: SIM115 - closed below
+            handle = open(written, mode, **kwargs)  # noqa: SIM115 - closed below
         with handle:
-            yield handle
-        return
-    if kind == "other":
-        code = errno.EISDIR if target.is_dir() else errno.EINVAL
-        raise OSError(code, "exists and is not a regular file; refusing to replace it", str(path))
-    tmp = None
-    try:
-        with _naming(path):
-            # A name near the file system's limit would make the temporary one too long: keep its start.
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name[:64]}.", suffix=".tmp")
-            os.fchmod(fd, 0o666 & ~_umask())
-        with open(fd, mode, **kwargs) as handle:
             yield handle
             with _naming(path):
                 handle.flush()
-                os.fsync(handle.fileno())
-        with _naming(path):
-            os.replace(tmp, target)
-    except BaseException:
-        if tmp is not None:
-            os.unlink(tmp)
-        raise
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -83,6 +69,84 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_open(path) as handle:
         handle.write(text)
     return Path(path)
+
+
+#: The signals that end a CLI command (:mod:`kvprof.cli.app`): held back while a group is renamed.
+_INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+class StagedFiles:
+    """Files written to temporaries beside their paths, put in place together by :meth:`commit`.
+
+    Invariant: until :meth:`commit` none of the staged paths has changed; :meth:`discard` (any
+    exception in :func:`staged`) removes every temporary file.
+    """
+
+    def __init__(self):
+        self._pending: list[tuple[str, Path, Path]] = []  # (temporary, target, path as given)
+
+    def stage(self, path: str | os.PathLike) -> Path:
+        """A new empty temporary file (0666 less the umask) that becomes ``path`` on commit; write it
+        by any means. A device or FIFO at ``path`` is returned itself, written through."""
+        path = Path(path)
+        target = Path(os.path.realpath(path))
+        with _naming(path):
+            kind = _existing_kind(target)
+        if kind == "stream":
+            return target
+        if kind == "other":
+            code = errno.EISDIR if target.is_dir() else errno.EINVAL
+            raise OSError(code, "exists and is not a regular file; refusing to replace it", str(path))
+        with _naming(path):
+            # A name near the file system's limit would make the temporary one too long: keep its start.
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name[:64]}.", suffix=".tmp")
+            self._pending.append((tmp, target, path))
+            try:
+                os.fchmod(fd, 0o666 & ~_umask())
+            finally:
+                os.close(fd)
+        return Path(tmp)
+
+    def commit(self) -> None:
+        """Sync every staged file, then rename all of them into place, interrupts held back meanwhile."""
+        for tmp, _, path in self._pending:
+            with _naming(path):
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        held = threading.current_thread() is threading.main_thread()
+        if held:
+            signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
+        try:
+            while self._pending:
+                tmp, target, path = self._pending[0]
+                with _naming(path):
+                    os.replace(tmp, target)
+                self._pending.pop(0)
+        finally:
+            if held:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS)
+
+    def discard(self) -> None:
+        """Remove the temporary files not yet renamed."""
+        for tmp, _, _ in self._pending:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self._pending.clear()
+
+
+@contextlib.contextmanager
+def staged() -> Iterator[StagedFiles]:
+    """A :class:`StagedFiles` committed when the block ends cleanly, discarded on any exception."""
+    group = StagedFiles()
+    try:
+        yield group
+        group.commit()
+    except BaseException:
+        group.discard()
+        raise
 
 
 def _existing_kind(target: Path) -> str | None:

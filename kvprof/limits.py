@@ -46,7 +46,7 @@ class Bound:
     def describe(self) -> str:
         """The rule in words: ``an integer from 1 to 16777216``, ``a finite number > 0 and <= 1e+06``."""
         kind = "an integer" if self.whole else "a finite number"
-        shown = str if self.whole else (lambda v: f"{v:g}")
+        shown = str if self.whole else _exactly
         top = shown(self.high) if self.whole or self.high < math.inf else None
         if self.low == -math.inf:
             return f"{kind} <= {top}" if top else kind
@@ -83,6 +83,12 @@ class Bound:
         return int(text) if self.whole else float(text)
 
 
+def _exactly(number: float) -> str:
+    """A bound's number short (``1e+06``) where that is the number, else in full: 1 - 1e-12 is not "1"."""
+    short = f"{number:g}"
+    return short if float(short) == number else repr(number)
+
+
 def _shown(value) -> str:
     """A value as a message shows it: text quoted with escapes (so invisible or odd characters show)."""
     if type(value) is str:
@@ -97,6 +103,12 @@ def _shown(value) -> str:
 COUNT = Bound(0, INT64_MAX, whole=True)
 #: Cache capacities in blocks.
 BLOCKS = Bound(1, INT64_MAX, whole=True)
+
+
+def usable_blocks(num_gpu_blocks: int | None) -> int | None:
+    """A vLLM server's capacity as kvprof counts it, the blocks its cache can hold: ``num_gpu_blocks``
+    less the null block (block 0, which never holds KV), at least 1; None stays None."""
+    return None if num_gpu_blocks is None else max(num_gpu_blocks - 1, 1)
 #: Tokens per block (a trace's hash id, an engine block): more than any model's context.
 BLOCK_TOKENS = Bound(1, 2**24, whole=True)
 #: Token counts of one request or step, and token ids: vLLM keeps them in int32.

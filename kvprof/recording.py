@@ -149,6 +149,21 @@ def is_recording(path: str | Path) -> bool:
     return Path(path).is_dir()
 
 
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` (not a regular file) is no recording.json: missing, a dangling link, or another kind of file."""
+    import os
+    import stat
+
+    if not os.path.lexists(path):
+        return f"no {FILE}"
+    if not path.exists():
+        return f"its {FILE} is a link to {os.readlink(path)!r}, which does not exist"
+    mode = path.stat().st_mode
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a device")
+    return f"its {FILE} is {kind}, not a file"
+
+
 def load_recording(directory: str | Path) -> Recording:
     """``DIR/recording.json``, validated.
 
@@ -160,7 +175,7 @@ def load_recording(directory: str | Path) -> Recording:
     path = Path(directory) / FILE
     if not path.is_file():
         raise RecordingError(str(path), f"{directory} is a directory but not a kvprof recording "
-                                        f"(no {FILE}; `vllm serve --kv-record DIR` writes one)")
+                                        f"({_not_a_file(path)}; `vllm serve --kv-record DIR` writes one)")
     try:
         document = read_json(path, RecordingError)
     except OSError as exc:

@@ -144,3 +144,26 @@ def test_show_accepts_the_published_format(tmp_path):
     result = invoke("show", path)
     assert result.exit_code == 0, result.output
     assert "text_1" in result.stdout and "published" in result.stdout
+
+
+def test_the_fitted_and_the_tuned_horizon_are_named_apart(small_trace, tmp_path):
+    """fit and show printed 60 s, the tuning table and the server 15 s, each as "horizon" (issue 21)."""
+    hp_path = tmp_path / "hp.json"
+    result = invoke("fit", small_trace, "-o", hp_path, "--window", "0:360", "--capacity", "256")
+    assert result.exit_code == 0, result.output
+    hp = load_hp(hp_path)
+    tuned = hp.tuning[0]["horizon_s"]
+    named = f"fitted horizon {hp.horizon:g} s, wa's tuned horizon {tuned:g} s"
+    assert named in " ".join(result.stderr.split())
+    assert "wa's horizon (s)" in result.stdout
+    shown = invoke("show", hp_path)
+    assert shown.exit_code == 0 and named in " ".join(shown.stdout.split())
+
+
+def test_fit_learned_says_why_it_learned_nothing(tmp_path):
+    """One request: no frees for Belady to label, so nothing to learn; once printed "-" with no reason."""
+    trace = tmp_path / "one.jsonl"
+    write_lines(trace, [GOOD])
+    result = invoke("fit", trace, "-o", tmp_path / "hp.json", "--capacity", "64", "--learned")
+    assert result.exit_code == 0, result.output
+    assert "nothing to learn" in " ".join(result.stdout.split())

@@ -131,7 +131,7 @@ def test_hp_file_that_does_not_fit_the_trace(small_trace, fitted, tmp_path, chan
 
 @pytest.mark.parametrize("failure", ["interrupted sweep", "empty evaluation window", "failed plot"])
 def test_the_previous_outputs_stay_until_new_complete_ones_replace_them(small_trace, tmp_path, monkeypatch, failure):
-    """A failed run leaves the directory as it was; results.json is never deleted before the sweep."""
+    """A failed run leaves the directory as it was, whichever output failed."""
     old = {"results.json": '{"complete": true, "old": 1}', "hp.json": '{"old": 1}'}
     for name, text in old.items():
         (tmp_path / name).write_text(text)
@@ -150,11 +150,9 @@ def test_the_previous_outputs_stay_until_new_complete_ones_replace_them(small_tr
         monkeypatch.setattr("kvprof.cli.plots.plot_results", broken)
     result = invoke("compare", small_trace, *args)
     assert result.exit_code != 0
-    if failure == "failed plot":  # the plots come after the results they are drawn from
-        assert json.loads((tmp_path / "results.json").read_text())["complete"] is True
-        assert load_hp(tmp_path / "hp.json").provenance["window"][1] == 360
-    else:
-        assert {name: (tmp_path / name).read_text() for name in old} == old
+    # The outputs of one run are replaced together or not at all: a failed plot keeps the old results too.
+    assert {name: (tmp_path / name).read_text() for name in old} == old
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(old)  # no temporary file left
 
 
 @pytest.mark.parametrize(
@@ -256,3 +254,29 @@ def test_a_rate_scale_reaches_the_tuning_replays_too(small_trace, tmp_path):
     document = json.loads((tmp_path / "results.json").read_text())
     assert document["config"]["rate_scale"] == 2
     assert {run["policy"] for run in document["runs"]} == {"lru", "wa"}
+
+
+def test_a_recordings_compare_says_where_qttft_comes_from_and_counts_blocks_as_a_live_run(tmp_path):
+    """compare of a recording printed nan in every QTTFT cell under "QTTFT modelled at ..."; its
+    capacity was num_gpu_blocks - 1 while the live run of the same server said num_gpu_blocks (issue 21)."""
+    from kvprof.limits import usable_blocks
+    from tests.test_recording import BS, START, Clock, record, request
+
+    t0 = 1_000_000.0
+    requests = []
+    for i in range(40):
+        r = request(t0 + 5 * i, [b"sys", f"q{i}".encode()], tags={"type": "api", "turn": 1})
+        requests.append((r, t0 + 5 * i + 0.1, t0 + 5 * i + 1))
+    record(tmp_path / "rec", requests, clock=Clock(t0))
+    out = tmp_path / "cmp"
+    result = invoke("compare", tmp_path / "rec", "--eval-window", "0:", "--policies", "lru,belady", "-o", out, "-j", "1")
+    assert result.exit_code == 0, result.output
+    text = one_line(result.stdout)
+    assert "nan" not in text and "QTTFT modelled" not in text
+    assert "QTTFT -: on recorded timing every policy keeps the server's own schedule" in text
+    assert "capacity (usable blocks)" in text and "overloaded" not in one_line(result.stderr)
+    document = json.loads((out / "results.json").read_text())
+    assert {run["capacity"] for run in document["runs"]} == {usable_blocks(START["num_gpu_blocks"])} == {63}
+    assert BS == document["config"]["engine_block_size"]
+    shown = invoke("show", out / "results.json")
+    assert shown.exit_code == 0 and "capacity (usable blocks)" in one_line(shown.stdout) and "63" in shown.stdout

@@ -188,3 +188,65 @@ def test_options_that_do_not_fit_the_trace_exit_2_before_fitting(tmp_path, trace
     assert result.exit_code == 2, result.output
     assert words in one_line(result.output)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
+
+
+# --- messages that mislead (issue 21, item 19) ------------------------------------------------------
+
+
+def test_every_help_text_keeps_its_brackets():
+    """Help is rich markup: 'pip install kvprof[ray]' printed as 'pip install kvprof' ([ray] read as a tag)."""
+    from rich.text import Text
+
+    root = get_command(app)
+    for name, command in root.commands.items():
+        for text in [command.help or "", *(getattr(param, "help", None) or "" for param in command.params)]:
+            shown = Text.from_markup(text).plain
+            assert shown == text.replace("\\[", "["), f"{name}: rich reads a bracket of {text!r} as a tag; write \\["
+    result = invoke("compare", "--help")
+    assert "kvprof[ray]" in result.stdout
+
+
+def test_a_bound_is_described_by_the_numbers_it_keeps():
+    """'must be > 0 and <= 1, got int 1': the limit 1 - 1e-12 printed as 1."""
+    from kvprof.models.hp import OPEN_PROBABILITY
+
+    assert OPEN_PROBABILITY.describe() == "a finite number > 0 and <= 0.999999999999"
+    assert Bound(0.0, 1e6, low_open=True).describe() == "a finite number > 0 and <= 1e+06"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-1e12, 1e12), st.floats(0, 1e12))
+def test_the_limits_a_bound_states_are_its_limits(low, width):
+    high = low + width
+    words = Bound(low, high).describe().split()
+    assert float(words[words.index("from") + 1]) == low and float(words[-1]) == high
+
+
+def test_fits_capacities_are_refused_by_the_limit_fit_keeps(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 20, '
+                     '"output_length": 5, "type": "text", "turn": 1, "hash_ids": [1, 2]}\n')
+    for value in ("0", str(2**40 + 1)):
+        result = invoke("fit", trace, "--capacity", value, "-o", tmp_path / "hp.json")
+        assert result.exit_code == 2
+        assert f"must be an integer from 1 to {2**40}, got '{value}'" in one_line(result.output)
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "dangling link", "missing"])
+def test_a_recording_json_that_is_no_file_is_said_to_be_what_it_is(tmp_path, kind):
+    recording = tmp_path / "rec"
+    recording.mkdir()
+    target = recording / "recording.json"
+    if kind == "directory":
+        target.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "dangling link":
+        target.symlink_to(tmp_path / "gone.json")
+    result = invoke("inspect", recording)
+    assert result.exit_code == 1
+    expected = {"directory": "its recording.json is a directory, not a file",
+                "fifo": "its recording.json is a FIFO, not a file",
+                "dangling link": f"its recording.json is a link to {str(tmp_path / 'gone.json')!r}, which does not exist",
+                "missing": "no recording.json"}[kind]
+    assert expected in one_line(result.output)

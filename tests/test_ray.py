@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 
@@ -12,7 +14,7 @@ from kvprof.profiler.fit import fit_trace
 from kvprof.sim.config import SimConfig
 from kvprof.sim.sweep import run_sweep
 from kvprof.sim.tune import tune
-from tests.helpers import invoke, synthetic
+from tests.helpers import invoke, one_line, synthetic
 
 ray = pytest.importorskip("ray")
 
@@ -69,3 +71,31 @@ def test_a_sharded_fit_on_the_cluster_writes_the_local_file(cluster, bailian, tm
     for document in documents:
         document["provenance"].pop("created")
     assert documents[0] == documents[1]
+
+
+RUN_KVPROF = "import sys; from kvprof.cli.app import main; sys.argv[0] = 'kvprof'; main()"
+
+
+@pytest.mark.parametrize("ray_address", ["127.0.0.1:1", "bogus.invalid:1"])
+@pytest.mark.parametrize("verb", [("compare",), ("fit", "--sharded")])
+def test_auto_with_a_ray_address_nothing_answers_at_is_a_usage_error_naming_it(tmp_path, ray_address, verb):
+    done = subprocess.run([sys.executable, "-c", RUN_KVPROF, *verb, str(tmp_path / "never-read.jsonl"), "--ray",
+                           "auto", "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": ray_address})
+    assert done.returncode == 2, done.stderr
+    assert f"no Ray cluster at 'auto' (RAY_ADDRESS={ray_address!r})" in one_line(done.stderr)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_port_that_is_not_rays_fails_within_the_connect_timeout():
+    """Something listens, but not Ray: Ray would retry for ever; kvprof gives up after its timeout."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        code = ("from kvprof.sim.runner import connect_ray; from kvprof.sim.config import SimulationError\n"
+                "try:\n    connect_ray('auto', timeout_s=3)\nexcept SimulationError as exc:\n    print(exc)")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "RAY_ADDRESS": address})
+    assert done.returncode == 0, done.stderr
+    assert f"no Ray cluster at 'auto' (RAY_ADDRESS={address!r}) answered within 3 s" in done.stdout

@@ -126,7 +126,7 @@ def test_replay_reads_capacity_from_metrics_and_writes_the_plots_of_compare(stub
     assert result.exit_code == 0, result.output
     document = results_of(tmp_path / "live")
     run = document["runs"][0]
-    assert run["capacity"] == 48 and document["config"]["capacities"] == [48]
+    assert run["capacity"] == 47 and document["config"]["capacities"] == [47]  # usable: 48 less the null block
     assert document["inputs"]["server"] == {"url": url, "model": "m", "num_gpu_blocks": 48, "block_size": 32,
                                             "max_model_len": None}
     assert document["config"]["engine_block_size"] == 32

@@ -6,13 +6,16 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
 from kvprof.sim.config import SimConfig, SimulationError
-from kvprof.sim.sample import Miniature, chain_roots, chain_sample, in_sample
+from kvprof.sim.sample import Miniature, chain_roots, chain_sample, hit_ratio_error, in_sample, MAX_LOST_SHARE
 from kvprof.sim.sweep import run_sweep
-from tests.helpers import invoke, synthetic
+from kvprof.sim.workload import prepare_workload
+from tests.helpers import invoke, one_line, synthetic
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +79,67 @@ def test_compare_samples_and_says_so(bailian, tmp_path):
     assert "estimated on a sample of 0.3" in result.stdout.replace("\n", " ")
     document = json.loads((tmp_path / "results.json").read_text())
     assert document["config"]["sample_rate"] == 0.3 and document["inputs"]["sample"]["chains"] > 0
+
+
+def test_a_sample_too_small_for_a_request_the_full_cache_holds_is_refused(bailian, tmp_path):
+    """A sample of 0.001 once scaled 256 blocks to 2 and printed 0.0000 for every policy (issue 21)."""
+    path, _ = bailian
+    result = invoke("compare", path, "--policies", "lru", "--capacity", "256", "--sample", "0.005",
+                    "--eval-window", "450:", "-j", "1", "-o", tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    message = one_line(result.stderr)
+    assert "a sample of 0.005 scales the cache of 256 blocks to 9, too small for 3 of the sample's 7 requests" in message
+    assert "of its prompt tokens" in message
+    assert "Sample at least about" in message and not (tmp_path / "out").exists()
+
+
+def test_requests_only_the_miniature_rejects_widen_the_bound_or_refuse_the_sample(bailian):
+    _, trace = bailian
+    evaluated = trace.time_window(450.0, None)
+    outcomes = []
+    for rate in (0.02, 0.1, 0.3, 0.6):
+        config = SimConfig(sample_rate=rate)
+        try:
+            sampled = run_sweep(evaluated, None, ["lru"], [256], config)
+        except SimulationError as exc:
+            assert "too small for" in str(exc)
+            outcomes.append("refused")
+            continue
+        sample = chain_sample(evaluated, rate)
+        workload = prepare_workload(sample, engine_block_size=config.engine_block_size)
+        needs, scaled = workload.blocks_needed(False), Miniature.of(sample, workload, rate).capacity(256)
+        lost = (needs > scaled) & (needs <= 256)
+        share = sampled.inputs["sample"]["lost_token_share"]["256"]
+        assert share == pytest.approx(workload.prompt_tokens[lost].sum() / workload.prompt_tokens.sum())
+        assert share <= MAX_LOST_SHARE
+        outcomes.append("estimated")
+    assert outcomes[0] == "refused" and outcomes[-1] == "estimated"
+
+
+def test_compare_states_each_sampled_hit_ratios_error_bound(bailian, tmp_path):
+    path, _ = bailian
+    result = invoke("compare", path, "--policies", "lru", "--capacity", "512", "--sample", "0.3",
+                    "--eval-window", "450:", "-j", "1", "-o", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    facts, run = document["inputs"]["sample"], document["runs"][0]
+    assert 0 < facts["effective_chains"] <= facts["chains"]
+    table = invoke("compare", path, "--policies", "lru", "--capacity", "512", "--sample", "0.3",
+                   "--eval-window", "450:", "-j", "1", "-o", tmp_path)
+    bound = hit_ratio_error(run["token_hit_ratio"], 0.3, facts["effective_chains"], facts["lost_token_share"]["512"])
+    assert f"{run['token_hit_ratio']:.4f} ± {bound:.4f}" in table.stdout
+    assert "2 standard errors of the conversations drawn" in one_line(table.stdout)
+    assert bound > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 10_000), st.floats(0, 1)), min_size=1, max_size=50),
+       st.floats(0.001, 1.0))
+def test_the_bound_covers_two_standard_errors_whatever_each_conversation_hit(conversations, rate):
+    """The cluster-sampling standard error of the ratio, with each conversation's hits anywhere in [0, t_c]."""
+    tokens = np.array([t for t, _ in conversations], dtype=np.float64)
+    hits = np.array([t * share for t, share in conversations])
+    ratio = hits.sum() / tokens.sum()
+    standard_error = np.sqrt((1 - rate) * np.square(hits - ratio * tokens).sum()) / tokens.sum()
+    n_effective = tokens.sum() ** 2 / np.square(tokens).sum()
+    assert 2 * standard_error <= hit_ratio_error(ratio, rate, n_effective) + 1e-12

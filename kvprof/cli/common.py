@@ -15,6 +15,7 @@ Three rules every command follows, each kept here once:
 from __future__ import annotations
 
 import functools
+import math
 import os
 import stat
 from collections.abc import Callable, Iterable
@@ -118,11 +119,12 @@ def ray_cluster(address: str | None) -> str | None:
     return address
 
 
+# Help texts are rich markup: "\\[" keeps a bracket that would read as a tag (tests/test_hostile_options.py).
 RayOpt = Annotated[
     Optional[str],
     typer.Option("--ray", callback=ray_cluster, metavar="ADDRESS",
                  help="Run the replays as tasks of this Ray cluster (auto: RAY_ADDRESS, else the cluster running "
-                      "here); needs pip install 'kvprof[ray]'. Same results as on this machine."),
+                      "here, within 30 s); needs pip install 'kvprof\\[ray]'. Same results as on this machine."),
 ]
 
 
@@ -137,9 +139,9 @@ def parse_list(text: str, bound: Bound, option: str, what: str) -> tuple:
     return tuple(values)
 
 
-def capacity_list(text: str, option: str = "--capacity") -> tuple[int, ...]:
-    """``--capacity``'s comma-separated whole numbers of blocks, each > 0 (a usage error otherwise)."""
-    return parse_list(text, BLOCKS, option, "capacity")
+def capacity_list(text: str, option: str = "--capacity", bound: Bound = BLOCKS) -> tuple[int, ...]:
+    """``--capacity``'s comma-separated whole numbers of blocks, each inside ``bound`` (a usage error otherwise)."""
+    return parse_list(text, bound, option, "capacity")
 
 
 def parse_window_option(text: str | None, option: str = "--window") -> tuple[float | None, float | None] | None:
@@ -287,8 +289,11 @@ OVERLOADED = " (overloaded)"
 
 
 def qttft_cell(seconds: float | None, overloaded: bool = False) -> str:
-    """A QTTFT table cell: seconds with two decimals, ``-`` for none, marked when the server was overloaded."""
-    return ("-" if seconds is None else f"{seconds:.2f}") + (OVERLOADED if overloaded else "")
+    """A QTTFT table cell: seconds with two decimals, marked when the server was overloaded; ``-`` for
+    none (None, or NaN: a replay on recorded timing models none)."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    return f"{seconds:.2f}" + (OVERLOADED if overloaded else "")
 
 
 # --- outputs --------------------------------------------------------------------------------------

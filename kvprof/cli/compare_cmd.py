@@ -3,14 +3,17 @@
 Wiring only: options are checked here, the work is :func:`kvprof.sim.sweep.run_sweep`, the
 document :mod:`kvprof.results`, the pictures :func:`kvprof.cli.plots.plot_results`.
 
-Outputs: a fitted ``hp.json`` and ``results.json`` are written only once the sweep has finished,
-``results.json`` last of the two, then the plots; until then the previous outputs stay as they
-were, so a failed or interrupted run never leaves a half-new directory behind.
+Outputs: a fitted ``hp.json``, ``results.json`` and the plots are written only once the sweep has
+finished, each to a temporary file, then renamed into place together (:func:`kvprof.atomic.staged`);
+until then the previous outputs stay as they were, so a failed or interrupted run never leaves a
+half-new directory behind.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -41,7 +44,8 @@ from kvprof.cli.common import (
 )
 from kvprof.cli.output import print_json, progress, say, show, status, table, warn
 from kvprof import results as results_file
-from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE
+from kvprof.atomic import staged
+from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE, usable_blocks
 from kvprof.sim.config import (
     COST_BOUNDS,
     TIMINGS,
@@ -190,7 +194,7 @@ def compare(
                inputs=[trace_path, config, cost_file])
     recording = recording_of(trace_path)
     if capacity is None:
-        capacity = str(max(recording.num_gpu_blocks - 1, 1)) if recording else DEFAULT_CAPACITIES
+        capacity = str(usable_blocks(recording.num_gpu_blocks)) if recording else DEFAULT_CAPACITIES
     capacities = (schedule[0][1],) if schedule else _capacity_list(capacity)
     check_memory([*capacities, *(blocks for _, blocks in schedule)], cpu_capacity, jobs, len(names) * len(capacities),
                  "--capacity/--cpu-capacity/--capacity-schedule")
@@ -272,7 +276,7 @@ def demo(
 
 def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs, fitted,
                     default_block=False, cost_file=None, ray=None) -> None:
-    """Sweep; then the fitted hp file, results.json and the plots, in that order; print the table."""
+    """Sweep; then the fitted hp file, results.json and the plots, put in place together; print the table."""
     from kvprof.cli.plots import plot_results
     from kvprof.sim.sweep import run_sweep
 
@@ -282,10 +286,11 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
                             progress=lambda done, total: bar.update(task, completed=done))
     document = results.to_dict()
     make_dir(output)
-    if fitted is not None:
-        fitted.save(output / FITTED_HP)
-    results_file.write(output / results_file.FILE, document)
-    plots = plot_results(document, output)
+    with staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
+        if fitted is not None:
+            fitted.save(outputs.stage(output / FITTED_HP))
+        results_file.write(outputs.stage(output / results_file.FILE), document)
+        plots = plot_results(document, output, outputs)
     _warn_if_overloaded(results, cost_file)
     if json_out:
         print_json(document)
@@ -295,22 +300,28 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
 
 
 def _table(results, default_block: bool):
+    from kvprof.sim.sample import hit_ratio_error
+
     config = results.config
     trace_facts = results.inputs["trace"]
     block = f"{config.engine_block_size}-token engine blocks"
     if default_block:
         block += f" (default: the smallest multiple of the trace's {trace_facts['block_size']}-token blocks >= 128)"
     speed = f" at {config.rate_scale:g}x speed" if config.rate_scale != 1 else ""
+    error = None
     if "sample" in results.inputs:
         sample = results.inputs["sample"]
         speed += (f"; estimated on a sample of {config.sample_rate:g}: {sample['requests']:,} requests in "
-                  f"{sample['chains']:,} conversations, caches scaled to it")
+                  f"{sample['chains']:,} conversations, caches scaled to it; hit ratio ± at most 2 standard "
+                  f"errors of the conversations drawn, plus the tokens of requests only the scaled cache rejects "
+                  f"(not the error of scaling the cache itself)")
+        error = functools.partial(hit_ratio_error, rate=config.sample_rate, n_effective=sample["effective_chains"])
+        lost = sample["lost_token_share"]
     two_tiers = bool(config.cpu_capacity)
-    columns = ["capacity", "policy", "hit ratio", "vs lru", "belady gap closed", "QTTFT mean (s)", "QTTFT p99 (s)"]
+    columns = ["capacity (usable blocks)", "policy", "hit ratio", "vs lru", "belady gap closed", "QTTFT mean (s)", "QTTFT p99 (s)"]
     if two_tiers:
         columns += ["device hits", "host hits", "misses"]
-    out = table(f"{trace_facts['n_requests']:,} requests{speed}, {block}; QTTFT modelled at "
-                f"{config.cost.prefill_tokens_per_s:,.0f} prefill tokens/s",
+    out = table(f"{trace_facts['n_requests']:,} requests{speed}, {block}; {_qttft_source(results)}",
                 {column: "left" if column == "policy" else "right" for column in columns})
     for capacity in results.capacities:
         for policy in results.policies:
@@ -318,7 +329,7 @@ def _table(results, default_block: bool):
             row = [
                 f"{capacity:,}",
                 policy,
-                f"{run.token_hit_ratio:.4f}",
+                f"{run.token_hit_ratio:.4f}" + (f" ± {error(run.token_hit_ratio, lost_share=lost[str(capacity)]):.4f}" if error else ""),
                 _percent(gains["hit_gain_over_lru"]) if policy != "lru" else "",
                 _percent(gains["belady_gap_closed"]) if policy not in ("lru", "belady") else "",
                 qttft_cell(run.qttft_mean_s, run.qttft_overloaded),
@@ -330,8 +341,29 @@ def _table(results, default_block: bool):
     return out
 
 
+def _qttft_source(results) -> str:
+    """Where the QTTFT columns come from: the cost model, or nowhere on recorded timing (and why)."""
+    if _on_recorded_timing(results):
+        return ("QTTFT -: on recorded timing every policy keeps the server's own schedule, so queueing is the "
+                "recording's, not a policy's (--timing model models it)")
+    return f"QTTFT modelled at {results.config.cost.prefill_tokens_per_s:,.0f} prefill tokens/s"
+
+
+def _on_recorded_timing(results) -> bool:
+    """Whether the runs replayed recorded timing (``auto`` picks it where the trace has it; then no
+    run has a modelled QTTFT)."""
+    timing = results.config.timing
+    return timing == "recorded" or (timing == "auto" and not any(_seconds(run.qttft_mean_s) for run in results.runs))
+
+
+def _seconds(value: float | None) -> bool:
+    return value is not None and not math.isnan(value)
+
+
 def _warn_if_overloaded(results, cost_file: Path | None) -> None:
     """Say once, on stderr, which runs' modelled server could not keep up, and what to do about it."""
+    if _on_recorded_timing(results):
+        return  # nothing was modelled
     overloaded = [run for run in results.runs if run.qttft_overloaded]
     if not overloaded:
         return

@@ -15,7 +15,7 @@ import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kvprof.atomic import atomic_open
+from kvprof.atomic import StagedFiles, staged
 from kvprof.cli.output import printable
 
 #: (file stem, y label, metric keys plotted, y scale); ``{kind}`` says whether QTTFT was modelled or measured.
@@ -32,8 +32,8 @@ FORMATS = ("png", "svg")
 FILES = tuple(f"{panel[0]}.{suffix}" for panel in PANELS for suffix in FORMATS)
 
 
-def plot_results(results: dict, out_dir: Path) -> list[Path]:
-    """Write ``hit_ratio`` and ``qttft`` plots as PNG and SVG into ``out_dir``, each atomically.
+def plot_results(results: dict, out_dir: Path, staging: StagedFiles | None = None) -> list[Path]:
+    """Write ``hit_ratio`` and ``qttft`` plots as PNG and SVG into ``out_dir``, all together atomically.
 
     Parameters
     ----------
@@ -41,17 +41,23 @@ def plot_results(results: dict, out_dir: Path) -> list[Path]:
         A ``kvprof.results/1`` document (``Results.to_dict()``, ``kvprof replay``'s), or several
         joined by :func:`kvprof.results.merge`. Every run needs a capacity.
     out_dir : Path
+    staging : StagedFiles or None
+        The other outputs of the run, put in place with the plots (by the caller); None puts the
+        plots in place by themselves.
 
     Returns
     -------
     list of Path
         The files written.
     """
+    if staging is None:
+        with staged() as group:
+            return plot_results(results, out_dir, group)
     with matplotlib.rc_context({"text.parse_math": False}):
-        return [path for panel in PANELS for path in _plot_panel(results, out_dir, *panel)]
+        return [path for panel in PANELS for path in _plot_panel(results, out_dir, staging, *panel)]
 
 
-def _plot_panel(results: dict, out_dir: Path, stem: str, ylabel: str, keys: tuple[str, ...], scale: str) -> list[Path]:
+def _plot_panel(results: dict, out_dir: Path, staging: StagedFiles, stem: str, ylabel: str, keys: tuple[str, ...], scale: str) -> list[Path]:
     """One panel (``PANELS`` entry) as PNG and SVG."""
     runs = results["runs"]
     figure = Figure(figsize=(7, 4.5), layout="constrained")
@@ -64,7 +70,7 @@ def _plot_panel(results: dict, out_dir: Path, stem: str, ylabel: str, keys: tupl
             if values:
                 axes.plot(*zip(*values), style, color=f"C{index}",
                           label=printable(policy) if style == STYLES[0] else None)
-    axes.set_xlabel("GPU capacity (engine blocks)")
+    axes.set_xlabel("GPU capacity (usable engine blocks: a vLLM server's num_gpu_blocks - 1)")
     axes.set_ylabel(ylabel.format(kind=_qttft_kind(runs)))
     axes.set_yscale(scale)
     axes.grid(True, alpha=0.3)
@@ -74,7 +80,7 @@ def _plot_panel(results: dict, out_dir: Path, stem: str, ylabel: str, keys: tupl
     written = []
     for suffix in FORMATS:
         path = out_dir / f"{stem}.{suffix}"
-        with atomic_open(path, "wb") as handle:
+        with open(staging.stage(path), "wb") as handle:
             figure.savefig(handle, format=suffix, dpi=120)
         written.append(path)
     return written

@@ -31,7 +31,7 @@ from kvprof.cli.common import (
 )
 from kvprof.cli.output import first_rows, plain, print_json, printable, say, show as show_table, status, table
 from kvprof.errors import KvprofError
-from kvprof.limits import BLOCK_TOKENS, COUNT, HOURS, POSITIVE_SECONDS, SECONDS, Bound
+from kvprof.limits import BLOCK_TOKENS, COUNT, HOURS, POSITIVE_SECONDS, SECONDS, Bound, usable_blocks
 
 BlockSizeOpt = Annotated[
     Optional[int], number_option("--block-size", bound=BLOCK_TOKENS,
@@ -57,6 +57,7 @@ HorizonOpt = Annotated[
 ]
 #: Largest capacity fit tunes for (blocks); compare's is what memory allows.
 MAX_TUNED_CAPACITY = 2**40
+TUNED_BLOCKS = Bound(1, MAX_TUNED_CAPACITY, whole=True)
 
 
 def _class_rule(key: str, turn_cap: int, field: str | None) -> ClassRule:
@@ -199,7 +200,7 @@ def fit(
         return
     recording = recording_of(trace_path)
     if recording is not None and capacity is None:  # tune for the server that recorded it
-        capacity = str(max(recording.num_gpu_blocks - 1, 1))
+        capacity = str(usable_blocks(recording.num_gpu_blocks))
     capacities = _capacities(capacity, jobs)
     if engine_block_size is not None and not capacities:
         raise typer.BadParameter("is the block of the tuning replays: give it with --capacity",
@@ -229,10 +230,10 @@ def fit(
 
         hp = tune_with_progress(hp, fitted, capacities, SimConfig(engine_block_size=engine_block), jobs, ray,
                                 holdout=_holdout(trace, fitted), learn=learned)
-    _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {fitted.n_requests} requests")
+    _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {fitted.n_requests} requests", learned)
 
 
-def _report_fit(hp, output: Path, json_out: bool, title: str) -> None:
+def _report_fit(hp, output: Path, json_out: bool, title: str, learned: bool = False) -> None:
     """Save the hp file, then print it (JSON, or the cells and tuning tables)."""
     hp.save(output)
     if json_out:
@@ -240,8 +241,18 @@ def _report_fit(hp, output: Path, json_out: bool, title: str) -> None:
         return
     show_table(_cells_table(hp, title=title))
     if hp.tuning:
-        show_table(_tuning_table(hp))
-    say(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, horizon {hp.horizon:g} s)")
+        show_table(_tuning_table(hp, learn_asked=learned))
+    say(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, {_horizons(hp)})")
+
+
+def _horizons(hp) -> str:
+    """The fitted horizon and wa's tuned ones, each named for what it is (a server runs a tuned one)."""
+    text = f"fitted horizon {hp.horizon:g} s"
+    tuned = sorted({entry["horizon_s"] for entry in hp.tuning})
+    if tuned:
+        span = f"{tuned[0]:g}" if len(tuned) == 1 else f"{tuned[0]:g} to {tuned[-1]:g}"
+        text += f", wa's tuned horizon {span} s"
+    return text
 
 
 def _engine_block(engine_block_size: int | None, trace_block: int) -> int:
@@ -286,9 +297,7 @@ def _capacities(text: str | None, jobs: int) -> tuple[int, ...]:
 
     if text is None:
         return ()
-    values = capacity_list(text)
-    if any(value > MAX_TUNED_CAPACITY for value in values):
-        raise typer.BadParameter(f"capacities must be from 1 to 2**40 blocks, got {text}", param_hint="--capacity")
+    values = capacity_list(text, bound=TUNED_BLOCKS)
     if len(set(values)) != len(values):
         raise typer.BadParameter("a capacity is given twice", param_hint="--capacity")
     check_memory(values, 0, jobs, len(values) * len(HORIZON_FACTORS), "--capacity")
@@ -339,23 +348,30 @@ def _cells_table(hp, title: str):
     return out
 
 
-def _tuning_table(hp):
+def _tuning_table(hp, learn_asked: bool = False):
     entries, more = first_rows(list(hp.tuning), "capacities")
-    out = table("tuned on the fit window (wa's token hit ratio per horizon; start: best shadow; learned: "
-                "frees Belady kept, and the predictor's held-out log-loss vs the base rate's, accuracy)",
-                {"capacity": "right", "hit ratio by H": "left", "horizon (s)": "right", "start": "left",
+    out = table("tuned on the fit window (wa's token hit ratio per horizon H; wa's horizon: the one a server runs "
+                "at that size; start: best shadow; learned: frees Belady kept, and the predictor's held-out "
+                "log-loss vs the base rate's, accuracy)",
+                {"capacity": "right", "hit ratio by H": "left", "wa's horizon (s)": "right", "start": "left",
                  "learned": "left"}, caption=more)
     for entry in entries:
         tried = entry.get("measured", {}).get("hit_ratio_by_horizon_s", {})
         out.add_row(f"{entry['capacity']:,}", ", ".join(f"{h} s: {r:.4f}" for h, r in tried.items()),
-                    f"{entry['horizon_s']:g}", entry["start"], _learned_text(entry.get("learned")))
+                    f"{entry['horizon_s']:g}", entry["start"], _learned_text(entry.get("learned"), learn_asked))
     return out
 
 
-def _learned_text(model) -> str:
-    """The learned predictor's labels and held-out quality in one cell ("-": none)."""
+#: Why ``fit --learned`` learned nothing at a capacity (:func:`kvprof.sim.learn.fit_learned`).
+NOTHING_TO_LEARN = ("none: Belady kept all or none of the frees on this window, or it had none (one label, "
+                    "nothing to learn); "
+                    "wa starts on its best shadow")
+
+
+def _learned_text(model, asked: bool = False) -> str:
+    """The learned predictor's labels and held-out quality in one cell ("-": none asked for)."""
     if model is None:
-        return "-"
+        return NOTHING_TO_LEARN if asked else "-"
     quality = model.quality
     text = f"{quality.get('friendly_share', math.nan):.1%} of {quality.get('n_frees', 0):,} kept"
     if "holdout_log_loss" in quality:
@@ -541,8 +557,8 @@ def _show_hp(hp_path: Path, json_out: bool) -> None:
     published = hp.schema == PUBLISHED_FORMAT
     header = Text()
     header.append(printable(str(hp_path)), style="bold")
-    header.append(f"  {'published profiler format' if published else 'schema ' + hp.schema}  horizon "
-                  f"{hp.horizon:g} s  concurrency floor {hp.min_gap:g} s\n")
+    header.append(f"  {'published profiler format' if published else 'schema ' + hp.schema}  {_horizons(hp)}  "
+                  f"concurrency floor {hp.min_gap:g} s\n")
     header.append_text(plain(f"class rule: {rule.key}" + (f" (turns capped at {rule.turn_cap})" if rule.key == "type_turn" else "")
                              + (f" on field {rule.field}" if rule.field else "") + "\n"))
     if prov:

@@ -92,7 +92,8 @@ def replay(
     capacity: Annotated[
         Optional[int],
         number_option("--capacity", bound=BLOCKS,
-                      help="The server's GPU KV-cache size in blocks (default: from its /metrics)."),
+                      help="The blocks the server's cache holds (default: from its /metrics, num_gpu_blocks - 1: "
+                           "vLLM's null block holds none)."),
     ] = None,
     rate_scale: Annotated[
         float, number_option("--rate-scale", bound=RATE_SCALE, help="Speed-up of arrivals: 2 replays twice as fast.")

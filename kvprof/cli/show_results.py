@@ -30,7 +30,7 @@ def show_results(paths: list[Path], documents: list[dict], output: Path | None, 
         return
     runs, more = first_rows(merged["runs"], "runs")
     out = table(", ".join(map(str, paths)), {column: "left" if column in ("policy", "run") else "right" for column in (
-        "policy", "run", "capacity", "requests", "not served", "hit ratio", "QTTFT mean (s)", "QTTFT p99 (s)")},
+        "policy", "run", "capacity (usable blocks)", "requests", "not served", "hit ratio", "QTTFT mean (s)", "QTTFT p99 (s)")},
         caption=HIT_RATIO_NOTE if more is None else f"{more}\n{HIT_RATIO_NOTE}")
     for run in runs:
         hit = run["token_hit_ratio"]

@@ -19,6 +19,7 @@ from numba.typed import List
 
 from kvprof.core import stream, structs, tiers
 from kvprof.core.build import compile_policy, write_back
+from kvprof.core.interrupts import compiled_call
 from kvprof.core.policy import policy_admit, policy_finish
 
 
@@ -274,11 +275,12 @@ def run(workload, policy, host_policy, config, schedule, check: bool = False, pe
     blocks, next_use, first, loaded = np.zeros(0, np.int64), np.zeros(0), 0, 0
     future = policy.offline or (has_host and host_policy.offline)
     with stream.next_uses(workload, chunk) if future else _no_next_uses() as later:
-        while not replay(st, gpu, host, has_host, workload.arrival, workload.output_tokens, workload.prompt_tokens,
-                         offsets, blocks, next_use, offsets[first], loaded, workload.n_lookup, n_total, classes,
-                         host_classes, schedule_t, schedule_c, workload.engine_block_size, cost.step_overhead_s,
-                         cost.prefill_tokens_per_s, cost.max_batched_tokens, cost.max_num_seqs, cost.decode,
-                         cost.time_per_output_token_s, cost.host_load_s_per_block, check):
+        while not compiled_call(replay, st, gpu, host, has_host, workload.arrival, workload.output_tokens,
+                                workload.prompt_tokens, offsets, blocks, next_use, offsets[first], loaded,
+                                workload.n_lookup, n_total, classes, host_classes, schedule_t, schedule_c,
+                                workload.engine_block_size, cost.step_overhead_s, cost.prefill_tokens_per_s,
+                                cost.max_batched_tokens, cost.max_num_seqs, cost.decode,
+                                cost.time_per_output_token_s, cost.host_load_s_per_block, check):
             # The next window: the requests still needed, and the next chunk after the loaded ones.
             keep = first_needed(st, has_host)  # <= loaded: nothing is read before it is loaded
             stop = min(loaded + chunk, workload.n_requests)

@@ -3,15 +3,18 @@
 A request takes its blocks when the server first scheduled it and frees them when the server
 did, so blocks stay pinned exactly as long as they did in the server. :func:`admit` and
 :func:`release` are also what the live counterfactual of the vLLM plugin
-(:mod:`kvprof.vllm.observe`) calls, one request at a time.
+(:mod:`kvprof.vllm.observe`) calls, one request at a time. :func:`replay` plays the events in
+chunks, each one compiled call, so that an interrupt ends it within a chunk.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.typed import List
 
 from kvprof.core import structs, tiers
+from kvprof.core.interrupts import compiled_call
 from kvprof.core.policy import policy_admit, policy_finish, policy_remove
 from kvprof.core.structs import NONE
 
@@ -43,49 +46,72 @@ def finish(gpu, blocks, next_use, start, held, n_cacheable, n_new, now, workload
     return held + more
 
 
-@njit(cache=True)
+#: Events one compiled call plays: between calls Python runs, so an interrupt (SIGINT, SIGTERM)
+#: is acted on within one chunk, not when the whole replay returns.
+CHUNK_EVENTS = 8192
+
+
 def replay(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request, event_admits,
-           event_time, check):
+           event_time, check, chunk: int = CHUNK_EVENTS):
     """Play the events in order, each the admission or the finish of one request (the arrays of
-    :class:`kvprof.sim.timed.RecordedTiming`).
+    :class:`kvprof.sim.timed.RecordedTiming`), ``chunk`` events per compiled call.
 
     Returns ``(hits, held)`` per request (int64 arrays; 0 for requests never admitted).
     """
     n = len(n_prompt)
     hits = np.zeros(n, np.int64)
     held = np.zeros(n, np.int64)
-    seats = [np.zeros(0, np.int64) for _ in range(0)]  # slot arrays, one per running request, reused
-    free_seats = np.zeros(16, np.int64)
-    n_free_seats = 0
+    seats = List.empty_list(types.int64[::1])  # slot arrays, one per running request, reused
     seat_of = np.full(n, -1, np.int64)
-    for e in range(len(event_request)):
+    free_seats, n_free_seats = np.zeros(16, np.int64), 0
+    for start in range(0, len(event_request), chunk):
+        stop = min(start + chunk, len(event_request))
+        free_seats, n_free_seats = compiled_call(
+            _play, gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request,
+            event_admits, event_time, check, start, stop, hits, held, seats, seat_of, free_seats, n_free_seats)
+    return hits, held
+
+
+@njit(cache=True)
+def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request, event_admits,
+          event_time, check, start, stop, hits, held, seats, seat_of, free_seats, n_free_seats):
+    """Events ``start .. stop - 1`` of :func:`replay`; its state in ``hits .. n_free_seats``.
+    Returns ``(free_seats, n_free_seats)`` (the array may have grown)."""
+    # A native list while the events play (a typed List costs a call per access), ``seats`` again after.
+    local = [seats[i] for i in range(len(seats))]
+    for e in range(start, stop):
         r = event_request[e]
         if event_admits[e]:
             if n_free_seats:
                 n_free_seats -= 1
                 seat = free_seats[n_free_seats]
             else:
-                seat = len(seats)
-                seats.append(np.zeros(0, np.int64))
-            if len(seats[seat]) < n_prompt[r] + n_new[r]:
-                seats[seat] = np.zeros(max(n_prompt[r] + n_new[r], 2 * len(seats[seat])), np.int64)
+                seat = len(local)
+                local.append(np.zeros(0, np.int64))
+            if len(local[seat]) < n_prompt[r] + n_new[r]:
+                local[seat] = np.zeros(max(n_prompt[r] + n_new[r], 2 * len(local[seat])), np.int64)
             seat_of[r] = seat
             hits[r], held[r] = admit(gpu, blocks, next_use, offsets[r], n_full[r], n_lookup[r], n_prompt[r],
-                                     event_time[e], classes[r], seats[seat])
+                                     event_time[e], classes[r], local[seat])
             policy_admit(gpu.policy, seat, blocks[offsets[r]:offsets[r] + n_full[r]], n_lookup[r], n_prompt[r],
                          event_time[e], classes[r])
         else:
             seat = seat_of[r]
             policy_finish(gpu.policy, seat, event_time[e], blocks[offsets[r]:offsets[r + 1]], n_prompt[r] + n_new[r])
             held[r] = finish(gpu, blocks, next_use, offsets[r], held[r], offsets[r + 1] - offsets[r], n_new[r],
-                             event_time[e], classes[r], seats[seat])
+                             event_time[e], classes[r], local[seat])
             if n_free_seats == len(free_seats):
                 free_seats = structs.grown(free_seats, n_free_seats + 1, 0)
             free_seats[n_free_seats] = seat
             n_free_seats += 1
         if check:
             tiers.check_device(gpu)
-    return hits, held
+    for i in range(len(local)):
+        if i < len(seats):
+            seats[i] = local[i]
+        else:
+            seats.append(local[i])
+    return free_seats, n_free_seats
 
 
 @njit(cache=True)

@@ -1,9 +1,10 @@
 """A whole replay: the server checked, the trace sent, and whatever was measured written.
 
-The run's capacity is the server's GPU KV-cache size in blocks, so the live point sits on
-``compare``'s capacity axis: ``capacity``, or else ``num_gpu_blocks`` of vLLM's
-``vllm:cache_config_info`` gauge (per engine, the null block included, as vLLM's
-``--num-gpu-blocks-override`` counts). Without either, or without a server, the replay stops
+The run's capacity is the blocks the server's cache can hold, so the live point sits on
+``compare``'s capacity axis (and a recording's compare, by default, at the same number):
+``capacity``, or else ``num_gpu_blocks - 1`` from vLLM's ``vllm:cache_config_info`` gauge, which
+counts per engine the null block too (as ``--num-gpu-blocks-override`` does), a block that never
+holds KV. ``inputs.server.num_gpu_blocks`` keeps the gauge's number. Without either, or without a server, the replay stops
 before its first request: a replay runs as long as its trace, and a mistake is cheapest before
 it starts. So does a test request the server refuses (:meth:`Server.probe`). The model's
 context (``max_model_len`` of ``/v1/models``) decides which prompts are too long to send.
@@ -30,6 +31,7 @@ import numpy as np
 from kvprof import results
 from kvprof.atomic import atomic_open
 from kvprof.errors import KvprofError
+from kvprof.limits import usable_blocks
 from kvprof.profiler.trace import Trace
 from kvprof.replay.calibrate import Calibration, calibrate
 from kvprof.replay.prompts import ReplayRequest, requests_of
@@ -137,16 +139,17 @@ def run_replay(trace: Trace, settings: ReplaySettings, out: Path, *, inputs: dic
 
 
 def _capacity(server: Server, capacity: int | None) -> tuple[int, dict]:
-    """The run's capacity (``capacity``, else the server's) and what the server reports of its cache."""
+    """The run's capacity (``capacity``, else the server's usable blocks) and what the server reports of its cache."""
     try:
         cache = server.cache_info()
     except ServerUnreachable:
         raise
     except KvprofError as err:
         if capacity is None:
-            raise KvprofError(f"{err}; pass --capacity BLOCKS, the server's GPU KV-cache size") from None
+            raise KvprofError(f"{err}; pass --capacity BLOCKS, the blocks the server's cache holds "
+                              f"(its num_gpu_blocks - 1)") from None
         cache = {"num_gpu_blocks": None, "block_size": None}
-    return (cache["num_gpu_blocks"] if capacity is None else capacity), cache
+    return (usable_blocks(cache["num_gpu_blocks"]) if capacity is None else capacity), cache
 
 
 def _measured_run(records: list[RequestRecord], policy: str, capacity: int, rate_scale: float,

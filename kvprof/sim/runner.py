@@ -11,7 +11,10 @@ asked to.
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 from joblib import Parallel, cpu_count, delayed, effective_n_jobs
@@ -38,29 +41,69 @@ def sweep_workers(n_jobs: int, n_runs: int) -> int:
     return max(1, min(effective_n_jobs(n_jobs), cpu_count(), n_runs))
 
 
-def connect_ray(address: str):
+#: Seconds a cluster has to answer ``--ray``: Ray itself retries an address that does not answer
+#: (a name that does not resolve, a port that is not Ray's) for minutes, or forever.
+RAY_CONNECT_TIMEOUT_S = 30.0
+
+
+def connect_ray(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S):
     """The ``ray`` module, connected to the cluster at ``address`` (``"auto"``: Ray's own rule,
     ``RAY_ADDRESS`` or the cluster running on this machine); already connected, as it is.
 
     Raises
     ------
     SimulationError
-        Ray is not installed, or no cluster answers at ``address``.
+        Ray is not installed, or no cluster answers at ``address`` within ``timeout_s`` seconds.
     """
     try:
         import ray
     except ImportError:
         raise SimulationError("Ray is not installed here: pip install 'kvprof[ray]'") from None
     if not ray.is_initialized():
-        _check_reachable(address)
-        try:
-            ray.init(address=address, logging_level="warning", log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise SimulationError(f"no Ray cluster at {address!r}: {exc}") from None
+        where = _described(address)
+        _check_reachable(_resolved(address), where)
+        _init_within(ray, address, where, timeout_s)
     return ray
 
 
-def _check_reachable(address: str) -> None:
+def _resolved(address: str) -> str:
+    """The address Ray will try: ``RAY_ADDRESS`` for ``"auto"`` when it is set."""
+    return (os.environ.get("RAY_ADDRESS") or address) if address == "auto" else address
+
+
+def _described(address: str) -> str:
+    resolved = _resolved(address)
+    return repr(address) if resolved == address else f"{address!r} (RAY_ADDRESS={resolved!r})"
+
+
+def _init_within(ray, address: str, where: str, timeout_s: float) -> None:
+    """``ray.init`` in a daemon thread, waited for at most ``timeout_s``: a cluster that never
+    answers leaves the thread behind (it dies with the process), not this command hanging. The
+    wait is in short steps, so that an interrupt ends it at once."""
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, logging_level="error", log_to_driver=False)
+            outcome.append(None)
+        except BaseException as exc:  # handed to the waiting thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=connect, name="ray-connect", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.1)
+    if not outcome:
+        raise SimulationError(f"no Ray cluster at {where} answered within {timeout_s:g} s (is it a Ray head "
+                              f"node's address, host:port of its GCS, default port 6379?)")
+    if isinstance(outcome[0], (ConnectionError, RuntimeError, ValueError)):
+        raise SimulationError(f"no Ray cluster at {where}: {outcome[0]}") from None
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
+def _check_reachable(address: str, where: str) -> None:
     """Refuse a ``host:port`` nothing listens on at once (Ray itself keeps retrying for minutes)."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not (host and port.isdigit()):
@@ -68,7 +111,7 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=10).close()
     except OSError as exc:
-        raise SimulationError(f"no Ray cluster at {address!r}: {exc.strerror or exc}") from None
+        raise SimulationError(f"no Ray cluster at {where}: {exc.strerror or exc}") from None
 
 
 def run_tasks(function: Callable, shared, tasks: Sequence[tuple], *, n_jobs: int = 1, ray: str | None = None,

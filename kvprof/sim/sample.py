@@ -21,6 +21,24 @@ the scaled cache keeps room for them: ``capacity x R + (1 - R) x min(shared, cap
 ``shared`` the blocks more than one sampled chain uses (:class:`Miniature`). Small caches stay
 the hard case: at 256 blocks of bailian-a a sample of 0.1 caches about one request's worth.
 
+A request that the scaled cache is too small for, but the full cache holds, is rejected in the
+miniature only: its tokens' share is added to the error bound, and a sample where such requests
+carry more than a tenth of the prompt tokens is refused (:func:`lost_shares`; a sample of 0.001
+at 256 blocks scaled them to 2 and rejected every request).
+
+Every estimate carries a bound on its sampling error (:func:`hit_ratio_error`): the hit ratio of
+a sample is a ratio estimator over the conversations drawn (cluster sampling: Cochran, *Sampling
+Techniques*, 3rd ed., 1977, sections 6.4 and 9A), whose standard error is
+``sqrt((1 - R) * sum((h_c - r t_c)^2)) / sum(t_c)`` over the sampled conversations ``c`` (``h_c`` the
+conversation's cached tokens, ``t_c`` its prompt tokens, ``r`` the estimate). A conversation's
+``|h_c - r t_c|`` is at most ``max(r, 1 - r) t_c``, so the error is at most
+``max(r, 1 - r) sqrt((1 - R) / n_eff)``, ``n_eff = sum(t_c)^2 / sum(t_c^2)`` the conversations
+the sample effectively holds; two of these are reported. The bound needs no replay beyond the
+sample's own (a bootstrap over conversations would need each one's hits, and re-replays to
+cover the cache they share); it is conservative, as each conversation is taken at its worst, and
+it covers which conversations the hash drew, not the scaling of the cache itself (SHARDS'
+model error, which ``benchmarks/bench_quality.py --sample`` measures against full replays).
+
 The modelled server keeps its speed: the sample's requests then finish as fast as the full
 trace's would without queueing, so a fraction ``R`` of the blocks is pinned at a time, as the
 cache is a fraction ``R`` of the size. Queued TTFT of a sample is the sample's own (its queue is
@@ -127,8 +145,72 @@ class Miniature:
                        capacity_schedule=tuple((t, self.capacity(c)) for t, c in config.capacity_schedule))
 
 
-def sample_facts(trace: Trace, sample: Trace, miniature: Miniature) -> dict:
-    """What a results file says of a sample: its requests and chains out of the trace's, its shared blocks."""
+#: The most of a sample's prompt tokens that requests its scaled cache cannot hold (but the full
+#: one can) may carry: beyond it the estimate is mostly their rejections, and is refused.
+MAX_LOST_SHARE = 0.1
+
+
+def lost_shares(miniature: Miniature, needs: np.ndarray, tokens: np.ndarray, capacities) -> dict[int, float]:
+    """Per full capacity, the share of the sample's prompt tokens in requests that the scaled cache
+    cannot hold and the full one can: the most by which their rejection in the miniature alone can
+    move the estimate (added to :func:`hit_ratio_error`).
+
+    Parameters
+    ----------
+    miniature : Miniature
+    needs : int64 array
+        The engine blocks each sampled request holds while running.
+    tokens : int64 array
+        Each sampled request's prompt tokens.
+    capacities : iterable of int
+        The full caches replayed (capacities and a schedule's).
+
+    Raises
+    ------
+    SimulationError
+        A share above :data:`MAX_LOST_SHARE`, naming the capacity, the scaled one, the requests it
+        cannot hold and the rate that would hold them.
+    """
+    shares = {}
+    total = float(tokens.sum())
+    for capacity in sorted(set(capacities)):
+        scaled = miniature.capacity(capacity)
+        lost = (needs > scaled) & (needs <= capacity)
+        shares[capacity] = float(tokens[lost].sum()) / total if total else 0.0
+        if shares[capacity] > MAX_LOST_SHARE:
+            largest, kept = int(needs[lost].max()), min(miniature.shared, capacity)
+            enough = (largest - kept) / (capacity - kept) if capacity > kept else 1.0
+            raise SimulationError(
+                f"a sample of {miniature.rate:g} scales the cache of {capacity:,} blocks to {scaled:,}, too small "
+                f"for {int(lost.sum()):,} of the sample's {needs.size:,} requests (up to {largest:,} blocks, "
+                f"{shares[capacity]:.0%} of its prompt tokens) that {capacity:,} blocks hold: their rejections "
+                f"would be the estimate. Sample at least about {min(enough, 1.0):.2g}, or replay the whole trace "
+                f"(--sample 1)")
+    return shares
+
+
+def effective_chains(sample: Trace) -> float:
+    """``n_eff = sum(t_c)^2 / sum(t_c^2)`` over the sample's conversations, ``t_c`` their prompt tokens."""
+    _, chain = np.unique(chain_roots(sample), return_inverse=True)
+    tokens = np.bincount(chain, weights=sample.input_length.astype(np.float64))
+    squares = float(np.square(tokens).sum())
+    return float(tokens.sum()) ** 2 / squares if squares else 0.0
+
+
+def hit_ratio_error(hit_ratio: float | None, rate: float, n_effective: float, lost_share: float = 0.0) -> float | None:
+    """Two standard errors, at most, of a sampled token hit ratio (see the module docstring), plus
+    the share of tokens in requests only the miniature rejects (:func:`lost_shares`); None without
+    an estimate, 0 for the whole trace."""
+    if hit_ratio is None or not n_effective:
+        return None
+    return 2 * max(hit_ratio, 1 - hit_ratio) * math.sqrt((1 - rate) / n_effective) + lost_share
+
+
+def sample_facts(trace: Trace, sample: Trace, miniature: Miniature, lost: dict[int, float]) -> dict:
+    """What a results file says of a sample: its requests and chains out of the trace's, its shared
+    blocks, and for :func:`hit_ratio_error` the conversations it effectively holds and, per
+    capacity (a JSON key), the share of tokens only the miniature rejects (:func:`lost_shares`)."""
     return {"requests": sample.n_requests, "chains": int(np.unique(chain_roots(sample)).size),
             "of_requests": trace.n_requests, "of_chains": int(np.unique(chain_roots(trace)).size),
-            "shared_blocks": miniature.shared}
+            "shared_blocks": miniature.shared, "effective_chains": effective_chains(sample),
+            "lost_token_share": {str(capacity): share for capacity, share in lost.items()}}

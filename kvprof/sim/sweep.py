@@ -20,7 +20,7 @@ from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig, SimulationError, check_memory
 from kvprof.sim.engine import RunMetrics, simulate
 from kvprof.sim.runner import Progress, run_tasks, sweep_workers
-from kvprof.sim.sample import Miniature, chain_sample, sample_facts
+from kvprof.sim.sample import Miniature, chain_sample, lost_shares, sample_facts
 from kvprof.sim.workload import Workload, prepare_workload
 
 BASELINE = "lru"
@@ -124,7 +124,8 @@ def run_sweep(
     Raises
     ------
     SimulationError
-        Unknown policy, capacity <= 0, ``n_jobs`` 0, tiers beyond the machine's memory, or a
+        Unknown policy, capacity <= 0, ``n_jobs`` 0, tiers beyond the machine's memory, a sample whose
+        scaled caches cannot hold requests the full ones hold (:func:`~kvprof.sim.sample.lost_shares`), or a
         workload that cannot be prepared.
     """
     policies, capacities = tuple(policies), tuple(int(c) for c in capacities)
@@ -148,6 +149,8 @@ def run_sweep(
     replayed = chain_sample(trace, config.sample_rate)
     workload = prepare_workload(replayed, hp, config.engine_block_size, config.rate_scale)
     miniature = Miniature.of(replayed, workload, config.sample_rate)
+    lost = lost_shares(miniature, workload.blocks_needed(config.cost.decode), workload.prompt_tokens,
+                       [*capacities, *(c for _, c in config.capacity_schedule)])
     # Slow policies first, LRU (the cheapest) last, so no worker is left with a long run alone.
     schedule = sorted(range(len(tasks)), key=lambda i: tasks[i][0] == BASELINE)
     outputs = run_tasks(_run_one, workload, [(hp, *tasks[i], config, miniature) for i in schedule], n_jobs=n_jobs,
@@ -167,7 +170,7 @@ def run_sweep(
         }
     }
     if config.sample_rate < 1:
-        facts["sample"] = sample_facts(trace, replayed, miniature)
+        facts["sample"] = sample_facts(trace, replayed, miniature, lost)
     return Results(
         runs=tuple(runs),
         policies=policies,

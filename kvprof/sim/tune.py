@@ -26,7 +26,7 @@ from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig
 from kvprof.sim.engine import simulate
 from kvprof.sim.learn import belady_labels, fit_learned
-from kvprof.sim.sample import Miniature, chain_sample
+from kvprof.sim.sample import Miniature, chain_sample, lost_shares
 from kvprof.sim.runner import run_tasks
 from kvprof.sim.workload import Workload, prepare_workload
 
@@ -80,6 +80,7 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     replayed = chain_sample(replayed if replayed.n_requests else trace, config.sample_rate)
     workload = prepare_workload(replayed, hp, config.engine_block_size, config.rate_scale)
     miniature = Miniature.of(replayed, workload, config.sample_rate)
+    lost_shares(miniature, workload.blocks_needed(config.cost.decode), workload.prompt_tokens, capacities)
     horizons = [hp.horizon * factor for factor in HORIZON_FACTORS]
     n_cells = len(hp.cell_names())
     later = None
