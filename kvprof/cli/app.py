@@ -53,3 +53,7 @@ def main() -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _terminate)
     app()
+
+
+if __name__ == "__main__":  # python -m kvprof.cli.app
+    main()
