@@ -122,8 +122,8 @@ class CompiledTwin(EvictionPolicy):
             raise KeyError(f"block {taken[first_absent]} was taken back but was not evictable")
 
     def _contents(self, contents: Iterable[Hashable | None]) -> list[int]:
-        ids = self._content_id
-        return [-1 if c is None else ids[c] if c in ids else self._number(c) for c in contents]
+        get, number = self._content_id.get, self._number
+        return [-1 if c is None else n if (n := get(c)) is not None else number(c) for c in contents]
 
     def numbers(self, contents: Iterable[Hashable | None]) -> np.ndarray:
         """The content numbers the core knows ``contents`` by (numbering the new ones, in order):
