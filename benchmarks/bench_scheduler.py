@@ -167,10 +167,11 @@ class CallTimer:
         for name in ("popleft", "popleft_n", "remove", "append", "append_n", "prepend_n", "get_all_free_blocks"):
             if hasattr(queue, name):
                 self.wrap(queue, name, f"queue.{name}")
-        for name in ("_access_numbered", "_note_chain", "admit_request", "finish_request", "replace_policy"):
+        for name in ("_access_chain", "_access_numbered", "_note_chain", "admit_request", "finish_request",
+                     "replace_policy"):  # _access_chain: the pool before this benchmark's changes
             if hasattr(pool, name):
                 self.wrap(pool, name, f"pool.{name}")
-        if hasattr(pool, "policy"):
+        if hasattr(getattr(pool, "policy", None), "numbers"):
             self.wrap(pool.policy, "numbers", "policy.numbers")
         live = getattr(scheduler, "_kvprof_live", None)
         if live is not None:
