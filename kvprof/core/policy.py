@@ -283,7 +283,7 @@ def policy_order(policy, n, now, out):
     core_evict_n(copy_core(source), n, now, out, 0)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
 def policy_admit(policy, seat, contents, n_lookup, n_blocks, now, workload):
     """``EvictionPolicy.admit`` of the request numbered ``seat`` (unique among running requests)
     with chain ``contents``: feed the shadows; now and then follow the candidate whose shadow hits most."""
@@ -359,7 +359,7 @@ def in_sample(policy, contents):
     return mixed(chain) < policy.sample_below
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
 def policy_finish(policy, seat, now, contents, n_blocks):
     """``EvictionPolicy.finish`` of the request numbered ``seat`` (``contents`` empty: none given)."""
     if n_blocks > len(policy.never):

@@ -19,7 +19,7 @@ from kvprof.core.policy import policy_admit, policy_finish, policy_remove
 from kvprof.core.structs import NONE
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
 def admit(gpu, blocks, next_use, start, n_cacheable, n_lookup, n_total, now, workload, slots):
     """Give a request the blocks of its prompt: hits first, then new ones (full ones cached at
     once); their slots into ``slots[:held]``.
@@ -36,7 +36,7 @@ def admit(gpu, blocks, next_use, start, n_cacheable, n_lookup, n_total, now, wor
     return n_hit, held
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
 def finish(gpu, blocks, next_use, start, held, n_cacheable, n_new, now, workload, slots):
     """A request finished: give it the blocks its output filled (depths ``held ..``, cached below
     ``n_cacheable``), as decoding did, then free all of them tail first. Returns the blocks it held."""
@@ -114,7 +114,7 @@ def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next
     return free_seats, n_free_seats
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
 def forget(gpu, block):
     """Make content ``block`` uncached (its number is about to name another content): an
     evictable slot goes back empty, a pinned one goes back empty when its request frees it."""

@@ -75,7 +75,9 @@ class CompiledTwin(EvictionPolicy):
     same order as the reference would; ``_seats`` numbers the running requests (:meth:`admit`
     to :meth:`finish`) with the lowest numbers free, the ids the core knows them by;
     ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
-    because every change of it passes through this class.
+    because every change of it passes through this class; ``_block_content[b]`` is the content
+    number block ``b`` was last accessed with (what :meth:`remembered` gives for a hit, so a
+    prefix hit costs no key lookup per block).
 
     Parameters
     ----------
@@ -103,6 +105,7 @@ class CompiledTwin(EvictionPolicy):
         #: not evictable raises KeyError at that next call. Bound to the list, so no Python frame.
         self.take = self._taken.append
         self._out = np.empty(max(n_blocks, 16), dtype=np.int64)
+        self._block_content = np.full(max(n_blocks, 16), -1, dtype=np.int64)
         self._build()
 
     def _build(self) -> None:
@@ -119,8 +122,14 @@ class CompiledTwin(EvictionPolicy):
             raise KeyError(f"block {taken[first_absent]} was taken back but was not evictable")
 
     def _contents(self, contents: Iterable[Hashable | None]) -> list[int]:
-        ids = self._content_id
-        return [-1 if c is None else ids[c] if c in ids else self._number(c) for c in contents]
+        get, number = self._content_id.get, self._number
+        return [-1 if c is None else n if (n := get(c)) is not None else number(c) for c in contents]
+
+    def numbers(self, contents: Iterable[Hashable | None]) -> np.ndarray:
+        """The content numbers the core knows ``contents`` by (numbering the new ones, in order):
+        what :meth:`admit_numbered` and :meth:`finish_numbered` take, for a caller that keeps a
+        request's numbers instead of looking its chain up again."""
+        return np.array(self._contents(contents), dtype=np.int64)
 
     def _number(self, content: Hashable) -> int:
         """A number for a content not seen yet: the next one, or the oldest one's past ``max_contents``."""
@@ -145,35 +154,72 @@ class CompiledTwin(EvictionPolicy):
             self._apply_taken()
         ids = self._content_id
         content_id = -1 if content is None else ids[content] if content in ids else self._number(content)
+        if block >= len(self._block_content):
+            self._remember_contents(np.array([block], dtype=np.int64), np.array([content_id], dtype=np.int64))
+        else:
+            self._block_content[block] = content_id
         handle.access(self._address, block, float(now), workload, depth, hit, float(next_use), content_id)
 
     def access_chain(self, blocks: Sequence[int], depths: Sequence[int], contents: Sequence[Hashable | None],
                      now: float, workload: int, *, hit: bool) -> None:
         """``access(blocks[i], now, workload, depths[i], hit=hit, content=contents[i])`` for each
         ``i`` in order, in one compiled call."""
+        if len(blocks):
+            self.access_numbered(np.array(blocks, dtype=np.int64), np.array(depths, dtype=np.int64),
+                                 self.numbers(contents), now, workload, hit=hit)
+
+    def access_numbered(self, blocks: np.ndarray, depths: np.ndarray, numbers: np.ndarray, now: float,
+                        workload: int, *, hit: bool) -> None:
+        """:meth:`access_chain` with the contents as :meth:`numbers` (int64 arrays, one compiled call)."""
         if self._taken:
             self._apply_taken()
         n = len(blocks)
         if n:
-            handle.access_n(self._address, np.array(blocks, dtype=np.int64), np.array(depths, dtype=np.int64),
-                            np.array(self._contents(contents), dtype=np.int64), n, float(now), workload, hit)
+            self._remember_contents(blocks, numbers)
+            handle.access_n(self._address, blocks, depths, numbers, n, float(now), workload, hit)
+
+    def remembered(self, blocks: np.ndarray) -> np.ndarray | None:
+        """The content numbers ``blocks`` (int64) were last accessed with, or None if one of them never
+        was: what a prefix hit passes (a cached block's content has not changed since it was cached)."""
+        if len(blocks) and int(blocks.max()) >= len(self._block_content):
+            return None
+        numbers = self._block_content[blocks]
+        return None if len(numbers) and numbers.min() < 0 else numbers
+
+    def _remember_contents(self, blocks: np.ndarray, numbers: np.ndarray) -> None:
+        top = int(blocks.max()) + 1
+        if top > len(self._block_content):
+            grown = np.full(max(top, 2 * len(self._block_content)), -1, dtype=np.int64)
+            grown[: len(self._block_content)] = self._block_content
+            self._block_content = grown
+        self._block_content[blocks] = numbers
 
     def admit(self, request: Hashable, contents: Sequence[Hashable], now: float, workload: int = 0, *,
               n_lookup: int | None = None, n_blocks: int | None = None) -> None:
         n_lookup, n_blocks = request_sizes(contents, n_lookup, n_blocks)
         if request in self._seats:
             raise ValueError(f"request {request!r} was admitted before and has not finished")
+        self.admit_numbered(request, self.numbers(contents), now, workload, n_lookup=n_lookup, n_blocks=n_blocks)
+
+    def admit_numbered(self, request: Hashable, numbers: np.ndarray, now: float, workload: int, *, n_lookup: int,
+                       n_blocks: int) -> None:
+        """:meth:`admit` with the chain as :meth:`numbers` and its sizes given."""
+        if request in self._seats:
+            raise ValueError(f"request {request!r} was admitted before and has not finished")
         seat = self._seats.take(request)
-        handle.admit(self._address, seat, np.array(self._contents(contents), dtype=np.int64), n_lookup, n_blocks,
-                     float(now), workload)
+        handle.admit(self._address, seat, numbers, n_lookup, n_blocks, float(now), workload)
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
                n_blocks: int | None = None) -> None:
         n_blocks = finished_size(contents, n_blocks)
+        if request in self._seats:
+            self.finish_numbered(request, now, self.numbers(() if contents is None else contents), n_blocks=n_blocks)
+
+    def finish_numbered(self, request: Hashable, now: float, numbers: np.ndarray, *, n_blocks: int) -> None:
+        """:meth:`finish` with the chain as :meth:`numbers` and the size given."""
         seat = self._seats.give(request)
         if seat >= 0:
-            handle.finish(self._address, seat, float(now),
-                          np.array(self._contents(() if contents is None else contents), dtype=np.int64), n_blocks)
+            handle.finish(self._address, seat, float(now), numbers, n_blocks)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
         if self._taken:
@@ -236,6 +282,7 @@ class CompiledTwin(EvictionPolicy):
         self._content_id.clear()
         self._seats.clear()
         self._taken.clear()
+        self._block_content.fill(-1)
         self._build()
 
     def __len__(self) -> int:

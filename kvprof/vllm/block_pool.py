@@ -46,6 +46,9 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group
 from kvprof.cells import TIER_EDGES
 from kvprof.vllm.spec import PolicySpec, request_extra_args
 
+#: The suffix of group 0's cache keys (``make_block_hash_with_group_id(h, 0) == h + _GROUP0``).
+_GROUP0 = make_block_hash_with_group_id(b"", 0)
+
 #: Up to this many victims a list comprehension turns ids into blocks faster than numpy would.
 _FEW = 64
 
@@ -71,7 +74,7 @@ class PolicyFreeQueue:
         #: Cached blocks the policy evicted so far.
         self.evictions = 0
         #: When each block was last accessed or freed (the policy's clock), for a reload.
-        self.last_touch = [0.0] * len(blocks)
+        self.last_touch = np.zeros(len(blocks))
         # The same blocks as an object array: victims come back as an id array, and one gather
         # turns it into blocks three times faster than a list comprehension would.
         self._block_array = np.empty(len(blocks), dtype=object)
@@ -150,9 +153,9 @@ class PolicyFreeQueue:
             self._back.extend(block for block in blocks if block._block_hash is None)
         if cached:
             now = self._clock()
-            last_touch = self.last_touch
-            for i in cached:
-                last_touch[i] = now
+            if len(cached) > 1:
+                cached = np.array(cached, dtype=np.int64)
+            self.last_touch[cached] = now
             self.policy.free(cached, now)
 
     def prepend_n(self, blocks) -> None:
@@ -190,8 +193,15 @@ class PolicyFreeQueue:
         self._back.clear()
 
 
-def chain_depths(blocks, hash_block_size: int) -> list:
-    """``(depth, block)`` for the non-null blocks a request hits in one KV cache group.
+def _one(value) -> np.ndarray:
+    """``value`` as a one-element object array (assigned to many entries without being unpacked)."""
+    out = np.empty(1, dtype=object)
+    out[0] = value
+    return out
+
+
+def chain_depths(blocks, hash_block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block ids and depths of the non-null blocks a request hits in one KV cache group.
 
     The depth is the block's position in the request, in hash blocks, read from the tokens its
     hash covers: a sliding-window group touches only the hit blocks inside its window (the
@@ -200,9 +210,11 @@ def chain_depths(blocks, hash_block_size: int) -> list:
     depth :meth:`KvprofBlockPool.cache_full_blocks` gave the block. A block cached without a
     token count (a vLLM that does not keep one, or a test) takes its index in ``blocks``.
     """
-    return [(depth if (tokens := getattr(block, "_block_hash_num_tokens", None)) is None  # absent before 0.32
-             else tokens // hash_block_size - 1, block) for depth, block in enumerate(blocks)
-            if not block.is_null]
+    real = [(index, block) for index, block in enumerate(blocks) if not block.is_null]
+    ids = np.fromiter([block.block_id for _, block in real], dtype=np.int64, count=len(real))
+    depths = np.fromiter([index if (tokens := getattr(block, "_block_hash_num_tokens", None)) is None  # absent before 0.32
+                          else tokens // hash_block_size - 1 for index, block in real], dtype=np.int64, count=len(real))
+    return ids, depths
 
 
 class KvprofBlockPool(BlockPool):
@@ -226,9 +238,12 @@ class KvprofBlockPool(BlockPool):
         self.current_request = None
         self._clock = clock
         n = len(self.blocks)
-        self._depth = [0] * n
-        self._hits = [0] * n
-        self._owner: list = [None] * n  # (extra_args, prompt tokens) of the last request to access it
+        self._depth = np.zeros(n, dtype=np.int32)
+        self._hits = np.zeros(n, dtype=np.int32)
+        self._owner = np.empty(n, dtype=object)  # (extra_args, prompt tokens) of the last request to access it
+        #: Request id -> (content numbers of its chain, how many from the start are known): what
+        #: its blocks were cached or hit with, so that admission and finish look up only the rest.
+        self._chain_numbers: dict[str, tuple[np.ndarray, int]] = {}
         # vLLM's queue has popped the null block already; keep its order for the rest.
         free = self.free_block_queue.get_all_free_blocks()
         self.free_block_queue = PolicyFreeQueue(self.blocks, self.policy, clock)
@@ -236,18 +251,31 @@ class KvprofBlockPool(BlockPool):
 
     def touch(self, blocks, *args, **kwargs) -> None:
         super().touch(blocks, *args, **kwargs)  # takes free hit blocks out of the queue (policy.remove)
-        self._access_chain(chain_depths(blocks, self.hash_block_size), self.current_request, hit=True)
+        ids, depths = chain_depths(blocks, self.hash_block_size)
+        if len(ids):
+            request = self.current_request
+            numbers = self.policy.remembered(ids)
+            if numbers is None:  # a block no access told the policy about (cannot happen; kept exact)
+                numbers = self.policy.numbers([self.blocks[i]._block_hash for i in ids.tolist()])
+            self._access_numbered(ids, depths, numbers, request, hit=True)
+            self._note_chain(request, depths, numbers, self.blocks[int(ids[0])]._block_hash)
 
     def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs) -> None:
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
         if num_cached_blocks >= num_full_blocks:
             return
-        cached = [(depth, blocks[depth]) for depth in range(num_cached_blocks, num_full_blocks)
-                  if not blocks[depth].is_null and blocks[depth].block_hash is not None]
-        self._access_chain(cached, request, hit=False)
+        chain = [(depth, blocks[depth]) for depth in range(num_cached_blocks, num_full_blocks)
+                 if not blocks[depth].is_null and blocks[depth]._block_hash is not None]
+        if chain:
+            ids = np.fromiter([block.block_id for _, block in chain], dtype=np.int64, count=len(chain))
+            depths = np.fromiter([depth for depth, _ in chain], dtype=np.int64, count=len(chain))
+            numbers = self.policy.numbers([block._block_hash for _, block in chain])
+            self._access_numbered(ids, depths, numbers, request, hit=False)
+            self._note_chain(request, depths, numbers, chain[0][1]._block_hash)
 
-    def _access_chain(self, chain: list, request, hit: bool) -> None:
-        """One compiled call for a request's ``(depth, block)`` pairs, shallowest first."""
+    def _access_numbered(self, ids: np.ndarray, depths: np.ndarray, numbers: np.ndarray, request, hit: bool) -> None:
+        """The policy accesses blocks ``ids`` at ``depths`` with contents ``numbers`` for ``request``
+        (one compiled call), and the pool notes what a reload would tell a new policy of them."""
         spec = self.kvprof_spec
         if request is None:
             owner, cls = None, spec.default_index
@@ -255,43 +283,63 @@ class KvprofBlockPool(BlockPool):
             owner = (request_extra_args(request), request.num_prompt_tokens)
             cls = spec.class_index(*owner)
         now = self._clock()
-        ids, depths, hashes = [], [], []
-        depth_of, hits_of, owner_of, last_touch = self._depth, self._hits, self._owner, self.free_block_queue.last_touch
-        for depth, block in chain:
-            i = block.block_id
-            ids.append(i)
-            depths.append(depth)
-            hashes.append(block.block_hash)
-            depth_of[i] = depth
-            hits_of[i] = hits_of[i] + 1 if hit else 0
-            owner_of[i] = owner
-            last_touch[i] = now
-        self.policy.access_chain(ids, depths, hashes, now, cls, hit=hit)
+        self._depth[ids] = depths
+        self._hits[ids] = self._hits[ids] + 1 if hit else 0
+        self._owner[ids] = _one(owner)
+        self.free_block_queue.last_touch[ids] = now
+        self.policy.access_numbered(ids, depths, numbers, now, cls, hit=hit)
+
+    def _note_chain(self, request, depths: np.ndarray, numbers: np.ndarray, first_key) -> None:
+        """Remember ``numbers`` at chain positions ``depths`` of ``request`` (group 0's keys only)."""
+        if request is None or not first_key.endswith(_GROUP0):
+            return
+        known_numbers, known = self._chain_numbers.get(request.request_id, (None, 0))
+        end = int(depths[-1]) + 1
+        if known_numbers is None or len(known_numbers) < end:
+            grown = np.full(max(end, 2 * known, 64), -1, dtype=np.int64)
+            if known_numbers is not None:
+                grown[: len(known_numbers)] = known_numbers
+            known_numbers = grown
+        known_numbers[depths] = numbers
+        if int(depths[0]) <= known and end - int(depths[0]) == len(depths):  # contiguous with what is known
+            known = max(known, end)
+        self._chain_numbers[request.request_id] = (known_numbers, known)
 
     def admit_request(self, request) -> None:
         """``request`` got its first blocks: its prompt's full blocks reach the policy as one chain.
 
         ``wa``'s shadows live on it (:meth:`~kvprof.policy.base.EvictionPolicy.admit`); the contents
-        are the cached blocks' keys (group 0's), as :meth:`_access_chain` passes them.
+        are the cached blocks' keys (group 0's), as the accesses pass them.
         """
         size = self.hash_block_size
         prompt = request.num_prompt_tokens
-        contents = self._chain_keys(request, prompt)
-        n_full = len(contents)
+        numbers = self._chain_of(request, prompt)
+        n_full = len(numbers)
         cls = self.kvprof_spec.class_index(request_extra_args(request), prompt)
-        self.policy.admit(request.request_id, contents, self._clock(), cls,
-                          n_lookup=min(max(request.num_tokens - 1, 0) // size, n_full), n_blocks=-(-prompt // size))
+        self.policy.admit_numbered(request.request_id, numbers, self._clock(), cls,
+                                   n_lookup=min(max(request.num_tokens - 1, 0) // size, n_full),
+                                   n_blocks=-(-prompt // size))
 
     def finish_request(self, request, n_blocks: int) -> None:
         """``request``, holding ``n_blocks`` blocks, is about to be freed: its whole chain of computed
         full blocks (the output's too) reaches the policy, which caches what the output filled."""
-        contents = self._chain_keys(request, request.num_computed_tokens)
-        self.policy.finish(request.request_id, self._clock(), contents, n_blocks=max(n_blocks, len(contents)))
+        numbers = self._chain_of(request, request.num_computed_tokens)
+        self._chain_numbers.pop(request.request_id, None)
+        self.policy.finish_numbered(request.request_id, self._clock(), numbers,
+                                    n_blocks=max(n_blocks, len(numbers)))
 
-    def _chain_keys(self, request, n_tokens: int) -> list:
-        """The cache keys (group 0's) of the full blocks among ``request``'s first ``n_tokens`` tokens."""
+    def _chain_of(self, request, n_tokens: int) -> np.ndarray:
+        """The content numbers of the full blocks among ``request``'s first ``n_tokens`` tokens (their
+        group-0 keys): those its accesses told the policy, the rest looked up (and kept)."""
         n_full = min(n_tokens // self.hash_block_size, len(request.block_hashes))
-        return [make_block_hash_with_group_id(h, 0) for h in request.block_hashes[:n_full]]
+        known_numbers, known = self._chain_numbers.get(request.request_id, (None, 0))
+        known = min(known, n_full)
+        if known == n_full:
+            return known_numbers[:n_full].copy() if n_full else np.empty(0, dtype=np.int64)
+        rest = self.policy.numbers([h + _GROUP0 for h in request.block_hashes[known:n_full]])
+        numbers = rest if not known else np.concatenate([known_numbers[:known], rest])
+        self._chain_numbers[request.request_id] = (numbers, n_full)
+        return numbers
 
     def replace_policy(self, spec: PolicySpec, policy) -> None:
         """Serve with ``policy`` (a fresh compiled twin built from ``spec``) from now on.
