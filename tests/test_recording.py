@@ -137,7 +137,9 @@ for i in range(100000):
     part.write_bytes(data[: len(data) - 7])
     trace, report = read_trace(tmp_path / "k")
     written = load_recording(tmp_path / "k").starts[0].written  # saved with every closed frame
-    assert trace.n_requests > 100 and report.cut_frames == 1 and report.truncated == 0
+    # a frame longer than one zstd block decodes up to the cut, which can end inside a line: at most one
+    # unfinished line per cut frame (a loaded machine writes such frames; a quiet one rarely does)
+    assert trace.n_requests > 100 and report.cut_frames == 1 and report.truncated <= report.cut_frames
     # the cut frame's lines, if the writer counted them before it was killed
     assert report.missing == written - trace.n_requests >= 0
     ts = trace.timestamp
