@@ -43,7 +43,7 @@ import numpy as np
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group_id
 
-from kvprof.cells import TIER_EDGES
+from kvprof.vllm.carry import Held, carry_over
 from kvprof.vllm.spec import PolicySpec, request_extra_args
 
 #: The suffix of group 0's cache keys (``make_block_hash_with_group_id(h, 0) == h + _GROUP0``).
@@ -344,25 +344,24 @@ class KvprofBlockPool(BlockPool):
     def replace_policy(self, spec: PolicySpec, policy) -> None:
         """Serve with ``policy`` (a fresh compiled twin built from ``spec``) from now on.
 
-        The cached blocks carry over, oldest first: each is accessed in the new policy as often as
-        it was hit since it was cached (its reuse tier), with its depth, at the time it was last
-        accessed or freed, classified by the new hp file from the tags of the request that
-        accessed it last; the free ones are then freed, in the order they were freed. What the old
-        policy had learnt beyond that (ghosts of evicted contents, ``wa``'s shadows) starts afresh.
+        The cached blocks carry over by :func:`kvprof.vllm.carry.carry_over`'s rule, each with its
+        depth, classified by the new hp file from the tags of the request that accessed it last.
         """
         queue = self.free_block_queue
         last_touch = queue.last_touch
-        cached = sorted((b for b in self.blocks if b._block_hash is not None and not b.is_null),
-                        key=lambda b: last_touch[b.block_id])
-        for block in cached:
+        held = []
+        for block in self.blocks:
+            if block._block_hash is None or block.is_null:
+                continue
             i = block.block_id
             owner = self._owner[i]
-            cls = spec.default_index if owner is None else spec.class_index(*owner)
-            for k in range(min(self._hits[i], TIER_EDGES[-1]) + 1):
-                policy.access_chain([i], [self._depth[i]], [block.block_hash], last_touch[i], cls, hit=k > 0)
-        for block in cached:
-            if block.ref_cnt == 0:
-                policy.free([block.block_id], last_touch[block.block_id])
+            held.append(Held(i, int(self._depth[i]), block.block_hash, float(last_touch[i]),
+                             spec.default_index if owner is None else spec.class_index(*owner),
+                             int(self._hits[i]), block.ref_cnt == 0))
+        carry_over(held,
+                   lambda item, hit: policy.access_chain([item.id], [item.depth], [item.content], item.stamp,
+                                                         item.workload, hit=hit),
+                   lambda item: policy.free([item.id], item.stamp))
         self.kvprof_spec = spec
         self.policy = policy
         queue.policy = policy

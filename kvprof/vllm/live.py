@@ -154,11 +154,11 @@ class LiveLoop:
             pending, self._pending = self._pending, None
             if pending is None:
                 return
-            spec, twin = pending
+            spec, twin, offloaded = pending
             self.pool.replace_policy(spec, twin)
             offload = sys.modules.get("kvprof.vllm.offload")  # imported only where vLLM offloads to CPU
             if offload is not None:
-                offload.replace_policies(spec)
+                offload.replace_policies(spec, offloaded)
             self.spec = spec
 
     def _put(self, event) -> None:
@@ -372,9 +372,11 @@ class LiveLoop:
             if sha256 == newest:  # touched, or rewritten with the same bytes
                 return
             spec = self.spec.with_hp(hp, sha256)
-            twin = None
-            if self.pool is not None and sha256 != self.spec.hp_sha256:
+            twin = offloaded = None
+            if self.pool is not None and sha256 != self.spec.hp_sha256:  # built here, swapped in by poll
                 twin = spec.make_policy(capacity=self.pool.num_gpu_blocks, n_blocks=self.pool.num_gpu_blocks)
+                offload = sys.modules.get("kvprof.vllm.offload")
+                offloaded = offload.build_policies(spec) if offload is not None else None
         except KvPolicyConfigError as err:
             self.metrics.inc("kvprof_reloads_total", result="error")
             logger.error("kvprof: not reloading %s, the running policy stays: %s", self.spec.config, err)
@@ -384,7 +386,7 @@ class LiveLoop:
                 dropped, self._pending = self._pending, None
                 message = "the reload waiting for the scheduler is dropped" if dropped else "nothing to swap"
             elif self.pool is not None:  # the scheduler thread swaps it in (poll)
-                self._pending = (spec, twin)
+                self._pending = (spec, twin, offloaded)
                 message = "in force from the scheduler's next step"
             else:
                 if spec.policy in self.counterfactual.tiers:

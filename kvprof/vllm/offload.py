@@ -70,7 +70,7 @@ except ImportError:  # 0.30: one group
     def get_offload_group_idx(key) -> int:
         return 0
 
-from kvprof.cells import TIER_EDGES
+from kvprof.vllm.carry import Held, carry_over
 from kvprof.vllm.spec import CONFIG_KEY, KvPolicyConfigError, PolicySpec
 
 #: Set by the plugin in the engine core when ``kv_policy`` is configured.
@@ -101,7 +101,7 @@ class KvprofCachePolicy(CachePolicy):
                 "(or set KVPROF_KV_POLICY_CONFIG)"
             )
         self.spec = spec
-        self.policy = spec.make_policy(capacity=cache_capacity, n_blocks=cache_capacity)
+        self.policy = self.build_policy(spec)
         self._clock = clock
         self.chunks: dict[Any, Any] = {}
         self._id: dict[Any, int] = {}
@@ -278,30 +278,39 @@ class KvprofCachePolicy(CachePolicy):
     def mark_non_evictable(self, key) -> None:
         self.policy.remove(self._id[key])
 
-    def replace_policy(self, spec: PolicySpec) -> None:
-        """Order the tier by ``spec`` (a reloaded hp file) from now on.
+    def replace_policy(self, spec: PolicySpec, policy=None) -> None:
+        """Order the tier by ``policy``, built from ``spec`` (a reloaded hp file), from now on.
 
-        The chunks carry over as the GPU pool's blocks do
-        (:meth:`kvprof.vllm.block_pool.KvprofBlockPool.replace_policy`): oldest first, each accessed
-        in the new policy as often as it was hit since it was stored, with its depth, at the time
-        it was last accessed or freed, classified by the new file from the tags it was last
-        accessed with; the evictable ones are then freed in that order. Ghosts and ``wa``'s
-        shadows start afresh.
+        The chunks carry over as the GPU pool's blocks do (:func:`kvprof.vllm.carry.carry_over`),
+        each with its depth, classified by the new file from the tags it was last accessed with.
+        ``policy`` is built here when not given (:func:`build_policies` builds it off the
+        scheduler thread).
         """
-        policy = spec.make_policy(capacity=self.cache_capacity, n_blocks=self.cache_capacity)
+        if policy is None:
+            policy = self.build_policy(spec)
         self.spec = spec
-        chunks = sorted(self.chunks, key=lambda key: self._history[key][3])
-        for key in chunks:
-            tags, depth, hits, stamp = self._history[key]
-            for k in range(min(hits, TIER_EDGES[-1]) + 1):
-                policy.access(self._id[key], stamp, self._class_of(tags), depth, hit=k > 0, content=key)
-        for key in chunks:
-            if self.chunks[key].ref_cnt == 0:
-                policy.free((self._id[key],), self._history[key][3])
+        held = [Held(self._id[key], depth, key, stamp, self._class_of(tags), hits, self.chunks[key].ref_cnt == 0)
+                for key, (tags, depth, hits, stamp) in ((key, self._history[key]) for key in self.chunks)]
+        carry_over(held,
+                   lambda item, hit: policy.access(item.id, item.stamp, item.workload, item.depth, hit=hit,
+                                                   content=item.content),
+                   lambda item: policy.free((item.id,), item.stamp))
         self.policy = policy
 
+    def build_policy(self, spec: PolicySpec):
+        """A fresh policy of ``spec`` for this tier's capacity."""
+        return spec.make_policy(capacity=self.cache_capacity, n_blocks=self.cache_capacity)
 
-def replace_policies(spec: PolicySpec) -> None:
-    """A reloaded hp file reaches every CPU offload tier of this process (:data:`TIERS`)."""
+
+def build_policies(spec: PolicySpec) -> list:
+    """A fresh policy of ``spec`` for every CPU offload tier of this process (:data:`TIERS`): built on
+    the reload thread, handed to :func:`replace_policies` on the scheduler thread."""
+    return [(tier, tier.build_policy(spec)) for tier in list(TIERS)]
+
+
+def replace_policies(spec: PolicySpec, built: list | None = None) -> None:
+    """A reloaded hp file reaches every CPU offload tier of this process (:data:`TIERS`), with the
+    policies :func:`build_policies` built for them where given (a tier made since builds its own)."""
+    prebuilt = dict(built or ())
     for tier in list(TIERS):
-        tier.replace_policy(spec)
+        tier.replace_policy(spec, prebuilt.get(tier))
