@@ -313,3 +313,28 @@ def test_show_refuses_a_run_without_capacity_and_an_hp_file_among_results(tmp_pa
     hp.write_text(json.dumps({"a": {"text_1": 0.02}, "p": {"text_1": 0.4}}))
     result = invoke("show", good, hp)
     assert result.exit_code == 1 and f"{hp}: not a results file (it has no schema)" in one_line(result.stderr)
+
+
+def test_an_interrupt_while_replay_plots_leaves_the_last_runs_results_and_plots(stub, trace, tmp_path, monkeypatch):
+    """requests.jsonl is written first; cost.json, results.json and the plots are replaced together, or
+    none of them (issue 21: outputs of one run are replaced together or not at all)."""
+    from kvprof.cli import plots
+
+    url, _ = stub
+    out = tmp_path / "live"
+    assert replay(trace, url, out).exit_code == 0
+    (out / "results.json").write_text('{"edited": "marks the old results"}')
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "requests.jsonl"}
+    assert PLOTS <= set(before)
+    draw = plots._plot_panel
+
+    def draw_then_interrupt(*args):
+        draw(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "_plot_panel", draw_then_interrupt)
+    result = replay(trace, url, out)
+    assert result.exit_code != 0
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "requests.jsonl"}
+    assert after == before  # nothing of the group replaced, no temporary file left
+    assert (out / "requests.jsonl").read_text().count("\n") == N_REQUESTS  # what was measured is on disk

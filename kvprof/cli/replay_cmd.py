@@ -166,9 +166,8 @@ def replay(
     with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()) as bar:
         task = bar.add_task(f"replaying against {url}", total=trace.n_requests)
         outcome = run_replay(trace, settings, output, inputs=inputs,
-                             progress=lambda done, total: bar.update(task, completed=done))
-    plots = [] if outcome.interrupted is not None else plot_results(outcome.document, output)
-    _report(outcome, output, len(plots), max_concurrency, rate_scale)
+                             progress=lambda done, total: bar.update(task, completed=done), plot=plot_results)
+    _report(outcome, output, len(outcome.plots), max_concurrency, rate_scale)
 
 
 def _classifier(hp):

@@ -23,13 +23,13 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from kvprof import results
-from kvprof.atomic import atomic_open
+from kvprof.atomic import StagedFiles, atomic_open, staged
 from kvprof.errors import KvprofError
 from kvprof.limits import usable_blocks
 from kvprof.profiler.trace import Trace
@@ -66,13 +66,14 @@ class ReplaySettings:
 
 @dataclass(frozen=True)
 class ReplayOutcome:
-    """The results document, the fitted server (or why there is none), every request's record, and the
-    interrupt that stopped the replay (None: it finished)."""
+    """The results document, the fitted server (or why there is none), every request's record, the
+    interrupt that stopped the replay (None: it finished) and the plots written beside the results."""
 
     document: dict
     calibration: Calibration | str
     records: list[RequestRecord]
     interrupted: BaseException | None = None
+    plots: list[Path] = field(default_factory=list)
 
     @property
     def errors_by_kind(self) -> list[tuple[str, int, str]]:
@@ -91,8 +92,13 @@ class ReplayOutcome:
 
 
 def run_replay(trace: Trace, settings: ReplaySettings, out: Path, *, inputs: dict | None = None,
-               progress: Progress | None = None) -> ReplayOutcome:
+               progress: Progress | None = None,
+               plot: Callable[[dict, Path, StagedFiles], list[Path]] | None = None) -> ReplayOutcome:
     """Replay ``trace`` (already windowed and limited) against the server; write the outputs into ``out``.
+
+    ``requests.jsonl`` is written first (every measured request is on disk whatever happens later);
+    ``cost.json``, ``results.json`` and what ``plot(document, out, staging)`` draws are then replaced
+    together, or none of them (an interrupt while plotting leaves the earlier ones).
 
     Raises
     ------
@@ -132,10 +138,12 @@ def run_replay(trace: Trace, settings: ReplaySettings, out: Path, *, inputs: dic
                 "server": {"url": settings.url, "model": settings.model, **cache, "max_model_len": max_model_len},
                 "trace": facts},
         config=config, runs=[run], wall_s=wall, complete=sent.stopped_by is None)
-    _write_results(out, calibration, document)
+    with staged() as outputs:
+        _write_results(out, calibration, document, outputs)
+        plots = plot(document, out, outputs) if plot is not None else []
     if sent.stopped_by is not None and not isinstance(sent.stopped_by, KeyboardInterrupt):
         raise sent.stopped_by
-    return ReplayOutcome(document, calibration, records, sent.stopped_by)
+    return ReplayOutcome(document, calibration, records, sent.stopped_by, plots)
 
 
 def _capacity(server: Server, capacity: int | None) -> tuple[int, dict]:
@@ -196,12 +204,12 @@ def _write_records(out: Path, records: list[RequestRecord]) -> None:
             handle.write(json.dumps(asdict(record)) + "\n")
 
 
-def _write_results(out: Path, calibration: Calibration | str, document: dict) -> None:
-    """cost.json (when fitted), then results.json, each atomically."""
+def _write_results(out: Path, calibration: Calibration | str, document: dict, outputs: StagedFiles) -> None:
+    """cost.json (when fitted) and results.json, staged in ``outputs``."""
     if isinstance(calibration, Calibration):
         fitted = CostModel(prefill_tokens_per_s=calibration.prefill_tokens_per_s,
                            step_overhead_s=calibration.step_overhead_s)
-        fitted.write(out / COST_FILE, {"fitted_by": "kvprof replay", "server": document["inputs"]["server"],
+        fitted.write(outputs.stage(out / COST_FILE), {"fitted_by": "kvprof replay", "server": document["inputs"]["server"],
                                        "n_requests": calibration.n_requests, "created": document["created"]},
                      keys=("prefill_tokens_per_s", "step_overhead_s"))
-    results.write(out / results.FILE, document)
+    results.write(outputs.stage(out / results.FILE), document)
