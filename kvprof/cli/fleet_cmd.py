@@ -18,6 +18,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 
 from kvprof import results as results_file
+from kvprof.atomic import staged
 from kvprof.cli.common import (
     FormatOpt,
     JobsOpt,
@@ -112,7 +113,8 @@ def fleet(
     hp_per_replica: Annotated[
         bool, typer.Option("--hp-per-replica",
                            help="Also run the policies that read an hp file with one per replica, fitted and tuned "
-                                "on the --fit-window traffic the router sends it (rows say hp per-replica).")
+                                "on the --fit-window traffic the router sends it (rows say hp per-replica); writes "
+                                "them as DIR/hp-ROUTER-xN-cCAPACITY-replica-K.json.")
     ] = False,
     jobs: JobsOpt = -1,
     ray: RayOpt = None,
@@ -143,9 +145,11 @@ def fleet(
     eval_bounds = parse_window_option(eval_window, "--eval-window")
     check_format(format)
     fits = config is None and _needs_hp(names)
-    output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ())],
-               inputs=[trace_path, config, cost_file])
     modes = {policy: (False, True) if hp_per_replica and _needs_hp([policy]) else (False,) for policy in names}
+    replica_files = [replica_hp_file(name, n, c, j) for name in routers for n in counts for c in capacities
+                     for j in range(n)] if any(True in mode for mode in modes.values()) else []
+    output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ()), *replica_files],
+               inputs=[trace_path, config, cost_file])
     tasks = [(RouterSpec(name, load_weight, index_blocks), n, policy, c, per_replica)
              for name in routers for n in counts for policy in names for c in capacities for per_replica in modes[policy]]
     check_memory([max(counts) * max(capacities)], 0, jobs, len(tasks), "--replicas/--capacity")
@@ -177,14 +181,17 @@ def fleet(
     fit_part = trace.time_window(*fit_bounds) if hp_per_replica else None
     if fit_part is not None and fit_part.n_requests == 0:
         raise SimulationError(f"the fit window {fit_window} holds no requests to fit the replicas' hp files on")
-    document, rows = _run(evaluated, hp, fit_part, tasks, sim_config, jobs, ray, inputs, json_out)
-    make_dir(output)
-    if fitted is not None:
-        fitted.save(output / FITTED_HP)
-    results_file.write(output / results_file.FILE, document)
+    document, rows, replica_hps = _run(evaluated, hp, fit_part, tasks, sim_config, jobs, ray, inputs, json_out)
     from kvprof.cli.plots import plot_results
 
-    plots = plot_results(document, output)
+    make_dir(output)
+    with staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
+        if fitted is not None:
+            fitted.save(outputs.stage(output / FITTED_HP))
+        for name, replica_hp in replica_hps.items():
+            replica_hp.save(outputs.stage(output / name))
+        results_file.write(outputs.stage(output / results_file.FILE), document)
+        plots = plot_results(document, output, outputs)
     if json_out:
         print_json(rows)
         return
@@ -193,8 +200,9 @@ def fleet(
 
 
 def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: dict,
-         quiet: bool) -> tuple[dict, list[dict]]:
-    """Every configuration as a task; the results document and its rows (one per configuration)."""
+         quiet: bool) -> tuple[dict, list[dict], dict]:
+    """Every configuration as a task; the results document, its rows (one per configuration) and
+    the per-replica hp files by file name (:func:`replica_hp_file`)."""
     from kvprof.sim.fleet import label
     from kvprof.sim.runner import run_tasks
     from kvprof.sim.workload import prepare_workload
@@ -203,9 +211,12 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
     workload = prepare_workload(trace, hp, config.engine_block_size, config.rate_scale)
     with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=quiet) as bar:
         task = bar.add_task("routing and replaying", total=len(tasks))
-        runs = run_tasks(_one, (trace, workload, hp, fit_part), [(*task, config) for task in tasks], n_jobs=jobs,
+        outcomes = run_tasks(_one, (trace, workload, hp, fit_part), [(*task, config) for task in tasks], n_jobs=jobs,
                          ray=ray,
                          progress=lambda done, total: bar.update(task, completed=done))
+    runs = [run for run, _ in outcomes]
+    replica_hps = {replica_hp_file(run.router, run.replicas, run.capacity, j): one
+                   for run, hps in outcomes for j, one in enumerate(hps or ())}
     rows = [run.to_dict() for run in runs]
     facts = {"trace": {"source": trace.source, "sha256": trace.sha256, "format": trace.format,
                        "block_size": trace.block_size, "window": [trace.window[0], trace.censor_time],
@@ -219,7 +230,13 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
                 "index_blocks": tasks[0][0].index_blocks},
         runs=[{**row, "policy": name, "fleet_policy": row["policy"]} for row, name in zip(rows, labels)],
         wall_s=time.perf_counter() - started)
-    return document, rows
+    return document, rows, replica_hps
+
+
+def replica_hp_file(router: str, replicas: int, capacity: int, replica: int) -> str:
+    """The name of the hp file ``--hp-per-replica`` fitted for ``replica`` of ``replicas`` behind
+    ``router`` at ``capacity`` (``kvprof fit --replica`` fits the same)."""
+    return f"hp-{router}-x{replicas}-c{capacity}-replica-{replica}.json"
 
 
 def _one(shared, spec, replicas: int, policy: str, capacity: int, per_replica: bool, config: SimConfig):
@@ -227,7 +244,7 @@ def _one(shared, spec, replicas: int, policy: str, capacity: int, per_replica: b
 
     trace, workload, hp, fit_part = shared
     hps = fit_per_replica(fit_part, spec, replicas, capacity, config, hp) if per_replica else None
-    return run_fleet(trace, workload, hp, spec, replicas, policy, capacity, config, hps)
+    return run_fleet(trace, workload, hp, spec, replicas, policy, capacity, config, hps), hps
 
 
 def _table(rows: list[dict], document: dict):

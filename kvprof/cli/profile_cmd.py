@@ -29,9 +29,10 @@ from kvprof.cli.common import (
     parse_window_option,
     trace_block_size,
 )
+from kvprof.cli.fleet_cmd import LOAD_WEIGHT, REPLICAS
 from kvprof.cli.output import first_rows, plain, print_json, printable, say, show as show_table, status, table
 from kvprof.errors import KvprofError
-from kvprof.limits import BLOCK_TOKENS, COUNT, HOURS, POSITIVE_SECONDS, SECONDS, Bound, usable_blocks
+from kvprof.limits import BLOCK_TOKENS, BLOCKS, COUNT, HOURS, POSITIVE_SECONDS, SECONDS, Bound, usable_blocks
 
 BlockSizeOpt = Annotated[
     Optional[int], number_option("--block-size", bound=BLOCK_TOKENS,
@@ -160,6 +161,28 @@ def fit(
         Optional[Path], typer.Option("--spill-dir", help="Where --sharded writes its shards (default: the system's "
                                                          "temporary directory; with --ray one the nodes share).")
     ] = None,
+    replica: Annotated[
+        Optional[int], number_option("--replica", bound=Bound(0, REPLICAS.high - 1, whole=True),
+                                     help="Fit on the traffic --router sends replica K (from 0) of --replicas in "
+                                          "the fit window, as kvprof fleet --hp-per-replica does; needs --capacity.")
+    ] = None,
+    replicas: Annotated[
+        Optional[int], number_option("--replicas", bound=REPLICAS, help="Replicas behind the router, with --replica.")
+    ] = None,
+    router: Annotated[
+        Optional[str], typer.Option("--router", help="The fleet's router, with --replica: round-robin, session or "
+                                                     "prefix-approx with --load-weight 0.")
+    ] = None,
+    load_weight: Annotated[
+        Optional[float], number_option("--load-weight", bound=LOAD_WEIGHT,
+                                       help="prefix-approx's weight of load against overlap, as fleet's (default 1; "
+                                            "fit routes only with 0).")
+    ] = None,
+    index_blocks: Annotated[
+        Optional[int], number_option("--index-blocks", bound=BLOCKS,
+                                     help="Blocks per replica prefix-approx's index remembers, as fleet's (default: "
+                                          "the capacity).")
+    ] = None,
     format: FormatOpt = None,
     block_size: BlockSizeOpt = None,
     skip_invalid: SkipOpt = False,
@@ -170,10 +193,15 @@ def fit(
 
     Also learns wa's cells, fits a mixture per cell and reuse tier, reports each one's held-out
     quality on the window after the fit window (when the trace has it) next to one exponential's,
-    and with --capacity tunes wa's horizon and starting order for those cache sizes.
+    and with --capacity tunes wa's horizon and starting order for those cache sizes. With --replica,
+    fits and tunes on the part of the window a fleet's router sends that replica.
     """
     from kvprof.profiler.fit import fit_trace
 
+    fleet_spec = _fleet_spec(replica, replicas, router, load_weight, index_blocks)
+    if fleet_spec is not None and sharded:
+        raise typer.BadParameter("routes the fit window in memory: fit --replica without --sharded",
+                                 param_hint="--replica/--sharded")
     rule = _class_rule(class_key, turn_cap, class_field)
     bounds = parse_window_option(window)
     fields = _cell_fields(cell_fields)
@@ -208,6 +236,8 @@ def fit(
     if learned and not capacities:
         raise typer.BadParameter("trains the learned candidate per tuned capacity: give it with --capacity",
                                  param_hint="--learned")
+    if fleet_spec is not None:
+        _check_fleet_capacities(fleet_spec, capacities)
     if ray is not None and not capacities:
         raise typer.BadParameter("runs the tuning replays (or, with --sharded, the shards): give it with --capacity",
                                  param_hint="--ray")
@@ -222,15 +252,84 @@ def fit(
     fitted = trace.time_window(*bounds)
     if fitted.n_requests == 0:
         raise KvprofError(f"{trace_path}: the fit window {window} holds no requests")
+    holdout = _holdout(trace, fitted)
+    title = f"{trace_path.name} {window}: {fitted.n_requests} requests"
+    timing = {}
+    if fleet_spec is not None:
+        fitted = _replica_share(fitted, fleet_spec, replicas, replica, capacities[0], engine_block,
+                                f"{trace_path} {window}")
+        holdout = None  # the next window's traffic to the replica depends on routing beyond this one
+        timing = {"timing": "model"}  # as a fleet's replicas are timed
+        title = f"{trace_path.name} {window}, replica {replica} of {replicas} behind {router}: " \
+                f"{fitted.n_requests} requests"
     with status(f"fitting reuse models on {fitted.n_requests:,} requests"):
         hp = fit_trace(fitted, rule, horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
-                       cell_fields=fields, max_components=max_components, holdout=_holdout(trace, fitted))
+                       cell_fields=fields, max_components=max_components, holdout=holdout)
     if capacities:
         from kvprof.sim.config import SimConfig
 
-        hp = tune_with_progress(hp, fitted, capacities, SimConfig(engine_block_size=engine_block), jobs, ray,
-                                holdout=_holdout(trace, fitted), learn=learned)
-    _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {fitted.n_requests} requests", learned)
+        hp = tune_with_progress(hp, fitted, capacities, SimConfig(engine_block_size=engine_block, **timing), jobs,
+                                ray, holdout=holdout, learn=learned)
+    if fleet_spec is not None:
+        from kvprof.sim.fleet import routed
+
+        hp = routed(hp, fleet_spec, replicas, replica)
+    _report_fit(hp, output, json_out, title, learned)
+
+
+def _fleet_spec(replica: int | None, replicas: int | None, router: str | None, load_weight: float | None,
+                index_blocks: int | None):
+    """``--replica`` and the fleet it is in, checked (exit 2): the router, or None without ``--replica``."""
+    from kvprof.sim.fleet import ROUTERS, RouterSpec
+
+    if replica is None:
+        given = [name for name, value in (("--replicas", replicas), ("--router", router),
+                                          ("--load-weight", load_weight), ("--index-blocks", index_blocks))
+                 if value is not None]
+        if given:
+            raise typer.BadParameter("describes the fleet --replica K is in: give it with --replica",
+                                     param_hint="/".join(given))
+        return None
+    if replicas is None or router is None:
+        raise typer.BadParameter("names a replica of a fleet: give --replicas N and --router R too",
+                                 param_hint="--replica")
+    if replica >= replicas:
+        raise typer.BadParameter(f"replica {replica} is not one of --replicas {replicas} (numbered 0 to "
+                                 f"{replicas - 1})", param_hint="--replica")
+    if router not in ROUTERS:
+        raise typer.BadParameter(f"unknown router {router!r}; known: {', '.join(ROUTERS)}", param_hint="--router")
+    spec = RouterSpec(router, 1.0 if load_weight is None else load_weight, index_blocks)
+    if spec.reads_replicas:
+        raise typer.BadParameter(
+            f"{router}{' weighing load' if router == 'prefix-approx' else ''} routes on the replicas' state (their "
+            f"loads or caches), which depends on their cost model and policy: fit --replica routes only from the "
+            f"trace, behind round-robin, session or prefix-approx --load-weight 0; for this router, kvprof fleet "
+            f"--hp-per-replica -o DIR writes every replica's hp file", param_hint="--router")
+    return spec
+
+
+def _check_fleet_capacities(spec, capacities: tuple[int, ...]) -> None:
+    """``--replica`` tunes for the replica's capacity, which prefix-approx's index also defaults to (exit 2)."""
+    if not capacities:
+        raise typer.BadParameter("tunes the replica's hp file for its capacity, as kvprof fleet --hp-per-replica "
+                                 "does: give --capacity", param_hint="--replica")
+    if spec.name == "prefix-approx" and spec.index_blocks is None and len(capacities) > 1:
+        raise typer.BadParameter("prefix-approx's index remembers --index-blocks, by default the replica's capacity: "
+                                 "give one capacity or --index-blocks", param_hint="--capacity")
+
+
+def _replica_share(fitted, spec, replicas: int, replica: int, capacity: int, engine_block: int, where: str):
+    """The part of the fit window ``fitted`` that ``spec`` sends ``replica`` of ``replicas`` of
+    ``capacity`` blocks (exit 1 if none of it)."""
+    from kvprof.sim.config import SimConfig
+    from kvprof.sim.fleet import replica_shares
+
+    with status(f"routing {fitted.n_requests:,} requests over {replicas} replicas"):
+        share = replica_shares(fitted, spec, replicas, capacity, SimConfig(engine_block_size=engine_block))[replica]
+    if share is None:
+        raise KvprofError(f"{where}: {spec.name} sends replica {replica} of {replicas} none of the fit window's "
+                          f"{fitted.n_requests} requests; kvprof fleet runs the fleet's hp file there")
+    return share
 
 
 def _report_fit(hp, output: Path, json_out: bool, title: str, learned: bool = False) -> None:

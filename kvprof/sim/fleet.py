@@ -17,6 +17,7 @@ the router sends it each request on arrival. A fleet is replayed in two passes:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -341,8 +342,7 @@ def run_fleet(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: 
     and Belady. Replica ``j`` runs ``replica_hps[j]`` when given (:func:`fit_per_replica`), else ``hp``."""
     from kvprof.core.engine import run as replay_compiled  # numba is imported only when a replay runs
 
-    config = SimConfig(engine_block_size=config.engine_block_size, cost=config.cost, rate_scale=config.rate_scale,
-                       timing="model")
+    config = _model_timed(config)
     hps = list(replica_hps or [hp] * replicas)
     routing = route(trace, workload, hp, spec, replicas, policy, capacity, config, hps)
     runs, bounds, qttft = [], [], []
@@ -362,24 +362,43 @@ def run_fleet(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: 
                     np.concatenate(qttft) if qttft else np.empty(0), routing.live_hits, replica_hps is not None)
 
 
+def replica_shares(fit_window: Trace, spec: RouterSpec, replicas: int, capacity: int,
+                   config: SimConfig) -> list[Trace | None]:
+    """The traffic ``spec`` sends each of ``replicas`` replicas of ``capacity`` blocks in
+    ``fit_window`` (routed with every replica under lru, which reads no hp file): per replica the
+    requests it got, in the window's bounds, or None where it got none. What :func:`fit_per_replica`
+    and ``kvprof fit --replica`` fit on."""
+    workload = prepare_workload(fit_window, None, config.engine_block_size, config.rate_scale)
+    routing = route(fit_window, workload, None, spec, replicas, "lru", capacity, _model_timed(config))
+    return [fit_window.select(rows, window=fit_window.window) if rows.any() else None
+            for rows in (routing.replica == j for j in range(replicas))]
+
+
 def fit_per_replica(fit_window: Trace, spec: RouterSpec, replicas: int, capacity: int, config: SimConfig,
                     fallback) -> tuple:
-    """One hp file per replica, fitted on the traffic ``spec`` sends it in ``fit_window`` (routed
-    with every replica under lru, which reads no hp file) and tuned for ``capacity``, as ``compare``
-    fits and tunes one on the whole window; ``fallback`` for a replica the router sent nothing."""
+    """One hp file per replica, fitted on its :func:`replica_shares` share and tuned for
+    ``capacity``, as ``compare`` fits and tunes one on the whole window; ``fallback`` for a
+    replica the router sent nothing."""
     from kvprof.profiler.fit import fit_trace
     from kvprof.sim.tune import tune
 
-    config = SimConfig(engine_block_size=config.engine_block_size, cost=config.cost, rate_scale=config.rate_scale,
-                       timing="model")
-    workload = prepare_workload(fit_window, None, config.engine_block_size, config.rate_scale)
-    routing = route(fit_window, workload, None, spec, replicas, "lru", capacity, config)
-    hps = []
-    for j in range(replicas):
-        rows = routing.replica == j
-        share = fit_window.select(rows, window=fit_window.window) if rows.any() else None
-        hps.append(tune(fit_trace(share), share, [capacity], config) if share is not None else fallback)
-    return tuple(hps)
+    config = _model_timed(config)
+    shares = replica_shares(fit_window, spec, replicas, capacity, config)
+    return tuple(routed(tune(fit_trace(share), share, [capacity], config), spec, replicas, j)
+                 if share is not None else fallback for j, share in enumerate(shares))
+
+
+def routed(hp, spec: RouterSpec, replicas: int, replica: int):
+    """``hp`` with its provenance saying which replica's traffic it was fitted on, behind what."""
+    return dataclasses.replace(hp, provenance={**hp.provenance, "routed": {
+        "router": spec.name, "load_weight": spec.load_weight, "index_blocks": spec.index_blocks,
+        "replicas": replicas, "replica": replica}})
+
+
+def _model_timed(config: SimConfig) -> SimConfig:
+    """``config``'s engine block, cost model and rate scale, timed by the cost model as a fleet is."""
+    return SimConfig(engine_block_size=config.engine_block_size, cost=config.cost, rate_scale=config.rate_scale,
+                     timing="model")
 
 
 def _share(trace: Trace, rows: np.ndarray, hp, config: SimConfig) -> Workload | None:
