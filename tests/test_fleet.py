@@ -164,6 +164,90 @@ def test_hp_per_replica_of_one_replica_is_the_fleets_and_of_three_is_fitted_on_e
     assert "wa, session x3, hp per-replica" in document["config"]["policies"]
     per_replica = [row for row in json.loads(three.stdout) if row["hp"] == "per-replica"]
     assert len(per_replica) == 1 and len(per_replica[0]["replica_token_hit_ratios"]) == 3
+    for k in range(3):  # fit --replica K writes the file the fleet ran on replica K
+        written = tmp_path / "three" / f"hp-session-x3-c64-replica-{k}.json"
+        fitted = invoke("fit", small_trace, *FIT, "--replicas", "3", "--router", "session", "--replica", k,
+                        "-o", tmp_path / f"fit-{k}.json")
+        assert fitted.exit_code == 0, fitted.output
+        assert _parameters(tmp_path / f"fit-{k}.json") == _parameters(written)
+        assert json.loads(written.read_text())["provenance"]["routed"] == {
+            "router": "session", "load_weight": 1.0, "index_blocks": None, "replicas": 3, "replica": k}
+    assert (tmp_path / "one" / "hp-session-x1-c64-replica-0.json").exists()
+    plain = invoke("fit", small_trace, *FIT, "-o", tmp_path / "plain.json")
+    assert plain.exit_code == 0, plain.output
+    for router in ("round-robin", "session", "prefix-approx"):
+        alone = invoke("fit", small_trace, *FIT, "--replicas", "1", "--router", router, "--load-weight", "0",
+                       "--replica", "0", "-o", tmp_path / "alone.json")
+        assert alone.exit_code == 0, alone.output
+        assert _parameters(tmp_path / "alone.json", held_out=False) == _parameters(tmp_path / "plain.json",
+                                                                                  held_out=False)
+
+
+FIT = ("--window", "0:360", "--capacity", "64", "-j", "1")
+
+
+def _parameters(path, held_out: bool = True) -> dict:
+    """An hp file's fitted and tuned parameters: all of it but when it was made and which replica it is for
+    (and without ``held_out``, the held-out quality, which a replica's fit does not measure)."""
+    data = json.loads(path.read_text())
+    for key in ("created", "routed"):
+        data["provenance"].pop(key, None)
+    if not held_out:
+        for tiers in data.get("cells", {}).values():
+            for row in tiers:
+                row.get("diagnostics", {}).pop("holdout", None)
+    return data
+
+
+NO_CAPACITY = "(no --capacity)"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--replicas", "3", "--router", "session", "--replica", "3"], "replica 3 is not one of --replicas 3 (numbered 0 to 2)"),
+    (["--replicas", "3", "--router", "least-loaded", "--replica", "0"],
+     "fit --replica routes only from the trace, behind round-robin, session or prefix-approx --load-weight 0"),
+    (["--replicas", "3", "--router", "prefix-approx", "--replica", "0"], "kvprof fleet --hp-per-replica -o DIR"),
+    (["--replicas", "3", "--router", "prefix-precise", "--load-weight", "0", "--replica", "0"], "their loads or caches"),
+    (["--replicas", "3", "--router", "random", "--replica", "0"], "unknown router 'random'"),
+    (["--replicas", "3", "--replica", "0"], "give --replicas N and --router R too"),
+    (["--replicas", "3", "--router", "session"], "give it with --replica"),
+    (["--replicas", "3", "--router", "session", "--replica", "0", NO_CAPACITY], "give --capacity"),
+    (["--replicas", "3", "--router", "session", "--replica", "0", "--sharded"], "without --sharded"),
+    (["--replicas", "3", "--router", "prefix-approx", "--load-weight", "0", "--replica", "0", "--capacity", "64,128"],
+     "give one capacity or --index-blocks"),
+])
+def test_fit_replica_refuses_what_it_cannot_fit_before_reading_the_trace(tmp_path, args, words):
+    capacity = [] if {"--capacity", "--sharded", NO_CAPACITY} & set(args) else ["--capacity", "64"]
+    args = [arg for arg in args if arg is not NO_CAPACITY]
+    result = invoke("fit", tmp_path / "missing.jsonl", "-o", tmp_path / "hp.json", *capacity, *args)
+    assert result.exit_code == 2, result.output
+    assert words in one_line(result.output)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fit_replica_the_router_sends_nothing_is_an_error_and_writes_nothing(small_trace, tmp_path):
+    result = invoke("fit", small_trace, "--window", "0:2", "--capacity", "64", "--replicas", "4096", "--router",
+                    "round-robin", "--replica", "4095", "-o", tmp_path / "hp.json")
+    assert result.exit_code == 1, result.output
+    assert "round-robin sends replica 4095 of 4096 none of the fit window's" in one_line(result.output)
+    assert not (tmp_path / "hp.json").exists()
+
+
+def test_fleet_writes_its_replicas_hp_files_with_its_other_outputs_or_none(small_trace, tmp_path, monkeypatch):
+    """An interrupt while plotting (the last output) leaves none of the run's files, hp files included."""
+    import kvprof.cli.plots
+
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kvprof.cli.plots, "plot_results", interrupted)
+    result = invoke("fleet", small_trace, "--router", "round-robin", "--replicas", "2", "--policies", "wa",
+                    "--capacity", "64", "--hp-per-replica", *WINDOWS, "-o", tmp_path / "out")
+    assert result.exit_code != 0 and len(calls) == 1
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == []
 
 
 def test_replicas_with_their_own_hp_files_hit_while_routing_what_their_replays_hit(prepared):
