@@ -57,6 +57,11 @@ from kvprof.sim.config import COST_BOUNDS, SimConfig, SimulationError, default_e
 REPLICAS = Bound(1, 4096, whole=True)
 #: How much the prefix routers weigh load against overlap.
 LOAD_WEIGHT = Bound(0.0, 1e6)
+IndexBlocksOpt = Annotated[
+    Optional[int], number_option("--index-blocks", bound=BLOCKS,
+                                 help="Blocks per replica prefix-approx's index remembers (default: the replica's "
+                                      "capacity).")
+]
 
 
 @guarded
@@ -80,11 +85,7 @@ def fleet(
         float, number_option("--load-weight", bound=LOAD_WEIGHT,
                              help="Weight of load against prefix overlap in the prefix routers (0: overlap only).")
     ] = 1.0,
-    index_blocks: Annotated[
-        Optional[int], number_option("--index-blocks", bound=BLOCKS,
-                                     help="Blocks per replica prefix-approx's index remembers (default: the "
-                                          "replica's capacity).")
-    ] = None,
+    index_blocks: IndexBlocksOpt = None,
     block_size: Annotated[
         Optional[int],
         number_option("--block-size", bound=BLOCK_TOKENS,

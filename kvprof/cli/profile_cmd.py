@@ -29,10 +29,10 @@ from kvprof.cli.common import (
     parse_window_option,
     trace_block_size,
 )
-from kvprof.cli.fleet_cmd import LOAD_WEIGHT, REPLICAS
+from kvprof.cli.fleet_cmd import LOAD_WEIGHT, REPLICAS, IndexBlocksOpt
 from kvprof.cli.output import first_rows, plain, print_json, printable, say, show as show_table, status, table
 from kvprof.errors import KvprofError
-from kvprof.limits import BLOCK_TOKENS, BLOCKS, COUNT, HOURS, POSITIVE_SECONDS, SECONDS, Bound, usable_blocks
+from kvprof.limits import BLOCK_TOKENS, COUNT, HOURS, POSITIVE_SECONDS, SECONDS, Bound, usable_blocks
 
 BlockSizeOpt = Annotated[
     Optional[int], number_option("--block-size", bound=BLOCK_TOKENS,
@@ -178,11 +178,7 @@ def fit(
                                        help="prefix-approx's weight of load against overlap, as fleet's (default 1; "
                                             "fit routes only with 0).")
     ] = None,
-    index_blocks: Annotated[
-        Optional[int], number_option("--index-blocks", bound=BLOCKS,
-                                     help="Blocks per replica prefix-approx's index remembers, as fleet's (default: "
-                                          "the capacity).")
-    ] = None,
+    index_blocks: IndexBlocksOpt = None,
     format: FormatOpt = None,
     block_size: BlockSizeOpt = None,
     skip_invalid: SkipOpt = False,
