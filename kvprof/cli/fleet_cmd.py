@@ -4,7 +4,8 @@ policies, replica counts and capacities (docs/fleet.md).
 Wiring only: options are checked here, the work is :func:`kvprof.sim.fleet.run_fleet`, one task
 per configuration on :func:`kvprof.sim.runner.run_tasks` (joblib here, or Ray); the document is
 :mod:`kvprof.results`'s, the pictures :func:`kvprof.cli.plots.plot_results`'. As ``compare``,
-outputs are written only once every configuration has run, ``results.json`` last.
+outputs (``results.json``, the plots, the fitted hp files, ``--hp-per-replica``'s among them) are
+written only once every configuration has run, and put in place together (:func:`kvprof.atomic.staged`).
 """
 
 from __future__ import annotations
