@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from kvprof.models.hp import ReuseRow
 from kvprof.policy import LRUPolicy, make_policy
 from kvprof.core.policy import mixed as compiled_mixed
+from kvprof.policy.prefix_cache import NO_BLOCK
 from kvprof.policy.shadow import ChainSample, ShadowCache, mixed
 from kvprof.policy.wa import DEFAULT_ORDERS, SHADOW_SAMPLE, SHADOW_SAMPLE_MIN_BLOCKS, default_sample
 from kvprof.profiler.fit import fit_trace
@@ -43,6 +44,16 @@ def test_a_shadow_caches_the_blocks_a_request_filled_when_it_finishes():
     shadow.check()
     assert shadow.admit("r2", "abcde", 2.0, 0, 4, 5) == 4, "the next turn finds the previous one's output"
     shadow.finish("r2", 3.0)
+    shadow.check()
+
+
+def test_a_hole_in_a_finished_chain_is_cached_nowhere():
+    """A replay on recorded timing finishes a request with NO_BLOCK at its partial prompt block's
+    depth (kvprof.sim.timed.RecordedTiming): that slot stays without content, as in the real tier."""
+    shadow = ShadowCache(LRUPolicy(), capacity=8)
+    shadow.admit("r1", "ab", 0.0, 0, 2, 3)  # a, b and a partial tail
+    shadow.finish("r1", 1.0, ["a", "b", NO_BLOCK, "c"], 4)
+    assert set(shadow.block_slot) == {"a", "b", "c"} and shadow.block_slot["c"] == shadow.block_slot["b"] + 2
     shadow.check()
 
 

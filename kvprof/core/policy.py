@@ -136,7 +136,8 @@ def shadow_admit(shadow, seat, contents, n_lookup, n_blocks, now, workload, neve
 @njit(cache=True)
 def shadow_finish(shadow, seat, now, contents, n_blocks, never):
     """``ShadowCache.finish``: the request of ``seat`` caches what it filled since admission
-    (``contents``, its whole chain now, may be empty; it holds ``n_blocks`` now), then frees its
+    (``contents``, its whole chain now, may be empty, ``NONE`` where a depth has no content: a
+    replay's partial prompt block, never cached; it holds ``n_blocks`` now), then frees its
     slots tail-first."""
     held = shadow.seat_n[seat] if seat < len(shadow.seat_n) else 0
     if not held:
@@ -150,7 +151,8 @@ def shadow_finish(shadow, seat, now, contents, n_blocks, never):
     reserve_contents(shadow, top + 1)
     for depth in range(min(held, n_full)):
         slot, content = slots[depth], contents[depth]
-        if shadow.slot_block[slot] == NONE and shadow.block_slot[content] == NONE:
+        # NONE would index the highest content's entry: a hole stays empty, as the real tier leaves it
+        if content != NONE and shadow.slot_block[slot] == NONE and shadow.block_slot[content] == NONE:
             shadow.block_slot[content] = slot
             shadow.slot_block[slot] = content
             shadow.policy.access(slot, now, workload, depth, False, np.inf, content)

@@ -161,7 +161,8 @@ class ShadowCache(PrefixCache):
         With ``contents`` (its whole chain now), the blocks it filled since admission are cached
         first, as vLLM caches each block once full: a held slot without content takes its
         depth's content in place, and it gets slots for the depths up to ``n_blocks`` it did not
-        hold (cached below ``len(contents)``).
+        hold (cached below ``len(contents)``). A depth whose content is ``NO_BLOCK`` (a replay on
+        recorded timing leaves the partial prompt block so) is cached nowhere, as in the real tier.
         """
         slots = self.held.pop(request, None)
         if slots is None:
@@ -170,7 +171,7 @@ class ShadowCache(PrefixCache):
         held = len(slots)
         for depth in range(min(held, len(contents))):
             slot, content = slots[depth], contents[depth]
-            if self.slot_block[slot] == NO_BLOCK and content not in self.block_slot:
+            if content != NO_BLOCK and self.slot_block[slot] == NO_BLOCK and content not in self.block_slot:
                 self.block_slot[content] = slot
                 self.slot_block[slot] = content
                 self.policy.access(slot, now, workload, depth, hit=False, next_use=math.inf, content=content)
