@@ -228,7 +228,7 @@ def compare(
             f"--fit-window {first:.0f}:{split} --eval-window {split}:"
         )
     engine_block = block_size or (trace.block_size if recording else default_engine_block(trace.block_size))
-    from kvprof.sim.timed import resolve_timing
+    from kvprof.sim.recorded import resolve_timing
 
     # results.json records what ran, not "auto"
     timing = resolve_timing(timing, evaluated, engine_block, rate_scale, cpu_capacity, tuple(schedule))

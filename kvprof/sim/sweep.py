@@ -19,7 +19,8 @@ from kvprof.parallel import Progress, run_tasks, sweep_workers
 from kvprof.policy import make_policy
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig, SimulationError, check_memory
-from kvprof.sim.engine import RunMetrics, simulate
+from kvprof.sim.engine import simulate
+from kvprof.sim.metrics import RunMetrics
 from kvprof.sim.sample import Miniature, chain_sample, lost_shares, sample_facts
 from kvprof.sim.workload import Workload, prepare_workload
 
