@@ -20,6 +20,7 @@ from kvprof.policy.base import EvictionPolicy
 from kvprof.sim.cache import HostCache, PrefixCache
 from kvprof.sim.config import SimConfig, SimulationError
 from kvprof.sim.metrics import RunMetrics, metrics
+from kvprof.sim.timed import simulate_recorded
 from kvprof.sim.workload import Workload
 
 
@@ -89,8 +90,6 @@ def simulate(
         if observer is not None or (engine == "compiled" and not compiled):
             raise SimulationError("a replay on recorded timing runs the compiled twins or the Python policies, "
                                   "without an observer")
-        from kvprof.sim.timed import simulate_recorded
-
         return simulate_recorded(workload, policy, schedule[0][1], config, engine)
     if engine == "compiled":
         if not compiled:
