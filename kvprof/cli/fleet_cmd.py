@@ -195,8 +195,8 @@ def fleet(
 def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: dict,
          quiet: bool) -> tuple[dict, list[dict]]:
     """Every configuration as a task; the results document and its rows (one per configuration)."""
-    from kvprof.parallel import run_tasks
     from kvprof.sim.fleet import label
+    from kvprof.parallel import run_tasks
     from kvprof.sim.workload import prepare_workload
 
     started = time.perf_counter()
