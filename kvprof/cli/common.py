@@ -397,3 +397,15 @@ def _is_stream(path) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
 
 
+def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | None = None, holdout=None,
+                       learn: bool = False):
+    """``kvprof.sim.tune`` (fit's --capacity, compare without --config) with a progress bar of its replays."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
+
+    from kvprof.sim.tune import tune
+
+    say(f"tuning wa for {len(capacities)} capacities on the fit window (the simulator compiles on first use)")
+    with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task("tuning replays", total=None)
+        return tune(hp, fitted, capacities, config, n_jobs=jobs, ray=ray, holdout=holdout, learn=learn,
+                    progress=lambda done, total: bar.update(task, completed=done, total=total))

@@ -385,7 +385,7 @@ def _percent(value: float | None) -> str:
 def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int, ray=None):
     """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
     capacities on it (``kvprof fit --capacity``); saved once the sweep is done."""
-    from kvprof.cli.profile_cmd import tune_with_progress
+    from kvprof.cli.common import tune_with_progress
     from kvprof.profiler.fit import fit_trace
 
     window = trace.time_window(*bounds)
