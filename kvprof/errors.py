@@ -47,3 +47,8 @@ class ResultsFileError(JsonFileError):
 
 class CostFileError(JsonFileError):
     """A cost-model file (``kvprof.cost/1``) that cannot be read; the message names the file and the JSON path."""
+
+
+class ParallelError(KvprofError):
+    """Tasks that cannot be run as asked: no workers (``n_jobs`` 0), or a Ray cluster that is not
+    installed or does not answer (CLI exit code 1; 2 from the ``--ray`` option)."""

@@ -93,8 +93,8 @@ def test_a_port_that_is_not_rays_fails_within_the_connect_timeout():
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         address = f"127.0.0.1:{listener.getsockname()[1]}"
-        code = ("from kvprof.sim.runner import connect_ray; from kvprof.sim.config import SimulationError\n"
-                "try:\n    connect_ray('auto', timeout_s=3)\nexcept SimulationError as exc:\n    print(exc)")
+        code = ("from kvprof.parallel import connect_ray; from kvprof.errors import ParallelError\n"
+                "try:\n    connect_ray('auto', timeout_s=3)\nexcept ParallelError as exc:\n    print(exc)")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                               env={**os.environ, "RAY_ADDRESS": address})
     assert done.returncode == 0, done.stderr

@@ -184,7 +184,7 @@ def test_a_missing_scheduled_time_is_only_an_aborted_requests():
 
 
 def test_auto_timing_says_what_runs():
-    from kvprof.sim.timed import resolve_timing
+    from kvprof.sim.recorded import resolve_timing
 
     trace = recorded([(0.0, "a", 1, [1, 2])], [0.0], [1.0])
     assert resolve_timing("auto", trace, 16) == "recorded"

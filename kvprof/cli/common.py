@@ -26,7 +26,7 @@ import typer
 from rich.progress import DownloadColumn, TimeRemainingColumn
 
 from kvprof.cli.output import end_quietly_on_closed_stdout, fail, progress, say, warn
-from kvprof.errors import KvprofError
+from kvprof.errors import KvprofError, ParallelError
 from kvprof.limits import BLOCK_TOKENS, BLOCKS, INT64_MAX, Bound
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
 
@@ -109,12 +109,11 @@ def ray_cluster(address: str | None) -> str | None:
     Ray is missing or no cluster answers); None leaves the work on this machine."""
     if address is None:
         return None
-    from kvprof.sim.config import SimulationError
-    from kvprof.sim.runner import connect_ray
+    from kvprof.parallel import connect_ray
 
     try:
         connect_ray(address)
-    except SimulationError as exc:
+    except ParallelError as exc:
         raise typer.BadParameter(str(exc)) from None
     return address
 
@@ -158,12 +157,12 @@ def parse_window_option(text: str | None, option: str = "--window") -> tuple[flo
 
 def check_memory(capacities: Iterable[int], cpu_capacity: int, jobs: int, n_runs: int, option: str) -> None:
     """Refuse, before any work, capacities whose replays would not fit in this machine's memory (exit 2)."""
+    from kvprof.parallel import sweep_workers
     from kvprof.sim.config import SimulationError, check_memory as estimate
-    from kvprof.sim.sweep import sweep_workers
 
     try:
         estimate(max(capacities), cpu_capacity, sweep_workers(jobs, n_runs))
-    except SimulationError as exc:
+    except (ParallelError, SimulationError) as exc:
         raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
@@ -398,3 +397,15 @@ def _is_stream(path) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
 
 
+def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | None = None, holdout=None,
+                       learn: bool = False):
+    """``kvprof.sim.tune`` (fit's --capacity, compare without --config) with a progress bar of its replays."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
+
+    from kvprof.sim.tune import tune
+
+    say(f"tuning wa for {len(capacities)} capacities on the fit window (the simulator compiles on first use)")
+    with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task("tuning replays", total=None)
+        return tune(hp, fitted, capacities, config, n_jobs=jobs, ray=ray, holdout=holdout, learn=learn,
+                    progress=lambda done, total: bar.update(task, completed=done, total=total))

@@ -228,7 +228,7 @@ def compare(
             f"--fit-window {first:.0f}:{split} --eval-window {split}:"
         )
     engine_block = block_size or (trace.block_size if recording else default_engine_block(trace.block_size))
-    from kvprof.sim.timed import resolve_timing
+    from kvprof.sim.recorded import resolve_timing
 
     # results.json records what ran, not "auto"
     timing = resolve_timing(timing, evaluated, engine_block, rate_scale, cpu_capacity, tuple(schedule))
@@ -385,7 +385,7 @@ def _percent(value: float | None) -> str:
 def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int, ray=None):
     """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
     capacities on it (``kvprof fit --capacity``); saved once the sweep is done."""
-    from kvprof.cli.profile_cmd import tune_with_progress
+    from kvprof.cli.common import tune_with_progress
     from kvprof.profiler.fit import fit_trace
 
     window = trace.time_window(*bounds)

@@ -2,7 +2,7 @@
 policies, replica counts and capacities (docs/fleet.md).
 
 Wiring only: options are checked here, the work is :func:`kvprof.sim.fleet.run_fleet`, one task
-per configuration on :func:`kvprof.sim.runner.run_tasks` (joblib here, or Ray); the document is
+per configuration on :func:`kvprof.parallel.run_tasks` (joblib here, or Ray); the document is
 :mod:`kvprof.results`'s, the pictures :func:`kvprof.cli.plots.plot_results`'. As ``compare``,
 outputs (``results.json``, the plots, the fitted hp files, ``--hp-per-replica``'s among them) are
 written only once every configuration has run, and put in place together (:func:`kvprof.atomic.staged`).
@@ -206,7 +206,7 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
     """Every configuration as a task; the results document, its rows (one per configuration) and
     the per-replica hp files by file name (:func:`replica_hp_file`)."""
     from kvprof.sim.fleet import label
-    from kvprof.sim.runner import run_tasks
+    from kvprof.parallel import run_tasks
     from kvprof.sim.workload import prepare_workload
 
     started = time.perf_counter()

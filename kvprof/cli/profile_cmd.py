@@ -28,6 +28,7 @@ from kvprof.cli.common import (
     output_file,
     parse_window_option,
     trace_block_size,
+    tune_with_progress,
 )
 from kvprof.cli.fleet_cmd import LOAD_WEIGHT, REPLICAS, IndexBlocksOpt
 from kvprof.cli.output import first_rows, plain, print_json, printable, say, show as show_table, status, table
@@ -360,21 +361,6 @@ def _engine_block(engine_block_size: int | None, trace_block: int) -> int:
         raise typer.BadParameter(f"{engine_block_size} tokens is not a multiple of the trace's {trace_block}-token "
                                  f"blocks", param_hint="--engine-block-size")
     return engine_block_size
-
-
-def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | None = None, holdout=None,
-                       learn: bool = False):
-    """``kvprof.sim.tune`` (fit's --capacity, compare without --config) with a progress bar of its replays."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
-
-    from kvprof.cli.output import progress
-    from kvprof.sim.tune import tune
-
-    say(f"tuning wa for {len(capacities)} capacities on the fit window (the simulator compiles on first use)")
-    with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        task = bar.add_task("tuning replays", total=None)
-        return tune(hp, fitted, capacities, config, n_jobs=jobs, ray=ray, holdout=holdout, learn=learn,
-                    progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
 def _holdout(trace, fitted):

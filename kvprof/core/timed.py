@@ -54,7 +54,7 @@ CHUNK_EVENTS = 8192
 def replay(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request, event_admits,
            event_time, check, chunk: int = CHUNK_EVENTS):
     """Play the events in order, each the admission or the finish of one request (the arrays of
-    :class:`kvprof.sim.timed.RecordedTiming`), ``chunk`` events per compiled call.
+    :class:`kvprof.sim.recorded.RecordedTiming`), ``chunk`` events per compiled call.
 
     Returns ``(hits, held)`` per request (int64 arrays; 0 for requests never admitted).
     """

@@ -101,7 +101,7 @@ def fit_sharded(paths: Sequence[os.PathLike | str], rule: ClassRule = ClassRule(
     shard_accesses : int
         About this many block accesses per shard.
     ray : str or None
-        Run the shards as tasks of this Ray cluster (:func:`~kvprof.sim.runner.connect_ray`).
+        Run the shards as tasks of this Ray cluster (:func:`~kvprof.parallel.connect_ray`).
     read_options : dict or None
         Passed to :func:`~kvprof.profiler.reader.read_trace` (format, block_size, skip_invalid).
     **fit_options
@@ -240,7 +240,7 @@ class DiskShards:
 
     def __init__(self, spill: Path, n_shards: int, requests: _Requests, rule: ClassRule, codes: np.ndarray, held,
                  horizon: float, min_gap: float, ray: str | None):
-        from kvprof.sim.runner import run_tasks
+        from kvprof.parallel import run_tasks
 
         self.spill, self.n_shards, self.ray, self.rule = spill, n_shards, ray, rule
         trace = requests.trace
@@ -267,7 +267,7 @@ class DiskShards:
         return np.concatenate(requests), np.concatenate(labels)
 
     def gap_runs(self, keys: RowKeys) -> list[GapRuns]:
-        from kvprof.sim.runner import run_tasks
+        from kvprof.parallel import run_tasks
 
         run_tasks(_sort_gaps, keys, [(str(self.spill), s) for s in range(self.n_shards)], ray=self.ray)
         return [GapRuns(SortedFile(self.spill / f"shard{s}-sorted.bin"), np.load(self.spill / f"shard{s}-starts.npy"))

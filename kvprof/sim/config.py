@@ -148,7 +148,7 @@ class SimConfig:
         the schedule's times are in the sped-up clock.
     timing : {"auto", "recorded", "model"}
         How long requests hold their blocks: as the server did (``recorded``: a vLLM recording's
-        ``scheduled``/``finished`` times, :mod:`kvprof.sim.timed`), as the cost model says
+        ``scheduled``/``finished`` times, :mod:`kvprof.sim.recorded`), as the cost model says
         (``model``), or recorded where the workload has it (``auto``).
     sample_rate : float
         In (0, 1]: replay only the chains whose first block hashes into a sample of this rate, at

@@ -12,7 +12,6 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -20,69 +19,9 @@ from kvprof.core import has_twin
 from kvprof.policy.base import EvictionPolicy
 from kvprof.sim.cache import HostCache, PrefixCache
 from kvprof.sim.config import SimConfig, SimulationError
+from kvprof.sim.metrics import RunMetrics, metrics
+from kvprof.sim.timed import simulate_recorded
 from kvprof.sim.workload import Workload
-
-
-@dataclass(frozen=True)
-class RunMetrics:
-    """What one replay measured.
-
-    Hit counts are in engine blocks over the blocks a request may hit (``Workload.n_lookup``);
-    ``hits_device + hits_host + misses == block_lookups``. Times are modelled seconds.
-
-    Attributes
-    ----------
-    token_hit_ratio : float
-        Cached prompt tokens / prompt tokens (the published metric; rejected requests count as
-        uncached).
-    block_hit_ratio : float
-        (hits_device + hits_host) / block_lookups.
-    evictions : int
-        Cached GPU blocks whose content was overwritten for a new block.
-    dropped : int
-        Cached GPU blocks dropped by lowering the elastic capacity.
-    host_evictions : int
-        Evictions in the CPU tier.
-    n_rejected : int
-        Requests that could never get enough blocks (longer than the whole cache), not served.
-    qttft_mean_s, qttft_p50_s, qttft_p90_s, qttft_p99_s : float
-        Modelled queued time to first token (first token - arrival) over served requests.
-    makespan_s : float
-        Modelled time at which the last request finished its prefill.
-    offered_load : float
-        Prompt tokens the modelled server had to compute (uncached) per second of the trace,
-        over its prefill throughput; NaN for a trace of no duration.
-    qttft_overloaded : bool
-        ``offered_load > 1``: uncached tokens arrive faster than the server prefills, the queue
-        grows for as long as the trace lasts, and QTTFT measures the trace's length rather than
-        the policy (the README says how to calibrate the cost model).
-    """
-
-    policy: str
-    capacity: int
-    n_requests: int
-    n_rejected: int
-    prompt_tokens: int
-    cached_tokens: int
-    token_hit_ratio: float
-    block_lookups: int
-    hits_device: int
-    hits_host: int
-    misses: int
-    block_hit_ratio: float
-    evictions: int
-    dropped: int
-    host_evictions: int
-    qttft_mean_s: float
-    qttft_p50_s: float
-    qttft_p90_s: float
-    qttft_p99_s: float
-    makespan_s: float
-    offered_load: float
-    qttft_overloaded: bool
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 #: Called after every admission and every release with the two tiers (tests check invariants).
@@ -151,8 +90,6 @@ def simulate(
         if observer is not None or (engine == "compiled" and not compiled):
             raise SimulationError("a replay on recorded timing runs the compiled twins or the Python policies, "
                                   "without an observer")
-        from kvprof.sim.timed import simulate_recorded
-
         return simulate_recorded(workload, policy, schedule[0][1], config, engine)
     if engine == "compiled":
         if not compiled:
@@ -160,7 +97,7 @@ def simulate(
         from kvprof.core.engine import run  # numba is imported only when a compiled replay runs
 
         outcome = run(workload, policy, host_policy, config, schedule)
-        return _metrics(workload, config.cost, policy.name, schedule[0][1], **outcome)
+        return metrics(workload, config.cost, policy.name, schedule[0][1], **outcome)
     gpu = PrefixCache(policy, schedule[0][1])
     host = HostCache(host_policy, config.cpu_capacity) if config.cpu_capacity else None
     return _Replay(workload, gpu, host, config, schedule, observer).run()
@@ -258,12 +195,12 @@ class _Replay:
         steps = self.steps(Arrivals(self.w.arrival.tolist()))
         for _ in steps:  # every arrival is known at once: the loop never pauses
             pass
-        return _metrics(self.w, self.cost, self.gpu.policy.name, self.schedule[0][1], *self.outcome)
+        return metrics(self.w, self.cost, self.gpu.policy.name, self.schedule[0][1], **self.outcome)
 
     def steps(self, arrivals: Arrivals):
         """The replay loop, as a generator: it pauses (yields the requests it holds, waiting or
         running) whenever its clock reaches ``arrivals.horizon``, the first arrival not yet known;
-        then ``outcome`` holds the raw counts :func:`_metrics` reads."""
+        then ``outcome`` holds the raw counts :func:`~kvprof.sim.metrics.metrics` reads."""
         w, gpu, cost, ebs = self.w, self.gpu, self.cost, self.ebs
         n = w.n_requests
         arrival = arrivals.arrival
@@ -349,8 +286,9 @@ class _Replay:
                     self.release(r, now)
                     n_running -= 1
         host_evictions = self.host.evictions if self.host else 0
-        self.outcome = (qttft[served], served, hits_device, hits_host, computed, now, gpu.evictions, gpu.dropped,
-                        host_evictions)
+        self.outcome = {"qttft": qttft[served], "served": served, "hits_device": hits_device, "hits_host": hits_host,
+                        "computed": computed, "end": now, "evictions": gpu.evictions, "dropped": gpu.dropped,
+                        "host_evictions": host_evictions}
 
 
 class Arrivals:
@@ -375,40 +313,3 @@ class Arrivals:
     def next_time(self) -> float:
         """When the next request may arrive (infinity: none will)."""
         return self.arrival[self.pending[0]] if self.pending else self.horizon
-
-
-def _metrics(
-    w: Workload, cost, policy: str, capacity: int, qttft: np.ndarray, served: np.ndarray, hits_device: int,
-    hits_host: int, computed: int, end: float, evictions: int, dropped: int, host_evictions: int,
-) -> RunMetrics:
-    """The metrics of a finished replay (either engine): ``qttft`` of the served requests."""
-    load = computed / (cost.prefill_tokens_per_s * w.duration) if w.duration > 0 else math.nan
-    lookups = int(w.n_lookup.sum())
-    prompt_tokens = int(w.prompt_tokens.sum())
-    hits = hits_device + hits_host
-    ebs = w.engine_block_size
-    p50, p90, p99 = np.percentile(qttft, [50, 90, 99]) if qttft.size else (math.nan,) * 3
-    return RunMetrics(
-        policy=policy,
-        capacity=capacity,
-        n_requests=w.n_requests,
-        n_rejected=int(w.n_requests - served.sum()),
-        prompt_tokens=prompt_tokens,
-        cached_tokens=hits * ebs,
-        token_hit_ratio=hits * ebs / prompt_tokens if prompt_tokens else 0.0,
-        block_lookups=lookups,
-        hits_device=hits_device,
-        hits_host=hits_host,
-        misses=lookups - hits,
-        block_hit_ratio=hits / lookups if lookups else 0.0,
-        evictions=evictions,
-        dropped=dropped,
-        host_evictions=host_evictions,
-        qttft_mean_s=float(qttft.mean()) if qttft.size else math.nan,
-        qttft_p50_s=float(p50),
-        qttft_p90_s=float(p90),
-        qttft_p99_s=float(p99),
-        makespan_s=end,
-        offered_load=load,
-        qttft_overloaded=bool(load > 1),
-    )

@@ -29,7 +29,8 @@ from kvprof.policy import make_policy
 from kvprof.policy.prefix_cache import PrefixCache
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig, SimulationError
-from kvprof.sim.engine import Arrivals, RunMetrics, _metrics, _Replay
+from kvprof.sim.engine import Arrivals, _Replay
+from kvprof.sim.metrics import RunMetrics, metrics
 from kvprof.sim.sample import chain_roots
 from kvprof.sim.workload import Workload, prepare_workload
 
@@ -259,7 +260,7 @@ def _route_live(router: _Router, replicas: list[tuple[Workload, object]], policy
         for i, (feed, step) in enumerate(zip(feeds, steps)):
             feed.horizon = horizon
             held[i] = next(step, 0)
-    return Routing(chosen, tuple(int(run.outcome[2]) for run in runs))
+    return Routing(chosen, tuple(int(run.outcome["hits_device"]) for run in runs))
 
 
 @dataclass(frozen=True)
@@ -355,7 +356,7 @@ def run_fleet(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: 
                 continue
             outcome = replay_compiled(share, make_policy(name, replica_hp, capacity), None, config,
                                       [(0.0, capacity)])
-            out.append(_metrics(share, config.cost, name, capacity, **outcome))
+            out.append(metrics(share, config.cost, name, capacity, **outcome))
             if name == policy:
                 qttft.append(outcome["qttft"])
     return FleetRun(spec.name, policy, replicas, capacity, tuple(runs), tuple(bounds),

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvprof import results as results_file
+from kvprof.parallel import Progress, run_tasks, sweep_workers
 from kvprof.policy import make_policy
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig, SimulationError, check_memory
-from kvprof.sim.engine import RunMetrics, simulate
-from kvprof.sim.runner import Progress, run_tasks, sweep_workers
+from kvprof.sim.engine import simulate
+from kvprof.sim.metrics import RunMetrics
 from kvprof.sim.sample import Miniature, chain_sample, lost_shares, sample_facts
 from kvprof.sim.workload import Workload, prepare_workload
 
@@ -108,10 +109,10 @@ def run_sweep(
     config : SimConfig
     n_jobs : int
         joblib workers (-1: all cores, -2: all but one ...), capped by
-        :func:`~kvprof.sim.runner.sweep_workers`.
+        :func:`~kvprof.parallel.sweep_workers`.
     ray : str or None
         Run the replays as tasks of the Ray cluster at this address (``"auto"``: Ray's rule)
-        instead (:mod:`kvprof.sim.runner`); the same results, number for number.
+        instead (:mod:`kvprof.parallel`); the same results, number for number.
     progress : callable or None
         ``progress(done, total)`` after each run.
     inputs : dict or None
@@ -124,9 +125,11 @@ def run_sweep(
     Raises
     ------
     SimulationError
-        Unknown policy, capacity <= 0, ``n_jobs`` 0, tiers beyond the machine's memory, a sample whose
+        Unknown policy, capacity <= 0, tiers beyond the machine's memory, a sample whose
         scaled caches cannot hold requests the full ones hold (:func:`~kvprof.sim.sample.lost_shares`), or a
         workload that cannot be prepared.
+    ParallelError
+        ``n_jobs`` 0, or a Ray cluster that is not there (:mod:`kvprof.parallel`).
     """
     policies, capacities = tuple(policies), tuple(int(c) for c in capacities)
     if not policies or not capacities:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from kvprof.cells import TIER_EDGES
 from kvprof.models.hp import HpFile
 from kvprof.models.learned import LearnedModel
+from kvprof.parallel import run_tasks
 from kvprof.policy import make_policy
 from kvprof.policy.wa import DEFAULT_ORDERS
 from kvprof.profiler.trace import Trace
@@ -27,7 +28,6 @@ from kvprof.sim.config import SimConfig
 from kvprof.sim.engine import simulate
 from kvprof.sim.learn import belady_labels, fit_learned
 from kvprof.sim.sample import Miniature, chain_sample, lost_shares
-from kvprof.sim.runner import run_tasks
 from kvprof.sim.workload import Workload, prepare_workload
 
 #: Horizons tried, as multiples of the fitted one.
@@ -55,9 +55,9 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
         (:mod:`kvprof.sim.sample`), the entries still named by the full capacities.
     n_jobs : int
         joblib workers for the replays (capacities x horizons), capped as a sweep's
-        (:func:`~kvprof.sim.runner.sweep_workers`).
+        (:func:`~kvprof.parallel.sweep_workers`).
     ray : str or None
-        Run the replays on the Ray cluster at this address instead (:mod:`kvprof.sim.runner`).
+        Run the replays on the Ray cluster at this address instead (:mod:`kvprof.parallel`).
     progress : callable(done, total) or None
         Called as each replay finishes.
     learn : bool

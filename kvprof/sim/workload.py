@@ -21,7 +21,7 @@ from kvprof.profiler.cells import cells_of_trace
 from kvprof.profiler.reuse import next_access
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimulationError
-from kvprof.sim.timed import RecordedTiming, recorded_timing, timing_absent
+from kvprof.sim.recorded import RecordedTiming, recorded_timing, timing_absent
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,7 +66,7 @@ class Workload:
         How many times as fast as in the trace requests arrive.
     timing : RecordedTiming or None
         When the server held each request's blocks, for a trace recorded by ``vllm serve
-        --kv-record`` read at the server's block size and rate (:mod:`kvprof.sim.timed`).
+        --kv-record`` read at the server's block size and rate (:mod:`kvprof.sim.recorded`).
     timing_problem : str or None
         Where ``timing`` is None, why (no recorded times, another block size or rate, bad values).
     timing_error : bool

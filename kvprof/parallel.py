@@ -1,12 +1,13 @@
-"""Where a sweep's replays run: joblib processes on this machine, or Ray tasks on a cluster.
+"""Where independent tasks run: joblib processes on this machine, or Ray tasks on a cluster.
 
-The replays of a sweep (policy x capacity, or capacity x horizon when tuning) are independent and
-read one prepared workload. :func:`run_tasks` runs them with joblib's workers (``n_jobs``), or,
-given a Ray address, as Ray tasks: the workload is put once into Ray's object store, where its
-numpy columns are shared with every task on a node without a copy, and each task receives a
-reference to it, not a pickled copy. Runs are deterministic, so both give the same metrics,
-number for number. Ray is optional (``pip install 'kvprof[ray]'``); nothing imports it unless
-asked to.
+The tasks (a sweep's replays, policy x capacity or capacity x horizon; a sharded fit's shards;
+a fleet's configurations) are independent and read one shared input. :func:`run_tasks` runs
+them with joblib's workers (``n_jobs``), or, given a Ray address, as Ray tasks: the shared input
+is put once into Ray's object store, where its numpy columns are shared with every task on a
+node without a copy, and each task receives a reference to it, not a pickled copy. Tasks are
+deterministic, so both give the same results, number for number. Ray is optional (``pip install
+'kvprof[ray]'``); nothing imports it unless asked to. This module sits below the simulator and
+the profiler, which both run their tasks here.
 """
 
 from __future__ import annotations
@@ -19,25 +20,26 @@ from collections.abc import Callable, Iterator, Sequence
 
 from joblib import Parallel, cpu_count, delayed, effective_n_jobs
 
-from kvprof.sim.config import SimulationError
+from kvprof.errors import ParallelError
 
 #: ``progress(done, total)`` after each finished run.
 Progress = Callable[[int, int], None]
 
 
 def sweep_workers(n_jobs: int, n_runs: int) -> int:
-    """Replays to run at once: joblib's reading of ``n_jobs``, capped at ``n_runs`` and the machine's cores.
+    """Tasks (a sweep's replays) to run at once: joblib's reading of ``n_jobs``, capped at ``n_runs`` and
+    the machine's cores.
 
     More workers than runs idle, and more than cores only compete for them (and each holds a
     process and its semaphores).
 
     Raises
     ------
-    SimulationError
+    ParallelError
         ``n_jobs`` is 0.
     """
     if n_jobs == 0:
-        raise SimulationError("the number of parallel replays must not be 0 (-1: every core)")
+        raise ParallelError("the number of parallel replays must not be 0 (-1: every core)")
     return max(1, min(effective_n_jobs(n_jobs), cpu_count(), n_runs))
 
 
@@ -52,13 +54,13 @@ def connect_ray(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S):
 
     Raises
     ------
-    SimulationError
+    ParallelError
         Ray is not installed, or no cluster answers at ``address`` within ``timeout_s`` seconds.
     """
     try:
         import ray
     except ImportError:
-        raise SimulationError("Ray is not installed here: pip install 'kvprof[ray]'") from None
+        raise ParallelError("Ray is not installed here: pip install 'kvprof[ray]'") from None
     if not ray.is_initialized():
         where = _described(address)
         _check_reachable(_resolved(address), where)
@@ -95,10 +97,10 @@ def _init_within(ray, address: str, where: str, timeout_s: float) -> None:
     while thread.is_alive() and time.monotonic() < deadline:
         thread.join(0.1)
     if not outcome:
-        raise SimulationError(f"no Ray cluster at {where} answered within {timeout_s:g} s (is it a Ray head "
+        raise ParallelError(f"no Ray cluster at {where} answered within {timeout_s:g} s (is it a Ray head "
                               f"node's address, host:port of its GCS, default port 6379?)")
     if isinstance(outcome[0], (ConnectionError, RuntimeError, ValueError)):
-        raise SimulationError(f"no Ray cluster at {where}: {outcome[0]}") from None
+        raise ParallelError(f"no Ray cluster at {where}: {outcome[0]}") from None
     if outcome[0] is not None:
         raise outcome[0]
 
@@ -111,7 +113,7 @@ def _check_reachable(address: str, where: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=10).close()
     except OSError as exc:
-        raise SimulationError(f"no Ray cluster at {where}: {exc.strerror or exc}") from None
+        raise ParallelError(f"no Ray cluster at {where}: {exc.strerror or exc}") from None
 
 
 def run_tasks(function: Callable, shared, tasks: Sequence[tuple], *, n_jobs: int = 1, ray: str | None = None,
@@ -123,7 +125,7 @@ def run_tasks(function: Callable, shared, tasks: Sequence[tuple], *, n_jobs: int
     function : callable
         A module-level function (Ray and joblib's processes import it by name).
     shared
-        What every task reads (the workload); sent once to each joblib worker, or put once into
+        What every task reads (a sweep's workload); sent once to each joblib worker, or put once into
         Ray's object store.
     tasks : sequence of tuple
         Each task's own arguments; they run in this order, slowest first is the caller's choice.
