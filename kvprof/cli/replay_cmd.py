@@ -22,6 +22,7 @@ from kvprof.cli.common import (
     output_dir,
     parse_window_option,
 )
+from kvprof.cli.fleet_cmd import LOAD_WEIGHT, IndexBlocksOpt
 from kvprof.cli.output import fail, progress, say, show, warn
 from kvprof.limits import BLOCKS, INT32_MAX, RATE_SCALE, TIMEOUT_SECONDS, TOKENS, Bound
 
@@ -47,6 +48,59 @@ def _http_url(url: str) -> str:
     if not valid:
         raise typer.BadParameter(f"{url!r} is not an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")
     return url
+
+
+def _http_urls(urls: list[str]) -> list[str]:
+    """Option callback: every --url an http(s) URL with a host, none twice (exit 2 otherwise)."""
+    urls = [_http_url(url) for url in urls]
+    twice = sorted({url for url in urls if urls.count(url) > 1})
+    if twice:
+        raise typer.BadParameter(f"{', '.join(twice)} given twice; each server of a fleet once")
+    return urls
+
+
+def _zmq_endpoints(endpoints: list[str] | None) -> list[str] | None:
+    """Option callback: tcp://HOST:PORT endpoints, none twice (exit 2 otherwise)."""
+    from urllib.parse import urlsplit
+
+    for endpoint in endpoints or ():
+        try:
+            parts = urlsplit(endpoint)
+            valid = parts.scheme == "tcp" and bool(parts.hostname) and parts.port is not None
+        except ValueError:
+            valid = False
+        if not valid:
+            raise typer.BadParameter(f"{endpoint!r} is not a tcp://HOST:PORT endpoint, e.g. tcp://127.0.0.1:5557")
+    if endpoints and len(set(endpoints)) < len(endpoints):
+        raise typer.BadParameter("an endpoint given twice; one per server")
+    return endpoints
+
+
+def _fleet_router(urls: list[str], router: str | None, kv_events: list[str] | None, load_weight: float,
+                  index_blocks: int | None):
+    """The router spec of a fleet replay, None for one server (exit 2 for options that do not fit)."""
+    from kvprof.sim.fleet import ROUTERS, RouterSpec
+
+    if router is None:
+        if len(urls) > 1:
+            raise typer.BadParameter(f"{len(urls)} servers need a router to pick one per request: --router "
+                                     f"{' | '.join(ROUTERS)}", param_hint="--router")
+        if kv_events:
+            raise typer.BadParameter("KV events are read by --router prefix-precise only", param_hint="--kv-events")
+        return None
+    if router not in ROUTERS:
+        raise typer.BadParameter(f"unknown router {router!r}; known: {', '.join(ROUTERS)}", param_hint="--router")
+    if len(urls) < 2:
+        raise typer.BadParameter(f"a router needs at least two servers to choose from; give --url once per server "
+                                 f"(got {len(urls)})", param_hint="--router")
+    if router == "prefix-precise":
+        if len(kv_events or ()) != len(urls):
+            raise typer.BadParameter(f"prefix-precise reads each server's KV events: give --kv-events once per "
+                                     f"--url, in the same order ({len(urls)}), got {len(kv_events or ())}",
+                                     param_hint="--kv-events")
+    elif kv_events:
+        raise typer.BadParameter("KV events are read by --router prefix-precise only", param_hint="--kv-events")
+    return RouterSpec(router, load_weight, index_blocks)
 
 
 def _live_policy(name: str | None) -> str | None:
@@ -77,8 +131,26 @@ def replay(
     trace_path: TraceArg,
     model: Annotated[str, typer.Option("--model", help="Model name the server serves.")],
     url: Annotated[
-        str, typer.Option("--url", callback=_http_url, help="Base URL of a running vLLM (OpenAI-compatible) server.")
-    ] = "http://127.0.0.1:8000",
+        list[str], typer.Option("--url", callback=_http_urls,
+                                help="Base URL of a running vLLM (OpenAI-compatible) server; give it once per "
+                                     "server of a fleet, with --router.")
+    ] = ["http://127.0.0.1:8000"],
+    router: Annotated[
+        Optional[str], typer.Option("--router", help="With several --url: route each request as kvprof fleet's "
+                                                     "router does (round-robin, least-loaded, session, "
+                                                     "prefix-approx, prefix-precise).")
+    ] = None,
+    load_weight: Annotated[
+        float, number_option("--load-weight", bound=LOAD_WEIGHT,
+                             help="Weight of load against prefix overlap in the prefix routers (0: overlap only).")
+    ] = 1.0,
+    index_blocks: IndexBlocksOpt = None,
+    kv_events: Annotated[
+        Optional[list[str]], typer.Option("--kv-events", callback=_zmq_endpoints,
+                                          help="prefix-precise: where to listen for each server's KV events, one "
+                                               "per --url in order (tcp://HOST:PORT, the endpoint of its "
+                                               "--kv-events-config).")
+    ] = None,
     config: Annotated[
         Optional[Path], typer.Option("--config", help="The hp file the server runs (checked, recorded; labels the "
                                                       "run and names each request's class in requests.jsonl).")
@@ -132,9 +204,15 @@ def replay(
     measured TTFTs, for compare --cost), results.json and compare's hit-ratio and QTTFT plots; the
     capacity is --capacity or the server's num_gpu_blocks from its /metrics. Stopped early (an
     error, Ctrl-C, SIGTERM), it writes the requests answered so far as an incomplete run.
+
+    With --url given once per server and --router, replay is the router of that fleet (kvprof
+    fleet's routers): each server's part is written in DIR/replica-K as a replay of it alone, the
+    fleet's in DIR (each request's replica in requests.jsonl, per replica cached tokens in
+    results.json).
     """
     try:
         from kvprof.replay import Pacing, ReplaySettings, run_replay
+        from kvprof.replay.fleet import REPLICA_DIR, run_fleet_replay
         from kvprof.replay.run import COST_FILE, REQUESTS_FILE
     except ImportError as exc:
         raise fail(f"{_EXTRA} ({exc})") from None
@@ -142,9 +220,12 @@ def replay(
     from kvprof.cli.plots import FILES, plot_results
     from kvprof.vllm.spec import DEFAULT_POLICY
 
+    spec = _fleet_router(url, router, kv_events, load_weight, index_blocks)
     bounds = parse_window_option(window)
     check_format(format)
-    output_dir(output, files=[REQUESTS_FILE, COST_FILE, results.FILE, *FILES], inputs=[trace_path, config])
+    written = [REQUESTS_FILE, COST_FILE, results.FILE]
+    replica_files = [f"{REPLICA_DIR.format(j)}/{name}" for j in range(len(url) if spec else 0) for name in written]
+    output_dir(output, files=[*written, *FILES, *replica_files], inputs=[trace_path, config])
     hp = None
     if config is not None:
         from kvprof.models.hp import load_hp
@@ -155,7 +236,7 @@ def replay(
     if limit is not None:
         trace = trace.head(limit)
     settings = ReplaySettings(
-        url=url, model=model, timeout_s=timeout, capacity=capacity,
+        url=url[0], model=model, timeout_s=timeout, capacity=capacity,
         policy=policy or (DEFAULT_POLICY if config is not None else "lru"),
         hp_path=None if config is None else str(config),
         classes=None if hp is None else _classifier(hp),
@@ -164,9 +245,14 @@ def replay(
     )
     inputs = {"trace_path": str(trace_path), "eval_window": window, "limit": limit}
     with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()) as bar:
-        task = bar.add_task(f"replaying against {url}", total=trace.n_requests)
-        outcome = run_replay(trace, settings, output, inputs=inputs,
-                             progress=lambda done, total: bar.update(task, completed=done), plot=plot_results)
+        where = url[0] if spec is None else f"{len(url)} servers behind {spec.name}"
+        task = bar.add_task(f"replaying against {where}", total=trace.n_requests)
+        advance = lambda done, total: bar.update(task, completed=done)  # noqa: E731
+        if spec is None:
+            outcome = run_replay(trace, settings, output, inputs=inputs, progress=advance, plot=plot_results)
+        else:
+            outcome = run_fleet_replay(trace, settings, url, spec, output, events=kv_events or (), inputs=inputs,
+                                       progress=advance, plot=plot_results)
     _report(outcome, output, len(outcome.plots), max_concurrency, rate_scale)
 
 
@@ -192,6 +278,11 @@ def _report(outcome, out: Path, n_plots: int, max_concurrency: int, rate_scale: 
     show(f"{run['n_requests']} requests, {run['n_errors']} errors ({run['n_timeouts']} timeouts){skipped}, "
          f"hit ratio {'-' if hit is None else format(hit, '.4f')} at {run['capacity']:,} blocks, "
          f"QTTFT mean {'-' if qttft is None else format(qttft, '.3f')} s")
+    if "replica_cached_tokens" in run:
+        show(f"{run['router']} x{run['replicas']}: " + ", ".join(
+            f"replica {j}: {n} requests, {cached:,} of {prompt:,} prompt tokens cached"
+            for j, (n, cached, prompt) in enumerate(zip(run["replica_requests"], run["replica_cached_tokens"],
+                                                        run["replica_prompt_tokens"]))))
     calibration = outcome.calibration
     if isinstance(calibration, str):
         say(f"no cost.json: {calibration}")

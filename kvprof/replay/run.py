@@ -120,30 +120,45 @@ def run_replay(trace: Trace, settings: ReplaySettings, out: Path, *, inputs: dic
         started = time.monotonic()
         sent = send_all(server, requests, pacing, progress, max_model_len=max_model_len, classes=settings.classes)
         wall = time.monotonic() - started
-    records = sent.records
+    server_facts = {"url": settings.url, "model": settings.model, **cache, "max_model_len": max_model_len}
+    document, calibration, plots = write_measured(out, trace, sent.records, settings, capacity, server_facts,
+                                                  wall, complete=sent.stopped_by is None, inputs=inputs, plot=plot)
+    if sent.stopped_by is not None and not isinstance(sent.stopped_by, KeyboardInterrupt):
+        raise sent.stopped_by
+    return ReplayOutcome(document, calibration, sent.records, sent.stopped_by, plots)
+
+
+def write_measured(out: Path, trace: Trace, records: list[RequestRecord], settings: ReplaySettings, capacity: int,
+                   server_facts: dict, wall: float, *, complete: bool, inputs: dict | None = None,
+                   plot: Callable[[dict, Path, StagedFiles], list[Path]] | None = None,
+                   run_fields: dict | None = None) -> tuple[dict, Calibration | str, list[Path]]:
+    """Write what one server (or a fleet, pooled) measured into ``out``: ``requests.jsonl`` first, then
+    ``cost.json``, ``results.json`` and the plots together. ``server_facts`` is ``inputs.server``;
+    ``run_fields`` are added to the measured run (a fleet's). Returns the document, the calibration
+    and the plots written."""
+    pacing = settings.pacing
     _write_records(out, records)
     calibration = calibrate(records)
-    config = {"mode": "replay", "engine_block_size": cache["block_size"], "rate_scale": pacing.rate_scale,
+    config = {"mode": "replay", "engine_block_size": server_facts.get("block_size"), "rate_scale": pacing.rate_scale,
               "max_concurrency": pacing.max_concurrency, "trace_block_tokens": trace.block_size,
               "vocab_size": pacing.vocab_size, "max_output_tokens": pacing.max_output_tokens,
-              "timeout_s": settings.timeout_s, "max_model_len": max_model_len, "too_long": pacing.too_long,
-              "policies": [settings.policy], "capacities": [capacity],
+              "timeout_s": settings.timeout_s, "max_model_len": server_facts.get("max_model_len"),
+              "too_long": pacing.too_long, "policies": [settings.policy], "capacities": [capacity],
               "calibration": asdict(calibration) if isinstance(calibration, Calibration) else None}
     facts = {"source": trace.source, "sha256": trace.sha256, "format": trace.format, "block_size": trace.block_size,
              "window": [trace.window[0], trace.censor_time], "n_requests": trace.n_requests}
-    run = _measured_run(records, settings.policy, capacity, pacing.rate_scale, calibration,
-                        (trace.censor_time - trace.window[0]) / pacing.rate_scale)
+    run = {**_measured_run(records, settings.policy, capacity, pacing.rate_scale, calibration,
+                           (trace.censor_time - trace.window[0]) / pacing.rate_scale), **(run_fields or {})}
+    if run_fields and "policy" in run_fields:
+        config["policies"] = [run_fields["policy"]]
     document = results.build(
         inputs={**(inputs or {}), "hp": None if settings.hp_path is None else {"path": settings.hp_path},
-                "server": {"url": settings.url, "model": settings.model, **cache, "max_model_len": max_model_len},
-                "trace": facts},
-        config=config, runs=[run], wall_s=wall, complete=sent.stopped_by is None)
+                "server": server_facts, "trace": facts},
+        config=config, runs=[run], wall_s=wall, complete=complete)
     with staged() as outputs:
         _write_results(out, calibration, document, outputs)
         plots = plot(document, out, outputs) if plot is not None else []
-    if sent.stopped_by is not None and not isinstance(sent.stopped_by, KeyboardInterrupt):
-        raise sent.stopped_by
-    return ReplayOutcome(document, calibration, records, sent.stopped_by, plots)
+    return document, calibration, plots
 
 
 def _capacity(server: Server, capacity: int | None) -> tuple[int, dict]:
@@ -201,7 +216,10 @@ def _write_records(out: Path, records: list[RequestRecord]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with atomic_open(out / REQUESTS_FILE) as handle:
         for record in records:
-            handle.write(json.dumps(asdict(record)) + "\n")
+            line = asdict(record)
+            if record.replica is None:  # one server: the lines replay always wrote
+                del line["replica"]
+            handle.write(json.dumps(line) + "\n")
 
 
 def _write_results(out: Path, calibration: Calibration | str, document: dict, outputs: StagedFiles) -> None:

@@ -24,6 +24,9 @@ from kvprof.replay.server import Server
 
 #: ``progress(done, total)`` after each finished request (called from the sending threads).
 Progress = Callable[[int, int], None]
+#: ``route(index, prompt, loads) -> server``: the server of the request at ``index`` (arrival order) whose
+#: ``prompt`` is due now, ``loads`` the requests in flight at each server.
+Route = Callable[[int, list[int], list[int]], int]
 #: What to do with a prompt longer than the server's context: leave it out (counted) or cut it.
 TOO_LONG = ("skip", "clip")
 #: Longest single sleep while waiting for an arrival (a long trace at a slow rate would overflow one).
@@ -52,6 +55,7 @@ class RequestRecord:
     workload_class: str | None = None
     trace_tokens: int | None = None
     skipped: str | None = None
+    replica: int | None = None  # behind a router (several servers): the server it was sent to, else None
 
     @property
     def answered(self) -> bool:
@@ -84,26 +88,34 @@ class Sent:
     stopped_by: BaseException | None = None
 
 
-def send_all(server: Server, requests: Sequence[ReplayRequest], pacing: Pacing,
+def send_all(servers: Server | Sequence[Server], requests: Sequence[ReplayRequest], pacing: Pacing,
              progress: Progress | None = None, *, max_model_len: int | None = None,
-             classes: Callable[[ReplayRequest], str | None] | None = None) -> Sent:
+             classes: Callable[[ReplayRequest], str | None] | None = None, route: Route | None = None) -> Sent:
     """Send every request at its scheduled time; one record each, in arrival order.
 
     ``classes`` names each request's workload class for its record (the hp file's rule), if given.
+    With several ``servers`` (a fleet), ``route`` picks each request's server when it is due, and
+    its record says which (``replica``); with one server records have no ``replica``.
     An exception while sending (an interrupt above all) stops it: the records of the requests
     that finished are returned with it, the others are cancelled or left to end on their own.
     """
+    servers = [servers] if isinstance(servers, Server) else list(servers)
+    if len(servers) > 1 and route is None:
+        raise ValueError("several servers need a route")
     slots = threading.Semaphore(pacing.max_concurrency)
     done = 0
     done_lock = threading.Lock()
+    in_flight = [0] * len(servers)  # per server: requests sent and not yet answered (what least-loaded reads)
 
     def work(request: ReplayRequest, prompt: list[int], max_tokens: int, due: float, base: dict) -> RequestRecord:
         nonlocal done
+        replica = base.get("replica") or 0
         try:
-            return _send(server, request, prompt, max_tokens, due, base)
+            return _send(servers[replica], request, prompt, max_tokens, due, base)
         finally:
             slots.release()
             with done_lock:
+                in_flight[replica] -= 1
                 done += 1
                 if progress:
                     progress(done, len(requests))
@@ -125,6 +137,12 @@ def send_all(server: Server, requests: Sequence[ReplayRequest], pacing: Pacing,
             due = start + request.arrival_s / pacing.rate_scale
             _sleep_until(due)
             slots.acquire()
+            if route is not None:  # routed once a slot is free: the loads it reads are those it is sent into
+                with done_lock:
+                    loads = list(in_flight)
+                base["replica"] = route(len(futures), prompt, loads)
+            with done_lock:
+                in_flight[base.get("replica") or 0] += 1
             futures.append(pool.submit(work, request, prompt, max_tokens, due, base))
         records = [f if isinstance(f, RequestRecord) else f.result() for f in futures]
     except BaseException as exc:  # noqa: BLE001 - an interrupt above all: keep what was measured
