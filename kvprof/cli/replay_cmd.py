@@ -142,7 +142,8 @@ def replay(
     ] = None,
     load_weight: Annotated[
         float, number_option("--load-weight", bound=LOAD_WEIGHT,
-                             help="Weight of load against prefix overlap in the prefix routers (0: overlap only).")
+                             help="The prefix routers' weight of load (each server's requests in flight) against "
+                                  "overlap, as kvprof fleet's (0: overlap only).")
     ] = 1.0,
     index_blocks: IndexBlocksOpt = None,
     kv_events: Annotated[

@@ -86,21 +86,29 @@ def invoke_ok(*args) -> str:
 
 @contextmanager
 def servers(venv: Path, model: Path, tmp: Path, endpoints: list[str]):
-    """``vllm serve`` once per endpoint, started together (each recording, publishing its KV events to its
-    endpoint); yields their URLs once all answer; kills each one's process group on exit."""
+    """``vllm serve`` once per endpoint (each recording, publishing its KV events to its endpoint): the
+    first alone, which compiles kvprof's core into numba's cache, then the others together, which load it
+    (three compiling at once on two cores took longer than a server may take to start); yields their URLs
+    once all answer; kills each one's process group on exit."""
     procs, urls = [], []
+
+    def start(j: int, endpoint: str) -> None:
+        port = free_port()
+        events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint})
+        cmd = serve_command(venv, model, port, "--kv-record", str(tmp / f"rec-{j}"), "--kv-events-config", events,
+                            blocks=BLOCKS)
+        with open(tmp / f"server-{j}.log", "w") as log:
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(),
+                                          start_new_session=True, cwd=str(tmp)))
+        urls.append(f"http://127.0.0.1:{port}")
+
     try:
-        for j, endpoint in enumerate(endpoints):
-            port = free_port()
-            events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint})
-            cmd = serve_command(venv, model, port, "--kv-record", str(tmp / f"rec-{j}"), "--kv-events-config", events,
-                                blocks=BLOCKS)
-            with open(tmp / f"server-{j}.log", "w") as log:
-                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(),
-                                              start_new_session=True, cwd=str(tmp)))
-            urls.append(f"http://127.0.0.1:{port}")
-        for j, (url, proc) in enumerate(zip(urls, procs)):
-            wait_until_up(url, proc, tmp / f"server-{j}.log")
+        start(0, endpoints[0])
+        wait_until_up(urls[0], procs[0], tmp / "server-0.log")
+        for j in range(1, len(endpoints)):
+            start(j, endpoints[j])
+        for j in range(1, len(endpoints)):
+            wait_until_up(urls[j], procs[j], tmp / f"server-{j}.log")
         yield urls
     finally:
         for proc in procs:
