@@ -131,7 +131,7 @@ def replay(
     trace_path: TraceArg,
     model: Annotated[str, typer.Option("--model", help="Model name the server serves.")],
     url: Annotated[
-        list[str], typer.Option("--url", callback=_http_urls,
+        list[str], typer.Option("--url", callback=_http_urls, metavar="URL",
                                 help="Base URL of a running vLLM (OpenAI-compatible) server; give it once per "
                                      "server of a fleet, with --router.")
     ] = ["http://127.0.0.1:8000"],
@@ -147,7 +147,7 @@ def replay(
     ] = 1.0,
     index_blocks: IndexBlocksOpt = None,
     kv_events: Annotated[
-        Optional[list[str]], typer.Option("--kv-events", callback=_zmq_endpoints,
+        Optional[list[str]], typer.Option("--kv-events", callback=_zmq_endpoints, metavar="ENDPOINT",
                                           help="prefix-precise: where to listen for each server's KV events, one "
                                                "per --url in order (tcp://HOST:PORT, the endpoint of its "
                                                "--kv-events-config).")
