@@ -105,6 +105,16 @@ def test_compiled_and_python_replays_agree(case):
     assert compiled.n_rejected == sum(v is None for v in trace.extra["scheduled"])
 
 
+def recorded_requests(workload):
+    """The workload's requests as :func:`kvprof.core.timed.replay` plays them."""
+    from kvprof.core.timed import RecordedRequests
+
+    timing = workload.timing
+    return RecordedRequests(blocks=timing.block, offsets=timing.offsets, n_full=timing.n_full,
+                            n_prompt=timing.n_prompt, n_lookup=workload.n_lookup, n_new=timing.n_new,
+                            classes=workload.workload.astype(np.int64), next_use=timing.next_use)
+
+
 @settings(max_examples=60, deadline=None)
 @given(recordings())
 def test_every_slot_is_in_one_place_at_every_event(case):
@@ -116,8 +126,7 @@ def test_every_slot_is_in_one_place_at_every_event(case):
     workload = prepare_workload(trace, engine_block_size=trace.block_size)
     timing = workload.timing
     gpu = tiers.new_device(compile_policy(make_policy(policy), capacity), capacity, timing.n_contents)
-    hits, held = replay(gpu, timing.block, timing.offsets, timing.n_full, timing.n_prompt, workload.n_lookup,
-                        timing.n_new, workload.workload.astype(np.int64), timing.next_use, *timing.events(), True)
+    hits, held = replay(gpu, recorded_requests(workload), timing.events(), check=True)
     assert (held <= timing.n_prompt + timing.n_new).all() and (hits <= held).all()
 
 
