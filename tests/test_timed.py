@@ -18,13 +18,16 @@ from tests.helpers import make_trace
 from tests.test_policies import build
 
 
-def recorded(rows, scheduled, finished, output=None, block_size=16):
-    """A trace of ``rows`` with the recording's ``scheduled``/``finished`` columns."""
+def recorded(rows, scheduled, finished, output=None, block_size=16, short=None):
+    """A trace of ``rows`` with the recording's ``scheduled``/``finished`` columns; ``short[i]`` tokens
+    less than full blocks make request ``i``'s last prompt block a partial one."""
     trace = make_trace(rows, block_size=block_size)
     extra = {"scheduled": np.array(scheduled, dtype=object), "finished": np.array(finished, dtype=np.float64)}
     trace = dataclasses.replace(trace, extra=extra)
     if output is not None:
         trace = dataclasses.replace(trace, output_length=np.array(output, dtype=np.int64))
+    if short is not None:
+        trace = dataclasses.replace(trace, input_length=trace.input_length - np.array(short, dtype=np.int64))
     return trace
 
 
@@ -90,7 +93,8 @@ def recordings(draw):
         scheduled.append(start)
         finished.append((t if start is None else start) + draw(st.sampled_from([0.0, 0.3, 5.0])))
     output = [draw(st.integers(0, 40)) for _ in rows]
-    return recorded(rows, scheduled, finished, output=output), draw(st.integers(1, 12)), draw(
+    short = [draw(st.sampled_from([0, 0, 1, 15])) for _ in rows]  # a partial last prompt block in about half
+    return recorded(rows, scheduled, finished, output=output, short=short), draw(st.integers(1, 12)), draw(
         st.sampled_from(["lru", "lfu", "s3fifo", "arc", "belady"]))
 
 
