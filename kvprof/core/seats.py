@@ -8,7 +8,8 @@ is made, so the numbers stay below the most requests ever running at once.
 
 The compiled loops (:mod:`kvprof.core.engine`, :mod:`kvprof.core.timed`) keep the given-back
 seats on a stack (``free[:n_free]``, :func:`take_seat`, :func:`give_seat`) and reuse each seat's
-slot array, grown only when a request needs more; a driver in Python that names requests by key
+slot array, grown only when a request needs more (:func:`seat_slots`, also what a compiled part
+keyed by a seat its driver numbered needs); a driver in Python that names requests by key
 (:mod:`kvprof.core.twin`, :mod:`kvprof.vllm.observe`) uses :class:`Seats`.
 """
 
@@ -32,7 +33,7 @@ def new_free(n: int = 16) -> np.ndarray:
 @njit(cache=True)
 def take_seat(seats, free, n_free, need):
     """A seat whose slot array (``seats[seat]``) holds at least ``need`` slots: the seat given back
-    last, else a new one appended to ``seats`` (a list, typed or native, of int64 arrays).
+    last, else a new one (``seats``: a list, typed or native, of int64 arrays, one per seat).
 
     Returns ``(seat, n_free)``, the count of given-back seats left on ``free``.
     """
@@ -41,10 +42,19 @@ def take_seat(seats, free, n_free, need):
         seat = free[n_free]
     else:
         seat = len(seats)
+    seat_slots(seats, seat, need)
+    return seat, n_free
+
+
+@njit(cache=True)
+def seat_slots(seats, seat, need):
+    """``seats[seat]``, with room for at least ``need`` slots: ``seats`` extended to hold the seat and
+    its array replaced by a larger one (at least twice as long) when it is too short."""
+    while len(seats) <= seat:
         seats.append(np.zeros(0, np.int64))
     if len(seats[seat]) < need:
         seats[seat] = np.zeros(max(need, 2 * len(seats[seat])), np.int64)
-    return seat, n_free
+    return seats[seat]
 
 
 @njit(cache=True)
