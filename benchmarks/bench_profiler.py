@@ -34,7 +34,7 @@ marks, wall0, cpu0 = {}, time.perf_counter(), time.process_time()
 def mark(name):
     marks[name] = (time.perf_counter() - wall0 - sum(w for w, _ in marks.values()),
                    time.process_time() - cpu0 - sum(c for _, c in marks.values()))
-from kvprof.cli.profile_cmd import _holdout
+from kvprof.cli.fit_cmd import _holdout
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
 mark("imports")
@@ -54,7 +54,7 @@ print(json.dumps({"steps": marks, "peak_rss_mb": peak, "block_ids": trace.n_bloc
 
 TUNING = r"""
 import json, sys, time
-from kvprof.cli.profile_cmd import _holdout
+from kvprof.cli.fit_cmd import _holdout
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
 from kvprof.sim.config import SimConfig

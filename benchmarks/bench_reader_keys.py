@@ -1,7 +1,7 @@
 """What the trace reader's repeated-key check costs, as a share of decoding the same lines.
 
 The reader decodes each line with ``orjson.loads`` (``json.loads`` where the two could differ)
-and then checks that no key is repeated (``kvprof.profiler.reader._may_repeat_a_key``, and the
+and then checks that no key is repeated (``kvprof.profiler.records._may_repeat_a_key``, and the
 slow parse where that cannot rule a repeat out). The three are timed side by side, in one
 process, on the lines of a synthetic bailian-a trace as written and with a colon in a string
 value on every line (the case that needs the second look). CPU seconds, the best of
@@ -18,7 +18,7 @@ import time
 
 import orjson
 
-from kvprof.profiler.reader import _may_repeat_a_key, _repeated_key
+from kvprof.profiler.records import _may_repeat_a_key, _repeated_key
 from kvprof.profiler.synth import generate
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import kvprof.profiler.reader as reader
+import kvprof.profiler.records as records
 from kvprof.errors import TraceError
 
 GOOD = {"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 32, "output_length": 4, "type": "text",
@@ -40,5 +41,5 @@ def test_orjson_reads_every_line_as_json_does(tmp_path, monkeypatch, second, ski
         return columns, {k: v.tolist() for k, v in trace.extra.items()}, report.skipped
 
     fast = outcome()
-    monkeypatch.setattr(reader, "_fast_decode", lambda line: None)  # every line through json
+    monkeypatch.setattr(records, "_fast_decode", lambda line: None)  # every line through json
     assert fast == outcome()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +10,7 @@ from kvprof.core.interrupts import compiled_call
 from kvprof.policy import make_policy
 from kvprof.sim.workload import prepare_workload
 
-from tests.test_timed import recordings
+from tests.test_timed import recorded_requests, recordings
 
 
 def _replay(case, chunk):
@@ -23,9 +22,7 @@ def _replay(case, chunk):
     workload = prepare_workload(trace, engine_block_size=trace.block_size)
     timing = workload.timing
     gpu = tiers.new_device(compile_policy(make_policy(policy), capacity), capacity, timing.n_contents)
-    hits, held = replay(gpu, timing.block, timing.offsets, timing.n_full, timing.n_prompt, workload.n_lookup,
-                        timing.n_new, workload.workload.astype(np.int64), timing.next_use, *timing.events(), True,
-                        chunk=chunk)
+    hits, held = replay(gpu, recorded_requests(workload), timing.events(), check=True, chunk=chunk)
     return hits.tolist(), held.tolist(), tiers.counts(gpu)
 
 

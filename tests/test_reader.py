@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvprof.errors import TraceError
-from kvprof.profiler import reader
+from kvprof.profiler import stored
 from kvprof.profiler.reader import SKIP_KINDS, ReadReport, detect_format, read_trace
 
 # --- helpers: synthetic traces ----------------------------------------------------------------
@@ -228,8 +228,8 @@ def test_compressed_magic_with_garbage_after_it(tmp_path):
 
 
 def test_progress_reports_every_few_megabytes(tmp_path, monkeypatch):
-    monkeypatch.setattr(reader, "_PROGRESS_BYTES", 4096)  # every 4 kB instead of 4 MB, to keep the file small
-    monkeypatch.setattr(reader, "_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(stored, "_PROGRESS_BYTES", 4096)  # every 4 kB instead of 4 MB, to keep the file small
+    monkeypatch.setattr(stored, "_CHUNK_BYTES", 1000)
     path = write_jsonl(tmp_path / "t.jsonl", bailian_records(200))
     calls = []
     read_trace(path, progress=lambda done, total: calls.append((done, total)))

@@ -18,13 +18,16 @@ from tests.helpers import make_trace
 from tests.test_policies import build
 
 
-def recorded(rows, scheduled, finished, output=None, block_size=16):
-    """A trace of ``rows`` with the recording's ``scheduled``/``finished`` columns."""
+def recorded(rows, scheduled, finished, output=None, block_size=16, short=None):
+    """A trace of ``rows`` with the recording's ``scheduled``/``finished`` columns; ``short[i]`` tokens
+    less than full blocks make request ``i``'s last prompt block a partial one."""
     trace = make_trace(rows, block_size=block_size)
     extra = {"scheduled": np.array(scheduled, dtype=object), "finished": np.array(finished, dtype=np.float64)}
     trace = dataclasses.replace(trace, extra=extra)
     if output is not None:
         trace = dataclasses.replace(trace, output_length=np.array(output, dtype=np.int64))
+    if short is not None:
+        trace = dataclasses.replace(trace, input_length=trace.input_length - np.array(short, dtype=np.int64))
     return trace
 
 
@@ -90,7 +93,8 @@ def recordings(draw):
         scheduled.append(start)
         finished.append((t if start is None else start) + draw(st.sampled_from([0.0, 0.3, 5.0])))
     output = [draw(st.integers(0, 40)) for _ in rows]
-    return recorded(rows, scheduled, finished, output=output), draw(st.integers(1, 12)), draw(
+    short = [draw(st.sampled_from([0, 0, 1, 15])) for _ in rows]  # a partial last prompt block in about half
+    return recorded(rows, scheduled, finished, output=output, short=short), draw(st.integers(1, 12)), draw(
         st.sampled_from(["lru", "lfu", "s3fifo", "arc", "belady"]))
 
 
@@ -105,6 +109,16 @@ def test_compiled_and_python_replays_agree(case):
     assert compiled.n_rejected == sum(v is None for v in trace.extra["scheduled"])
 
 
+def recorded_requests(workload):
+    """The workload's requests as :func:`kvprof.core.timed.replay` plays them."""
+    from kvprof.core.timed import RecordedRequests
+
+    timing = workload.timing
+    return RecordedRequests(blocks=timing.block, offsets=timing.offsets, n_full=timing.n_full,
+                            n_prompt=timing.n_prompt, n_lookup=workload.n_lookup, n_new=timing.n_new,
+                            classes=workload.workload.astype(np.int64), next_use=timing.next_use)
+
+
 @settings(max_examples=60, deadline=None)
 @given(recordings())
 def test_every_slot_is_in_one_place_at_every_event(case):
@@ -116,8 +130,7 @@ def test_every_slot_is_in_one_place_at_every_event(case):
     workload = prepare_workload(trace, engine_block_size=trace.block_size)
     timing = workload.timing
     gpu = tiers.new_device(compile_policy(make_policy(policy), capacity), capacity, timing.n_contents)
-    hits, held = replay(gpu, timing.block, timing.offsets, timing.n_full, timing.n_prompt, workload.n_lookup,
-                        timing.n_new, workload.workload.astype(np.int64), timing.next_use, *timing.events(), True)
+    hits, held = replay(gpu, recorded_requests(workload), timing.events(), check=True)
     assert (held <= timing.n_prompt + timing.n_new).all() and (hits <= held).all()
 
 

@@ -10,7 +10,7 @@ import signal
 
 import typer
 
-from kvprof.cli import compare_cmd, fleet_cmd, profile_cmd, replay_cmd
+from kvprof.cli import compare_cmd, fit_cmd, fleet_cmd, inspect_cmd, replay_cmd, show_cmd, synth_cmd
 from kvprof.cli.output import escape_unencodable_streams
 
 app = typer.Typer(
@@ -25,10 +25,10 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-app.command("fit")(profile_cmd.fit)
-app.command("inspect")(profile_cmd.inspect)
-app.command("show")(profile_cmd.show)
-app.command("synth")(profile_cmd.synth)
+app.command("fit")(fit_cmd.fit)
+app.command("inspect")(inspect_cmd.inspect)
+app.command("show")(show_cmd.show)
+app.command("synth")(synth_cmd.synth)
 app.command("compare")(compare_cmd.compare)
 app.command("demo")(compare_cmd.demo)
 app.command("replay")(replay_cmd.replay)

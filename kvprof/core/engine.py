@@ -21,6 +21,7 @@ from kvprof.core import stream, structs, tiers
 from kvprof.core.build import compile_policy, write_back
 from kvprof.core.interrupts import compiled_call
 from kvprof.core.policy import policy_admit, policy_finish
+from kvprof.core.seats import give_seat, new_free, take_seat
 
 
 class StateType(structs.StructType):
@@ -53,7 +54,7 @@ def new_state(n):
     st.request_hits = np.zeros(n, np.int64)
     st.seat_of = np.full(n, -1, np.int64)
     st.seats = List.empty_list(types.int64[::1])
-    st.free_seats = np.zeros(16, np.int64)
+    st.free_seats = new_free()
     st.n_free_seats = 0
     st.prefill_r = np.zeros(n, np.int64)  # admitted requests with uncomputed tokens, in admission order
     st.prefill_left = np.zeros(n, np.int64)
@@ -106,7 +107,7 @@ def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, ne
         while decoding.n and decoding.a[0] <= now:
             r = structs.heap_pop(decoding)
             _release(gpu, host, has_host, seats, seat_of[r], n_total[r], now, check)
-            free_seats, n_free_seats = _give_back(free_seats, n_free_seats, seat_of[r])
+            free_seats, n_free_seats = give_seat(free_seats, n_free_seats, seat_of[r])
             n_running -= 1
         while next_arrival < n and arrival[next_arrival] <= now:
             next_arrival += 1
@@ -132,14 +133,7 @@ def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, ne
             if n_total[r] - n_device > tiers.n_free(gpu) - n_hit_evictable:
                 break
             n_host = tiers.cached_run(host, blocks, start + n_device, start + n_lookup[r]) if has_host else 0
-            if n_free_seats:
-                n_free_seats -= 1
-                seat = free_seats[n_free_seats]
-            else:
-                seat = len(seats)
-                seats.append(np.zeros(0, np.int64))
-            if len(seats[seat]) < n_total[r]:
-                seats[seat] = np.zeros(max(n_total[r], 2 * len(seats[seat])), np.int64)
+            seat, n_free_seats = take_seat(seats, free_seats, n_free_seats, n_total[r])
             slots = seats[seat]
             slots[:n_device] = lookup[:n_device]
             seat_of[r] = seat
@@ -196,7 +190,7 @@ def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, ne
                 structs.heap_push(decoding, now + output[r] * time_per_token, 0.0, r, r)
             else:
                 _release(gpu, host, has_host, seats, seat_of[r], n_total[r], now, check)
-                free_seats, n_free_seats = _give_back(free_seats, n_free_seats, seat_of[r])
+                free_seats, n_free_seats = give_seat(free_seats, n_free_seats, seat_of[r])
                 n_running -= 1
     st.lookup, st.free_seats, st.n_free_seats = lookup, free_seats, n_free_seats
     st.prefill_head, st.prefill_tail = prefill_head, prefill_tail
@@ -211,14 +205,6 @@ def _release(gpu, host, has_host, seats, seat, n, now, check):
     tiers.release(gpu, seats[seat], n, now)
     if check:
         _check(gpu, host, has_host)
-
-
-@njit(cache=True)
-def _give_back(free_seats, n_free, seat):
-    if n_free == len(free_seats):
-        free_seats = structs.grown(free_seats, n_free + 1, 0)
-    free_seats[n_free] = seat
-    return free_seats, n_free + 1
 
 
 @njit(cache=True)

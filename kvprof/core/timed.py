@@ -9,13 +9,16 @@ chunks, each one compiled call, so that an interrupt ends it within a chunk.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, types
 from numba.typed import List
 
-from kvprof.core import structs, tiers
+from kvprof.core import tiers
 from kvprof.core.interrupts import compiled_call
 from kvprof.core.policy import policy_admit, policy_finish, policy_remove
+from kvprof.core.seats import give_seat, new_free, take_seat
 from kvprof.core.structs import NONE
 
 
@@ -51,45 +54,62 @@ def finish(gpu, blocks, next_use, start, held, n_cacheable, n_new, now, workload
 CHUNK_EVENTS = 8192
 
 
-def replay(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request, event_admits,
-           event_time, check, chunk: int = CHUNK_EVENTS):
-    """Play the events in order, each the admission or the finish of one request (the arrays of
-    :class:`kvprof.sim.recorded.RecordedTiming`), ``chunk`` events per compiled call.
+class RecordedRequests(NamedTuple):
+    """What :func:`replay` plays of each request ``r``: the arrays of
+    :class:`kvprof.sim.recorded.RecordedTiming` with the workload's lookups and classes.
+
+    Its blocks, by depth, are ``blocks[offsets[r]:offsets[r + 1]]`` (``next_use``: each one's next
+    access); the first ``n_full[r]`` are full (cacheable), ``n_prompt[r]`` are taken at its
+    admission, of which the first ``n_lookup[r]`` may be prefix hits, and ``n_new[r]`` more at its
+    finish. ``classes[r]`` is its workload class (int64).
+    """
+
+    blocks: np.ndarray
+    offsets: np.ndarray
+    n_full: np.ndarray
+    n_prompt: np.ndarray
+    n_lookup: np.ndarray
+    n_new: np.ndarray
+    classes: np.ndarray
+    next_use: np.ndarray
+
+
+def replay(gpu, requests: RecordedRequests, events: tuple[np.ndarray, np.ndarray, np.ndarray], *,
+           check: bool = False, chunk: int = CHUNK_EVENTS):
+    """Play ``events`` (``(request, admits, time)`` arrays, as
+    :meth:`kvprof.sim.recorded.RecordedTiming.events` gives them) in order, each the admission or
+    the finish of one of ``requests``, ``chunk`` events per compiled call; ``check`` verifies the
+    tier's invariants after every event.
 
     Returns ``(hits, held)`` per request (int64 arrays; 0 for requests never admitted).
     """
-    n = len(n_prompt)
+    n = len(requests.n_prompt)
+    event_request, event_admits, event_time = events
     hits = np.zeros(n, np.int64)
     held = np.zeros(n, np.int64)
     seats = List.empty_list(types.int64[::1])  # slot arrays, one per running request, reused
     seat_of = np.full(n, -1, np.int64)
-    free_seats, n_free_seats = np.zeros(16, np.int64), 0
+    free_seats, n_free_seats = new_free(), 0
     for start in range(0, len(event_request), chunk):
         stop = min(start + chunk, len(event_request))
         free_seats, n_free_seats = compiled_call(
-            _play, gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request,
-            event_admits, event_time, check, start, stop, hits, held, seats, seat_of, free_seats, n_free_seats)
+            _play, gpu, *requests, event_request, event_admits, event_time, check, start, stop, hits, held, seats,
+            seat_of, free_seats, n_free_seats)
     return hits, held
 
 
 @njit(cache=True)
 def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request, event_admits,
           event_time, check, start, stop, hits, held, seats, seat_of, free_seats, n_free_seats):
-    """Events ``start .. stop - 1`` of :func:`replay`; its state in ``hits .. n_free_seats``.
+    """Events ``start .. stop - 1`` of :func:`replay` (``blocks .. next_use``: its
+    :class:`RecordedRequests`); its state in ``hits .. n_free_seats``.
     Returns ``(free_seats, n_free_seats)`` (the array may have grown)."""
     # A native list while the events play (a typed List costs a call per access), ``seats`` again after.
     local = [seats[i] for i in range(len(seats))]
     for e in range(start, stop):
         r = event_request[e]
         if event_admits[e]:
-            if n_free_seats:
-                n_free_seats -= 1
-                seat = free_seats[n_free_seats]
-            else:
-                seat = len(local)
-                local.append(np.zeros(0, np.int64))
-            if len(local[seat]) < n_prompt[r] + n_new[r]:
-                local[seat] = np.zeros(max(n_prompt[r] + n_new[r], 2 * len(local[seat])), np.int64)
+            seat, n_free_seats = take_seat(local, free_seats, n_free_seats, n_prompt[r] + n_new[r])
             seat_of[r] = seat
             hits[r], held[r] = admit(gpu, blocks, next_use, offsets[r], n_full[r], n_lookup[r], n_prompt[r],
                                      event_time[e], classes[r], local[seat])
@@ -100,10 +120,7 @@ def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next
             policy_finish(gpu.policy, seat, event_time[e], blocks[offsets[r]:offsets[r + 1]], n_prompt[r] + n_new[r])
             held[r] = finish(gpu, blocks, next_use, offsets[r], held[r], offsets[r + 1] - offsets[r], n_new[r],
                              event_time[e], classes[r], local[seat])
-            if n_free_seats == len(free_seats):
-                free_seats = structs.grown(free_seats, n_free_seats + 1, 0)
-            free_seats[n_free_seats] = seat
-            n_free_seats += 1
+            free_seats, n_free_seats = give_seat(free_seats, n_free_seats, seat)
         if check:
             tiers.check_device(gpu)
     for i in range(len(local)):

@@ -8,7 +8,6 @@ simulator's compiled engine drives the core directly instead.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
@@ -18,45 +17,12 @@ import numpy as np
 from kvprof.core import handle
 from kvprof.core.build import compile_policy
 from kvprof.core.policy import outcome
+from kvprof.core.seats import Seats
 from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 
 #: Content numbers kept per block of the pool (and at least :data:`MIN_CONTENTS`); see :class:`CompiledTwin`.
 CONTENTS_PER_BLOCK = 16
 MIN_CONTENTS = 1 << 16
-
-
-class Seats:
-    """Numbers for the running requests, the ids the compiled core knows them by.
-
-    Invariant: the numbers in use are ``_seat``'s values, all distinct; ``_free`` is a heap of
-    the numbers handed out before and given back since, so :meth:`take` reuses the lowest free
-    number and the numbers stay below the most requests ever running at once (the core sizes
-    its per-request tables by them).
-    """
-
-    def __init__(self) -> None:
-        self._seat: dict[Hashable, int] = {}
-        self._free: list[int] = []
-
-    def take(self, request: Hashable) -> int:
-        """A number for ``request`` (which must not hold one)."""
-        seat = heapq.heappop(self._free) if self._free else len(self._seat)
-        self._seat[request] = seat
-        return seat
-
-    def give(self, request: Hashable) -> int:
-        """Give back ``request``'s number and return it; -1 if it holds none."""
-        seat = self._seat.pop(request, -1)
-        if seat >= 0:
-            heapq.heappush(self._free, seat)
-        return seat
-
-    def clear(self) -> None:
-        self._seat.clear()
-        self._free.clear()
-
-    def __contains__(self, request: Hashable) -> bool:
-        return request in self._seat
 
 
 class CompiledTwin(EvictionPolicy):

@@ -74,12 +74,14 @@ def simulate_recorded(workload, policy, capacity: int, config, engine: str):
     if engine == "compiled":
         from kvprof.core import tiers
         from kvprof.core.build import compile_policy, write_back
-        from kvprof.core.timed import replay
+        from kvprof.core.timed import RecordedRequests, replay
 
         compiled = compile_policy(policy, capacity)
         gpu = tiers.new_device(compiled, capacity, timing.n_contents)
-        hits, held = replay(gpu, timing.block, timing.offsets, timing.n_full, timing.n_prompt, workload.n_lookup,
-                            timing.n_new, classes, timing.next_use, *timing.events(), False)
+        requests = RecordedRequests(blocks=timing.block, offsets=timing.offsets, n_full=timing.n_full,
+                                    n_prompt=timing.n_prompt, n_lookup=workload.n_lookup, n_new=timing.n_new,
+                                    classes=classes, next_use=timing.next_use)
+        hits, held = replay(gpu, requests, timing.events())
         write_back(policy, compiled)
         evictions, dropped = tiers.counts(gpu)
     else:

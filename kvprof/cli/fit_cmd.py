@@ -1,4 +1,4 @@
-"""Offline commands: ``fit``, ``inspect``, ``show``, ``synth``."""
+"""``kvprof fit``: a trace's reuse models, tuned, into an hp file; and the options it shares with ``inspect``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.text import Text
 
 from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule
 from kvprof.cli.common import (
@@ -31,38 +30,56 @@ from kvprof.cli.common import (
     tune_with_progress,
 )
 from kvprof.cli.fleet_cmd import LOAD_WEIGHT, REPLICAS, IndexBlocksOpt
-from kvprof.cli.output import first_rows, plain, print_json, printable, say, show as show_table, status, table
+from kvprof.cli.hp_tables import cells_table, horizons, tuning_table
+from kvprof.cli.output import print_json, say, show as show_table, status
 from kvprof.errors import KvprofError
-from kvprof.limits import BLOCK_TOKENS, COUNT, HOURS, POSITIVE_SECONDS, SECONDS, Bound, usable_blocks
+from kvprof.limits import BLOCK_TOKENS, COUNT, POSITIVE_SECONDS, SECONDS, Bound, usable_blocks
+
 
 BlockSizeOpt = Annotated[
     Optional[int], number_option("--block-size", bound=BLOCK_TOKENS,
                                  help="Tokens per trace block (default: 16 Bailian, 512 Mooncake).")
 ]
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
 ClassKeyOpt = Annotated[
     str, typer.Option("--class-key", help=f"Workload class rule: {', '.join(CLASS_KEYS)}.")
 ]
+
+
 TurnCapOpt = Annotated[
     int, number_option("--turn-cap", bound=Bound(1, MAX_TURN_CAP, whole=True),
                        help="Pool turns >= this into <type>_<cap>+.")
 ]
+
+
 ClassFieldOpt = Annotated[
     Optional[str], typer.Option("--class-field", help="Key classes on this trace field (implies --class-key field).")
 ]
+
+
 MinGapOpt = Annotated[
     float, number_option("--min-gap", bound=SECONDS, help="Seconds under which a reuse counts as concurrent use.")
 ]
+
+
 HorizonOpt = Annotated[
     float, number_option("--horizon", bound=POSITIVE_SECONDS,
                          help="H in seconds: score = P(reuse within H | idle age).")
 ]
+
+
 #: Largest capacity fit tunes for (blocks); compare's is what memory allows.
 MAX_TUNED_CAPACITY = 2**40
+
+
 TUNED_BLOCKS = Bound(1, MAX_TUNED_CAPACITY, whole=True)
 
 
-def _class_rule(key: str, turn_cap: int, field: str | None) -> ClassRule:
+def class_rule(key: str, turn_cap: int, field: str | None) -> ClassRule:
     if field is not None:
         key = "field"
     try:
@@ -85,7 +102,7 @@ def _cell_fields(text: str | None) -> tuple[str, ...]:
     return fields
 
 
-def _check_trace_fields(trace, rule: ClassRule, cell_fields=()) -> None:
+def check_trace_fields(trace, rule: ClassRule, cell_fields=()) -> None:
     """The fields ``--class-field`` and ``--cell-fields`` name are in the trace (exit 2 otherwise), checked
     right after reading, before any work on it."""
     from kvprof.profiler.reader import required_fields
@@ -199,7 +216,7 @@ def fit(
     if fleet_spec is not None and sharded:
         raise typer.BadParameter("routes the fit window in memory: fit --replica without --sharded",
                                  param_hint="--replica/--sharded")
-    rule = _class_rule(class_key, turn_cap, class_field)
+    rule = class_rule(class_key, turn_cap, class_field)
     bounds = parse_window_option(window)
     fields = _cell_fields(cell_fields)
     check_format(format)
@@ -242,7 +259,7 @@ def fit(
     if capacities and trace_block is not None:
         _engine_block(engine_block_size, trace_block)
     trace = open_trace(trace_path, format=format, block_size=block_size, skip_invalid=skip_invalid, rank=rank)
-    _check_trace_fields(trace, rule, fields)
+    check_trace_fields(trace, rule, fields)
     if recording is not None:
         engine_block_size = engine_block_size or trace.block_size
     engine_block = _engine_block(engine_block_size, trace.block_size) if capacities else None
@@ -335,20 +352,10 @@ def _report_fit(hp, output: Path, json_out: bool, title: str, learned: bool = Fa
     if json_out:
         print_json(hp.to_dict())
         return
-    show_table(_cells_table(hp, title=title))
+    show_table(cells_table(hp, title=title))
     if hp.tuning:
-        show_table(_tuning_table(hp, learn_asked=learned))
-    say(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, {_horizons(hp)})")
-
-
-def _horizons(hp) -> str:
-    """The fitted horizon and wa's tuned ones, each named for what it is (a server runs a tuned one)."""
-    text = f"fitted horizon {hp.horizon:g} s"
-    tuned = sorted({entry["horizon_s"] for entry in hp.tuning})
-    if tuned:
-        span = f"{tuned[0]:g}" if len(tuned) == 1 else f"{tuned[0]:g} to {tuned[-1]:g}"
-        text += f", wa's tuned horizon {span} s"
-    return text
+        show_table(tuning_table(hp, learn_asked=learned))
+    say(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, {horizons(hp)})")
 
 
 def _engine_block(engine_block_size: int | None, trace_block: int) -> int:
@@ -383,314 +390,3 @@ def _capacities(text: str | None, jobs: int) -> tuple[int, ...]:
         raise typer.BadParameter("a capacity is given twice", param_hint="--capacity")
     check_memory(values, 0, jobs, len(values) * len(HORIZON_FACTORS), "--capacity")
     return values
-
-
-def _fmt(value, spec: str = ".3g") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _mean_time(lam: float | None) -> float | None:
-    """1/λ, the mean reuse time in seconds, which reads better than a rate."""
-    return 1 / lam if lam else None
-
-
-def _components(row) -> str:
-    """Mixture components as mean gap (weight): ``2.1 s (62%), 140 s (38%)``."""
-    return ", ".join(f"{1 / rate:.3g} s ({weight:.0%})" if rate > 0 else f"never ({weight:.0%})"
-                     for weight, rate in zip(row.weights, row.rates))
-
-
-def _cells_table(hp, title: str):
-    """Per cell and reuse tier: data, the mixture, KS, and held-out quality beside one exponential's."""
-    from kvprof.cells import TIER_EDGES
-
-    cells, more = first_rows(list(zip(hp.cell_names(), hp.cell_models())), "cells", len(TIER_EDGES))
-    out = table(f"{title}: wa's cells x reuse tiers (held-out log-loss / Brier: mixture vs one exponential)",
-                {column: "left" if column in ("cell", "components", "source") else "right"
-                 for column in ("cell", "tier", "accesses", "reuses", "p", "components", "KS", "log-loss", "Brier",
-                                "source")}, caption=more)
-    labels = [f"{edge}" if i + 1 == len(TIER_EDGES) or TIER_EDGES[i + 1] == edge + 1 else f"{edge}-{TIER_EDGES[i + 1] - 1}"
-              for i, edge in enumerate(TIER_EDGES)]
-    labels[-1] += "+"
-    for name, tiers in cells:
-        for tier, row in enumerate(tiers):
-            diag = row.diagnostics or {}
-            held = diag.get("holdout") or {}
-            single = held.get("single") or {}
-            out.add_row(
-                name if tier == 0 else "", f"{labels[tier]} hits",
-                _fmt(diag.get("n_accesses"), ",d"), _fmt(diag.get("n_reuses"), ",d"),
-                _fmt(row.p, ".3f"), _components(row), _fmt(diag.get("ks"), ".3f"),
-                f"{_fmt(held.get('log_loss'), '.3f')} / {_fmt(single.get('log_loss'), '.3f')}" if held else "-",
-                f"{_fmt(held.get('brier'), '.3f')} / {_fmt(single.get('brier'), '.3f')}" if held else "-",
-                row.source,
-                end_section=tier == len(tiers) - 1,
-            )
-    return out
-
-
-def _tuning_table(hp, learn_asked: bool = False):
-    entries, more = first_rows(list(hp.tuning), "capacities")
-    out = table("tuned on the fit window (wa's token hit ratio per horizon H; wa's horizon: the one a server runs "
-                "at that size; start: best shadow; learned: frees Belady kept, and the predictor's held-out "
-                "log-loss vs the base rate's, accuracy)",
-                {"capacity": "right", "hit ratio by H": "left", "wa's horizon (s)": "right", "start": "left",
-                 "learned": "left"}, caption=more)
-    for entry in entries:
-        tried = entry.get("measured", {}).get("hit_ratio_by_horizon_s", {})
-        out.add_row(f"{entry['capacity']:,}", ", ".join(f"{h} s: {r:.4f}" for h, r in tried.items()),
-                    f"{entry['horizon_s']:g}", entry["start"], _learned_text(entry.get("learned"), learn_asked))
-    return out
-
-
-#: Why ``fit --learned`` learned nothing at a capacity (:func:`kvprof.sim.learn.fit_learned`).
-NOTHING_TO_LEARN = ("none: Belady kept all or none of the frees on this window, or it had none (one label, "
-                    "nothing to learn); "
-                    "wa starts on its best shadow")
-
-
-def _learned_text(model, asked: bool = False) -> str:
-    """The learned predictor's labels and held-out quality in one cell ("-": none asked for)."""
-    if model is None:
-        return NOTHING_TO_LEARN if asked else "-"
-    quality = model.quality
-    text = f"{quality.get('friendly_share', math.nan):.1%} of {quality.get('n_frees', 0):,} kept"
-    if "holdout_log_loss" in quality:
-        text += (f"; log-loss {quality['holdout_log_loss']:.3f} vs {quality['holdout_base_log_loss']:.3f}, "
-                 f"accuracy {quality['holdout_accuracy']:.1%} (base rate {quality['holdout_base_rate']:.1%}) on "
-                 + ("the next window" if quality.get("holdout_window") else "the last third"))
-    return text
-
-
-def _classes_table(hp, title: str):
-    rows, more = first_rows(list(hp.classes.items()) + [("(default)", hp.default)], "classes")
-    out = table(title, {column: "left" if column in ("class", "source") else "right"
-                        for column in ("class", "accesses", "reuses", "censored", "p", "1/λ (s)", "naive p",
-                                       "naive 1/λ", "KS", "median gap (s)", "source")}, caption=more)
-    for name, params in rows:
-        diag = params.diagnostics or {}
-        naive = params.naive or {}
-        out.add_row(
-            name,
-            _fmt(diag.get("n_accesses"), "d"),
-            _fmt(diag.get("n_reuses"), "d"),
-            _fmt(diag.get("n_censored"), "d"),
-            _fmt(params.p, ".3f"),
-            _fmt(_mean_time(params.lam)),
-            _fmt(naive.get("p"), ".3f"),
-            _fmt(_mean_time(naive.get("lambda"))),
-            _fmt(diag.get("ks"), ".3f"),
-            _fmt(diag.get("median_gap_s"), ".3g"),
-            params.source,
-        )
-    return out
-
-
-@guarded
-def inspect(
-    trace_path: TraceArg,
-    window: Annotated[Optional[str], typer.Option("--window", help="Only requests in START:END seconds.")] = None,
-    horizon: HorizonOpt = 60.0,
-    class_key: ClassKeyOpt = "type_turn",
-    turn_cap: TurnCapOpt = 5,
-    class_field: ClassFieldOpt = None,
-    min_gap: MinGapOpt = 0.3,
-    format: FormatOpt = None,
-    block_size: BlockSizeOpt = None,
-    skip_invalid: SkipOpt = False,
-    rank: RankOpt = None,
-    json_out: JsonOpt = False,
-):
-    """Print trace statistics: requests, sessions, types, turns, block reuse, ideal hit ratio, reuse gaps,
-    and per class how a mixture of exponentials and one exponential predict reuse (KS, held-out log-loss
-    and Brier score of P(reuse within --horizon | idle age), fitted on the first half, scored on the second)."""
-    from kvprof.profiler.quality import class_models
-    from kvprof.profiler.stats import trace_summary
-
-    rule = _class_rule(class_key, turn_cap, class_field)
-    bounds = parse_window_option(window)
-    check_format(format)
-    trace = open_trace(trace_path, format=format, block_size=block_size, window=bounds, skip_invalid=skip_invalid,
-                       rank=rank)
-    _check_trace_fields(trace, rule)
-    summary = trace_summary(trace, rule, min_gap=min_gap)
-    if json_out:
-        print_json({**summary, "reuse_models": class_models(trace, rule, horizon, min_gap)})
-        return
-    overview = table(f"{trace_path.name} ({summary['format']}, {summary['block_size']}-token blocks)",
-                     {"": "left", " ": "right"}, show_header=False)
-    for label, value in (
-        ("requests", f"{summary['requests']:,}"),
-        ("duration (s)", f"{summary['duration_s']:,.1f}"),
-        ("requests per second", _fmt(summary["qps"], ".2f")),
-        ("sessions (first turns)", f"{summary['sessions']:,}"),
-        ("types", ", ".join(f"{k} {v:,}" for k, v in summary["types"].items())),
-        ("turns", ", ".join(f"{k}: {v:,}" for k, v in list(summary["turns"].items())[:8])),
-        ("mean input / output tokens", f"{summary['mean_input_tokens']:,.0f} / {summary['mean_output_tokens']:,.0f}"),
-        ("block accesses / distinct", f"{summary['block_accesses']:,} / {summary['distinct_blocks']:,}"),
-        ("ideal hit ratio (infinite cache)", f"{summary['ideal_hit_ratio']:.3f}"),
-    ):
-        overview.add_row(label, value)
-    show_table(overview)
-    classes, more = first_rows(list(summary["classes"].items()), "classes")
-    gaps = table(f"reuse gaps per class (s), concurrency floor {min_gap:g} s",
-                 {column: "left" if column == "class" else "right"
-                  for column in ("class", "requests", "accesses", "reused", "p10", "p50", "p90", "p99")}, caption=more)
-    for name, row in classes:
-        q = row["gap_quantiles_s"] or {}
-        gaps.add_row(name, f"{row['requests']:,}", f"{row['accesses']:,}", f"{row['reuse_share']:.1%}",
-                     *(_fmt(q.get(k)) for k in ("p10", "p50", "p90", "p99")))
-    show_table(gaps)
-    models = class_models(trace, rule, horizon, min_gap)
-    if models:
-        show_table(_class_models_table(models, horizon))
-
-
-def _class_models_table(models: dict, horizon: float):
-    """Per class: a mixture of exponentials against one exponential, fitted on the window's first half."""
-    rows, more = first_rows(list(models.items()), "classes")
-    out = table(f"reuse models per class, fitted on the first half, scored on the second "
-                f"(P(reuse within {horizon:g} s | idle age); mixture / one exponential)",
-                {column: "left" if column in ("class", "components (mean gap s)") else "right"
-                 for column in ("class", "p", "components (mean gap s)", "KS", "log-loss", "Brier", "questions")},
-                caption=more)
-    for name, row in rows:
-        mix, single = row["mixture"], row["single"]
-        held, held_single = mix["holdout"] or {}, single["holdout"] or {}
-        out.add_row(
-            name, f"{mix['p']:.3f} / {single['p']:.3f}",
-            ", ".join(_fmt(g) for g in mix["mean_gaps_s"]) + " / " + _fmt(single["mean_gaps_s"][0]),
-            f"{_fmt(mix['ks'], '.3f')} / {_fmt(single['ks'], '.3f')}",
-            f"{_fmt(held.get('log_loss'), '.3f')} / {_fmt(held_single.get('log_loss'), '.3f')}",
-            f"{_fmt(held.get('brier'), '.3f')} / {_fmt(held_single.get('brier'), '.3f')}",
-            _fmt(held.get("n"), ",d"),
-        )
-    return out
-
-
-@guarded
-def show(
-    paths: Annotated[
-        list[Path],
-        typer.Argument(help="A hyperparameter file (kvprof.hp/1, or the published format), or one or more "
-                            "results.json files of compare, demo or replay to tabulate and plot together."),
-    ],
-    output: Annotated[
-        Optional[Path], typer.Option("-o", "--output", help="Directory for the joint plots of results files (PNG, SVG).")
-    ] = None,
-    json_out: JsonOpt = False,
-):
-    """Pretty-print a hyperparameter file after validating it, or put results files side by side.
-
-    Results files share one table and, with --output, compare's hit-ratio and QTTFT plots: a
-    simulated sweep next to a live replay at the server's capacity (policy marked "(live)").
-    """
-    from kvprof.cli.show_results import show_results
-    from kvprof.results import load_if_results
-
-    if output is not None:
-        from kvprof.cli.plots import FILES
-
-        output_dir(output, files=FILES, inputs=paths)
-    documents = [load_if_results(path) for path in paths]
-    if None not in documents:
-        show_results(paths, documents, output, json_out)
-        return
-    if len(paths) == 1 and output is None:
-        _show_hp(paths[0], json_out)
-        return
-    other = paths[documents.index(None)]
-    raise KvprofError(f"{other}: not a results file ({_not_results(other)}); several files, or -o, are shown "
-                      f"only when each is a results.json of compare, demo or replay (give an hp file alone)")
-
-
-def _not_results(path: Path) -> str:
-    """Why ``path`` is not a results file, in a few words."""
-    from kvprof.errors import ResultsFileError
-    from kvprof.jsonfile import read_json
-
-    try:
-        data = read_json(path, ResultsFileError)
-    except ResultsFileError as exc:
-        return exc.reason
-    schema = data.get("schema") if type(data) is dict else None
-    return f"its schema is {schema!r}" if schema is not None else "it has no schema"
-
-
-def _show_hp(hp_path: Path, json_out: bool) -> None:
-    """The hp file's rule, provenance, classes and sessions, after validating it."""
-    from kvprof.errors import HpFileError
-    from kvprof.models.hp import PUBLISHED_FORMAT, SCHEMAS, load_hp
-    from kvprof.results import SCHEMA as RESULTS_SCHEMA
-
-    try:
-        hp = load_hp(hp_path)
-    except HpFileError as exc:
-        if exc.where != "schema":
-            raise
-        raise KvprofError(f"{exc}; show reads hp files ({', '.join(SCHEMAS)}, or the published format) and "
-                          f"results files ({RESULTS_SCHEMA})") from None
-    if json_out:
-        print_json(hp.to_dict())
-        return
-    prov = hp.provenance or {}
-    rule = hp.class_rule
-    published = hp.schema == PUBLISHED_FORMAT
-    header = Text()
-    header.append(printable(str(hp_path)), style="bold")
-    header.append(f"  {'published profiler format' if published else 'schema ' + hp.schema}  {_horizons(hp)}  "
-                  f"concurrency floor {hp.min_gap:g} s\n")
-    header.append_text(plain(f"class rule: {rule.key}" + (f" (turns capped at {rule.turn_cap})" if rule.key == "type_turn" else "")
-                             + (f" on field {rule.field}" if rule.field else "") + "\n"))
-    if prov:
-        header.append_text(plain(
-            f"fitted on {prov.get('trace')} window {prov.get('window')} ({prov.get('n_requests')} requests, "
-            f"{prov.get('block_size')}-token blocks) by kvprof {prov.get('kvprof_version')} at {prov.get('created')}"))
-    else:
-        header.append("no provenance" + (" (the published format has none)" if published else ""))
-    show_table(header)
-    show_table(_classes_table(hp, title="classes: one cure exponential each (wa-paper's naive estimates beside)"))
-    show_table(_cells_table(hp, title="cells" if hp.cells else "cells (the classes, from a kvprof.hp/1 file)"))
-    if hp.tuning:
-        show_table(_tuning_table(hp))
-    if hp.sessions:
-        types, more = first_rows(list(hp.sessions.items()), "types")
-        sessions = table("sessions per type", {column: "left" if column == "type" else "right" for column in (
-            "type", "sessions", "P(turn>=2)", "P(turn>=3)", "think mean (s)", "think median (s)")}, caption=more)
-        for name, row in types:
-            survival = row.get("survival", [])
-            think = row.get("think_time_s") or {}
-            sessions.add_row(name, _fmt(row.get("n_sessions"), "d"),
-                             _fmt(survival[1] if len(survival) > 1 else None, ".3f"),
-                             _fmt(survival[2] if len(survival) > 2 else None, ".3f"),
-                             _fmt(think.get("mean")), _fmt(think.get("median")))
-        show_table(sessions)
-
-
-@guarded
-def synth(
-    output: Annotated[Path, typer.Option("-o", "--output", help="Trace file to write (.jsonl, .jsonl.gz, .jsonl.zst).")],
-    preset: Annotated[str, typer.Option("--preset", help="Calibration preset: bailian-a or bailian-b.")] = "bailian-a",
-    hours: Annotated[float, number_option("--hours", bound=HOURS, help="Trace length in hours.")] = 2.0,
-    seed: Annotated[int, number_option("--seed", bound=COUNT, help="Random seed; equal seeds give equal traces.")] = 0,
-):
-    """Write a synthetic Bailian-format trace calibrated to the published statistics."""
-    import itertools
-
-    from kvprof.profiler.synth import PRESETS, generate, write_jsonl
-    from kvprof.profiler.synth.writer import compression_problem
-
-    if preset not in PRESETS:
-        raise typer.BadParameter(f"{preset!r} is not one of {', '.join(PRESETS)}", param_hint="--preset")
-    output_file(output)
-    problem = compression_problem(output)
-    if problem:
-        raise typer.BadParameter(problem, param_hint="-o/--output")
-    with status(f"planning {hours:g} h of {preset}"):
-        records = generate(preset, hours, seed)
-        first = next(records, None)
-    if first is None:
-        raise typer.BadParameter(f"{hours:g} h of {preset} (seed {seed}) holds no request; give more hours",
-                                 param_hint="--hours")
-    count = write_jsonl(output, itertools.chain([first], records))
-    say(f"wrote {output}: {count:,} requests, {hours:g} h of {preset} (seed {seed})")

@@ -1,0 +1,119 @@
+"""Tables of a hyperparameter file's contents, as ``fit`` reports and ``show`` prints them."""
+
+from __future__ import annotations
+
+import math
+
+
+from kvprof.cli.output import first_rows, table
+
+
+def horizons(hp) -> str:
+    """The fitted horizon and wa's tuned ones, each named for what it is (a server runs a tuned one)."""
+    text = f"fitted horizon {hp.horizon:g} s"
+    tuned = sorted({entry["horizon_s"] for entry in hp.tuning})
+    if tuned:
+        span = f"{tuned[0]:g}" if len(tuned) == 1 else f"{tuned[0]:g} to {tuned[-1]:g}"
+        text += f", wa's tuned horizon {span} s"
+    return text
+
+
+def fmt(value, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _mean_time(lam: float | None) -> float | None:
+    """1/λ, the mean reuse time in seconds, which reads better than a rate."""
+    return 1 / lam if lam else None
+
+
+def _components(row) -> str:
+    """Mixture components as mean gap (weight): ``2.1 s (62%), 140 s (38%)``."""
+    return ", ".join(f"{1 / rate:.3g} s ({weight:.0%})" if rate > 0 else f"never ({weight:.0%})"
+                     for weight, rate in zip(row.weights, row.rates))
+
+
+def cells_table(hp, title: str):
+    """Per cell and reuse tier: data, the mixture, KS, and held-out quality beside one exponential's."""
+    from kvprof.cells import TIER_EDGES
+
+    cells, more = first_rows(list(zip(hp.cell_names(), hp.cell_models())), "cells", len(TIER_EDGES))
+    out = table(f"{title}: wa's cells x reuse tiers (held-out log-loss / Brier: mixture vs one exponential)",
+                {column: "left" if column in ("cell", "components", "source") else "right"
+                 for column in ("cell", "tier", "accesses", "reuses", "p", "components", "KS", "log-loss", "Brier",
+                                "source")}, caption=more)
+    labels = [f"{edge}" if i + 1 == len(TIER_EDGES) or TIER_EDGES[i + 1] == edge + 1 else f"{edge}-{TIER_EDGES[i + 1] - 1}"
+              for i, edge in enumerate(TIER_EDGES)]
+    labels[-1] += "+"
+    for name, tiers in cells:
+        for tier, row in enumerate(tiers):
+            diag = row.diagnostics or {}
+            held = diag.get("holdout") or {}
+            single = held.get("single") or {}
+            out.add_row(
+                name if tier == 0 else "", f"{labels[tier]} hits",
+                fmt(diag.get("n_accesses"), ",d"), fmt(diag.get("n_reuses"), ",d"),
+                fmt(row.p, ".3f"), _components(row), fmt(diag.get("ks"), ".3f"),
+                f"{fmt(held.get('log_loss'), '.3f')} / {fmt(single.get('log_loss'), '.3f')}" if held else "-",
+                f"{fmt(held.get('brier'), '.3f')} / {fmt(single.get('brier'), '.3f')}" if held else "-",
+                row.source,
+                end_section=tier == len(tiers) - 1,
+            )
+    return out
+
+
+def tuning_table(hp, learn_asked: bool = False):
+    entries, more = first_rows(list(hp.tuning), "capacities")
+    out = table("tuned on the fit window (wa's token hit ratio per horizon H; wa's horizon: the one a server runs "
+                "at that size; start: best shadow; learned: frees Belady kept, and the predictor's held-out "
+                "log-loss vs the base rate's, accuracy)",
+                {"capacity": "right", "hit ratio by H": "left", "wa's horizon (s)": "right", "start": "left",
+                 "learned": "left"}, caption=more)
+    for entry in entries:
+        tried = entry.get("measured", {}).get("hit_ratio_by_horizon_s", {})
+        out.add_row(f"{entry['capacity']:,}", ", ".join(f"{h} s: {r:.4f}" for h, r in tried.items()),
+                    f"{entry['horizon_s']:g}", entry["start"], _learned_text(entry.get("learned"), learn_asked))
+    return out
+
+
+#: Why ``fit --learned`` learned nothing at a capacity (:func:`kvprof.sim.learn.fit_learned`).
+NOTHING_TO_LEARN = ("none: Belady kept all or none of the frees on this window, or it had none (one label, "
+                    "nothing to learn); "
+                    "wa starts on its best shadow")
+
+
+def _learned_text(model, asked: bool = False) -> str:
+    """The learned predictor's labels and held-out quality in one cell ("-": none asked for)."""
+    if model is None:
+        return NOTHING_TO_LEARN if asked else "-"
+    quality = model.quality
+    text = f"{quality.get('friendly_share', math.nan):.1%} of {quality.get('n_frees', 0):,} kept"
+    if "holdout_log_loss" in quality:
+        text += (f"; log-loss {quality['holdout_log_loss']:.3f} vs {quality['holdout_base_log_loss']:.3f}, "
+                 f"accuracy {quality['holdout_accuracy']:.1%} (base rate {quality['holdout_base_rate']:.1%}) on "
+                 + ("the next window" if quality.get("holdout_window") else "the last third"))
+    return text
+
+
+def classes_table(hp, title: str):
+    rows, more = first_rows(list(hp.classes.items()) + [("(default)", hp.default)], "classes")
+    out = table(title, {column: "left" if column in ("class", "source") else "right"
+                        for column in ("class", "accesses", "reuses", "censored", "p", "1/λ (s)", "naive p",
+                                       "naive 1/λ", "KS", "median gap (s)", "source")}, caption=more)
+    for name, params in rows:
+        diag = params.diagnostics or {}
+        naive = params.naive or {}
+        out.add_row(
+            name,
+            fmt(diag.get("n_accesses"), "d"),
+            fmt(diag.get("n_reuses"), "d"),
+            fmt(diag.get("n_censored"), "d"),
+            fmt(params.p, ".3f"),
+            fmt(_mean_time(params.lam)),
+            fmt(naive.get("p"), ".3f"),
+            fmt(_mean_time(naive.get("lambda"))),
+            fmt(diag.get("ks"), ".3f"),
+            fmt(diag.get("median_gap_s"), ".3g"),
+            params.source,
+        )
+    return out

@@ -1,0 +1,114 @@
+"""``kvprof show``: an hp file pretty-printed, or results files side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from kvprof.cli.common import guarded, output_dir
+from kvprof.cli.fit_cmd import JsonOpt
+from kvprof.cli.hp_tables import cells_table, classes_table, fmt, horizons, tuning_table
+from kvprof.cli.output import first_rows, plain, print_json, printable, show as show_table, table
+from kvprof.errors import KvprofError
+
+
+@guarded
+def show(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(help="A hyperparameter file (kvprof.hp/1, or the published format), or one or more "
+                            "results.json files of compare, demo or replay to tabulate and plot together."),
+    ],
+    output: Annotated[
+        Optional[Path], typer.Option("-o", "--output", help="Directory for the joint plots of results files (PNG, SVG).")
+    ] = None,
+    json_out: JsonOpt = False,
+):
+    """Pretty-print a hyperparameter file after validating it, or put results files side by side.
+
+    Results files share one table and, with --output, compare's hit-ratio and QTTFT plots: a
+    simulated sweep next to a live replay at the server's capacity (policy marked "(live)").
+    """
+    from kvprof.cli.show_results import show_results
+    from kvprof.results import load_if_results
+
+    if output is not None:
+        from kvprof.cli.plots import FILES
+
+        output_dir(output, files=FILES, inputs=paths)
+    documents = [load_if_results(path) for path in paths]
+    if None not in documents:
+        show_results(paths, documents, output, json_out)
+        return
+    if len(paths) == 1 and output is None:
+        _show_hp(paths[0], json_out)
+        return
+    other = paths[documents.index(None)]
+    raise KvprofError(f"{other}: not a results file ({_not_results(other)}); several files, or -o, are shown "
+                      f"only when each is a results.json of compare, demo or replay (give an hp file alone)")
+
+
+def _not_results(path: Path) -> str:
+    """Why ``path`` is not a results file, in a few words."""
+    from kvprof.errors import ResultsFileError
+    from kvprof.jsonfile import read_json
+
+    try:
+        data = read_json(path, ResultsFileError)
+    except ResultsFileError as exc:
+        return exc.reason
+    schema = data.get("schema") if type(data) is dict else None
+    return f"its schema is {schema!r}" if schema is not None else "it has no schema"
+
+
+def _show_hp(hp_path: Path, json_out: bool) -> None:
+    """The hp file's rule, provenance, classes and sessions, after validating it."""
+    from kvprof.errors import HpFileError
+    from kvprof.models.hp import PUBLISHED_FORMAT, SCHEMAS, load_hp
+    from kvprof.results import SCHEMA as RESULTS_SCHEMA
+
+    try:
+        hp = load_hp(hp_path)
+    except HpFileError as exc:
+        if exc.where != "schema":
+            raise
+        raise KvprofError(f"{exc}; show reads hp files ({', '.join(SCHEMAS)}, or the published format) and "
+                          f"results files ({RESULTS_SCHEMA})") from None
+    if json_out:
+        print_json(hp.to_dict())
+        return
+    prov = hp.provenance or {}
+    rule = hp.class_rule
+    published = hp.schema == PUBLISHED_FORMAT
+    header = Text()
+    header.append(printable(str(hp_path)), style="bold")
+    header.append(f"  {'published profiler format' if published else 'schema ' + hp.schema}  {horizons(hp)}  "
+                  f"concurrency floor {hp.min_gap:g} s\n")
+    header.append_text(plain(f"class rule: {rule.key}" + (f" (turns capped at {rule.turn_cap})" if rule.key == "type_turn" else "")
+                             + (f" on field {rule.field}" if rule.field else "") + "\n"))
+    if prov:
+        header.append_text(plain(
+            f"fitted on {prov.get('trace')} window {prov.get('window')} ({prov.get('n_requests')} requests, "
+            f"{prov.get('block_size')}-token blocks) by kvprof {prov.get('kvprof_version')} at {prov.get('created')}"))
+    else:
+        header.append("no provenance" + (" (the published format has none)" if published else ""))
+    show_table(header)
+    show_table(classes_table(hp, title="classes: one cure exponential each (wa-paper's naive estimates beside)"))
+    show_table(cells_table(hp, title="cells" if hp.cells else "cells (the classes, from a kvprof.hp/1 file)"))
+    if hp.tuning:
+        show_table(tuning_table(hp))
+    if hp.sessions:
+        types, more = first_rows(list(hp.sessions.items()), "types")
+        sessions = table("sessions per type", {column: "left" if column == "type" else "right" for column in (
+            "type", "sessions", "P(turn>=2)", "P(turn>=3)", "think mean (s)", "think median (s)")}, caption=more)
+        for name, row in types:
+            survival = row.get("survival", [])
+            think = row.get("think_time_s") or {}
+            sessions.add_row(name, fmt(row.get("n_sessions"), "d"),
+                             fmt(survival[1] if len(survival) > 1 else None, ".3f"),
+                             fmt(survival[2] if len(survival) > 2 else None, ".3f"),
+                             fmt(think.get("mean")), fmt(think.get("median")))
+        show_table(sessions)
