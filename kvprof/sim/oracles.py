@@ -377,3 +377,18 @@ def run_oracle(workload: AccessIndexed, future: Future, ref: Reference, name: st
     """Replay the oracle ``name`` over a fresh ``base`` policy at ``ref``'s capacity."""
     policy = make_oracle(name, make_policy(base, hp, ref.capacity), future, ref)
     return replay(workload, policy, ref.capacity, config)
+
+
+
+def reference_task(shared: tuple, capacity: int) -> Reference:
+    """:func:`reference` as a :func:`kvprof.parallel.run_tasks` task; ``shared`` is
+    ``(workload, future, hp, config)``."""
+    workload, future, _, config = shared
+    return reference(workload, future, capacity, config)
+
+
+def oracle_task(shared: tuple, name: str, base: str, capacity: int) -> float:
+    """The token hit ratio of oracle ``name`` over ``base`` at ``capacity`` (a run_tasks task);
+    ``shared`` is ``(workload, future, hp, config, {capacity: Reference})``."""
+    workload, future, hp, config, references = shared
+    return run_oracle(workload, future, references[capacity], name, base, hp, config).token_hit_ratio
