@@ -132,7 +132,7 @@ def test_belady_exact_reproduces_belady_and_no_oracle_evicts_a_pinned_block(case
     future = Future.of(workload, sessions_of(trace, workload))
     indexed = AccessIndexed.of(workload)
     ref = reference(indexed, future, capacity, config)
-    belady = replay(indexed, BeladyRecorder(future), capacity, config)
+    belady = replay(indexed, BeladyRecorder(future.next_use), capacity, config)
     assert belady.token_hit_ratio == ref.belady
     assert (ref.evicted_seq >= 0).sum() == belady.evictions + belady.dropped  # one record per victim
     for name in ORACLES:

@@ -282,21 +282,24 @@ class BeladyRecorder(BeladyPolicy):
     """Belady on an :class:`AccessIndexed` replay, recording which access each victim last had.
 
     ``evicted_seq[k]`` is the position in Belady's eviction sequence of the eviction that ended
-    the stay begun by access ``k`` (-1: that stay ended in a hit or the window's end).
+    the stay begun by access ``k`` (-1: that stay ended in a hit or the window's end); ``hit[k]``
+    whether access ``k`` was a hit.
     """
 
     name = "belady"
 
-    def __init__(self, future: Future):
+    def __init__(self, next_use: np.ndarray):
         super().__init__()
-        self.future_use = future.next_use.tolist()
+        self.future_use = next_use.tolist()
         self.evicted_seq = np.full(len(self.future_use), -1, dtype=np.int64)
+        self.hit = np.zeros(len(self.future_use), dtype=bool)
         self._latest: dict[int, int] = {}
         self._evictions = 0
 
     def access(self, block, now, workload=0, depth=0, *, hit=False, next_use=math.inf, content=None) -> None:
         index = int(next_use)
         self._latest[block] = index
+        self.hit[index] = hit
         super().access(block, now, workload, depth, hit=hit, next_use=self.future_use[index], content=content)
 
     def evict(self, now: float) -> int:
@@ -354,7 +357,7 @@ class Reference:
 def reference(workload: AccessIndexed, future: Future, capacity: int, config: SimConfig) -> Reference:
     ages = EvictionAges()
     lru = replay(workload, ages, capacity, config)
-    recorder = BeladyRecorder(future)
+    recorder = BeladyRecorder(future.next_use)
     belady = replay(workload, recorder, capacity, config)
     return Reference(capacity, ages.horizon(), recorder.evicted_seq, lru.token_hit_ratio, belady.token_hit_ratio)
 
