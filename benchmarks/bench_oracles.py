@@ -124,11 +124,12 @@ def main() -> int:
     for case, trace in chosen_traces(args.traces):
         done.append(run_oracles(case, trace, quality, bases, args.jobs))
         print(f"{case.name}: {done[-1]['wall_s']:.0f} s", file=sys.stderr)
-    document = {"oracles": list(ORACLES), "bases": bases, "baselines": list(BASELINES), "cases": done,
-                "wall_s": time.perf_counter() - started}
-    atomic_write_text(args.output, json.dumps(document, indent=2) + "\n")
+        # written after every trace, so a long run that is stopped keeps the traces it finished
+        document = {"oracles": list(ORACLES), "bases": bases, "baselines": list(BASELINES), "cases": done,
+                    "wall_s": time.perf_counter() - started}
+        atomic_write_text(args.output, json.dumps(document, indent=2) + "\n")
     print_tables(done, bases)
-    print(f"\nwrote {args.output} in {document['wall_s']:.0f} s", file=sys.stderr)
+    print(f"\nwrote {args.output} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return 0
 
 
