@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from kvprof.profiler.fit import fit_trace
 from kvprof.sim.belady_labels import access_labels, labels_from_hits, python_access_labels
 from kvprof.sim.config import SimConfig, SimulationError
+from kvprof.sim.engine import simulate
 from kvprof.sim.learn import LabellingBelady
 from kvprof.sim.oracles import AccessIndexed
 from kvprof.sim.workload import prepare_workload
@@ -79,8 +80,6 @@ def test_access_labels_agree_with_the_free_labeller_where_it_resolves(tmp_path):
     for capacity in (64, 512):
         labels = access_labels(workload, capacity, config)
         free = _FreeLabeller(workload.next_use, len(hp.cell_names()), 4)
-        from kvprof.sim.engine import simulate
-
         simulate(AccessIndexed.of(workload), free, capacity, config, engine="python")
         resolved = np.asarray(free.labels) >= 0
         mine = labels[np.asarray(free.free_access)[resolved]]
