@@ -1,15 +1,15 @@
 """A fleet at a fixed total number of GPU blocks: routers x policies x replica counts.
 
     nice -n 5 python benchmarks/bench_fleet.py [-j 2] [--traces bailian-a,weka] [--replicas 1,2,4,8]
-        [--routers ...] [--policies lru,s3fifo,wa] [--limit 500] [-o fleet.json] [--plot fleet.png]
+        [--routers ...] [--policies lru,s3fifo,wa] [--max-accesses 100000] [-o fleet.json] [--plot fleet.png]
 
 For each trace of the quality suite (benchmarks/bench_quality.py: weka-agents-dev, mooncake-synthetic,
 bailian-a and -b; its fit and evaluation windows and engine blocks), a fleet of N replicas shares
 TOTAL blocks (the suite's third capacity: TOTAL / N per replica): every router of
-:mod:`kvprof.sim.fleet` in front of every policy, on the first ``--limit`` requests of the evaluation
-window, as ``kvprof fleet`` runs each configuration (:func:`kvprof.cli.fleet_cmd.run_configuration`;
-one replica is the single server, run once). ``wa`` runs one hp file fitted on the fit window and
-tuned for every per-replica capacity, as ``kvprof fleet`` without ``--config``; with
+:mod:`kvprof.sim.fleet` in front of every policy, on the first requests of the evaluation window
+(``--max-accesses`` engine blocks), as ``kvprof fleet`` runs each configuration (:func:`kvprof.cli.fleet_cmd.run_configuration`;
+one replica is the single server, run once). ``wa`` runs one hp file fitted on the end of the fit
+window (``--fit-seconds``) and tuned for every per-replica capacity, as ``kvprof fleet`` without ``--config``; with
 ``--per-replica``, behind the routers that read only the trace also one hp file per replica
 (``--hp-per-replica``) at the replica counts given.
 
@@ -25,6 +25,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from bench_quality import REPO, chosen_traces
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -50,10 +52,14 @@ def run_case(case, trace, args) -> dict:
     config = SimConfig(engine_block_size=case.engine_block, timing="model")
     total = case.capacities[2]
     capacities = {n: total // n for n in args.replicas}
-    fitted = trace.time_window(*case.fit)
+    fit_start, fit_end = case.fit
+    fitted = trace.time_window(max(fit_start, fit_end - args.fit_seconds), fit_end)
     hp = tune(fit_trace(fitted), fitted, sorted(set(capacities.values())), config,
               n_jobs=args.jobs) if needs_hp(args.policies) else None
-    evaluated = trace.time_window(*case.evaluate).head(args.limit)
+    evaluated = trace.time_window(*case.evaluate)
+    # the first requests of the window up to --max-accesses engine blocks (a trace's requests differ 100x in size)
+    blocks = np.cumsum(-(-evaluated.input_length // case.engine_block))
+    evaluated = evaluated.head(max(1, int(np.searchsorted(blocks, args.max_accesses))))
     workload = prepare_workload(evaluated, hp, config.engine_block_size)
     tasks = []
     for n in args.replicas:
@@ -65,7 +71,7 @@ def run_case(case, trace, args) -> dict:
     outcomes = run_tasks(run_configuration, (evaluated, workload, hp, fitted), tasks, n_jobs=args.jobs)
     rows = [{**run.to_dict(), "router": "single" if run.replicas == 1 else run.router} for run, _ in outcomes]
     return {"trace": case.name, "total_blocks": total, "engine_block": case.engine_block,
-            "fit_window": list(case.fit), "eval_window": list(case.evaluate), "limit": args.limit,
+            "fit_window": [fitted.window[0], fit_end], "eval_window": list(case.evaluate), "max_accesses": args.max_accesses,
             "n_requests": evaluated.n_requests, "rows": rows, "wall_s": time.perf_counter() - started}
 
 
@@ -137,13 +143,17 @@ def plot(cases: list[dict], args, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=2, help="joblib workers")
-    parser.add_argument("--traces", help="comma-separated case names (default: all of bench_quality's)")
+    parser.add_argument("--traces", default="bailian-a seed 0,mooncake,weka,bailian-b",
+                        help="comma-separated case names of bench_quality's, run in this order")
     parser.add_argument("--replicas", default="1,2,4,8", help="replica counts (1: the single server)")
     parser.add_argument("--routers", default=",".join(ROUTERS))
     parser.add_argument("--policies", default="lru,s3fifo,wa")
     parser.add_argument("--per-replica", default="4", help="replica counts that also run wa with one hp file per "
                                                            "replica behind round-robin and session ('' for none)")
-    parser.add_argument("--limit", type=int, default=500, help="requests of each evaluation window replayed")
+    parser.add_argument("--max-accesses", type=int, default=100_000,
+                        help="replay the first requests of each evaluation window up to this many engine blocks")
+    parser.add_argument("--fit-seconds", type=float, default=1200.0,
+                        help="fit and tune on the last this many seconds of the suite's fit window")
     parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "fleet.json")
     parser.add_argument("--plot", type=Path, default=REPO / "benchmarks" / "fleet.png")
     args = parser.parse_args()
@@ -153,7 +163,7 @@ def main() -> int:
     args.per_replica = [int(n) for n in args.per_replica.split(",") if n]
     cases = []
     started = time.perf_counter()
-    for case, trace in chosen_traces(args.traces):
+    for case, trace in (one for name in args.traces.split(",") for one in chosen_traces(name)):
         cases.append(run_case(case, trace, args))
         print_case(cases[-1], args)
         sys.stdout.flush()

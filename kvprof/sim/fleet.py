@@ -4,7 +4,9 @@ Each replica is the server ``compare`` replays (its policy, capacity, block size
 the router sends it each request on arrival. A fleet is replayed in two passes:
 
 1. Routing, which decides the replica of every request. Routers that read only the trace
-   (``round-robin``, ``session``, ``prefix-approx`` with ``load_weight`` 0) route it in one loop.
+   (``round-robin``, ``session``, ``prefix-approx`` with ``load_weight`` 0) route it in one loop;
+   ``recorded`` reads where a fleet of recordings says each request went
+   (:func:`kvprof.sim.recorded.fleet_trace`), and its replicas replay on the servers' own timing.
    Routers that read the replicas' state (``least-loaded``, ``prefix-precise``, ``prefix-approx``
    weighing load) drive the N replicas together on the Python engine
    (:meth:`kvprof.sim.engine.Replay.steps`): before each arrival every replica runs until its
