@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -256,14 +257,13 @@ def fleet_trace(parts: Sequence[tuple[str, Trace, Recording]]) -> FleetTrace:
     """
     first_dir, first_trace, first = parts[0]
     model = first.starts[0].model
-    seen: dict[tuple, str] = {}
+    seen: dict[str, str] = {}
     for directory, trace, recording in parts:
         where = f"{directory}/{FILE}"
-        identity = (recording.origin, tuple((s.pid, s.time, s.rank) for s in recording.starts))
-        if identity in seen:
-            raise RecordingError(where, f"is the recording of {seen[identity]} again (the same server starts): give "
-                                        f"each server's recording once")
-        seen[identity] = directory
+        real = os.path.realpath(directory)
+        if real in seen:
+            raise RecordingError(where, f"is the recording {seen[real]} again: give each server's recording once")
+        seen[real] = directory
         if recording.block_size != first.block_size:
             raise RecordingError(where, f"{recording.block_size}-token blocks, but {first_dir} recorded "
                                         f"{first.block_size}-token blocks: the servers of one fleet hash the same "
