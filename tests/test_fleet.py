@@ -268,13 +268,13 @@ def test_replicas_with_their_own_hp_files_hit_while_routing_what_their_replays_h
 # --- a fleet of recordings: kvprof fleet DIR1 DIR2 ... ---------------------------------------------
 
 
-def _server(directory, t0, n, *, system, block_size=None, model=None, offset=0.0):
+def _server(directory, t0, n, *, system, block_size=None, model=None, offset=0.0, rank=0):
     """A recording of one server that received ``n`` requests from ``t0`` on, every other one
     behind the shared ``system`` prompt, each held 2 s (its recorded timing)."""
     from tests.test_recording import BS, START, Clock, request
     from kvprof.vllm.record import Recorder
 
-    recorder = Recorder(directory, block_size=block_size or BS, start={**START, "model": model or START["model"]},
+    recorder = Recorder(directory, block_size=block_size or BS, start={**START, "model": model or START["model"], "rank": rank},
                         clock=Clock(t0), guard=False).begin()
     for i in range(n):
         chain = system + [f"q{i}".encode()] if i % 2 else [f"{directory.name}-d{i}-{k}".encode() for k in range(3)]
@@ -362,3 +362,21 @@ def test_several_inputs_are_a_fleet_only_as_recordings(recordings, small_trace, 
     result = invoke("fleet", small_trace, "--router", "recorded", "-o", tmp_path / "out")
     assert result.exit_code == 2 and "recorded: for vLLM recordings" in one_line(result.output)
     assert not (tmp_path / "out").exists()
+
+
+def test_each_rank_of_a_data_parallel_recording_is_a_replica(recordings, tmp_path):
+    from kvprof.profiler.reader import read_trace
+    from kvprof.recording import load_recording
+    from kvprof.sim.recorded import REPLICA, fleet_trace
+
+    dp = tmp_path / "dp"
+    for rank, count in ((0, 6), (1, 8)):
+        _server(dp, 1_000_050.0, count, system=[b"s"], rank=rank)
+    parts = [(str(d), read_trace(d)[0], load_recording(d)) for d in (dp, recordings[1])]
+    fleet = fleet_trace(parts)
+    assert fleet.replicas == (f"{dp} rank 0", f"{dp} rank 1", str(recordings[1]))
+    assert np.bincount(fleet.trace.extra[REPLICA]).tolist() == [6, 8, 30]
+    result = invoke("fleet", dp, "--router", "recorded", "--eval-window", "0:", "-j", "1", "--json", "-o", tmp_path / "o")
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    assert row["replicas"] == 2 and row["replica_requests"] == [6, 8] and row["capacity"] == 63  # the servers' blocks
