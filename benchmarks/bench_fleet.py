@@ -2,6 +2,7 @@
 
     nice -n 5 python benchmarks/bench_fleet.py [-j 2] [--traces bailian-a,weka] [--replicas 1,2,4,8]
         [--routers ...] [--policies lru,s3fifo,wa] [--max-accesses 100000] [-o fleet.json] [--plot fleet.png]
+    python benchmarks/bench_fleet.py --from A.json B.json [--only TRACE,...] --plot fleet.png
 
 For each trace of the quality suite (benchmarks/bench_quality.py: weka-agents-dev, mooncake-synthetic,
 bailian-a and -b; its fit and evaluation windows and engine blocks), a fleet of N replicas shares
@@ -156,11 +157,22 @@ def main() -> int:
                         help="fit and tune on the last this many seconds of the suite's fit window")
     parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "fleet.json")
     parser.add_argument("--plot", type=Path, default=REPO / "benchmarks" / "fleet.png")
+    parser.add_argument("--from", dest="sources", nargs="+", type=Path, metavar="JSON",
+                        help="print and plot the cases of earlier runs' -o files (together) instead of running")
+    parser.add_argument("--only", help="with --from: only these comma-separated traces (exact names)")
     args = parser.parse_args()
     args.replicas = [int(n) for n in args.replicas.split(",")]
     args.routers = args.routers.split(",")
     args.policies = args.policies.split(",")
     args.per_replica = [int(n) for n in args.per_replica.split(",") if n]
+    if args.sources:  # earlier runs' cases, printed and plotted together
+        cases = [case for source in args.sources for case in json.loads(source.read_text())["cases"]
+                 if not args.only or case["trace"] in args.only.split(",")]
+        for case in cases:
+            print_case(case, args)
+        plot(cases, args, args.plot)
+        print(f"\nwrote {args.plot}", file=sys.stderr)
+        return 0
     cases = []
     started = time.perf_counter()
     for case, trace in (one for name in args.traces.split(",") for one in chosen_traces(name)):
