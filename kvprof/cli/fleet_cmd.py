@@ -10,7 +10,6 @@ written only once every configuration has run, and put in place together (:func:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Annotated, Optional
