@@ -257,9 +257,126 @@ def test_replicas_with_their_own_hp_files_hit_while_routing_what_their_replays_h
     trace, _ = prepared
     fit_part, evaluated = trace.time_window(None, 300.0), trace.time_window(300.0, None)
     hp = fit_trace(fit_part)
-    hps = fit_per_replica(fit_part, RouterSpec("least-loaded"), 2, 64, SimConfig(), hp)
+    hps = fit_per_replica(fit_part, RouterSpec("least-loaded"), 2, 64, SimConfig(), hp, fit_trace)
     assert len(hps) == 2 and hps[0] is not hps[1] and all(one.tuning for one in hps)
     run = run_fleet(evaluated, prepare_workload(evaluated, hp, 128), hp, RouterSpec("prefix-precise"), 2, "wa", 64,
                     SimConfig(), hps)
     assert run.hp_per_replica and run.to_dict()["hp"] == "per-replica"
     assert run.live_hits == tuple(replica.hits_device for replica in run.runs)
+
+
+# --- a fleet of recordings: kvprof fleet DIR1 DIR2 ... ---------------------------------------------
+
+
+def _server(directory, t0, n, *, system, block_size=None, model=None, offset=0.0, rank=0):
+    """A recording of one server that received ``n`` requests from ``t0`` on, every other one
+    behind the shared ``system`` prompt, each held 2 s (its recorded timing)."""
+    from tests.test_recording import BS, START, Clock, request
+    from kvprof.vllm.record import Recorder
+
+    recorder = Recorder(directory, block_size=block_size or BS, start={**START, "model": model or START["model"], "rank": rank},
+                        clock=Clock(t0), guard=False).begin()
+    for i in range(n):
+        chain = system + [f"q{i}".encode()] if i % 2 else [f"{directory.name}-d{i}-{k}".encode() for k in range(3)]
+        r = request(t0 + offset + 5 * i, [])
+        r.block_hashes, r.num_prompt_tokens = chain, BS * len(chain) + 1
+        recorder.submit(r, t0 + offset + 5 * i + 0.1, 0, t0 + offset + 5 * i + 2)
+    recorder.close()
+    return directory
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory):
+    """Two servers' recordings, started 100 s apart (so their origins differ)."""
+    base = tmp_path_factory.mktemp("servers")
+    return (_server(base / "a", 1_000_000.0, 40, system=[b"sys-a", b"sys-b"]),
+            _server(base / "b", 1_000_100.0, 30, system=[b"sys-a", b"sys-b", b"sys-c"]))
+
+
+def test_recorded_routing_replays_each_servers_traffic_as_compare_of_its_recording(recordings, tmp_path):
+    common = ("--policies", "lru,s3fifo", "--capacity", "6", "--eval-window", "0:", "-j", "1", "--json")
+    fleet = invoke("fleet", *recordings, *common, "-o", tmp_path / "fleet")
+    assert fleet.exit_code == 0, fleet.output
+    rows = json.loads(fleet.stdout)
+    assert {row["router"] for row in rows} == {"recorded", *ROUTERS}  # the default: every router that applies
+    recorded = [row for row in rows if row["router"] == "recorded"]
+    assert [row["replicas"] for row in rows] == [2] * len(rows)  # the recorded servers' count
+    assert {row["timing"] for row in recorded} == {"recorded"}
+    assert {row["timing"] for row in rows if row["router"] != "recorded"} == {"model"}
+    assert "drew its own key" in one_line(fleet.stderr)  # the union's ids of different servers never match
+    for row in recorded:
+        assert row["replica_requests"] == [40, 30]
+        for k, directory in enumerate(recordings):
+            single = invoke("compare", directory, *common, "--policies", row["policy"], "-o", tmp_path / f"c{k}")
+            assert single.exit_code == 0, single.output
+            (run,) = json.loads(single.stdout)["runs"]
+            assert json.loads(single.stdout)["config"]["timing"] == "recorded"
+            assert row["replica_token_hit_ratios"][k] == run["token_hit_ratio"]
+            assert row["replica_belady_token_hit_ratios"][k] == pytest.approx(
+                _belady(directory, tmp_path / f"b{k}", common))
+    assert all(row["cached_tokens"] > 0 for row in recorded)
+
+
+def _belady(directory, out, common):
+    result = invoke("compare", directory, *common, "--policies", "belady", "-o", out)
+    return json.loads(result.stdout)["runs"][0]["token_hit_ratio"]
+
+
+def test_recordings_join_on_one_clock_with_their_replicas(recordings):
+    from kvprof.profiler.reader import read_trace
+    from kvprof.recording import load_recording
+    from kvprof.sim.recorded import REPLICA, fleet_trace
+
+    parts = [(str(d), read_trace(d)[0], load_recording(d)) for d in recordings]
+    fleet = fleet_trace(parts)
+    trace = fleet.trace
+    assert fleet.replicas == tuple(map(str, recordings)) and trace.n_requests == 70
+    assert np.all(np.diff(trace.timestamp) >= 0)
+    replica = trace.extra[REPLICA]
+    assert np.bincount(replica).tolist() == [40, 30]
+    assert trace.timestamp[replica == 1].min() == pytest.approx(100.0)  # b's origin is 100 s after a's
+    assert np.allclose(trace.extra["scheduled"] - trace.timestamp, 0.1)  # its recorded times moved with it
+    assert len(set(trace.chat_id.tolist())) == 70  # chat ids kept apart
+    parents = trace.parent_chat_id[trace.parent_chat_id >= 0]
+    assert set(parents.tolist()) <= set(trace.chat_id.tolist())
+
+
+@pytest.mark.parametrize("kind", ["block size", "model", "twice"])
+def test_mismatched_recordings_are_refused_naming_the_file(recordings, tmp_path, kind):
+    other = {"block size": lambda: _server(tmp_path / "c", 1_000_000.0, 4, system=[b"s"], block_size=8),
+             "model": lambda: _server(tmp_path / "c", 1_000_000.0, 4, system=[b"s"], model="other"),
+             "twice": lambda: recordings[0]}[kind]()
+    result = invoke("fleet", recordings[0], other, "--router", "recorded", "--eval-window", "0:", "--capacity", "6",
+                    "-j", "1", "-o", tmp_path / "out")
+    text = one_line(result.output)
+    assert result.exit_code == 1, result.output
+    assert f"{other}/recording.json" in text
+    assert {"block size": "at block_size: 8-token blocks", "model": "at starts[0].model: the server served 'other'",
+            "twice": "again"}[kind] in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_several_inputs_are_a_fleet_only_as_recordings(recordings, small_trace, tmp_path):
+    result = invoke("fleet", recordings[0], small_trace, "-o", tmp_path / "out")
+    assert result.exit_code == 2 and "only as vLLM recording directories" in one_line(result.output)
+    result = invoke("fleet", small_trace, "--router", "recorded", "-o", tmp_path / "out")
+    assert result.exit_code == 2 and "recorded: for vLLM recordings" in one_line(result.output)
+    assert not (tmp_path / "out").exists()
+
+
+def test_each_rank_of_a_data_parallel_recording_is_a_replica(recordings, tmp_path):
+    from kvprof.profiler.reader import read_trace
+    from kvprof.recording import load_recording
+    from kvprof.sim.recorded import REPLICA, fleet_trace
+
+    dp = tmp_path / "dp"
+    for rank, count in ((0, 6), (1, 8)):
+        _server(dp, 1_000_050.0, count, system=[b"s"], rank=rank)
+    parts = [(str(d), read_trace(d)[0], load_recording(d)) for d in (dp, recordings[1])]
+    fleet = fleet_trace(parts)
+    assert fleet.replicas == (f"{dp} rank 0", f"{dp} rank 1", str(recordings[1]))
+    assert np.bincount(fleet.trace.extra[REPLICA]).tolist() == [6, 8, 30]
+    result = invoke("fleet", dp, "--router", "recorded", "--eval-window", "0:", "-j", "1", "--json", "-o", tmp_path / "o")
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    assert row["replicas"] == 2 and row["replica_requests"] == [6, 8] and row["capacity"] == 63  # the servers' blocks

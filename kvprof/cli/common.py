@@ -25,7 +25,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import DownloadColumn, TimeRemainingColumn
 
-from kvprof.cli.output import end_quietly_on_closed_stdout, fail, progress, say, warn
+from kvprof.cli.output import end_quietly_on_closed_stdout, fail, progress, say, status, warn
 from kvprof.errors import KvprofError, ParallelError
 from kvprof.limits import BLOCK_TOKENS, BLOCKS, INT64_MAX, Bound
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
@@ -293,6 +293,81 @@ def qttft_cell(seconds: float | None, overloaded: bool = False) -> str:
     if seconds is None or math.isnan(seconds):
         return "-"
     return f"{seconds:.2f}" + (OVERLOADED if overloaded else "")
+
+
+# --- what compare and fleet share -----------------------------------------------------------------
+
+#: The hp file compare and fleet write when they fit one.
+FITTED_HP = "hp.json"
+
+OutputOpt = Annotated[Path, typer.Option("-o", "--output", help="Directory for results.json, plots (PNG, SVG).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the results document as JSON instead of a table.")]
+FitWindowOpt = Annotated[
+    str, typer.Option("--fit-window", help="START:END seconds to fit on when no --config is given.")
+]
+EvalWindowOpt = Annotated[str, typer.Option("--eval-window", help="START:END seconds to replay.")]
+
+
+def policy_list(text: str) -> tuple[str, ...]:
+    """``--policies``: comma-separated names of registered policies, none twice (a usage error otherwise)."""
+    from kvprof.policy import POLICIES
+
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in POLICIES]
+    if not names or unknown:
+        raise typer.BadParameter(
+            f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}; known: {', '.join(POLICIES)}",
+            param_hint="--policies",
+        )
+    if len(set(names)) != len(names):
+        raise typer.BadParameter("a policy is named twice", param_hint="--policies")
+    return names
+
+
+def distinct(values: tuple, option: str, what: str = "value") -> tuple:
+    """``values`` if none is given twice (a usage error naming ``option`` otherwise)."""
+    if len(set(values)) != len(values):
+        raise typer.BadParameter(f"a {what} is given twice", param_hint=option)
+    return values
+
+
+def needs_hp(names) -> bool:
+    """Whether any of the policies ``names`` (or the simulator's CPU tier's) reads an hp file."""
+    from kvprof.policy import POLICIES
+    from kvprof.sim.config import SimConfig
+
+    return any(hasattr(POLICIES[name], "from_hp") for name in (*names, SimConfig.cpu_policy))
+
+
+def check_multiple(engine_block: int, trace_block: int) -> None:
+    """The engine block holds whole trace blocks (exit 2 otherwise)."""
+    if engine_block % trace_block:
+        raise typer.BadParameter(f"{engine_block} tokens is not a multiple of the trace's {trace_block}-token blocks",
+                                 param_hint="--block-size")
+
+
+def cost_model(path: Path | None, **given):
+    """The cost model: defaults, then ``--cost`` FILE's values, then the options given (each checked already)."""
+    import dataclasses
+
+    from kvprof.sim.config import CostModel
+
+    base = CostModel.from_file(path) if path is not None else CostModel()
+    return dataclasses.replace(base, **{name: value for name, value in given.items() if value is not None})
+
+
+def fit_and_tune(trace, bounds, capacities, sim_config, jobs: int, ray=None):
+    """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
+    capacities on it (``kvprof fit --capacity``); saved once the sweep is done."""
+    import dataclasses
+
+    from kvprof.profiler.fit import fit_trace
+
+    window = trace.time_window(*bounds)
+    with status(f"fitting reuse models on {window.n_requests:,} requests"):
+        hp = fit_trace(window)
+    return tune_with_progress(hp, window, capacities,
+                              dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()), jobs, ray)
 
 
 # --- outputs --------------------------------------------------------------------------------------

@@ -21,25 +21,36 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 
 from kvprof.cli.common import (
+    FITTED_HP,
+    EvalWindowOpt,
+    FitWindowOpt,
     FormatOpt,
     JobsOpt,
+    JsonOpt,
     LimitOpt,
+    OutputOpt,
     RankOpt,
+    RayOpt,
     SkipOpt,
     TraceArg,
     TraceBlockTokensOpt,
     capacity_list,
-    recording_of,
     check_format,
     check_memory,
+    check_multiple,
+    cost_model,
+    distinct,
+    fit_and_tune,
     guarded,
     make_dir,
+    needs_hp,
     number_option,
     open_trace,
     output_dir,
     parse_window_option,
-    RayOpt,
+    policy_list,
     qttft_cell,
+    recording_of,
     trace_block_size,
 )
 from kvprof.cli.output import print_json, progress, say, show, status, table, warn
@@ -59,11 +70,6 @@ from kvprof.sim.config import (
 DEMO_CAPACITIES = tuple(range(1024, 8193, 1024))
 DEFAULT_CAPACITIES = "1024,2048,4096,8192"
 DEMO_POLICIES = ("lru", "wa-paper", "wa", "belady")
-#: The hp file compare writes when it fits one.
-FITTED_HP = "hp.json"
-
-OutputOpt = Annotated[Path, typer.Option("-o", "--output", help="Directory for results.json, plots (PNG, SVG).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the results document as JSON instead of a table.")]
 SeedOpt = Annotated[int, number_option("--seed", bound=COUNT, help="Seed of the synthetic trace.")]
 _COST = "Modelled server (default: the published A800 node; see --cost)"
 
@@ -104,10 +110,8 @@ def compare(
             "(instead of --capacity).",
         ),
     ] = None,
-    fit_window: Annotated[
-        str, typer.Option("--fit-window", help="START:END seconds to fit on when no --config is given.")
-    ] = "0:3600",
-    eval_window: Annotated[str, typer.Option("--eval-window", help="START:END seconds to replay.")] = "3600:",
+    fit_window: FitWindowOpt = "0:3600",
+    eval_window: EvalWindowOpt = "3600:",
     limit: LimitOpt = None,
     rate_scale: Annotated[
         float, number_option("--rate-scale", bound=RATE_SCALE,
@@ -177,7 +181,7 @@ def compare(
     """
     from kvprof.cli.plots import FILES
 
-    names = _policy_list(policies)
+    names = policy_list(policies)
     schedule = _schedule(capacity_schedule)
     if timing not in TIMINGS:
         raise typer.BadParameter(f"{timing!r} is not one of {', '.join(TIMINGS)}", param_hint="--timing")
@@ -189,7 +193,7 @@ def compare(
     fit_bounds = parse_window_option(fit_window, "--fit-window")
     eval_bounds = parse_window_option(eval_window, "--eval-window")
     check_format(format)
-    fits = config is None and _needs_hp(names)
+    fits = config is None and needs_hp(names)
     output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ())],
                inputs=[trace_path, config, cost_file])
     recording = recording_of(trace_path)
@@ -198,7 +202,7 @@ def compare(
     capacities = (schedule[0][1],) if schedule else _capacity_list(capacity)
     check_memory([*capacities, *(blocks for _, blocks in schedule)], cpu_capacity, jobs, len(names) * len(capacities),
                  "--capacity/--cpu-capacity/--capacity-schedule")
-    cost = _cost_model(cost_file, prefill_tokens_per_s=prefill_rate, step_overhead_s=step_overhead,
+    cost = cost_model(cost_file, prefill_tokens_per_s=prefill_rate, step_overhead_s=step_overhead,
                        max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs, decode=decode,
                        time_per_output_token_s=decode_time)
     if decode_time is not None and not cost.decode:
@@ -206,7 +210,7 @@ def compare(
                                  "with decode: true)", param_hint="--decode-time")
     trace_block = recording.block_size if recording else trace_block_size(trace_path, format, trace_block_tokens)
     if block_size is not None and trace_block is not None:
-        _check_multiple(block_size, trace_block)
+        check_multiple(block_size, trace_block)
     hp = hp_input = None
     if config is not None:
         from kvprof.models.hp import load_hp
@@ -215,7 +219,7 @@ def compare(
     trace = open_trace(trace_path, format=format, block_size=trace_block_tokens, skip_invalid=skip_invalid, rank=rank,
                        block_option="--trace-block-tokens")
     if block_size is not None:
-        _check_multiple(block_size, trace.block_size)
+        check_multiple(block_size, trace.block_size)
     evaluated = trace.time_window(*eval_bounds)
     if limit is not None:
         evaluated = evaluated.head(limit)
@@ -236,7 +240,7 @@ def compare(
                                      timing=timing)
     fitted = None
     if fits:
-        hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs, ray)
+        hp = fitted = fit_and_tune(trace, fit_bounds, capacities, sim_config, jobs, ray)
         hp_input = {"fitted_on_window": fit_window, "path": str(output / FITTED_HP)}
     document_inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit,
                        "seed": seed}
@@ -267,7 +271,7 @@ def demo(
     with status(f"generating {trace_path}"):
         write_jsonl(trace_path, generate("bailian-a", 2.0, seed))
     trace = open_trace(trace_path)
-    hp = _fit(trace, (0.0, 3600.0), DEMO_CAPACITIES, SimConfig(), jobs)
+    hp = fit_and_tune(trace, (0.0, 3600.0), DEMO_CAPACITIES, SimConfig(), jobs)
     inputs = {"trace_path": str(trace_path), "synthetic": {"preset": "bailian-a", "hours": 2.0, "seed": seed},
               "hp": {"fitted_on_window": "0:3600", "path": str(output / FITTED_HP)}, "eval_window": "3600:"}
     _run_and_report(trace.time_window(3600.0, None), hp, DEMO_POLICIES, DEMO_CAPACITIES, SimConfig(), jobs, output,
@@ -382,45 +386,8 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
-def _fit(trace, bounds, capacities, sim_config: SimConfig, jobs: int, ray=None):
-    """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
-    capacities on it (``kvprof fit --capacity``); saved once the sweep is done."""
-    from kvprof.cli.common import tune_with_progress
-    from kvprof.profiler.fit import fit_trace
-
-    window = trace.time_window(*bounds)
-    with status(f"fitting reuse models on {window.n_requests:,} requests"):
-        hp = fit_trace(window)
-    return tune_with_progress(hp, window, capacities,
-                              dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()), jobs, ray)
-
-
-def _needs_hp(names, cpu_policy: str = SimConfig.cpu_policy) -> bool:
-    from kvprof.policy import POLICIES
-
-    return any(hasattr(POLICIES[name], "from_hp") for name in (*names, cpu_policy))
-
-
-def _policy_list(text: str) -> tuple[str, ...]:
-    from kvprof.policy import POLICIES
-
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in POLICIES]
-    if not names or unknown:
-        raise typer.BadParameter(
-            f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}; known: {', '.join(POLICIES)}",
-            param_hint="--policies",
-        )
-    if len(set(names)) != len(names):
-        raise typer.BadParameter("a policy is named twice", param_hint="--policies")
-    return names
-
-
 def _capacity_list(text: str) -> tuple[int, ...]:
-    capacities = capacity_list(text)
-    if len(set(capacities)) != len(capacities):
-        raise typer.BadParameter("a capacity is given twice", param_hint="--capacity")
-    return capacities
+    return distinct(capacity_list(text), "--capacity", "capacity")
 
 
 def _schedule(text: str | None) -> tuple[tuple[float, int], ...]:
@@ -432,13 +399,6 @@ def _schedule(text: str | None) -> tuple[tuple[float, int], ...]:
         raise typer.BadParameter(str(exc), param_hint="--capacity-schedule") from None
 
 
-def _check_multiple(engine_block: int, trace_block: int) -> None:
-    """The engine block holds whole trace blocks (exit 2 otherwise)."""
-    if engine_block % trace_block:
-        raise typer.BadParameter(f"{engine_block} tokens is not a multiple of the trace's {trace_block}-token blocks",
-                                 param_hint="--block-size")
-
-
 def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, rate_scale: float,
                 sample_rate: float = 1.0) -> SimConfig:
     try:
@@ -446,9 +406,3 @@ def _sim_config(block_size: int, cpu_capacity: int, schedule, cost: CostModel, r
                          rate_scale=rate_scale, sample_rate=sample_rate)
     except SimulationError as exc:
         raise typer.BadParameter(str(exc), param_hint="--block-size/--capacity-schedule") from None
-
-
-def _cost_model(path: Path | None, **given) -> CostModel:
-    """The cost model: defaults, then ``--cost`` FILE's values, then the options given (each checked already)."""
-    base = CostModel.from_file(path) if path is not None else CostModel()
-    return dataclasses.replace(base, **{name: value for name, value in given.items() if value is not None})

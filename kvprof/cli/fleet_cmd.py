@@ -10,7 +10,6 @@ written only once every configuration has run, and put in place together (:func:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -21,43 +20,49 @@ from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 from kvprof import results as results_file
 from kvprof.atomic import staged
 from kvprof.cli.common import (
+    FITTED_HP,
+    EvalWindowOpt,
+    FitWindowOpt,
     FormatOpt,
     JobsOpt,
+    JsonOpt,
     LimitOpt,
+    OutputOpt,
     RayOpt,
     SkipOpt,
-    TraceArg,
     TraceBlockTokensOpt,
     check_format,
     check_memory,
+    check_multiple,
+    cost_model,
+    distinct,
+    fit_and_tune,
     guarded,
     make_dir,
+    needs_hp,
     number_option,
     open_trace,
     output_dir,
     parse_list,
     parse_window_option,
+    policy_list,
     qttft_cell,
+    recording_of,
     trace_block_size,
 )
-from kvprof.cli.compare_cmd import (
-    FITTED_HP,
-    JsonOpt,
-    OutputOpt,
-    _check_multiple,
-    _cost_model,
-    _fit,
-    _needs_hp,
-    _policy_list,
-)
-from kvprof.cli.output import print_json, progress, say, show, table
-from kvprof.limits import BLOCK_TOKENS, BLOCKS, RATE_SCALE, Bound
+from kvprof.cli.output import print_json, progress, say, show, table, warn
+from kvprof.limits import BLOCK_TOKENS, BLOCKS, RATE_SCALE, Bound, usable_blocks
 from kvprof.sim.config import COST_BOUNDS, SimConfig, SimulationError, default_engine_block
 
 #: Replicas of one fleet: llm-d and Dynamo deployments run tens; each is a Python replay when routing reads them.
 REPLICAS = Bound(1, 4096, whole=True)
 #: How much the prefix routers weigh load against overlap.
 LOAD_WEIGHT = Bound(0.0, 1e6)
+TracesArg = Annotated[
+    list[Path], typer.Argument(metavar="TRACE...", help="Trace file (Bailian or Mooncake JSONL, plain, .gz or .zst), or the vLLM recording "
+                                    "directories of a fleet's servers (vllm serve --kv-record on each): one fleet "
+                                    "trace.")
+]
 IndexBlocksOpt = Annotated[
     Optional[int], number_option("--index-blocks", bound=BLOCKS,
                                  help="Blocks per replica prefix-approx's index remembers (default: the replica's "
@@ -67,16 +72,21 @@ IndexBlocksOpt = Annotated[
 
 @guarded
 def fleet(
-    trace_path: TraceArg,
-    replicas: Annotated[str, typer.Option("--replicas", help="Comma-separated replica counts.")] = "4",
+    trace_paths: TracesArg,
+    replicas: Annotated[
+        Optional[str], typer.Option("--replicas", help="Comma-separated replica counts (default 4; for recordings, "
+                                                       "their servers' count).")
+    ] = None,
     router: Annotated[
-        str, typer.Option("--router", help="Comma-separated routers: round-robin, least-loaded, session, "
-                                           "prefix-approx, prefix-precise.")
-    ] = "round-robin,least-loaded,session,prefix-approx,prefix-precise",
+        Optional[str], typer.Option("--router", help="Comma-separated routers: round-robin, least-loaded, session, "
+                                                     "prefix-approx, prefix-precise; recorded for recordings, where "
+                                                     "each request went (default: all that apply).")
+    ] = None,
     policies: Annotated[str, typer.Option("--policies", help="Comma-separated policy names (each replica's).")] = "lru",
     capacity: Annotated[
-        str, typer.Option("--capacity", help="Comma-separated GPU capacities per replica, in engine blocks.")
-    ] = "1024",
+        Optional[str], typer.Option("--capacity", help="Comma-separated GPU capacities per replica, in engine blocks "
+                                                       "(default 1024; for recordings, their servers' usable blocks).")
+    ] = None,
     config: Annotated[
         Optional[Path],
         typer.Option("--config", help="Hyperparameter file (hp.json) of every replica; without it, fit one on "
@@ -91,12 +101,10 @@ def fleet(
         Optional[int],
         number_option("--block-size", bound=BLOCK_TOKENS,
                       help="Engine block size in tokens, a multiple of the trace's block size "
-                           "(default: the smallest such multiple >= 128)."),
+                           "(default: the smallest such multiple >= 128; for recordings, the servers')."),
     ] = None,
-    fit_window: Annotated[
-        str, typer.Option("--fit-window", help="START:END seconds to fit on when no --config is given.")
-    ] = "0:3600",
-    eval_window: Annotated[str, typer.Option("--eval-window", help="START:END seconds to replay.")] = "3600:",
+    fit_window: FitWindowOpt = "0:3600",
+    eval_window: EvalWindowOpt = "3600:",
     limit: LimitOpt = None,
     rate_scale: Annotated[
         float, number_option("--rate-scale", bound=RATE_SCALE, help="Speed-up of arrivals, as compare's.")
@@ -130,56 +138,70 @@ def fleet(
 
     Prints per configuration the fleet's token hit ratio, Belady's per replica as the bound, the
     load imbalance (max/mean prefill work) and modelled queued TTFT; writes results.json (one run
-    per configuration) and the plots compare draws.
+    per configuration) and the plots compare draws. Several vLLM recordings (one per server) are
+    one fleet trace: the recorded router replays what each server received.
     """
     from kvprof.cli.plots import FILES
-    from kvprof.sim.fleet import ROUTERS, RouterSpec
+    from kvprof.sim.fleet import RECORDED, ROUTERS, RouterSpec
 
-    counts = _unique(parse_list(replicas, REPLICAS, "--replicas", "replica count"), "--replicas")
-    routers = _unique(tuple(name.strip() for name in router.split(",") if name.strip()), "--router")
-    unknown = [name for name in routers if name not in ROUTERS]
+    recordings = _recordings(trace_paths)
+    recorded = sum(len(recording.ranks) for recording in recordings) if recordings else None
+    known = (RECORDED, *ROUTERS) if recordings else ROUTERS
+    counts = distinct(parse_list(replicas or str(recorded or 4), REPLICAS, "--replicas", "replica count"),
+                      "--replicas")
+    routers = distinct(tuple(name.strip() for name in (router or ",".join(known)).split(",") if name.strip()),
+                       "--router")
+    unknown = [name for name in routers if name not in known]
     if not routers or unknown:
         raise typer.BadParameter(f"unknown router {', '.join(map(repr, unknown)) or '(none given)'}; known: "
-                                 f"{', '.join(ROUTERS)}", param_hint="--router")
-    names = _policy_list(policies)
-    capacities = _unique(parse_list(capacity, BLOCKS, "--capacity", "capacity"), "--capacity")
+                                 f"{', '.join(known)}" + ("" if recordings else f" ({RECORDED}: for vLLM recordings)"),
+                                 param_hint="--router")
+    names = policy_list(policies)
+    capacities = distinct(parse_list(capacity or _default_capacity(recordings), BLOCKS, "--capacity", "capacity"),
+                          "--capacity")
     fit_bounds = parse_window_option(fit_window, "--fit-window")
     eval_bounds = parse_window_option(eval_window, "--eval-window")
     check_format(format)
-    fits = config is None and _needs_hp(names)
-    modes = {policy: (False, True) if hp_per_replica and _needs_hp([policy]) else (False,) for policy in names}
-    replica_files = [replica_hp_file(name, n, c, j) for name in routers for n in counts for c in capacities
+    fits = config is None and needs_hp(names)
+    modes = {policy: (False, True) if hp_per_replica and needs_hp([policy]) else (False,) for policy in names}
+    counts_of = {name: (recorded,) if name == RECORDED else counts for name in routers}
+    replica_files = [replica_hp_file(name, n, c, j) for name in routers for n in counts_of[name] for c in capacities
                      for j in range(n)] if any(True in mode for mode in modes.values()) else []
     output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ()), *replica_files],
-               inputs=[trace_path, config, cost_file])
+               inputs=[*trace_paths, config, cost_file])
     tasks = [(RouterSpec(name, load_weight, index_blocks), n, policy, c, per_replica)
-             for name in routers for n in counts for policy in names for c in capacities for per_replica in modes[policy]]
-    check_memory([max(counts) * max(capacities)], 0, jobs, len(tasks), "--replicas/--capacity")
-    cost = _cost_model(cost_file, prefill_tokens_per_s=prefill_rate, decode=decode)
-    trace_block = trace_block_size(trace_path, format, trace_block_tokens)
+             for name in routers for n in counts_of[name] for policy in names for c in capacities
+             for per_replica in modes[policy]]
+    check_memory([max(task[1] for task in tasks) * max(capacities)], 0, jobs, len(tasks), "--replicas/--capacity")
+    cost = cost_model(cost_file, prefill_tokens_per_s=prefill_rate, decode=decode)
+    trace_block = recordings[0].block_size if recordings else trace_block_size(trace_paths[0], format,
+                                                                                trace_block_tokens)
     if block_size is not None and trace_block is not None:
-        _check_multiple(block_size, trace_block)
+        check_multiple(block_size, trace_block)
     hp = hp_input = None
     if config is not None:
         from kvprof.models.hp import load_hp
 
         hp, hp_input = load_hp(config), {"path": str(config)}
-    trace = open_trace(trace_path, format=format, block_size=trace_block_tokens, skip_invalid=skip_invalid)
+    traces = [open_trace(path, format=format, block_size=trace_block_tokens, skip_invalid=skip_invalid,
+                         block_option="--trace-block-tokens") for path in trace_paths]
+    trace = _one_trace(trace_paths, traces, recordings, routers)
     if block_size is not None:
-        _check_multiple(block_size, trace.block_size)
+        check_multiple(block_size, trace.block_size)
     evaluated = trace.time_window(*eval_bounds)
     if limit is not None:
         evaluated = evaluated.head(limit)
     if evaluated.n_requests == 0:
         raise SimulationError(f"the evaluation window {eval_window} holds no requests (the trace's arrivals span "
                               f"{float(trace.timestamp[0]):g}..{float(trace.timestamp[-1]):g} s); pass --eval-window")
-    sim_config = SimConfig(engine_block_size=block_size or default_engine_block(trace.block_size), cost=cost,
-                           rate_scale=rate_scale, timing="model")
+    engine_block = block_size or (trace.block_size if recordings else default_engine_block(trace.block_size))
+    sim_config = SimConfig(engine_block_size=engine_block, cost=cost, rate_scale=rate_scale, timing="model")
     fitted = None
     if fits:
-        hp = fitted = _fit(trace, fit_bounds, capacities, sim_config, jobs, ray)
+        hp = fitted = fit_and_tune(trace, fit_bounds, capacities, sim_config, jobs, ray)
         hp_input = {"fitted_on_window": fit_window, "path": str(output / FITTED_HP)}
-    inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit}
+    inputs = {"trace_path": " + ".join(map(str, trace_paths)), "hp": hp_input, "eval_window": eval_window,
+              "limit": limit}
     fit_part = trace.time_window(*fit_bounds) if hp_per_replica else None
     if fit_part is not None and fit_part.n_requests == 0:
         raise SimulationError(f"the fit window {fit_window} holds no requests to fit the replicas' hp files on")
@@ -213,9 +235,8 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
     workload = prepare_workload(trace, hp, config.engine_block_size, config.rate_scale)
     with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=quiet) as bar:
         task = bar.add_task("routing and replaying", total=len(tasks))
-        outcomes = run_tasks(_one, (trace, workload, hp, fit_part), [(*task, config) for task in tasks], n_jobs=jobs,
-                         ray=ray,
-                         progress=lambda done, total: bar.update(task, completed=done))
+        outcomes = run_tasks(run_configuration, (trace, workload, hp, fit_part), [(*task, config) for task in tasks],
+                             n_jobs=jobs, ray=ray, progress=lambda done, total: bar.update(task, completed=done))
     runs = [run for run, _ in outcomes]
     replica_hps = {replica_hp_file(run.router, run.replicas, run.capacity, j): one
                    for run, hps in outcomes for j, one in enumerate(hps or ())}
@@ -235,17 +256,58 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
     return document, rows, replica_hps
 
 
+def _recordings(paths: list[Path]) -> list:
+    """The ``recording.json`` of each input when they are vLLM recordings, [] for one trace file.
+
+    Several inputs are a fleet only as recordings (a usage error otherwise)."""
+    recordings = [recording_of(path) for path in paths]
+    files = [path for path, recording in zip(paths, recordings) if recording is None]
+    if files and len(paths) > 1:
+        raise typer.BadParameter(f"several inputs are one fleet trace only as vLLM recording directories (vllm serve "
+                                 f"--kv-record, one per server); {files[0]} is a file", param_hint="TRACE")
+    return [] if files else recordings
+
+
+def _default_capacity(recordings: list) -> str:
+    """``--capacity``'s default: the recording servers' usable blocks (all alike), else 1024."""
+    sizes = {usable_blocks(recording.num_gpu_blocks) for recording in recordings}
+    if len(sizes) > 1:
+        raise typer.BadParameter(f"the recorded servers had {', '.join(map(str, sorted(sizes)))} usable blocks; a "
+                                 f"fleet's replicas have one capacity: give it", param_hint="--capacity")
+    return str(sizes.pop()) if sizes else "1024"
+
+
+def _one_trace(paths: list[Path], traces: list, recordings: list, routers: tuple):
+    """The fleet's trace: the one trace file, or the recordings joined (:func:`kvprof.sim.recorded.fleet_trace`)."""
+    if not recordings:
+        return traces[0]
+    from kvprof.sim.fleet import RECORDED
+    from kvprof.sim.recorded import fleet_trace
+
+    fleet = fleet_trace([(str(path), trace, recording) for path, trace, recording in zip(paths, traces, recordings)])
+    if len(fleet.replicas) > 1 and any(name != RECORDED for name in routers):
+        warn(f"each recorded server start drew its own key for its block ids (docs/recording.md), so a prefix "
+             f"{len(fleet.replicas)} servers all received counts as {len(fleet.replicas)} different contents: routers "
+             f"other than {RECORDED} see the union of the traffic with no reuse across what the servers received, a "
+             f"lower bound on their hits (docs/fleet.md)")
+    return fleet.trace
+
+
 def replica_hp_file(router: str, replicas: int, capacity: int, replica: int) -> str:
     """The name of the hp file ``--hp-per-replica`` fitted for ``replica`` of ``replicas`` behind
     ``router`` at ``capacity`` (``kvprof fit --replica`` fits the same)."""
     return f"hp-{router}-x{replicas}-c{capacity}-replica-{replica}.json"
 
 
-def _one(shared, spec, replicas: int, policy: str, capacity: int, per_replica: bool, config: SimConfig):
+def run_configuration(shared, spec, replicas: int, policy: str, capacity: int, per_replica: bool,
+                      config: SimConfig):
+    """One configuration, a task of the sweep: ``(FleetRun, per-replica hp files or None)``;
+    ``shared`` is ``(trace, workload, hp, fit window)``, the window read only with ``per_replica``."""
+    from kvprof.profiler.fit import fit_trace
     from kvprof.sim.fleet import fit_per_replica, run_fleet
 
     trace, workload, hp, fit_part = shared
-    hps = fit_per_replica(fit_part, spec, replicas, capacity, config, hp) if per_replica else None
+    hps = fit_per_replica(fit_part, spec, replicas, capacity, config, hp, fit_trace) if per_replica else None
     return run_fleet(trace, workload, hp, spec, replicas, policy, capacity, config, hps), hps
 
 
@@ -267,8 +329,3 @@ def _table(rows: list[dict], document: dict):
 _COLUMNS = ("router", "policy", "replicas", "capacity", "fleet hit ratio", "belady", "replica hit ratios",
             "imbalance", "QTTFT mean (s)", "QTTFT p99 (s)")
 
-
-def _unique(values: tuple, option: str) -> tuple:
-    if len(set(values)) != len(values):
-        raise typer.BadParameter("a value is given twice", param_hint=option)
-    return values

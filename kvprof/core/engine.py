@@ -1,6 +1,6 @@
 """The replay loop of :func:`kvprof.sim.engine.simulate`, compiled.
 
-:func:`replay` runs :class:`kvprof.sim.engine._Replay`'s loop step for step (FCFS queue, chunked
+:func:`replay` runs :class:`kvprof.sim.engine.Replay`'s loop step for step (FCFS queue, chunked
 prefill budget, decode heap, capacity schedule, CPU tier) over the compiled tiers of
 :mod:`kvprof.core.tiers`, so each request costs one pass of compiled code and no Python call.
 The accesses come in windows of requests (:mod:`kvprof.core.stream`): the loop pauses at the top
@@ -86,7 +86,7 @@ def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, ne
 
     ``blocks``/``next_use`` hold the accesses of requests ``first_needed(st) .. loaded - 1``,
     access ``j`` at ``j - base``. The other parameters are the workload's arrays and the cost
-    model's numbers as ``_Replay`` reads them; ``schedule_t``/``schedule_c`` the capacity schedule
+    model's numbers as ``Replay`` reads them; ``schedule_t``/``schedule_c`` the capacity schedule
     (its first entry already applied to ``gpu``); ``check`` verifies both tiers' invariants after
     every admission and release. ``st`` ends with ``qttft``, ``served``, ``hits_device``,
     ``hits_host``, ``computed``, ``now`` (the end) and ``request_hits`` (each request's device

@@ -100,7 +100,7 @@ def simulate(
         return metrics(workload, config.cost, policy.name, schedule[0][1], **outcome)
     gpu = PrefixCache(policy, schedule[0][1])
     host = HostCache(host_policy, config.cpu_capacity) if config.cpu_capacity else None
-    return _Replay(workload, gpu, host, config, schedule, observer).run()
+    return Replay(workload, gpu, host, config, schedule, observer).run()
 
 
 def _recorded(config: SimConfig, workload: Workload) -> bool:
@@ -115,7 +115,7 @@ def _recorded(config: SimConfig, workload: Workload) -> bool:
                                                                                  or config.capacity_schedule))
 
 
-class _Replay:
+class Replay:
     """State of one replay between engine steps.
 
     Invariants: ``waiting`` holds arrived, unadmitted requests in arrival order (FCFS, the head
@@ -144,7 +144,7 @@ class _Replay:
         self.prompt = workload.prompt_tokens.tolist()
         self.held: dict[int, list[int]] = {}
 
-    def over(self, gpu: PrefixCache) -> _Replay:
+    def over(self, gpu: PrefixCache) -> Replay:
         """A replay of the same workload through another GPU tier (no CPU tier), sharing the
         read-only per-request columns: one replica of a fleet (:mod:`kvprof.sim.fleet`)."""
         replica = copy.copy(self)

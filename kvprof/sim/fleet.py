@@ -4,10 +4,12 @@ Each replica is the server ``compare`` replays (its policy, capacity, block size
 the router sends it each request on arrival. A fleet is replayed in two passes:
 
 1. Routing, which decides the replica of every request. Routers that read only the trace
-   (``round-robin``, ``session``, ``prefix-approx`` with ``load_weight`` 0) route it in one loop.
+   (``round-robin``, ``session``, ``prefix-approx`` with ``load_weight`` 0) route it in one loop;
+   ``recorded`` reads where a fleet of recordings says each request went
+   (:func:`kvprof.sim.recorded.fleet_trace`), and its replicas replay on the servers' own timing.
    Routers that read the replicas' state (``least-loaded``, ``prefix-precise``, ``prefix-approx``
    weighing load) drive the N replicas together on the Python engine
-   (:meth:`kvprof.sim.engine._Replay.steps`): before each arrival every replica runs until its
+   (:meth:`kvprof.sim.engine.Replay.steps`): before each arrival every replica runs until its
    clock reaches it, then the router reads their loads (requests waiting or running) and caches.
 2. Measuring: each replica's traffic is replayed alone by the compiled engine ``compare`` runs,
    and under Belady for the bound. A replica's replay depends only on the requests it gets, so
@@ -20,21 +22,27 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvprof.models.hp import HpFile
 from kvprof.policy import make_policy
 from kvprof.policy.prefix_cache import PrefixCache
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig, SimulationError
-from kvprof.sim.engine import Arrivals, _Replay
+from kvprof.sim.engine import Arrivals, Replay, simulate
 from kvprof.sim.metrics import RunMetrics, metrics
+from kvprof.sim.recorded import REPLICA, resolve_timing
 from kvprof.sim.sample import chain_roots
+from kvprof.sim.tune import tune
 from kvprof.sim.workload import Workload, prepare_workload
 
 ROUTERS = ("round-robin", "least-loaded", "session", "prefix-approx", "prefix-precise")
+#: The routing a fleet of recordings had: each request where its recording says it went
+#: (:func:`kvprof.sim.recorded.fleet_trace`); not in ROUTERS, which route any trace.
+RECORDED = "recorded"
 ORACLE = "belady"
 _MASK64 = 2**64 - 1
 
@@ -54,8 +62,8 @@ class RouterSpec:
     index_blocks: int | None = None
 
     def __post_init__(self):
-        if self.name not in ROUTERS:
-            raise SimulationError(f"unknown router {self.name!r}; known: {', '.join(ROUTERS)}")
+        if self.name not in (*ROUTERS, RECORDED):
+            raise SimulationError(f"unknown router {self.name!r}; known: {', '.join((*ROUTERS, RECORDED))}")
 
     @property
     def reads_replicas(self) -> bool:
@@ -206,6 +214,8 @@ def route(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: int,
     """
     if replicas < 1:
         raise SimulationError(f"a fleet needs at least one replica, got {replicas}")
+    if spec.name == RECORDED:
+        return Routing(recorded_replicas(trace, replicas))
     n = workload.n_requests
     blocks = workload.block.tolist() if spec.name.startswith("prefix") else []
     if spec.name == "round-robin":
@@ -234,16 +244,34 @@ def route(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: int,
     return _route_live(router, [(workloads[id(one)], one) for one in hps], policy, capacity, config, chosen)
 
 
+def recorded_replicas(trace: Trace, replicas: int) -> np.ndarray:
+    """The replica each request of a fleet of recordings went to (``trace.extra[REPLICA]``).
+
+    Raises
+    ------
+    SimulationError
+        A trace that is not a fleet of recordings, or one of more than ``replicas`` replicas.
+    """
+    replica = trace.extra.get(REPLICA)
+    if replica is None:
+        raise SimulationError(f"{RECORDED} routing replays the recordings of a fleet's servers "
+                              f"(kvprof fleet DIR1 DIR2 ...); {trace.source or 'this trace'} is none")
+    replica = np.asarray(replica, dtype=np.int64)
+    if replica.size and not 0 <= replica.min() <= replica.max() < replicas:
+        raise SimulationError(f"the recordings hold {int(replica.max()) + 1} replicas, not {replicas}")
+    return replica
+
+
 def _route_live(router: _Router, replicas: list[tuple[Workload, object]], policy: str, capacity: int,
                 config: SimConfig, chosen: np.ndarray) -> Routing:
     """Route while the replicas (each a workload and its hp file) run on the Python engine, each
     paused at every arrival."""
-    first: dict[int, _Replay] = {}  # per workload, the replica whose columns the others share
+    first: dict[int, Replay] = {}  # per workload, the replica whose columns the others share
     runs = []
     for workload, hp in replicas:
         gpu = PrefixCache(make_policy(policy, hp, capacity), capacity)
         shared = first.get(id(workload))
-        runs.append(shared.over(gpu) if shared else _Replay(workload, gpu, None, config, [(0.0, capacity)], None))
+        runs.append(shared.over(gpu) if shared else Replay(workload, gpu, None, config, [(0.0, capacity)], None))
         first.setdefault(id(workload), runs[-1])
     arrival = replicas[0][0].arrival.tolist()
     n = len(arrival)
@@ -268,7 +296,8 @@ class FleetRun:
     """One configuration's outcome: per replica its metrics under the policy and under Belady.
 
     Invariant: ``runs`` and ``bounds`` have one entry per replica, in replica order; ``qttft``
-    holds the modelled queued TTFT of every served request of the fleet.
+    holds the modelled queued TTFT of every served request of the fleet (none on ``timing``
+    ``recorded``: the servers' own schedule, which models no queueing).
     """
 
     router: str
@@ -280,6 +309,7 @@ class FleetRun:
     qttft: np.ndarray = field(repr=False)
     live_hits: tuple[int, ...] | None = None
     hp_per_replica: bool = False
+    timing: str = "model"
 
     @property
     def fleet_token_hit_ratio(self) -> float:
@@ -308,6 +338,7 @@ class FleetRun:
             "policy": self.policy,
             "hp": "per-replica" if self.hp_per_replica else "fleet",
             "router": self.router,
+            "timing": self.timing,
             "replicas": self.replicas,
             "capacity": self.capacity,
             "n_requests": sum(run.n_requests for run in self.runs),
@@ -344,6 +375,9 @@ def run_fleet(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: 
     from kvprof.core.engine import run as replay_compiled  # numba is imported only when a replay runs
 
     config = _model_timed(config)
+    if spec.name == RECORDED:  # the servers' own timing where the trace has it, as compare's --timing auto
+        config = dataclasses.replace(config, timing=resolve_timing("auto", trace, config.engine_block_size,
+                                                                   config.rate_scale))
     hps = list(replica_hps or [hp] * replicas)
     routing = route(trace, workload, hp, spec, replicas, policy, capacity, config, hps)
     runs, bounds, qttft = [], [], []
@@ -354,13 +388,17 @@ def run_fleet(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: 
             if share is None:
                 out.append(_idle(name, capacity))
                 continue
+            if config.timing == "recorded":  # no modelled queueing: no QTTFT to pool
+                out.append(simulate(share, make_policy(name, replica_hp, capacity), capacity, config))
+                continue
             outcome = replay_compiled(share, make_policy(name, replica_hp, capacity), None, config,
                                       [(0.0, capacity)])
             out.append(metrics(share, config.cost, name, capacity, **outcome))
             if name == policy:
                 qttft.append(outcome["qttft"])
     return FleetRun(spec.name, policy, replicas, capacity, tuple(runs), tuple(bounds),
-                    np.concatenate(qttft) if qttft else np.empty(0), routing.live_hits, replica_hps is not None)
+                    np.concatenate(qttft) if qttft else np.empty(0), routing.live_hits, replica_hps is not None,
+                    config.timing)
 
 
 def replica_shares(fit_window: Trace, spec: RouterSpec, replicas: int, capacity: int,
@@ -376,16 +414,14 @@ def replica_shares(fit_window: Trace, spec: RouterSpec, replicas: int, capacity:
 
 
 def fit_per_replica(fit_window: Trace, spec: RouterSpec, replicas: int, capacity: int, config: SimConfig,
-                    fallback) -> tuple:
-    """One hp file per replica, fitted on its :func:`replica_shares` share and tuned for
-    ``capacity``, as ``compare`` fits and tunes one on the whole window; ``fallback`` for a
-    replica the router sent nothing."""
-    from kvprof.profiler.fit import fit_trace
-    from kvprof.sim.tune import tune
-
+                    fallback, fit: Callable[[Trace], HpFile]) -> tuple:
+    """One hp file per replica, ``fit`` (the profiler's ``fit_trace``, which ``sim`` does not
+    import: docs/CONTRACTS.md) on its :func:`replica_shares` share and tuned for ``capacity``, as
+    ``compare`` fits and tunes one on the whole window; ``fallback`` for a replica the router sent
+    nothing."""
     config = _model_timed(config)
     shares = replica_shares(fit_window, spec, replicas, capacity, config)
-    return tuple(routed(tune(fit_trace(share), share, [capacity], config), spec, replicas, j)
+    return tuple(routed(tune(fit(share), share, [capacity], config), spec, replicas, j)
                  if share is not None else fallback for j, share in enumerate(shares))
 
 

@@ -7,21 +7,32 @@ the scheduler first gave it its blocks (``scheduled``) and when it freed them (`
 :func:`resolve_timing` and :func:`recorded_times` say whether, and why not, a replay can run on
 it. The replay on it is :mod:`kvprof.sim.timed`'s; this module holds only the data, so the
 workload and the replay both import it and neither imports the other.
+
+The recordings of several servers are one fleet trace (:func:`fleet_trace`, ``kvprof fleet DIR1
+DIR2 ...``): their requests on one clock, each with the replica that received it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvprof.profiler.reuse import next_access
+from kvprof.profiler.trace import Trace
+from kvprof.recording import CHAT_IDS_PER_START, FILE, Recording, RecordingError
 from kvprof.sim.cache import NO_BLOCK as NONE
 from kvprof.sim.config import SimulationError
 
 #: Trace fields a recording adds (seconds, the timestamps' clock).
 SCHEDULED, FINISHED = "scheduled", "finished"
+#: The field of a fleet trace saying which replica (server, and data-parallel rank of it) received a request.
+REPLICA = "replica"
 
 
 @dataclass(frozen=True, eq=False)
@@ -218,3 +229,100 @@ def _seconds(trace, name: str) -> np.ndarray:
 
 def _request(trace, i: int) -> str:
     return f"request {int(trace.chat_id[i])}" + (f" of {trace.source}" if trace.source else "")
+
+
+@dataclass(frozen=True)
+class FleetTrace:
+    """The recordings of a fleet's servers as one trace.
+
+    Invariant: ``trace.extra[REPLICA][i]`` is the replica that received request ``i``, in
+    ``range(len(replicas))``; ``replicas[k]`` names replica ``k`` (its recording and rank).
+    """
+
+    trace: Trace
+    replicas: tuple[str, ...]
+
+
+def fleet_trace(parts: Sequence[tuple[str, Trace, Recording]]) -> FleetTrace:
+    """One trace of the recordings ``(directory, trace read from it, its recording.json)`` of a
+    fleet's servers: every request on the clock of the earliest ``origin``, chat ids kept apart,
+    with the replica that received it in ``extra[REPLICA]``: each recording's data-parallel ranks
+    (one for a server without data parallelism), in the order given.
+
+    Raises
+    ------
+    RecordingError
+        A recording at another block size or of another model than the first's (naming its
+        ``recording.json`` and the field), or one directory given twice.
+    """
+    first_dir, first_trace, first = parts[0]
+    model = first.starts[0].model
+    seen: dict[str, str] = {}
+    for directory, trace, recording in parts:
+        where = f"{directory}/{FILE}"
+        real = os.path.realpath(directory)
+        if real in seen:
+            raise RecordingError(where, f"is the recording {seen[real]} again: give each server's recording once")
+        seen[real] = directory
+        if recording.block_size != first.block_size:
+            raise RecordingError(where, f"{recording.block_size}-token blocks, but {first_dir} recorded "
+                                        f"{first.block_size}-token blocks: the servers of one fleet hash the same "
+                                        f"blocks (the same --block-size)", where="block_size")
+        for i, start in enumerate(recording.starts):
+            if start.model != model:
+                raise RecordingError(where, f"the server served {start.model!r}, but {first_dir} served {model!r}: "
+                                            f"one fleet serves one model", where=f"starts[{i}].model")
+    origin = min(recording.origin for _, _, recording in parts)
+    names: list[str] = []
+    replica, shifted = [], []
+    chat_base = 0
+    for directory, trace, recording in parts:
+        # each rank of a data-parallel server is a replica of its own (its own scheduler and cache)
+        replica.append(len(names) + np.searchsorted(recording.ranks, trace.extra["rank"]))
+        names += [directory + (f" rank {rank}" if len(recording.ranks) > 1 else "") for rank in recording.ranks]
+        shifted.append(_on_clock(trace, recording.origin - origin, chat_base))
+        chat_base += len(recording.starts) * CHAT_IDS_PER_START
+    merged = _concatenate(shifted, first_trace)
+    merged = dataclasses.replace(merged, extra={**merged.extra, REPLICA: np.concatenate(replica).astype(np.int64)})
+    return FleetTrace(merged.select(np.argsort(merged.timestamp, kind="stable")), tuple(names))
+
+
+def _on_clock(trace: Trace, shift: float, chat_base: int) -> Trace:
+    """``trace`` with its times ``shift`` seconds later and its chat ids ``chat_base`` higher."""
+    extra = dict(trace.extra)
+    for name in (SCHEDULED, FINISHED):
+        if name in extra:
+            column = extra[name]
+            extra[name] = column + shift if column.dtype.kind == "f" else np.array(
+                [None if v is None or type(v) not in (int, float) else v + shift for v in column.tolist()],
+                dtype=object)  # a bad value stays for recorded_times to name
+    parent = trace.parent_chat_id
+    return dataclasses.replace(trace, timestamp=trace.timestamp + shift, chat_id=trace.chat_id + chat_base,
+                               parent_chat_id=np.where(parent >= 0, parent + chat_base, parent),
+                               window=(trace.window[0] + shift, trace.window[1] + shift), extra=extra)
+
+
+def _concatenate(traces: list[Trace], first: Trace) -> Trace:
+    """The requests of ``traces`` one after another (not yet in arrival order), types and extra
+    fields joined (a field one trace lacks is None there)."""
+    type_names = tuple(dict.fromkeys(name for trace in traces for name in trace.type_names))
+    codes = [np.array([type_names.index(name) for name in trace.type_names], dtype=np.int32)[trace.type_code]
+             for trace in traces]
+    fields = dict.fromkeys(name for trace in traces for name in trace.extra)
+    extra = {name: np.concatenate([trace.extra[name] if name in trace.extra else
+                                   np.full(trace.n_requests, None, dtype=object) for trace in traces])
+             for name in fields}
+    lengths = np.concatenate([trace.n_blocks_per_request for trace in traces])
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+
+    def joined(column: str) -> np.ndarray:
+        return np.concatenate([getattr(trace, column) for trace in traces])
+
+    return dataclasses.replace(
+        first, timestamp=joined("timestamp"), input_length=joined("input_length"),
+        output_length=joined("output_length"), chat_id=joined("chat_id"), parent_chat_id=joined("parent_chat_id"),
+        type_code=np.concatenate(codes), type_names=type_names, turn=joined("turn"), hash_offsets=offsets,
+        hash_ids=joined("hash_ids"), source=" + ".join(trace.source for trace in traces),
+        sha256=hashlib.sha256("".join(trace.sha256 for trace in traces).encode()).hexdigest(),
+        window=(min(trace.window[0] for trace in traces), max(trace.window[1] for trace in traces)), extra=extra)
