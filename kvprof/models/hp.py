@@ -22,6 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
+from kvprof import registry
 from kvprof.atomic import atomic_write_text
 from kvprof.cells import CLASS_FEATURE, PROMPT_FEATURE, TIER_EDGES, TURN_FEATURE, CellRule, field_name_problem
 from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule, is_name_text
@@ -53,8 +54,9 @@ PUBLISHED_TURN_CAP = MAX_TURN_CAP
 #: The published policy's rule for classes it has no entry for: lambda 0, p 1 (scores 0).
 PUBLISHED_DEFAULT_P, PUBLISHED_DEFAULT_LAMBDA = 1.0, 0.0
 
-#: Candidate orders a tuned file may start the ``wa`` policy on (:mod:`kvprof.policy.wa`).
-CANDIDATES = ("lru", "model", "segmented", "frequency", "strict-frequency", "s3fifo", "learned")
+#: Candidate orders a tuned file may start the ``wa`` policy on (:mod:`kvprof.policy.wa`): its row
+#: orders, then the policies registered as its candidates (:func:`kvprof.registry.candidates`).
+CANDIDATES = ("lru", "model", "segmented", "frequency", "strict-frequency", *registry.candidates())
 
 _DIAGNOSTIC_COUNTS = ("n_accesses", "n_reuses", "n_censored")
 _DIAGNOSTIC_STATS = ("ks", "mean_gap_s", "median_gap_s")
