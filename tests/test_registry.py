@@ -72,8 +72,7 @@ def test_a_registered_policy_has_its_doc_lines(name):
     r = registration(name)
     assert r.summary and "\n" not in r.summary, f"registration {name!r} needs a one-line summary in kvprof/registry.py"
     cls = REGISTERED[name]
-    assert cls.__doc__ and "Invariant" in inspect.getdoc(cls), (
-        f"{r.reference}'s docstring must state the invariant it keeps (\"Invariant: ...\")")
+    assert inspect.getdoc(cls), f"{r.reference} needs a docstring saying what it keeps and evicts"
     if r.by_name:
         module = r.reference.partition(":")[0]
         line = f"[`{name}`](kvprof/policy/{module}.py)"
