@@ -77,7 +77,8 @@ def _core(policy: EvictionPolicy, n_blocks: int):
     name = TWINS[type(policy)]
     kind = module(name)
     core = new_core(KIND[name], n_blocks, *kind.lists(policy))
-    kind.configure(core, policy)
+    if hasattr(kind, "configure"):  # a kind with parameters
+        kind.configure(core, policy)
     return core
 
 

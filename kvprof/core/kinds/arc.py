@@ -18,9 +18,6 @@ def lists(policy) -> tuple[int, int]:
     return 2, 2
 
 
-def configure(core, policy) -> None:
-    """Nothing to set."""
-
 
 @njit(cache=True)
 def init(core):

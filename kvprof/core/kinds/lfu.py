@@ -20,9 +20,6 @@ def lists(policy) -> tuple[int, int]:
     return 2, 0
 
 
-def configure(core, policy) -> None:
-    """Nothing to set."""
-
 
 @njit(cache=True)
 def init(core):

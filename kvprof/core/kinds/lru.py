@@ -17,9 +17,6 @@ def lists(policy) -> tuple[int, int]:
     return 1, 0
 
 
-def configure(core, policy) -> None:
-    """Nothing to set."""
-
 
 @njit(cache=True, inline="always")
 def free(core, block):

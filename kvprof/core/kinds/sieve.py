@@ -19,9 +19,6 @@ def lists(policy) -> tuple[int, int]:
     return 1, 0
 
 
-def configure(core, policy) -> None:
-    """Nothing to set."""
-
 
 @njit(cache=True)
 def init(core):
