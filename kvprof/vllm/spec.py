@@ -44,7 +44,8 @@ from kvprof import registry
 from kvprof.errors import KvprofError
 from kvprof.limits import SECONDS, Bound, _shown
 
-__doc__ = __doc__.replace("NO_HP_POLICIES", ", ".join(f"``{r.name}``" for r in registry.live() if not r.needs_hp))
+if __doc__:  # the policies that need no hp file, from the registry (none under python -OO)
+    __doc__ = __doc__.replace("NO_HP_POLICIES", ", ".join(f"``{r.name}``" for r in registry.live() if not r.needs_hp))
 
 
 def policy_help() -> str:
