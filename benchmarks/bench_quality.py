@@ -6,7 +6,7 @@ For each trace the published workflow runs as `kvprof compare` runs it without -
 on the fit window (and tune wa for the suite's capacities on it), replay the evaluation window
 under every policy at four capacities, from small (LRU's token hit ratio near 0.1) to large.
 The table gives, per trace and capacity, each policy's token hit ratio, wa's gain over the best
-baseline (the most of lru, lfu, s3fifo, arc and wa-paper) and wa's share of the gap from that
+baseline (the most of lru, lfu, s3fifo, arc, sieve and wa-paper) and wa's share of the gap from that
 baseline to Belady; then the issue's targets, each met or missed. The JSON file holds the same.
 
 Traces: ../shared/traces/weka-agents-dev (fit 0:3600, compare 3600:, 64-token blocks) and
@@ -42,7 +42,7 @@ from kvprof.sim.sample import hit_ratio_error
 from kvprof.sim.sweep import run_sweep
 from kvprof.sim.tune import tune
 
-BASELINES = ("lru", "lfu", "s3fifo", "arc", "wa-paper")
+BASELINES = ("lru", "lfu", "s3fifo", "arc", "sieve", "wa-paper")
 POLICIES = (*BASELINES, "wa", "belady")
 REPO = Path(__file__).resolve().parent.parent
 

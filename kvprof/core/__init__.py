@@ -6,8 +6,9 @@ keeps its state in numpy arrays inside numba structrefs and makes the same decis
 (:mod:`kvprof.core.engine`); :class:`kvprof.core.twin.CompiledTwin` puts a twin behind the
 :class:`~kvprof.policy.base.EvictionPolicy` interface.
 
-Layout: :mod:`~kvprof.core.structs` (linked lists, heap), :mod:`~kvprof.core.policies` (one
-core per single-structure policy), :mod:`~kvprof.core.policy` (``wa``'s followed cores, shadows
+Layout: :mod:`~kvprof.core.structs` (linked lists, heap), :mod:`~kvprof.core.kinds` (one module
+per twin: its state and rules), :mod:`~kvprof.core.policies` (the core struct of every kind and
+the dispatch of its operations), :mod:`~kvprof.core.policy` (``wa``'s followed cores, shadows
 and leader around a core), :mod:`~kvprof.core.build` (twins from reference instances),
 :mod:`~kvprof.core.tiers` (GPU and CPU tiers), :mod:`~kvprof.core.engine` (the replay loop).
 
@@ -15,7 +16,7 @@ Compiled code is cached on disk beside these modules (numba's ``cache=True``): t
 after installing compiles it once (about a minute on two cores), later processes load it.
 numba checks a cached function against its own file only, while these functions share struct
 types across files, so importing this package drops every cached function older than the
-newest of its sources (:func:`drop_stale_caches`). This module imports no numba, so asking
+newest of its sources and of the registry that numbers the kinds (:func:`drop_stale_caches`). This module imports no numba, so asking
 :func:`has_twin` costs nothing.
 """
 
@@ -23,14 +24,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvprof.policy import (
-    ARCPolicy, BeladyPolicy, LFUPolicy, LRUPolicy, PublishedWorkloadAwarePolicy, S3FIFOPolicy, WorkloadAwarePolicy,
-)
-from kvprof.policy.learned import LearnedPolicy
+from kvprof.policy import REGISTERED
 
-#: Reference classes that have a compiled twin (every registered class, and wa's learned candidate).
-TWIN_CLASSES = (LRUPolicy, LFUPolicy, S3FIFOPolicy, ARCPolicy, BeladyPolicy, PublishedWorkloadAwarePolicy,
-                WorkloadAwarePolicy, LearnedPolicy)
+#: Reference classes that have a compiled twin: every registered class (:data:`kvprof.registry.REGISTERED`).
+TWIN_CLASSES = tuple(dict.fromkeys(REGISTERED.values()))
+#: Sources whose change makes every cached function stale besides the package's own: the registry
+#: numbers the kinds the dispatch compares with.
+REGISTRY_SOURCE = Path(__file__).parent.parent / "registry.py"
 
 
 def has_twin(policy) -> bool:
@@ -38,8 +38,9 @@ def has_twin(policy) -> bool:
     return type(policy) in TWIN_CLASSES
 
 
-def drop_stale_caches(package: Path = Path(__file__).parent) -> None:
-    """Delete numba's cache files of ``package`` older than the newest ``package/*.py``.
+def drop_stale_caches(package: Path = Path(__file__).parent, also: tuple[Path, ...] = ()) -> None:
+    """Delete numba's cache files of ``package`` and its subpackages older than the newest of
+    their ``*.py`` files and of ``also``.
 
     After an edit or a ``git pull`` that changes one module (a struct's fields, say), functions
     of the other modules cached against the old layout would otherwise load and misbehave. The
@@ -47,8 +48,10 @@ def drop_stale_caches(package: Path = Path(__file__).parent) -> None:
     written or ``NUMBA_CACHE_DIR`` says so (:func:`cache_directories`). A cache directory that
     cannot be written is left alone.
     """
-    newest = max((source.stat().st_mtime for source in package.glob("*.py")), default=0.0)
-    for directory in cache_directories(package):
+    packages = [package, *(init.parent for init in sorted(package.glob("*/__init__.py")))]
+    sources = [source for directory in packages for source in directory.glob("*.py")]
+    newest = max((source.stat().st_mtime for source in [*sources, *also] if source.exists()), default=0.0)
+    for directory in (cache for directory in packages for cache in cache_directories(directory)):
         for cached in directory.glob("*.nb[ic]"):
             try:
                 if cached.stat().st_mtime < newest:
@@ -70,4 +73,4 @@ def cache_directories(package: Path) -> list[Path]:
     return [package / "__pycache__", *(Path(root) / subpath for root in roots if root)]
 
 
-drop_stale_caches()
+drop_stale_caches(also=(REGISTRY_SOURCE,))

@@ -38,27 +38,19 @@ def copy_core(s):
     c.size = s.size
     c.q = copy_lists(s.q)
     c.g = copy_lists(s.g)
-    c.count = s.count.copy()
-    c.flag = s.flag.copy()
     c.content = s.content.copy()
     c.stamp = s.stamp.copy()
-    c.pushed = s.pushed.copy()
     c.depth = s.depth.copy()
     c.row = s.row.copy()
-    c.next_use = s.next_use.copy()
-    c.heap = copy_heap(s.heap)
-    c.live = s.live.copy()
-    c.freed = s.freed
-    c.ghost_value = s.ghost_value.copy()
-    c.small_ratio = s.small_ratio
-    c.ghost_ratio = s.ghost_ratio
-    c.max_freq = s.max_freq
-    c.most_evictable = s.most_evictable
-    c.target = s.target
     c.n_rows = s.n_rows
+    c.default_row = s.default_row
+    c.most_evictable = s.most_evictable
+    c.pushed = s.pushed.copy()
+    c.wa_hits = s.wa_hits.copy()
+    c.wa_pinned = s.wa_pinned.copy()
+    c.ghost_value = s.ghost_value.copy()
     c.n_cells = s.n_cells
     c.n_tiers = s.n_tiers
-    c.default_row = s.default_row
     c.wa = s.wa
     c.stamps_allocation = s.stamps_allocation
     c.stamps_free = s.stamps_free
@@ -83,6 +75,21 @@ def copy_core(s):
     c.key0 = s.key0.copy()
     c.key1 = s.key1.copy()
     c.key2 = s.key2.copy()
+    c.lfu_count = s.lfu_count.copy()
+    c.lfu_listed = s.lfu_listed.copy()
+    c.lfu_heap = copy_heap(s.lfu_heap)
+    c.s3fifo_freq = s.s3fifo_freq.copy()
+    c.s3fifo_in_main = s.s3fifo_in_main.copy()
+    c.s3fifo_small_ratio = s.s3fifo_small_ratio
+    c.s3fifo_ghost_ratio = s.s3fifo_ghost_ratio
+    c.s3fifo_max_freq = s.s3fifo_max_freq
+    c.arc_in_t2 = s.arc_in_t2.copy()
+    c.arc_target = s.arc_target
+    c.belady_next_use = s.belady_next_use.copy()
+    c.belady_live = s.belady_live.copy()
+    c.belady_heap = copy_heap(s.belady_heap)
+    c.belady_freed = s.belady_freed
+    c.learned_hits = s.learned_hits.copy()
     c.learned_bias = s.learned_bias
     c.learned_cell = s.learned_cell.copy()
     c.learned_tier = s.learned_tier.copy()
@@ -90,6 +97,8 @@ def copy_core(s):
     c.learned_tail = s.learned_tail.copy()
     c.learned_edges = s.learned_edges.copy()
     c.learned_credit = s.learned_credit
+    c.sieve_visited = s.sieve_visited.copy()
+    c.sieve_hand = s.sieve_hand
     return c
 
 

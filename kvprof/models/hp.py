@@ -26,6 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
+from kvprof import registry
 from kvprof.atomic import atomic_write_text
 from kvprof.cells import TIER_EDGES, CellRule
 from kvprof.classes import MAX_TURN_CAP, ClassRule
@@ -61,8 +62,9 @@ PUBLISHED_TURN_CAP = MAX_TURN_CAP
 #: The published policy's rule for classes it has no entry for: lambda 0, p 1 (scores 0).
 PUBLISHED_DEFAULT_P, PUBLISHED_DEFAULT_LAMBDA = 1.0, 0.0
 
-#: Candidate orders a tuned file may start the ``wa`` policy on (:mod:`kvprof.policy.wa`).
-CANDIDATES = ("lru", "model", "segmented", "frequency", "strict-frequency", "s3fifo", "learned")
+#: Candidate orders a tuned file may start the ``wa`` policy on (:mod:`kvprof.policy.wa`): its row
+#: orders, then the policies registered as its candidates (:func:`kvprof.registry.candidates`).
+CANDIDATES = ("lru", "model", "segmented", "frequency", "strict-frequency", *registry.candidates())
 
 
 def _json_default(value):

@@ -1,25 +1,40 @@
 """Eviction policies, one module each, behind :class:`kvprof.policy.base.EvictionPolicy`.
 
-``POLICIES`` maps each command-line name to its class; :func:`make_policy` builds one by name.
+``POLICIES`` maps each command-line name to its class, in the order of :data:`kvprof.registry.REGISTERED`
+(where a policy is registered); :func:`make_policy` builds one by name; :func:`live_policies` are
+those a server can run.
 """
 
 from __future__ import annotations
 
+import importlib
+
+from kvprof import registry
 from kvprof.policy.arc import ARCPolicy
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.belady import BeladyPolicy
 from kvprof.policy.lfu import LFUPolicy
 from kvprof.policy.lru import LRUPolicy
 from kvprof.policy.s3fifo import S3FIFOPolicy
+from kvprof.policy.sieve import SIEVEPolicy
 from kvprof.policy.wa import WorkloadAwarePolicy
 from kvprof.policy.wa_paper import PublishedWorkloadAwarePolicy
 
-POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls
-    for cls in (
-        LRUPolicy, WorkloadAwarePolicy, PublishedWorkloadAwarePolicy, LFUPolicy, S3FIFOPolicy, ARCPolicy, BeladyPolicy
-    )
-}
+
+def reference_class(registration: registry.Registration) -> type[EvictionPolicy]:
+    """The reference class a registration names (``"module:Class"`` under ``kvprof.policy``)."""
+    module, _, name = registration.reference.partition(":")
+    return getattr(importlib.import_module(f"kvprof.policy.{module}"), name)
+
+
+#: Every registered class by its name, those built only by another policy (``learned``) included.
+REGISTERED: dict[str, type[EvictionPolicy]] = {r.name: reference_class(r) for r in registry.REGISTERED}
+POLICIES: dict[str, type[EvictionPolicy]] = {r.name: REGISTERED[r.name] for r in registry.by_name()}
+
+
+def live_policies() -> list[str]:
+    """The policies a live server can run: every named one that does not need the future."""
+    return [r.name for r in registry.live()]
 
 
 def make_policy(name: str, hp=None, capacity: int | None = None, **kwargs) -> EvictionPolicy:
@@ -56,6 +71,7 @@ def make_policy(name: str, hp=None, capacity: int | None = None, **kwargs) -> Ev
 
 __all__ = [
     "POLICIES",
+    "REGISTERED",
     "ARCPolicy",
     "BeladyPolicy",
     "EvictionPolicy",
@@ -63,6 +79,9 @@ __all__ = [
     "LRUPolicy",
     "PublishedWorkloadAwarePolicy",
     "S3FIFOPolicy",
+    "SIEVEPolicy",
     "WorkloadAwarePolicy",
+    "live_policies",
     "make_policy",
+    "reference_class",
 ]

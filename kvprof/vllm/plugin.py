@@ -35,7 +35,9 @@ import logging
 import os
 import time
 
-from kvprof.vllm.spec import CONFIG_KEY, DEFAULT_POLICY, FLAG_OF, KvPolicyConfigError, PolicySpec, check_version
+from kvprof.vllm.spec import (
+    CONFIG_KEY, FLAG_OF, KvPolicyConfigError, PolicySpec, check_version, policy_help,
+)
 
 _installed = False
 
@@ -94,9 +96,7 @@ FLAGS = (
      "kvprof hyperparameter file (from `kvprof fit`); serve with kvprof's eviction policy. Same as "
      "--additional-config '{\"kv_policy\": {\"config\": PATH}}'. Requests name their workload with vllm_xargs "
      "{\"workload\": \"text_2\"} or {\"type\": \"text\", \"turn\": 2}."),
-    ("policy", "NAME",
-     f"Eviction policy to serve: {DEFAULT_POLICY} (the default with --kv-policy-config) or wa-paper, which need "
-     "--kv-policy-config; lru, lfu, s3fifo, arc, which need none."),
+    ("policy", "NAME", policy_help()),
     ("mode", "{enforce,shadow}",
      "enforce (default): the policy evicts. shadow: vLLM's own eviction stays, and the policy runs beside it on "
      "block hashes only; the metrics and the log say what it would have hit."),

@@ -17,8 +17,8 @@ The configuration (every key optional; ``vllm serve`` flags in brackets)::
         "log_interval_s": 300,        # [--kv-log-interval] seconds between hit-ratio log lines; 0: never
     }}
 
-``policy`` defaults to ``wa`` when ``config`` is given; a policy that needs no hp file (``lru``,
-``lfu``, ``s3fifo``, ``arc``) may omit ``config``. ``record`` alone records and leaves vLLM's
+``policy`` defaults to ``wa`` when ``config`` is given; a policy that needs no hp file (NO_HP_POLICIES)
+may omit ``config``. ``record`` alone records and leaves vLLM's
 eviction untouched (a new user's first step). Anything wrong -- unknown keys, a missing or invalid
 file, an unknown policy, a bad number -- raises :class:`KvPolicyConfigError`; there is no silent
 fall-back to vLLM's LRU.
@@ -40,8 +40,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvprof import registry
 from kvprof.errors import KvprofError
 from kvprof.limits import SECONDS, Bound, _shown
+
+if __doc__:  # the policies that need no hp file, from the registry (none under python -OO)
+    __doc__ = __doc__.replace("NO_HP_POLICIES", ", ".join(f"``{r.name}``" for r in registry.live() if not r.needs_hp))
+
+
+def policy_help() -> str:
+    """``--kv-policy``'s help: the live policies of :mod:`kvprof.registry`, those that need an hp file first."""
+    with_hp = [r.name for r in registry.live() if r.needs_hp and r.name != DEFAULT_POLICY]
+    alone = [r.name for r in registry.live() if not r.needs_hp]
+    return (f"Eviction policy to serve: {DEFAULT_POLICY} (the default with --kv-policy-config) or {', '.join(with_hp)}, "
+            f"which need --kv-policy-config; {', '.join(alone)}, which need none.")
+
 
 #: Key of ``additional_config`` that holds kvprof's settings.
 CONFIG_KEY = "kv_policy"
@@ -159,10 +172,9 @@ class PolicySpec:
         if unknown:
             raise KvPolicyConfigError(f"unknown key(s) {unknown}; known: {', '.join(_KEYS)}")
         path, record = _path(raw, "config"), _path(raw, "record")
-        from kvprof.policy import POLICIES
-
-        live = [known for known in POLICIES if known != "belady"]
-        name = _choice(raw, "policy", live, "belady")
+        live = [r.name for r in registry.live()]
+        offline = [r.name for r in registry.by_name() if r.offline]
+        name = _choice(raw, "policy", live, *offline)
         mode = _choice(raw, "mode", MODES) or "enforce"
         seconds = {key: _seconds(key, raw.get(key), setting) for key, setting in SECONDS_SETTINGS.items()}
         if raw.get("record_rotate_s") is not None and record is None:
@@ -179,8 +191,8 @@ class PolicySpec:
             return cls(policy=None, config=None, mode=mode, record=record, **seconds)
         from kvprof.policy import POLICIES
 
-        if name == "belady":
-            raise KvPolicyConfigError("policy 'belady' needs the future and cannot serve live traffic")
+        if name in offline:
+            raise KvPolicyConfigError(f"policy {name!r} needs the future and cannot serve live traffic")
         hp = sha256 = None
         if path is not None:
             hp, sha256 = load_spec_hp(path)

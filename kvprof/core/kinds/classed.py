@@ -1,0 +1,397 @@
+"""The twin of the policies with rows (:class:`kvprof.policy.classed.ClassedLRUPolicy`): ``wa-paper``
+(:class:`~kvprof.policy.wa_paper.PublishedWorkloadAwarePolicy`) and ``wa``'s rows
+(:class:`~kvprof.policy.wa.WorkloadAwarePolicy`, without its followed policies and shadows:
+:mod:`kvprof.core.policy`), hit counts and ghost.
+
+List ``r`` of the queue holds row ``r`` in free order; eviction merges the rows' heads by the
+row order's keys (``evict_n``). State: ``pushed`` (per block: the stamp it was freed with),
+``wa_hits`` (per block: hits since allocation, or since the content was last evicted and
+recalled), ``wa_pinned`` (per block: held by a running request, counted in ``held``),
+``ghost_value`` (per content: the hit count it was evicted with), the cells, tiers and row order,
+the fitted model's and the published score's tables, and ``key0..2`` (the sort key of each
+row's head). ``n_cells``, ``n_tiers`` and ``tier_of`` are read by :mod:`~kvprof.core.kinds.learned`
+too, with the same meaning.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, types
+
+from kvprof.core.structs import NONE, grown, holds, pop_front, push_back, unlink
+from kvprof.policy import orders
+
+#: Row orders of a core with rows (:mod:`kvprof.policy.orders`, and wa-paper's published score).
+ORDER_MODEL, ORDER_RECENCY, ORDER_FREQUENCY, ORDER_PAPER, ORDER_SEGMENTED = range(5)
+
+FIELDS = [
+    ("pushed", types.float64[:]), ("wa_hits", types.int64[:]), ("wa_pinned", types.boolean[:]),
+    ("ghost_value", types.int64[:]),
+    ("n_cells", types.int64), ("n_tiers", types.int64),
+    ("wa", types.boolean), ("stamps_allocation", types.boolean), ("stamps_free", types.boolean),
+    ("class_follows_hits", types.boolean),
+    ("order", types.int64), ("beta", types.float64), ("adaptive", types.boolean), ("step", types.float64),
+    ("beta_max", types.float64), ("learns", types.boolean),
+    ("model_p", types.float64[:]), ("model_k", types.int64[:]), ("model_weight", types.float64[:, :]),
+    ("model_rate", types.float64[:, :]), ("model_within", types.float64[:, :]),
+    ("paper_scale", types.float64[:]), ("paper_lam", types.float64[:]),
+    ("tier_of", types.int64[:]), ("ghosts_by_tier", types.int64[:]), ("held", types.int64), ("most", types.int64),
+    ("key0", types.float64[:]), ("key1", types.float64[:]), ("key2", types.float64[:]),
+]
+
+
+def lists(policy) -> tuple[int, int]:
+    return policy.n_classes, 1
+
+
+def configure(core, policy) -> None:
+    """Rows, and wa-paper's published score or wa's cells, tiers, model and leading order."""
+    from kvprof.policy.wa_paper import PublishedWorkloadAwarePolicy
+
+    set_rows(core, policy._default, policy.stamps_allocation, policy.stamps_free, policy.class_follows_hits)
+    if isinstance(policy, PublishedWorkloadAwarePolicy):
+        set_paper(core, np.array(policy._scale, dtype=np.float64), np.array(policy._lam, dtype=np.float64))
+        return
+    set_wa(core, policy.n_cells, policy.n_tiers, tier_table(), *_model_table(policy._row_order("model")))
+    order = policy._orders[0]
+    if order is not None:
+        # Without shadows the leading order learns from the policy's own ghost (wa's _recall).
+        frequency = order if isinstance(order, orders.FrequencyOrder) else orders.FrequencyOrder(policy.n_tiers, 0.0)
+        set_order(core, order_kind(order), not policy._shadows, frequency.beta, frequency.adaptive,
+                  frequency.step, frequency.beta_max)
+
+
+def order_kind(order) -> int:
+    """The compiled row order of a reference order (:mod:`kvprof.policy.orders`)."""
+    if isinstance(order, orders.ModelOrder):
+        return ORDER_MODEL
+    if isinstance(order, orders.RecencyOrder):
+        return ORDER_RECENCY
+    if isinstance(order, orders.SegmentedOrder):
+        return ORDER_SEGMENTED
+    if isinstance(order, orders.FrequencyOrder):
+        return ORDER_FREQUENCY
+    raise TypeError(f"no compiled row order for {type(order).__name__}")
+
+
+def tier_table() -> np.ndarray:
+    """``orders.tier_of`` as a table (its last entry for any higher count)."""
+    return np.array([orders.tier_of(h) for h in range(orders.TIER_EDGES[-1] + 2)], dtype=np.int64)
+
+
+def _model_table(model: orders.ModelOrder) -> tuple:
+    """The model order's per-row floats (``ModelOrder._rows``), components of weight 0 left out:
+    ``p``, component counts, and weights, rates and P(within H) padded to one width."""
+    rows = model._rows
+    k = max([len(components) for _, components in rows] + [1])
+    table = np.zeros((3, len(rows), k))
+    for r, (_, components) in enumerate(rows):
+        for j, component in enumerate(components):
+            table[:, r, j] = component
+    return (np.array([p for p, _ in rows], dtype=np.float64),
+            np.array([len(components) for _, components in rows], dtype=np.int64),
+            *(np.ascontiguousarray(t) for t in table))
+
+
+@njit(cache=True)
+def init(core):
+    """Every parameter neutral (recency order, one cell, one tier); ``core.n_rows`` set already."""
+    n_lists = core.n_rows
+    core.pushed = np.zeros(0)
+    core.wa_hits = np.zeros(0, np.int64)
+    core.wa_pinned = np.zeros(0, np.bool_)
+    core.ghost_value = np.zeros(0, np.int64)
+    core.n_cells = 1
+    core.n_tiers = 1
+    core.wa = False
+    core.stamps_allocation = False
+    core.stamps_free = False
+    core.class_follows_hits = False
+    core.order = ORDER_RECENCY
+    core.beta = 0.0
+    core.adaptive = False
+    core.step = 0.0
+    core.beta_max = 0.0
+    core.learns = False
+    core.model_p = np.zeros(0)
+    core.model_k = np.zeros(0, np.int64)
+    core.model_weight = np.zeros((0, 0))
+    core.model_rate = np.zeros((0, 0))
+    core.model_within = np.zeros((0, 0))
+    core.paper_scale = np.zeros(0)
+    core.paper_lam = np.zeros(0)
+    core.tier_of = np.zeros(1, np.int64)
+    core.ghosts_by_tier = np.zeros(1, np.int64)
+    core.held = 0
+    core.most = 0
+    core.key0 = np.zeros(n_lists)
+    core.key1 = np.zeros(n_lists)
+    core.key2 = np.zeros(n_lists)
+
+
+@njit(cache=True)
+def reserve(core, n):
+    if n > len(core.pushed):
+        core.pushed = grown(core.pushed, n, -np.inf)
+        core.wa_hits = grown(core.wa_hits, n, 0)
+        core.wa_pinned = grown(core.wa_pinned, n, False)
+
+
+@njit(cache=True, inline="always")
+def free(core, block, now):
+    if core.stamps_free:
+        core.stamp[block] = now
+    core.pushed[block] = core.stamp[block]
+    push_back(core.q, core.row[block], block)
+
+
+@njit(cache=True)
+def freed(core, blocks, n):
+    """After ``blocks[:n]`` were freed: wa's pins released, the most blocks held or evictable."""
+    if not core.wa:
+        return
+    for i in range(n):
+        if core.wa_pinned[blocks[i]]:
+            core.wa_pinned[blocks[i]] = False
+            core.held -= 1
+    core.most = max(core.most, core.held + core.size)
+
+
+# -- classed: rows, wa's hit counts and ghost ---------------------------------------------------
+@njit(cache=True)
+def tier(core, hits):
+    """Reuse tier of ``hits`` (``orders.tier_of`` capped at the core's tiers)."""
+    table = core.tier_of
+    t = table[hits] if hits < len(table) else table[len(table) - 1]
+    return min(t, core.n_tiers - 1)
+
+
+@njit(cache=True)
+def access(core, block, now, workload, depth, hit, content):
+    if not core.wa:  # wa-paper
+        if not 0 <= workload <= core.default_row:
+            workload = core.default_row
+        if hit:
+            core.stamp[block] = now
+            if core.class_follows_hits:
+                core.row[block] = workload
+        else:
+            core.stamp[block] = now if core.stamps_allocation else -np.inf
+            core.row[block] = workload
+        core.depth[block] = depth
+        return
+    if not 0 <= workload < core.n_cells:
+        workload = core.n_cells - 1
+    if hit:
+        hits = core.wa_hits[block] + 1
+    else:
+        hits = _recall(core, content) if content >= 0 else 0
+        if content >= 0:
+            core.content[block] = content
+    core.wa_hits[block] = hits
+    core.row[block] = workload * core.n_tiers + tier(core, hits)
+    core.stamp[block] = now
+    core.depth[block] = depth
+    if not core.wa_pinned[block]:
+        core.wa_pinned[block] = True
+        core.held += 1
+
+
+@njit(cache=True)
+def _recall(core, content):
+    """Hit count of newly allocated content: one more than when it was evicted, if remembered."""
+    if not holds(core.g, content):
+        return 0
+    unlink(core.g, content)
+    evicted = core.ghost_value[content]
+    t = tier(core, evicted)
+    core.ghosts_by_tier[t] -= 1
+    if core.learns and core.order == ORDER_FREQUENCY and core.adaptive:
+        _ghost_hit(core, t)
+    return evicted + 1
+
+
+@njit(cache=True)
+def _ghost_hit(core, t):
+    """``FrequencyOrder.ghost_hit``: move beta as ARC moves its target."""
+    by_tier = core.ghosts_by_tier
+    fresh = by_tier[0]
+    reused = 0
+    for k in range(1, len(by_tier)):
+        reused += by_tier[k]
+    if t == 0:
+        core.beta = max(0.0, core.beta - core.step * max(1.0, reused / max(fresh, 1)))
+    else:
+        core.beta = min(core.beta_max, core.beta + core.step * max(1.0, fresh / max(reused, 1)))
+
+
+@njit(cache=True)
+def remember(core, victims, at, n):
+    """Put the victims' contents in wa's ghost with their hit counts, oldest forgotten first."""
+    g, by_tier = core.g, core.ghosts_by_tier
+    for i in range(at, at + n):
+        block = victims[i]
+        content = core.content[block]
+        if content < 0:
+            continue
+        core.content[block] = NONE
+        count = core.wa_hits[block]
+        if holds(g, content):
+            by_tier[tier(core, core.ghost_value[content])] -= 1
+            unlink(g, content)
+        push_back(g, 0, content)
+        core.ghost_value[content] = count
+        by_tier[tier(core, count)] += 1
+    while g.count[0] > core.most:
+        by_tier[tier(core, core.ghost_value[pop_front(g, 0)])] -= 1
+
+
+# -- classed: the merge of the row lists --------------------------------------------------------
+@njit(cache=True)
+def model_score(core, row, age):
+    """``ModelOrder.score``: P(reused within H | row, idle ``age`` s), operation for operation."""
+    p = core.model_p[row]
+    k = core.model_k[row]
+    if p <= 0.0 or k == 0:
+        return 0.0
+    rates, weights, within_h = core.model_rate[row], core.model_weight[row], core.model_within[row]
+    slowest = rates[0]
+    for j in range(1, k):
+        slowest = min(slowest, rates[j])
+    surviving = 0.0
+    within = 0.0
+    for j in range(k):
+        share = weights[j] * math.exp(-(rates[j] - slowest) * age) if rates[j] > slowest else weights[j]
+        surviving += share
+        within += share * within_h[j]
+    if p >= 1.0:
+        return within / surviving
+    exponent = (slowest * age if slowest > 0.0 else 0.0) - math.log(p) + math.log1p(-p)
+    return within / (math.exp(exponent) + surviving) if exponent < 700.0 else 0.0
+
+
+@njit(cache=True)
+def _score(core, row, stamp, now):
+    """First element of the sort key of a head of ``row`` pushed with ``stamp``."""
+    order = core.order
+    if order == ORDER_RECENCY:
+        return stamp
+    if order == ORDER_SEGMENTED:
+        return 1.0 if row % core.n_tiers else 0.0
+    age = now - stamp
+    if order == ORDER_FREQUENCY:
+        return core.beta * (row % core.n_tiers) - math.log(age + 1e-3 if age > 0.0 else 1e-3)
+    if age <= 0.0:
+        age = 0.0
+    if order == ORDER_MODEL:
+        return model_score(core, row, age)
+    scale = core.paper_scale[row]
+    return scale * math.exp(-core.paper_lam[row] * age) if scale else 0.0
+
+
+@njit(cache=True)
+def _set_key(core, row, block, score):
+    core.key0[row] = score
+    if core.order == ORDER_PAPER:  # (score, row): blocks freed together leave together
+        core.key1[row] = 0.0
+        core.key2[row] = 0.0
+    elif core.order == ORDER_SEGMENTED:  # (segment, stamp, -depth, row)
+        core.key1[row] = core.pushed[block]
+        core.key2[row] = -float(core.depth[block])
+    else:  # (score, -depth, stamp, row): the deeper block, then the older access
+        core.key1[row] = -float(core.depth[block])
+        core.key2[row] = core.pushed[block]
+
+
+@njit(cache=True)
+def _before(core, r, s):
+    """Head of row ``r`` sorts before head of row ``s`` (keys end with the row)."""
+    if core.key0[r] != core.key0[s]:
+        return core.key0[r] < core.key0[s]
+    if core.key1[r] != core.key1[s]:
+        return core.key1[r] < core.key1[s]
+    if core.key2[r] != core.key2[s]:
+        return core.key2[r] < core.key2[s]
+    return r < s
+
+
+@njit(cache=True)
+def _merge(core, n, now, out, at):
+    """The greedy merge of the rows (``ClassFifos.merge``): ``n`` times the head with the lowest key.
+
+    Keys are computed once per head; a run of blocks pushed with one stamp shares its score, so
+    only a new stamp is scored again.
+    """
+    q = core.q
+    for r in range(core.n_rows):
+        if q.count[r]:
+            head = q.head[r]
+            _set_key(core, r, head, _score(core, r, core.pushed[head], now))
+    need = n
+    while need:
+        best = second = NONE
+        for r in range(core.n_rows):
+            if not q.count[r]:
+                continue
+            if best == NONE or _before(core, r, best):
+                best, second = r, best
+            elif second == NONE or _before(core, r, second):
+                second = r
+        while True:
+            block = pop_front(q, best)
+            out[at] = block
+            at += 1
+            need -= 1
+            core.size -= 1
+            if not need or not q.count[best]:
+                break
+            head = q.head[best]
+            stamp = core.pushed[head]
+            score = core.key0[best] if stamp == core.pushed[block] else _score(core, best, stamp, now)
+            _set_key(core, best, head, score)
+            if second != NONE and not _before(core, best, second):
+                break
+
+
+@njit(cache=True)
+def evict_n(core, n, now, out, at):
+    """``n`` victims into ``out[at:at + n]``; wa remembers their contents in its ghost."""
+    _merge(core, n, now, out, at)
+    if core.wa:
+        remember(core, out, at, n)
+
+
+# -- configuration (struct fields cannot be set from Python) ------------------------------------
+@njit(cache=True)
+def set_rows(core, default_row, stamps_allocation, stamps_free, class_follows_hits):
+    """The row rules (:class:`kvprof.policy.classed.ClassedLRUPolicy`)."""
+    core.default_row = default_row
+    core.row[:] = default_row
+    core.stamps_allocation, core.stamps_free, core.class_follows_hits = stamps_allocation, stamps_free, class_follows_hits
+
+
+@njit(cache=True)
+def set_paper(core, scale, lam):
+    """wa-paper's published score per class: ``scale e^(-lam age)``."""
+    core.order = ORDER_PAPER
+    core.paper_scale, core.paper_lam = scale, lam
+
+
+@njit(cache=True)
+def set_wa(core, n_cells, n_tiers, tier_of, model_p, model_k, model_weight, model_rate, model_within):
+    """wa's cells, tiers and fitted model (``ModelOrder``'s per-row floats)."""
+    core.wa = True
+    core.n_cells, core.n_tiers = n_cells, n_tiers
+    core.tier_of = tier_of
+    core.ghosts_by_tier = np.zeros(n_tiers, np.int64)
+    core.model_p, core.model_k = model_p, model_k
+    core.model_weight, core.model_rate, core.model_within = model_weight, model_rate, model_within
+
+
+@njit(cache=True)
+def set_order(core, order, learns, beta, adaptive, step, beta_max):
+    """The row order eviction follows, and whether it learns from this core's own ghost."""
+    core.order, core.learns = order, learns
+    core.beta, core.adaptive, core.step, core.beta_max = beta, adaptive, step, beta_max
