@@ -27,10 +27,11 @@ from kvprof.core.policies import (
     ORDER_FREQUENCY, core_access, core_contains, core_evict_n, core_free, core_remove, core_type, remember,
 )
 from kvprof.core.prefix_cache import (
-    allocate, cached_prefix, init_pool, make_room, n_free, pin_hits, pool_fields, register_pool_protocol, release,
-    reserve_contents, set_limit,
+    allocate, cached_prefix, init_pool, make_room, mark_pool, n_free, pin_hits, pool_fields, register_pool_protocol,
+    release, reserve_contents, set_limit,
 )
-from kvprof.core.structs import NONE, grown
+from kvprof.core.structs import NONE, grown, pop_front, push_back, unlink
+from kvprof.policy.shadow import CHAIN_MEMORY_CAPACITIES
 
 class ShadowType(structs.StructType):
     pass
@@ -82,8 +83,9 @@ policy_type = structs.struct(PolicyType, Policy, [
     # the shadows' sample of chains (kvprof.policy.shadow.ChainSample)
     ("sample_rate", types.float64),
     ("sample_below", types.uint64),
-    ("chain_of", types.int64[:]),  # content -> chain (NONE: never admitted)
+    ("chain_of", types.int64[:]),  # content -> chain (NONE: not remembered)
     ("continued", types.boolean[:]),  # content -> some request had a new content after it
+    ("chain_order", structs.lists_type),  # list 0: the remembered contents, in order of last admission
     ("n_chains", types.int64),
 ])
 
@@ -199,6 +201,7 @@ def new_policy(main, followed, order_kind, order_followed, shadows, leader):
     policy.sample_below = np.uint64(0)
     policy.chain_of = np.full(16, NONE, np.int64)
     policy.continued = np.zeros(16, np.bool_)
+    policy.chain_order = structs.new_lists(16, 1)
     policy.n_chains = 0
     return policy
 
@@ -298,7 +301,7 @@ def policy_admit(policy, seat, contents, n_lookup, n_blocks, now, workload):
     size = policy.capacity if policy.capacity else max(main.most, main.held + main.size)
     if n_blocks > len(policy.never):
         policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
-    if in_sample(policy, contents):
+    if in_sample(policy, contents, size):
         limit = scaled_size(size, policy.sample_rate)
         for shadow in shadows:
             if shadow.limit < limit:  # no capacity given: the most blocks seen
@@ -326,9 +329,9 @@ def scaled_size(size, rate):
 
 
 @njit(cache=True)
-def in_sample(policy, contents):
-    """``ChainSample.admits``: number the chain of a request admitted with ``contents``; whether
-    it is in the shadows' sample."""
+def in_sample(policy, contents, size):
+    """``ChainSample.admits``: number the chain of a request admitted with ``contents`` to a real
+    cache of ``size`` blocks; whether it is in the shadows' sample."""
     if policy.sample_rate >= 1.0:
         return True
     top = -1
@@ -337,11 +340,14 @@ def in_sample(policy, contents):
     if top >= len(policy.chain_of):
         policy.chain_of = grown(policy.chain_of, top + 1, NONE)
         policy.continued = grown(policy.continued, top + 1, False)
-    chain_of, continued = policy.chain_of, policy.continued
+        structs.reserve_ids(policy.chain_order, top + 1)
+    chain_of, continued, order = policy.chain_of, policy.continued, policy.chain_order
     chain = NONE
     for depth in range(len(contents)):
         content = contents[depth]
         if chain_of[content] != NONE:
+            unlink(order, content)
+            push_back(order, 0, content)
             continue
         if chain == NONE:
             if depth and not continued[contents[depth - 1]]:
@@ -352,12 +358,17 @@ def in_sample(policy, contents):
         if depth:
             continued[contents[depth - 1]] = True
         chain_of[content] = chain
+        push_back(order, 0, content)
     if chain == NONE:
         if len(contents):
             chain = chain_of[contents[len(contents) - 1]]
         else:
             chain = policy.n_chains
             policy.n_chains += 1
+    while order.count[0] > CHAIN_MEMORY_CAPACITIES * max(size, 1):  # ``chain_memory``
+        forgotten = pop_front(order, 0)
+        chain_of[forgotten] = NONE
+        continued[forgotten] = False
     return mixed(chain) < policy.sample_below
 
 
@@ -407,6 +418,33 @@ def lead(policy, index):
     policy.leader = index
     if policy.order_kind[index] != NONE:
         policy.main.order = policy.order_kind[index]
+
+
+@njit(cache=True)
+def mark_core(core, live):
+    """Mark in ``live`` (a flag per content number) the contents ``core`` holds: its blocks' and its ghosts'."""
+    for content in core.content:
+        if content != NONE:
+            live[content] = True
+    where = core.g.where
+    for content in range(min(len(where), len(live))):
+        if where[content] != NONE:
+            live[content] = True
+
+
+@njit(cache=True)
+def mark_policy(policy, live):
+    """Mark in ``live`` every content number ``policy`` holds: in its cores, shadows and chain sample."""
+    mark_core(policy.main, live)
+    for core in policy.followed:
+        mark_core(core, live)
+    for shadow in policy.shadows:
+        mark_pool(shadow, live)
+        mark_core(shadow.policy, live)
+    order = policy.chain_order
+    for content in range(min(len(order.where), len(live))):
+        if order.where[content] != NONE:
+            live[content] = True
 
 
 @njit(cache=True)

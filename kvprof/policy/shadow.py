@@ -15,6 +15,7 @@ sample, so they rank the candidates on the same traffic at a fraction of the cos
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 from kvprof.policy.base import EvictionPolicy
@@ -44,6 +45,16 @@ def mixed(number: int) -> int:
     return z ^ (z >> 31)
 
 
+#: :class:`ChainSample` remembers the chains of the contents of about this many real caches' worth of
+#: the latest admissions (a content not admitted since is forgotten: long evicted from any cache).
+CHAIN_MEMORY_CAPACITIES = 8
+
+
+def chain_memory(size: int) -> int:
+    """How many contents :class:`ChainSample` remembers for a real cache of ``size`` blocks."""
+    return CHAIN_MEMORY_CAPACITIES * max(size, 1)
+
+
 def sample_threshold(rate: float) -> int:
     """Mixed chain numbers below this are in a sample of ``rate``."""
     return min(int(rate * 2.0**64), _BITS)
@@ -69,9 +80,14 @@ class ChainSample:
     drawn independently. Numbers depend only on the order of admissions and on which contents
     are equal, so every implementation that sees the same requests draws the same sample.
 
-    Invariant: ``chain`` maps every content of an admitted request to the chain that first had
-    it; ``continued`` holds the contents after which some request had a new content; ``n_chains``
-    chains were numbered.
+    Memory is bounded by the real cache's size: only the :func:`chain_memory` contents admitted
+    last are remembered (a content forgotten is new again, and a conversation that comes back
+    after that many contents' worth of other traffic is drawn again, as a new chain).
+
+    Invariant: ``chain`` maps every content of the last ``chain_memory(size)`` distinct contents
+    admitted to the chain that first had it since it was last forgotten, in order of last
+    admission; ``continued`` holds those of them after which some request had a new content;
+    ``n_chains`` chains were numbered.
     """
 
     def __init__(self, rate: float = 1.0) -> None:
@@ -79,18 +95,20 @@ class ChainSample:
             raise ValueError(f"a shadow sample rate must lie in (0, 1], got {rate}")
         self.rate = float(rate)
         self.threshold = sample_threshold(self.rate)
-        self.chain: dict[Hashable, int] = {}
+        self.chain: OrderedDict[Hashable, int] = OrderedDict()
         self.continued: set[Hashable] = set()
         self.n_chains = 0
 
-    def admits(self, contents: Sequence[Hashable]) -> bool:
-        """Number the chain of a request admitted with ``contents``; whether it is in the sample."""
+    def admits(self, contents: Sequence[Hashable], size: int) -> bool:
+        """Number the chain of a request admitted with ``contents`` to a real cache of ``size``
+        blocks; whether it is in the sample."""
         if self.rate >= 1.0:
             return True
         chain_of, continued = self.chain, self.continued
         chain = None
         for depth, content in enumerate(contents):
             if content in chain_of:
+                chain_of.move_to_end(content)
                 continue
             if chain is None:
                 parent = contents[depth - 1] if depth else None
@@ -100,6 +118,8 @@ class ChainSample:
             chain_of[content] = chain
         if chain is None:
             chain = chain_of[contents[-1]] if len(contents) else self._new_chain()
+        while len(chain_of) > chain_memory(size):
+            continued.discard(chain_of.popitem(last=False)[0])
         return mixed(chain) < self.threshold
 
     def _new_chain(self) -> int:

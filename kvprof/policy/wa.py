@@ -42,9 +42,10 @@ FOLLOW_PERIOD_SHARE = 16
 #: (6,554 blocks) rank the candidates as full ones do and wa's hit ratio holds; at 0.05 it does
 #: not (-1.9 %). On weka's agent sessions, shadows of 8,192 blocks (rate 0.51 at 16,000 blocks,
 #: 0.82 at 10,000) cost wa 1.6 % and 2.7 %, and at rate 0.1 the quality suite's sizes lose up to
-#: 19 %: so the suite's sizes (up to 16,384 blocks) keep full shadows.
+#: 19 %: so the suite's sizes (up to 16,384 blocks) keep full shadows, and larger caches sample
+#: down to shadows of 16,384 blocks (rate 0.25 at 65,536).
 SHADOW_SAMPLE = 0.1
-SHADOW_SAMPLE_MIN_BLOCKS = 32768
+SHADOW_SAMPLE_MIN_BLOCKS = 16384
 
 
 def default_sample(capacity: int | None) -> float:
@@ -370,7 +371,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         if not 0 <= workload < self.n_cells:
             workload = self.n_cells - 1
         size = self._size()
-        if self._sample.admits(contents):
+        if self._sample.admits(contents, size):
             limit = scaled_size(size, self._sample.rate)
             for shadow in self._shadows:
                 if shadow.limit < limit:  # no capacity given: the most blocks seen
