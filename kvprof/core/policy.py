@@ -30,7 +30,7 @@ from kvprof.core.prefix_cache import (
     allocate, cached_prefix, init_pool, make_room, mark_pool, n_free, pin_hits, pool_fields, register_pool_protocol,
     release, reserve_contents, set_limit,
 )
-from kvprof.core.structs import NONE, grown, pop_front, push_back, unlink
+from kvprof.core.structs import NONE, grown
 from kvprof.policy.shadow import CHAIN_MEMORY_CAPACITIES
 
 class ShadowType(structs.StructType):
@@ -83,9 +83,11 @@ policy_type = structs.struct(PolicyType, Policy, [
     # the shadows' sample of chains (kvprof.policy.shadow.ChainSample)
     ("sample_rate", types.float64),
     ("sample_below", types.uint64),
-    ("chain_of", types.int64[:]),  # content -> chain (NONE: not remembered)
+    ("chain_of", types.int64[:]),  # content -> chain (NONE: never admitted)
     ("continued", types.boolean[:]),  # content -> some request had a new content after it
-    ("chain_order", structs.lists_type),  # list 0: the remembered contents, in order of last admission
+    ("chain_admitted", types.int64[:]),  # content -> index of its last admission (remembered: >= chain_horizon)
+    ("n_admitted", types.int64),
+    ("chain_horizon", types.int64),
     ("n_chains", types.int64),
 ])
 
@@ -201,7 +203,9 @@ def new_policy(main, followed, order_kind, order_followed, shadows, leader):
     policy.sample_below = np.uint64(0)
     policy.chain_of = np.full(16, NONE, np.int64)
     policy.continued = np.zeros(16, np.bool_)
-    policy.chain_order = structs.new_lists(16, 1)
+    policy.chain_admitted = np.zeros(16, np.int64)
+    policy.n_admitted = 0
+    policy.chain_horizon = 0
     policy.n_chains = 0
     return policy
 
@@ -340,14 +344,17 @@ def in_sample(policy, contents, size):
     if top >= len(policy.chain_of):
         policy.chain_of = grown(policy.chain_of, top + 1, NONE)
         policy.continued = grown(policy.continued, top + 1, False)
-        structs.reserve_ids(policy.chain_order, top + 1)
-    chain_of, continued, order = policy.chain_of, policy.continued, policy.chain_order
+        policy.chain_admitted = grown(policy.chain_admitted, top + 1, 0)
+    chain_of, continued, admitted = policy.chain_of, policy.continued, policy.chain_admitted
+    horizon = max(policy.chain_horizon, policy.n_admitted - CHAIN_MEMORY_CAPACITIES * max(size, 1))  # chain_memory
+    policy.chain_horizon = horizon
     chain = NONE
     for depth in range(len(contents)):
         content = contents[depth]
-        if chain_of[content] != NONE:
-            unlink(order, content)
-            push_back(order, 0, content)
+        known = chain_of[content] != NONE and admitted[content] >= horizon
+        admitted[content] = policy.n_admitted
+        policy.n_admitted += 1
+        if known:
             continue
         if chain == NONE:
             if depth and not continued[contents[depth - 1]]:
@@ -358,17 +365,13 @@ def in_sample(policy, contents, size):
         if depth:
             continued[contents[depth - 1]] = True
         chain_of[content] = chain
-        push_back(order, 0, content)
+        continued[content] = False
     if chain == NONE:
         if len(contents):
             chain = chain_of[contents[len(contents) - 1]]
         else:
             chain = policy.n_chains
             policy.n_chains += 1
-    while order.count[0] > CHAIN_MEMORY_CAPACITIES * max(size, 1):  # ``chain_memory``
-        forgotten = pop_front(order, 0)
-        chain_of[forgotten] = NONE
-        continued[forgotten] = False
     return mixed(chain) < policy.sample_below
 
 
@@ -441,9 +444,9 @@ def mark_policy(policy, live):
     for shadow in policy.shadows:
         mark_pool(shadow, live)
         mark_core(shadow.policy, live)
-    order = policy.chain_order
-    for content in range(min(len(order.where), len(live))):
-        if order.where[content] != NONE:
+    chain_of, admitted = policy.chain_of, policy.chain_admitted
+    for content in range(min(len(chain_of), len(live))):
+        if chain_of[content] != NONE and admitted[content] >= policy.chain_horizon:
             live[content] = True
 
 

@@ -15,7 +15,6 @@ sample, so they rank the candidates on the same traffic at a fraction of the cos
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 from kvprof.policy.base import EvictionPolicy
@@ -45,13 +44,13 @@ def mixed(number: int) -> int:
     return z ^ (z >> 31)
 
 
-#: :class:`ChainSample` remembers the chains of the contents of about this many real caches' worth of
-#: the latest admissions (a content not admitted since is forgotten: long evicted from any cache).
+#: :class:`ChainSample` remembers the contents of the last this many real caches' worth of blocks
+#: admitted (a content not admitted since is forgotten: long evicted from any cache of that size).
 CHAIN_MEMORY_CAPACITIES = 8
 
 
 def chain_memory(size: int) -> int:
-    """How many contents :class:`ChainSample` remembers for a real cache of ``size`` blocks."""
+    """How many of the latest contents admitted :class:`ChainSample` remembers for a real cache of ``size`` blocks."""
     return CHAIN_MEMORY_CAPACITIES * max(size, 1)
 
 
@@ -80,14 +79,17 @@ class ChainSample:
     drawn independently. Numbers depend only on the order of admissions and on which contents
     are equal, so every implementation that sees the same requests draws the same sample.
 
-    Memory is bounded by the real cache's size: only the :func:`chain_memory` contents admitted
-    last are remembered (a content forgotten is new again, and a conversation that comes back
-    after that many contents' worth of other traffic is drawn again, as a new chain).
+    Memory is bounded by the real cache's size: a content is remembered while it is among the
+    last :func:`chain_memory` contents admitted (each content of each request counts; a content
+    forgotten is new again, so a conversation that comes back after that much other traffic is
+    drawn again, as a new chain).
 
-    Invariant: ``chain`` maps every content of the last ``chain_memory(size)`` distinct contents
-    admitted to the chain that first had it since it was last forgotten, in order of last
-    admission; ``continued`` holds those of them after which some request had a new content;
-    ``n_chains`` chains were numbered.
+    Invariant: ``n_admitted`` contents were admitted, ``admitted[c]`` is the index of content
+    ``c``'s last admission; ``c`` is remembered exactly when that is ``>= horizon`` (which only
+    grows), and then ``chain[c]`` is the chain that had it first since it was last forgotten and
+    ``c in continued`` says whether some request had a new content after it since then;
+    ``n_chains`` chains were numbered. Forgotten entries are dropped once they are as many as the
+    remembered ones could be.
     """
 
     def __init__(self, rate: float = 1.0) -> None:
@@ -95,20 +97,24 @@ class ChainSample:
             raise ValueError(f"a shadow sample rate must lie in (0, 1], got {rate}")
         self.rate = float(rate)
         self.threshold = sample_threshold(self.rate)
-        self.chain: OrderedDict[Hashable, int] = OrderedDict()
+        self.chain: dict[Hashable, int] = {}
+        self.admitted: dict[Hashable, int] = {}
         self.continued: set[Hashable] = set()
-        self.n_chains = 0
+        self.n_chains = self.n_admitted = self.horizon = 0
 
     def admits(self, contents: Sequence[Hashable], size: int) -> bool:
         """Number the chain of a request admitted with ``contents`` to a real cache of ``size``
         blocks; whether it is in the sample."""
         if self.rate >= 1.0:
             return True
-        chain_of, continued = self.chain, self.continued
+        chain_of, admitted, continued = self.chain, self.admitted, self.continued
+        self.horizon = max(self.horizon, self.n_admitted - chain_memory(size))
         chain = None
         for depth, content in enumerate(contents):
-            if content in chain_of:
-                chain_of.move_to_end(content)
+            known = admitted.get(content, self.horizon - 1) >= self.horizon
+            admitted[content] = self.n_admitted
+            self.n_admitted += 1
+            if known:
                 continue
             if chain is None:
                 parent = contents[depth - 1] if depth else None
@@ -116,11 +122,17 @@ class ChainSample:
             if depth:
                 continued.add(contents[depth - 1])
             chain_of[content] = chain
+            continued.discard(content)
         if chain is None:
             chain = chain_of[contents[-1]] if len(contents) else self._new_chain()
-        while len(chain_of) > chain_memory(size):
-            continued.discard(chain_of.popitem(last=False)[0])
+        if len(admitted) > 2 * chain_memory(size):
+            self._drop_forgotten()
         return mixed(chain) < self.threshold
+
+    def _drop_forgotten(self) -> None:
+        for content in [c for c, at in self.admitted.items() if at < self.horizon]:
+            del self.admitted[content], self.chain[content]
+            self.continued.discard(content)
 
     def _new_chain(self) -> int:
         self.n_chains += 1
