@@ -130,6 +130,12 @@ def due(table):
 
 
 @njit(cache=True)
+def sizes(table):
+    """Contents numbered now, numbers ever handed out (``top``) and entries of the table."""
+    return table.n, table.top, len(table.keys)
+
+
+@njit(cache=True)
 def forget_unmarked(table, live):
     """Drop every content whose number is not marked in ``live`` (one flag per number below
     ``table.top``): its hash is forgotten, its number free for a new content."""
