@@ -8,8 +8,9 @@ twice what was live at its last sweep, the replay marks every number some struct
 :func:`kvprof.core.tiers.recycle_contents`) and :func:`forget_unmarked` drops the others' hashes,
 their numbers going to new contents. A number names one content for as long as anything refers to
 it, so the replay is the one a pass numbering the whole trace would give, number aside, and the
-tables indexed by number stay within a multiple of what the caches hold. Belady's next uses come from a backward pass over the chunks
-(:func:`next_uses`): a table of each hash's earliest later request, each chunk's times written to
+tables indexed by number stay within a multiple of what the caches hold. Belady's next uses
+come from a backward pass over the chunks (:func:`next_uses`): a table of each hash's earliest
+later request (one entry per distinct hash: offline policies only), each chunk's times written to
 a file at its place, then read back one chunk at a time.
 """
 

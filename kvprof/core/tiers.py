@@ -198,5 +198,5 @@ def counts_host(host):
 
 
 __all__ = ["allocate", "cached_prefix", "check_device", "check_host", "counts", "counts_host", "device_type",
-           "host_type", "load", "n_free", "new_device", "new_host", "pin_hits", "push_empty", "recycle_contents", "release",
-           "reserve_contents", "reserve_host_contents", "set_limit", "store"]
+           "host_type", "load", "n_free", "new_device", "new_host", "pin_hits", "push_empty", "recycle_contents",
+           "release", "reserve_contents", "reserve_host_contents", "set_limit", "store"]

@@ -93,9 +93,10 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
 
     Cost: eviction scores the list heads (O(rows)); each access, free and removal is repeated
     in each followed policy; each admitted request of the shadows' sample is looked up and
-    allocated in each shadow (O(its blocks)); memory is the per-block tables, the ghost, each shadow's table of
-    contents (at most the cache's size) and, when sampling, the chain sample's memory of the last
-    :data:`~kvprof.policy.shadow.CHAIN_MEMORY_CAPACITIES` caches' worth of admitted contents: all bounded by the cache's size.
+    allocated in each shadow (O(its blocks)); memory is the per-block tables, the ghost, each
+    shadow's table of contents (at most the cache's size) and, when sampling, the chain sample's
+    memory of the last :data:`~kvprof.policy.shadow.CHAIN_MEMORY_CAPACITIES` caches' worth of
+    admitted contents: all bounded by the cache's size.
 
     Parameters
     ----------
