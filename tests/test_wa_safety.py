@@ -13,7 +13,7 @@ from kvprof.models.hp import ReuseRow
 from kvprof.policy import LRUPolicy, make_policy
 from kvprof.core.policy import mixed as compiled_mixed
 from kvprof.policy.prefix_cache import NO_BLOCK
-from kvprof.policy.shadow import ChainSample, ShadowCache, mixed
+from kvprof.policy.shadow import ChainSample, ShadowCache, chain_memory, mixed
 from kvprof.policy.wa import DEFAULT_ORDERS, SHADOW_SAMPLE, SHADOW_SAMPLE_MIN_BLOCKS, default_sample
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
@@ -176,10 +176,24 @@ def test_a_conversation_is_one_chain_and_a_shared_system_prompt_is_not():
                      ["s1", "s2", "a1", "c1"],          # c branches off a1, which a's second turn continued
                      [], ["x1"]):                       # no contents, and one never seen: new chains
         before = dict(sample.chain)
-        sample.admits(contents)
+        sample.admits(contents, 1000)
         new = [sample.chain[c] for c in contents if c not in before]
         chains.append(new[0] if new else sample.chain[contents[-1]] if contents else sample.n_chains - 1)
     assert chains == [0, 1, 0, 1, 0, 2, 3, 4]
+
+
+def test_a_sample_remembers_only_the_latest_contents_of_a_few_caches():
+    sample = ChainSample(0.5)
+    size = 4  # a real cache of 4 blocks: chain_memory(4) contents remembered
+    sample.admits(["s", "a1"], size)
+    sample.admits(["s", "b1"], size)  # branches off s: chain 1
+    for i in range(chain_memory(size)):  # other traffic, s admitted again and again
+        sample.admits(["s", ("other", i)], size)
+    remembered = {c for c, at in sample.admitted.items() if at >= sample.horizon}
+    assert "s" in remembered and "a1" not in remembered and len(sample.chain) <= 2 * chain_memory(size)
+    n_chains = sample.n_chains
+    sample.admits(["s", "a1", "a2"], size)  # a comes back after a1 was forgotten: drawn again
+    assert sample.chain["a1"] == sample.chain["a2"] == n_chains
 
 
 @settings(max_examples=200, deadline=None)
@@ -190,7 +204,7 @@ def test_the_compiled_mix_of_a_chain_number_is_the_reference_one(number):
 
 def test_a_sample_holds_about_its_share_of_chains():
     sample = ChainSample(0.1)
-    kept = sum(sample.admits([("prompt", i), ("turn", i)]) for i in range(20000))
+    kept = sum(sample.admits([("prompt", i), ("turn", i)], 1000) for i in range(20000))
     assert sample.n_chains == 20000 and abs(kept / 20000 - 0.1) < 0.01
 
 

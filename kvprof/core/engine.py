@@ -277,6 +277,7 @@ def run(workload, policy, host_policy, config, schedule, check: bool = False, pe
                 tiers.reserve_host_contents(host, n_contents)
             kept = slice(offsets[keep] - offsets[first], offsets[loaded] - offsets[first])
             blocks = np.concatenate([blocks[kept], new_blocks])
+            tiers.recycle_contents(contents, gpu, host, has_host, blocks)
             new_next_use = later.read(offsets[loaded], offsets[stop]) if later else np.full(new_blocks.size, np.inf)
             next_use = np.concatenate([next_use[kept], new_next_use])
             first, loaded = keep, stop

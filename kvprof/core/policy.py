@@ -27,10 +27,11 @@ from kvprof.core.policies import (
     ORDER_FREQUENCY, core_access, core_contains, core_evict_n, core_free, core_remove, core_type, remember,
 )
 from kvprof.core.prefix_cache import (
-    allocate, cached_prefix, init_pool, make_room, n_free, pin_hits, pool_fields, register_pool_protocol, release,
-    reserve_contents, set_limit,
+    allocate, cached_prefix, init_pool, make_room, mark_pool, n_free, pin_hits, pool_fields, register_pool_protocol,
+    release, reserve_contents, set_limit,
 )
 from kvprof.core.structs import NONE, grown
+from kvprof.policy.shadow import CHAIN_MEMORY_CAPACITIES
 
 class ShadowType(structs.StructType):
     pass
@@ -84,6 +85,9 @@ policy_type = structs.struct(PolicyType, Policy, [
     ("sample_below", types.uint64),
     ("chain_of", types.int64[:]),  # content -> chain (NONE: never admitted)
     ("continued", types.boolean[:]),  # content -> some request had a new content after it
+    ("chain_admitted", types.int64[:]),  # content -> index of its last admission (remembered: >= chain_horizon)
+    ("n_admitted", types.int64),
+    ("chain_horizon", types.int64),
     ("n_chains", types.int64),
 ])
 
@@ -199,6 +203,9 @@ def new_policy(main, followed, order_kind, order_followed, shadows, leader):
     policy.sample_below = np.uint64(0)
     policy.chain_of = np.full(16, NONE, np.int64)
     policy.continued = np.zeros(16, np.bool_)
+    policy.chain_admitted = np.zeros(16, np.int64)
+    policy.n_admitted = 0
+    policy.chain_horizon = 0
     policy.n_chains = 0
     return policy
 
@@ -298,7 +305,7 @@ def policy_admit(policy, seat, contents, n_lookup, n_blocks, now, workload):
     size = policy.capacity if policy.capacity else max(main.most, main.held + main.size)
     if n_blocks > len(policy.never):
         policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
-    if in_sample(policy, contents):
+    if in_sample(policy, contents, size):
         limit = scaled_size(size, policy.sample_rate)
         for shadow in shadows:
             if shadow.limit < limit:  # no capacity given: the most blocks seen
@@ -326,9 +333,9 @@ def scaled_size(size, rate):
 
 
 @njit(cache=True)
-def in_sample(policy, contents):
-    """``ChainSample.admits``: number the chain of a request admitted with ``contents``; whether
-    it is in the shadows' sample."""
+def in_sample(policy, contents, size):
+    """``ChainSample.admits``: number the chain of a request admitted with ``contents`` to a real
+    cache of ``size`` blocks; whether it is in the shadows' sample."""
     if policy.sample_rate >= 1.0:
         return True
     top = -1
@@ -337,11 +344,17 @@ def in_sample(policy, contents):
     if top >= len(policy.chain_of):
         policy.chain_of = grown(policy.chain_of, top + 1, NONE)
         policy.continued = grown(policy.continued, top + 1, False)
-    chain_of, continued = policy.chain_of, policy.continued
+        policy.chain_admitted = grown(policy.chain_admitted, top + 1, 0)
+    chain_of, continued, admitted = policy.chain_of, policy.continued, policy.chain_admitted
+    horizon = max(policy.chain_horizon, policy.n_admitted - CHAIN_MEMORY_CAPACITIES * max(size, 1))  # chain_memory
+    policy.chain_horizon = horizon
     chain = NONE
     for depth in range(len(contents)):
         content = contents[depth]
-        if chain_of[content] != NONE:
+        known = chain_of[content] != NONE and admitted[content] >= horizon
+        admitted[content] = policy.n_admitted
+        policy.n_admitted += 1
+        if known:
             continue
         if chain == NONE:
             if depth and not continued[contents[depth - 1]]:
@@ -352,6 +365,7 @@ def in_sample(policy, contents):
         if depth:
             continued[contents[depth - 1]] = True
         chain_of[content] = chain
+        continued[content] = False
     if chain == NONE:
         if len(contents):
             chain = chain_of[contents[len(contents) - 1]]
@@ -407,6 +421,33 @@ def lead(policy, index):
     policy.leader = index
     if policy.order_kind[index] != NONE:
         policy.main.order = policy.order_kind[index]
+
+
+@njit(cache=True)
+def mark_core(core, live):
+    """Mark in ``live`` (a flag per content number) the contents ``core`` holds: its blocks' and its ghosts'."""
+    for content in core.content:
+        if content != NONE:
+            live[content] = True
+    where = core.g.where
+    for content in range(min(len(where), len(live))):
+        if where[content] != NONE:
+            live[content] = True
+
+
+@njit(cache=True)
+def mark_policy(policy, live):
+    """Mark in ``live`` every content number ``policy`` holds: in its cores, shadows and chain sample."""
+    mark_core(policy.main, live)
+    for core in policy.followed:
+        mark_core(core, live)
+    for shadow in policy.shadows:
+        mark_pool(shadow, live)
+        mark_core(shadow.policy, live)
+    chain_of, admitted = policy.chain_of, policy.chain_admitted
+    for content in range(min(len(chain_of), len(live))):
+        if chain_of[content] != NONE and admitted[content] >= policy.chain_horizon:
+            live[content] = True
 
 
 @njit(cache=True)

@@ -236,6 +236,15 @@ def _shrink(pool, now):
 
 
 @njit(cache=True)
+def mark_pool(pool, live):
+    """Mark in ``live`` (a flag per content number) the contents the pool's slots hold."""
+    for slot in range(pool.n_slots):
+        content = pool.slot_block[slot]
+        if content != NONE:
+            live[content] = True
+
+
+@njit(cache=True)
 def check_pool(pool):
     """Raise if the pool's invariant does not hold (tests; O(slots))."""
     place = np.zeros(pool.n_slots, np.int64)

@@ -1,10 +1,16 @@
 """The access sequence of a workload, streamed in chunks of requests for the compiled replay.
 
-Nothing here holds one entry per block access of the whole trace. A content's number (the dense id
-the tiers and policies index by) comes from a hash table over the trace hashes seen so far, in
-order of first use, so streaming the chunks in request order numbers the contents exactly as a
-pass over the whole trace would. Belady's next uses come from a backward pass over the chunks
-(:func:`next_uses`): a table of each hash's earliest later request, each chunk's times written to
+Nothing here holds one entry per block access of the whole trace, nor (for the replay) one per
+distinct content. A content's number (the dense id the tiers and policies index by) comes from a
+hash table over the trace hashes seen so far, in order of first use; once the table has grown past
+twice what was live at its last sweep, the replay marks every number some structure still holds
+(a cache slot, a ghost, a shadow, the window of requests still to run:
+:func:`kvprof.core.tiers.recycle_contents`) and :func:`forget_unmarked` drops the others' hashes,
+their numbers going to new contents. A number names one content for as long as anything refers to
+it, so the replay is the one a pass numbering the whole trace would give, number aside, and the
+tables indexed by number stay within a multiple of what the caches hold. Belady's next uses
+come from a backward pass over the chunks (:func:`next_uses`): a table of each hash's earliest
+later request (one entry per distinct hash: offline policies only), each chunk's times written to
 a file at its place, then read back one chunk at a time.
 """
 
@@ -36,10 +42,16 @@ class Table(structref.StructRefProxy):
 
 
 #: Open addressing with linear probing over a power of two of entries, at most 3/4 of them filled
-#: (``n``); an entry's value is -1 while it is empty. 12 bytes an entry.
+#: (``n``); an entry's value is -1 while it is empty. 12 bytes an entry. As a numbering, ``top``
+#: numbers were handed out, ``free[:n_free]`` of them are unused again (:func:`forget_unmarked`),
+#: and the next sweep is due once ``n`` reaches ``sweep_at``.
 table_type = structs.struct(TableType, Table, [
     ("keys", types.int64[:]), ("values", types.int32[:]), ("n", types.int64),
+    ("top", types.int64), ("free", types.int32[:]), ("n_free", types.int64), ("sweep_at", types.int64),
 ])
+
+#: The fewest numbered contents before the first sweep (:func:`due`).
+MIN_SWEEP = 1 << 10
 
 
 @njit(cache=True)
@@ -49,6 +61,10 @@ def new_table(size):
     table.keys = np.zeros(size, np.int64)
     table.values = np.full(size, -1, np.int32)
     table.n = 0
+    table.top = 0
+    table.free = np.zeros(0, np.int32)
+    table.n_free = 0
+    table.sweep_at = MIN_SWEEP
     return table
 
 
@@ -89,17 +105,59 @@ def _find(table, key):
 
 @njit(cache=True)
 def number(table, hashes, out):
-    """``out[j]``: the number of ``hashes[j]``'s content, new contents numbered on from ``table.n``
-    in order of first use; returns how many contents are numbered."""
+    """``out[j]``: the number of ``hashes[j]``'s content, a new content taking the last number
+    freed (:func:`forget_unmarked`), else the next never used; returns how many numbers were ever
+    handed out (every number is below it)."""
     for j in range(len(hashes)):
         _make_room(table)
         i = _find(table, hashes[j])
         if table.values[i] < 0:
             table.keys[i] = hashes[j]
-            table.values[i] = table.n
+            if table.n_free:
+                table.n_free -= 1
+                table.values[i] = table.free[table.n_free]
+            else:
+                table.values[i] = table.top
+                table.top += 1
             table.n += 1
         out[j] = table.values[i]
-    return table.n
+    return table.top
+
+
+@njit(cache=True)
+def due(table):
+    """Whether the numbering should be swept: it holds twice what was live at the last sweep."""
+    return table.n >= table.sweep_at
+
+
+@njit(cache=True)
+def sizes(table):
+    """Contents numbered now, numbers ever handed out (``top``) and entries of the table."""
+    return table.n, table.top, len(table.keys)
+
+
+@njit(cache=True)
+def forget_unmarked(table, live):
+    """Drop every content whose number is not marked in ``live`` (one flag per number below
+    ``table.top``): its hash is forgotten, its number free for a new content."""
+    keys, values = table.keys, table.values
+    table.keys = np.zeros(len(keys), np.int64)
+    table.values = np.full(len(keys), -1, np.int32)
+    table.n = 0
+    if len(table.free) < table.top:
+        table.free = np.zeros(table.top, np.int32)
+    table.n_free = 0
+    for number in range(table.top - 1, -1, -1):  # reused lowest first
+        if not live[number]:
+            table.free[table.n_free] = number
+            table.n_free += 1
+    for i in range(len(keys)):
+        if values[i] >= 0 and live[values[i]]:
+            j = _find(table, keys[i])
+            table.keys[j] = keys[i]
+            table.values[j] = values[i]
+            table.n += 1
+    table.sweep_at = max(MIN_SWEEP, 2 * table.n)
 
 
 @njit(cache=True)

@@ -5,7 +5,9 @@ The GPU tier is a pool of :mod:`kvprof.core.prefix_cache` over a whole policy; i
 (``cached_prefix``, ``pin_hits``, ``allocate``, ``release``, ``push_empty``, ``set_limit``,
 ``n_free``, ``check_device``, ``reserve_contents``) are imported from there and used from here. Engine
 blocks are dense ids (numbered as the replay streams them, :mod:`kvprof.core.stream`), so the
-content-to-slot maps are arrays, grown as new contents come.
+content-to-slot maps are arrays, grown as new contents come; the numbers of contents nothing holds
+any more go to new ones (:func:`recycle_contents`), so the arrays stay within a multiple of what
+the tiers and their policies hold.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import numpy as np
 from numba import njit, types
 from numba.experimental import structref
 
-from kvprof.core import structs
-from kvprof.core.policy import policy_access, policy_contains, policy_evict_n, policy_free, policy_remove, policy_type
+from kvprof.core import stream, structs
+from kvprof.core.policy import (
+    mark_policy, policy_access, policy_contains, policy_evict_n, policy_free, policy_remove, policy_type,
+)
 from kvprof.core.prefix_cache import (  # the GPU tier's rules, shared with wa's shadows; re-exported
-    allocate, cached_prefix, check_pool as check_device, init_pool, n_free, pin_hits, pool_fields, push_empty, release,
-    reserve_contents, set_limit,
+    allocate, cached_prefix, check_pool as check_device, init_pool, mark_pool, n_free, pin_hits, pool_fields,
+    push_empty, release, reserve_contents, set_limit,
 )
 from kvprof.core.structs import NONE
 
@@ -162,6 +166,27 @@ def check_host(host):
 
 
 @njit(cache=True)
+def recycle_contents(numbering, gpu, host, has_host, window):
+    """When the numbering is due (:func:`kvprof.core.stream.due`), free the numbers of the contents
+    nothing holds: not the tiers, their policies (ghosts, shadows), nor ``window`` (the numbers of
+    the requests the replay may still read)."""
+    if not stream.due(numbering):
+        return
+    live = np.zeros(numbering.top, np.bool_)
+    for content in window:
+        if content != NONE:
+            live[content] = True
+    mark_pool(gpu, live)
+    mark_policy(gpu.policy, live)
+    if has_host:
+        for content in host.slot_block:
+            if content != NONE:
+                live[content] = True
+        mark_policy(host.policy, live)
+    stream.forget_unmarked(numbering, live)
+
+
+@njit(cache=True)
 def counts(gpu):
     """GPU evictions and drops so far."""
     return gpu.evictions, gpu.dropped
@@ -173,5 +198,5 @@ def counts_host(host):
 
 
 __all__ = ["allocate", "cached_prefix", "check_device", "check_host", "counts", "counts_host", "device_type",
-           "host_type", "load", "n_free", "new_device", "new_host", "pin_hits", "push_empty", "release", "reserve_contents",
-           "reserve_host_contents", "set_limit", "store"]
+           "host_type", "load", "n_free", "new_device", "new_host", "pin_hits", "push_empty", "recycle_contents",
+           "release", "reserve_contents", "reserve_host_contents", "set_limit", "store"]

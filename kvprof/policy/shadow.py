@@ -44,6 +44,16 @@ def mixed(number: int) -> int:
     return z ^ (z >> 31)
 
 
+#: :class:`ChainSample` remembers the contents of the last this many real caches' worth of blocks
+#: admitted (a content not admitted since is forgotten: long evicted from any cache of that size).
+CHAIN_MEMORY_CAPACITIES = 8
+
+
+def chain_memory(size: int) -> int:
+    """How many of the latest contents admitted :class:`ChainSample` remembers for a real cache of ``size`` blocks."""
+    return CHAIN_MEMORY_CAPACITIES * max(size, 1)
+
+
 def sample_threshold(rate: float) -> int:
     """Mixed chain numbers below this are in a sample of ``rate``."""
     return min(int(rate * 2.0**64), _BITS)
@@ -69,9 +79,17 @@ class ChainSample:
     drawn independently. Numbers depend only on the order of admissions and on which contents
     are equal, so every implementation that sees the same requests draws the same sample.
 
-    Invariant: ``chain`` maps every content of an admitted request to the chain that first had
-    it; ``continued`` holds the contents after which some request had a new content; ``n_chains``
-    chains were numbered.
+    Memory is bounded by the real cache's size: a content is remembered while it is among the
+    last :func:`chain_memory` contents admitted (each content of each request counts; a content
+    forgotten is new again, so a conversation that comes back after that much other traffic is
+    drawn again, as a new chain).
+
+    Invariant: ``n_admitted`` contents were admitted, ``admitted[c]`` is the index of content
+    ``c``'s last admission; ``c`` is remembered exactly when that is ``>= horizon`` (which only
+    grows), and then ``chain[c]`` is the chain that had it first since it was last forgotten and
+    ``c in continued`` says whether some request had a new content after it since then;
+    ``n_chains`` chains were numbered. Forgotten entries are dropped once they are as many as the
+    remembered ones could be.
     """
 
     def __init__(self, rate: float = 1.0) -> None:
@@ -80,17 +98,23 @@ class ChainSample:
         self.rate = float(rate)
         self.threshold = sample_threshold(self.rate)
         self.chain: dict[Hashable, int] = {}
+        self.admitted: dict[Hashable, int] = {}
         self.continued: set[Hashable] = set()
-        self.n_chains = 0
+        self.n_chains = self.n_admitted = self.horizon = 0
 
-    def admits(self, contents: Sequence[Hashable]) -> bool:
-        """Number the chain of a request admitted with ``contents``; whether it is in the sample."""
+    def admits(self, contents: Sequence[Hashable], size: int) -> bool:
+        """Number the chain of a request admitted with ``contents`` to a real cache of ``size``
+        blocks; whether it is in the sample."""
         if self.rate >= 1.0:
             return True
-        chain_of, continued = self.chain, self.continued
+        chain_of, admitted, continued = self.chain, self.admitted, self.continued
+        self.horizon = max(self.horizon, self.n_admitted - chain_memory(size))
         chain = None
         for depth, content in enumerate(contents):
-            if content in chain_of:
+            known = admitted.get(content, self.horizon - 1) >= self.horizon
+            admitted[content] = self.n_admitted
+            self.n_admitted += 1
+            if known:
                 continue
             if chain is None:
                 parent = contents[depth - 1] if depth else None
@@ -98,9 +122,17 @@ class ChainSample:
             if depth:
                 continued.add(contents[depth - 1])
             chain_of[content] = chain
+            continued.discard(content)
         if chain is None:
             chain = chain_of[contents[-1]] if len(contents) else self._new_chain()
+        if len(admitted) > 2 * chain_memory(size):
+            self._drop_forgotten()
         return mixed(chain) < self.threshold
+
+    def _drop_forgotten(self) -> None:
+        for content in [c for c, at in self.admitted.items() if at < self.horizon]:
+            del self.admitted[content], self.chain[content]
+            self.continued.discard(content)
 
     def _new_chain(self) -> int:
         self.n_chains += 1

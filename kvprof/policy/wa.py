@@ -42,9 +42,10 @@ FOLLOW_PERIOD_SHARE = 16
 #: (6,554 blocks) rank the candidates as full ones do and wa's hit ratio holds; at 0.05 it does
 #: not (-1.9 %). On weka's agent sessions, shadows of 8,192 blocks (rate 0.51 at 16,000 blocks,
 #: 0.82 at 10,000) cost wa 1.6 % and 2.7 %, and at rate 0.1 the quality suite's sizes lose up to
-#: 19 %: so the suite's sizes (up to 16,384 blocks) keep full shadows.
+#: 19 %: so the suite's sizes (up to 16,384 blocks) keep full shadows, and larger caches sample
+#: down to shadows of 16,384 blocks (rate 0.25 at 65,536).
 SHADOW_SAMPLE = 0.1
-SHADOW_SAMPLE_MIN_BLOCKS = 32768
+SHADOW_SAMPLE_MIN_BLOCKS = 16384
 
 
 def default_sample(capacity: int | None) -> float:
@@ -92,8 +93,10 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
 
     Cost: eviction scores the list heads (O(rows)); each access, free and removal is repeated
     in each followed policy; each admitted request of the shadows' sample is looked up and
-    allocated in each shadow (O(its blocks)); memory is the per-block tables, the ghost, and each shadow's table of
-    contents (at most the cache's size).
+    allocated in each shadow (O(its blocks)); memory is the per-block tables, the ghost, each
+    shadow's table of contents (at most the cache's size) and, when sampling, the chain sample's
+    memory of the last :data:`~kvprof.policy.shadow.CHAIN_MEMORY_CAPACITIES` caches' worth of
+    admitted contents: all bounded by the cache's size.
 
     Parameters
     ----------
@@ -370,7 +373,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         if not 0 <= workload < self.n_cells:
             workload = self.n_cells - 1
         size = self._size()
-        if self._sample.admits(contents):
+        if self._sample.admits(contents, size):
             limit = scaled_size(size, self._sample.rate)
             for shadow in self._shadows:
                 if shadow.limit < limit:  # no capacity given: the most blocks seen

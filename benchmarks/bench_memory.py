@@ -1,0 +1,114 @@
+"""Peak memory of the simulator's replay against trace length, per policy: is its state bounded by the cache?
+
+    python benchmarks/bench_memory.py [--hours 1 8] [--capacity 65536] [--policies lru,wa,...] [--code DIR ...]
+
+For each length of synthetic bailian-a (``kvprof synth``, seed 0) and each policy, a fresh child
+process reads the trace, fits its first hour, prepares the workload, warms the compiled code on the
+first minute, then resets its peak RSS (``/proc/self/clear_refs``) and replays the whole trace at
+``--capacity`` blocks. It reports two peaks: the child's over its whole life (reading and fitting
+included: the trace is held in memory whole, so this grows with length whatever the policy does)
+and the replay's own, above the RSS just before it (what the simulator and the policy add: the
+state the issue bounds). The target (issue 23): the longest length's peak within 1.5x of the
+shortest's, for every policy.
+
+``--code DIR`` runs the children with ``DIR`` first on ``PYTHONPATH`` (several: side by side,
+e.g. main's checkout and this one, each length and policy in turn). Linux only (``/proc``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kvprof.profiler.synth import generate, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, sys, time
+from kvprof.policy import make_policy
+from kvprof.profiler.fit import fit_trace
+from kvprof.profiler.reader import read_trace
+from kvprof.sim.config import SimConfig
+from kvprof.sim.engine import simulate
+from kvprof.sim.workload import prepare_workload
+
+def status(field):  # MB
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) for line in lines if line.startswith(field + ":")) / 1024
+
+path, capacity, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+trace, _ = read_trace(path)
+hp = fit_trace(trace.time_window(None, trace.window[0] + 3600.0))
+config = SimConfig(engine_block_size=trace.block_size)
+warm = prepare_workload(trace.time_window(None, trace.window[0] + 60.0), hp, config.engine_block_size)
+simulate(warm, make_policy(name, hp, capacity), capacity, config)
+workload = prepare_workload(trace, hp, config.engine_block_size)
+peak_before = status("VmHWM")
+with open("/proc/self/clear_refs", "w") as clear:
+    clear.write("5")  # reset VmHWM to the RSS now
+before = status("VmRSS")
+start = time.perf_counter()
+metrics = simulate(workload, make_policy(name, hp, capacity), capacity, config)
+print(json.dumps({"accesses": workload.n_accesses, "seconds": time.perf_counter() - start,
+                  "hit_ratio": metrics.block_hit_ratio, "before_mb": before,
+                  "replay_mb": status("VmHWM") - before, "peak_mb": max(peak_before, status("VmHWM"))}))
+"""
+
+
+def measure(code: Path, trace: Path, capacity: int, policy: str) -> dict | None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", CHILD, str(trace), str(capacity), policy], capture_output=True,
+                          text=True, env=env, cwd=code)
+    if done.returncode:
+        print(f"  {policy} on {trace.name} with {code} failed:\n{done.stderr.strip()[-2000:]}")
+        return None
+    return json.loads(done.stdout)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hours", type=float, nargs="+", default=[1.0, 8.0], help="trace lengths (bailian-a)")
+    parser.add_argument("--capacity", type=int, default=65536, help="cache size in 16-token blocks")
+    parser.add_argument("--policies", default="lru,lfu,s3fifo,arc,wa-paper,wa,belady", help="comma-separated")
+    parser.add_argument("--code", type=Path, nargs="+", default=[ROOT], help="checkouts to run (default: this one)")
+    args = parser.parse_args(argv)
+    policies = args.policies.split(",")
+    rows: dict[tuple, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for hours in args.hours:
+            trace = Path(tmp) / f"a{hours:g}.jsonl.zst"
+            write_jsonl(trace, generate("bailian-a", hours, 0))
+            for policy in policies:
+                for code in args.code:
+                    row = measure(code.resolve(), trace, args.capacity, policy)
+                    if row is None:
+                        continue
+                    rows[code, policy, hours] = row
+                    print(f"{code.name:>10s} {policy:8s} {hours:4g} h: {row['accesses']:>11,} accesses "
+                          f"{row['seconds']:8.1f} s, hit {row['hit_ratio']:.4f}; peak RSS {row['peak_mb']:7,.0f} MB, "
+                          f"replay {row['replay_mb']:7,.1f} MB above {row['before_mb']:,.0f} MB", flush=True)
+    first, last = args.hours[0], args.hours[-1]
+    print(f"\n{last:g} h vs {first:g} h at {args.capacity:,} blocks [target: peak within 1.5x]")
+    print("| code | policy | whole peak | replay's own peak |")
+    print("|---|---|---|---|")
+    for code in args.code:
+        for policy in policies:
+            a, b = rows.get((code, policy, first)), rows.get((code, policy, last))
+            if a and b:
+                whole = b["peak_mb"] / a["peak_mb"]
+                own = b["replay_mb"] / max(a["replay_mb"], 1.0)
+                print(f"| {code.name} | {policy} | {a['peak_mb']:,.0f} -> {b['peak_mb']:,.0f} MB: {whole:.2f}x "
+                      f"({'met' if whole <= 1.5 else 'MISSED'}) | {a['replay_mb']:,.1f} -> {b['replay_mb']:,.1f} MB: "
+                      f"{own:.2f}x ({'met' if own <= 1.5 else 'MISSED'}) |")
+    print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
