@@ -44,6 +44,7 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group_id
 
 from kvprof.vllm.carry import Held, carry_over
+from kvprof.vllm.numbering import ContentNumbers
 from kvprof.vllm.spec import PolicySpec, request_extra_args
 
 #: The suffix of group 0's cache keys (``make_block_hash_with_group_id(h, 0) == h + _GROUP0``).
@@ -241,6 +242,8 @@ class KvprofBlockPool(BlockPool):
         self._depth = np.zeros(n, dtype=np.int32)
         self._hits = np.zeros(n, dtype=np.int32)
         self._owner = np.empty(n, dtype=object)  # (extra_args, prompt tokens) of the last request to access it
+        #: The content numbers every chain reaches the policy with (compiled lookups, the twin's rule).
+        self.contents = ContentNumbers(self.policy.max_contents)
         #: Request id -> (content numbers of its chain, how many from the start are known): what
         #: its blocks were cached or hit with, so that admission and finish look up only the rest.
         self._chain_numbers: dict[str, tuple[np.ndarray, int]] = {}
@@ -256,7 +259,7 @@ class KvprofBlockPool(BlockPool):
             request = self.current_request
             numbers = self.policy.remembered(ids)
             if numbers is None:  # a block no access told the policy about (cannot happen; kept exact)
-                numbers = self.policy.numbers([self.blocks[i]._block_hash for i in ids.tolist()])
+                numbers = self.contents.numbers([self.blocks[i]._block_hash for i in ids.tolist()])
             self._access_numbered(ids, depths, numbers, request, hit=True)
             self._note_chain(request, depths, numbers, self.blocks[int(ids[0])]._block_hash)
 
@@ -269,7 +272,7 @@ class KvprofBlockPool(BlockPool):
         if chain:
             ids = np.fromiter([block.block_id for _, block in chain], dtype=np.int64, count=len(chain))
             depths = np.fromiter([depth for depth, _ in chain], dtype=np.int64, count=len(chain))
-            numbers = self.policy.numbers([block._block_hash for _, block in chain])
+            numbers = self.contents.numbers([block._block_hash for _, block in chain])
             self._access_numbered(ids, depths, numbers, request, hit=False)
             self._note_chain(request, depths, numbers, chain[0][1]._block_hash)
 
@@ -336,7 +339,7 @@ class KvprofBlockPool(BlockPool):
         known = min(known, n_full)
         if known == n_full:
             return known_numbers[:n_full].copy() if n_full else np.empty(0, dtype=np.int64)
-        rest = self.policy.numbers([h + _GROUP0 for h in request.block_hashes[known:n_full]])
+        rest = self.contents.numbers([h + _GROUP0 for h in request.block_hashes[known:n_full]])
         numbers = rest if not known else np.concatenate([known_numbers[:known], rest])
         self._chain_numbers[request.request_id] = (numbers, n_full)
         return numbers
@@ -358,9 +361,10 @@ class KvprofBlockPool(BlockPool):
             held.append(Held(i, int(self._depth[i]), block.block_hash, float(last_touch[i]),
                              spec.default_index if owner is None else spec.class_index(*owner),
                              int(self._hits[i]), block.ref_cnt == 0))
+        number = self.contents.numbers
         carry_over(held,
-                   lambda item, hit: policy.access_chain([item.id], [item.depth], [item.content], item.stamp,
-                                                         item.workload, hit=hit),
+                   lambda item, hit: policy.access_numbered(np.array([item.id]), np.array([item.depth]),
+                                                            number([item.content]), item.stamp, item.workload, hit=hit),
                    lambda item: policy.free([item.id], item.stamp))
         self.kvprof_spec = spec
         self.policy = policy
