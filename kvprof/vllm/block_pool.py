@@ -53,6 +53,9 @@ _GROUP0 = make_block_hash_with_group_id(b"", 0)
 #: Up to this many victims a list comprehension turns ids into blocks faster than numpy would.
 _FEW = 64
 
+#: Whether vLLM's blocks keep the token count their hash covers (0.32 on; :func:`chain_depths`).
+_HAS_TOKEN_COUNT = hasattr(KVCacheBlock, "_block_hash_num_tokens")
+
 if not hasattr(KVCacheBlock, "_block_hash"):  # read directly by PolicyFreeQueue.append_n
     raise ImportError("kvprof: this vLLM's KVCacheBlock has no _block_hash slot; the block pool cannot be installed")
 
@@ -201,6 +204,11 @@ def _one(value) -> np.ndarray:
     return out
 
 
+def policy_has_shadows(policy) -> bool:
+    """Whether compiled twin ``policy`` keeps shadows (``wa``'s safety net), which requests' chains feed."""
+    return policy.safety_net() is not None
+
+
 def chain_depths(blocks, hash_block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Block ids and depths of the non-null blocks a request hits in one KV cache group.
 
@@ -211,6 +219,11 @@ def chain_depths(blocks, hash_block_size: int) -> tuple[np.ndarray, np.ndarray]:
     depth :meth:`KvprofBlockPool.cache_full_blocks` gave the block. A block cached without a
     token count (a vLLM that does not keep one, or a test) takes its index in ``blocks``.
     """
+    if _HAS_TOKEN_COUNT and blocks:  # the usual case, two passes in C: no null block, every count known
+        ids = np.array([block.block_id for block in blocks], dtype=np.int64)
+        tokens = [block._block_hash_num_tokens for block in blocks]
+        if ids.all() and None not in tokens:  # the null block is id 0
+            return ids, np.array(tokens, dtype=np.int64) // hash_block_size - 1
     real = [(index, block) for index, block in enumerate(blocks) if not block.is_null]
     ids = np.fromiter([block.block_id for _, block in real], dtype=np.int64, count=len(real))
     depths = np.fromiter([index if (tokens := getattr(block, "_block_hash_num_tokens", None)) is None  # absent before 0.32
@@ -236,6 +249,9 @@ class KvprofBlockPool(BlockPool):
         super().__init__(*args, **kwargs)
         self.kvprof_spec = kvprof_spec
         self.policy = kvprof_spec.make_policy(capacity=self.num_gpu_blocks, n_blocks=self.num_gpu_blocks)
+        #: Whether the policy has shadows (``wa``): the only policies whose ``admit``/``finish`` do
+        #: anything, so for the others the pool neither tells them nor keeps requests' chains.
+        self._shadowed = policy_has_shadows(self.policy)
         self.current_request = None
         self._clock = clock
         n = len(self.blocks)
@@ -267,14 +283,17 @@ class KvprofBlockPool(BlockPool):
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
         if num_cached_blocks >= num_full_blocks:
             return
-        chain = [(depth, blocks[depth]) for depth in range(num_cached_blocks, num_full_blocks)
-                 if not blocks[depth].is_null and blocks[depth]._block_hash is not None]
-        if chain:
-            ids = np.fromiter([block.block_id for _, block in chain], dtype=np.int64, count=len(chain))
-            depths = np.fromiter([depth for depth, _ in chain], dtype=np.int64, count=len(chain))
-            numbers = self.contents.numbers([block._block_hash for _, block in chain])
+        new = blocks[num_cached_blocks:num_full_blocks]
+        ids = np.array([block.block_id for block in new], dtype=np.int64)
+        keys = [block._block_hash for block in new]
+        depths = np.arange(num_cached_blocks, num_full_blocks, dtype=np.int64)
+        if not ids.all() or None in keys:  # rare: null blocks (id 0, a sliding window's) or blocks left uncached
+            kept = [i for i, (block, key) in enumerate(zip(new, keys)) if not block.is_null and key is not None]
+            ids, depths, keys = ids[kept], depths[kept], [keys[i] for i in kept]
+        if len(keys):
+            numbers = self.contents.numbers(keys)
             self._access_numbered(ids, depths, numbers, request, hit=False)
-            self._note_chain(request, depths, numbers, chain[0][1]._block_hash)
+            self._note_chain(request, depths, numbers, keys[0])
 
     def _access_numbered(self, ids: np.ndarray, depths: np.ndarray, numbers: np.ndarray, request, hit: bool) -> None:
         """The policy accesses blocks ``ids`` at ``depths`` with contents ``numbers`` for ``request``
@@ -294,7 +313,7 @@ class KvprofBlockPool(BlockPool):
 
     def _note_chain(self, request, depths: np.ndarray, numbers: np.ndarray, first_key) -> None:
         """Remember ``numbers`` at chain positions ``depths`` of ``request`` (group 0's keys only)."""
-        if request is None or not first_key.endswith(_GROUP0):
+        if request is None or not self._shadowed or not first_key.endswith(_GROUP0):
             return
         known_numbers, known = self._chain_numbers.get(request.request_id, (None, 0))
         end = int(depths[-1]) + 1
@@ -312,8 +331,11 @@ class KvprofBlockPool(BlockPool):
         """``request`` got its first blocks: its prompt's full blocks reach the policy as one chain.
 
         ``wa``'s shadows live on it (:meth:`~kvprof.policy.base.EvictionPolicy.admit`); the contents
-        are the cached blocks' keys (group 0's), as the accesses pass them.
+        are the cached blocks' keys (group 0's), as the accesses pass them. A policy without
+        shadows ignores both, so it is told neither.
         """
+        if not self._shadowed:
+            return
         size = self.hash_block_size
         prompt = request.num_prompt_tokens
         numbers = self._chain_of(request, prompt)
@@ -326,6 +348,9 @@ class KvprofBlockPool(BlockPool):
     def finish_request(self, request, n_blocks: int) -> None:
         """``request``, holding ``n_blocks`` blocks, is about to be freed: its whole chain of computed
         full blocks (the output's too) reaches the policy, which caches what the output filled."""
+        if not self._shadowed:
+            self._chain_numbers.pop(request.request_id, None)  # kept under a policy served before a reload
+            return
         numbers = self._chain_of(request, request.num_computed_tokens)
         self._chain_numbers.pop(request.request_id, None)
         self.policy.finish_numbered(request.request_id, self._clock(), numbers,
@@ -368,6 +393,7 @@ class KvprofBlockPool(BlockPool):
                    lambda item: policy.free([item.id], item.stamp))
         self.kvprof_spec = spec
         self.policy = policy
+        self._shadowed = policy_has_shadows(policy)
         queue.policy = policy
         queue._take = policy.take
 
