@@ -74,7 +74,7 @@ class Counterfactual:
         self._numbers: OrderedDict[Hashable, int] = OrderedDict()
         # Contents the tiers' maps cover now: grown with the numbers handed out (to ``max_contents``),
         # so a tier costs what the traffic numbered, not 16 contents per block from the start.
-        self._reserved = min(self.max_contents, max(capacity, 1))
+        self._reserved = min(self.max_contents, MIN_CONTENTS)
         self.tiers = {name: _Tier(policy, capacity, self._reserved) for name, policy in policies.items()}
         self.lookups = 0  # prompt blocks that could have been hits, over finished requests
         self._lookups_of: dict[Hashable, int] = {}  # running request -> its prompt blocks that could hit
