@@ -171,7 +171,9 @@ class CallTimer:
                      "replace_policy"):  # _access_chain: the pool before this benchmark's changes
             if hasattr(pool, name):
                 self.wrap(pool, name, f"pool.{name}")
-        if hasattr(getattr(pool, "policy", None), "numbers"):
+        if hasattr(pool, "contents"):  # the pool's compiled content numbering
+            self.wrap(pool.contents, "numbers", "pool.contents.numbers")
+        elif hasattr(getattr(pool, "policy", None), "numbers"):  # the pool before it numbered contents itself
             self.wrap(pool.policy, "numbers", "policy.numbers")
         live = getattr(scheduler, "_kvprof_live", None)
         if live is not None:
