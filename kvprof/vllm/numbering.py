@@ -31,7 +31,8 @@ class ContentNumbers:
     statistics, never what the pool caches. ``_slot_fp``/``_slot_number`` is a linear-probing
     table of the numbered fingerprints, at most half full; ``_number_fp[n]`` is number ``n``'s
     fingerprint, so recycling ``n`` deletes its entry. Memory grows with the contents seen, to at
-    most ``max_contents`` (x 28 bytes, the table's two slots a content and the reverse map).
+    most ``max_contents`` x 32-56 bytes (the table's 12-byte slots, a power of two at most half full,
+    and the 8-byte reverse map).
     """
 
     def __init__(self, max_contents: int) -> None:
