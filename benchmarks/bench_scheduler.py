@@ -171,7 +171,9 @@ class CallTimer:
                      "replace_policy"):  # _access_chain: the pool before this benchmark's changes
             if hasattr(pool, name):
                 self.wrap(pool, name, f"pool.{name}")
-        if hasattr(getattr(pool, "policy", None), "numbers"):
+        if hasattr(pool, "contents"):  # the pool's compiled content numbering
+            self.wrap(pool.contents, "numbers", "pool.contents.numbers")
+        elif hasattr(getattr(pool, "policy", None), "numbers"):  # the pool before it numbered contents itself
             self.wrap(pool.policy, "numbers", "policy.numbers")
         live = getattr(scheduler, "_kvprof_live", None)
         if live is not None:
@@ -191,6 +193,8 @@ def run(config: str, args, work: Path, timed_calls: bool) -> dict:
     gc.collect()
     malloc_before = malloc_bytes()
     scheduler = build_scheduler(config, args, work)
+    gc.collect()
+    malloc_built = malloc_bytes() - malloc_before  # the tables sized by the pool, before any traffic
     timer = CallTimer() if timed_calls else None
     if timer:
         timer.install(scheduler)
@@ -262,7 +266,7 @@ def run(config: str, args, work: Path, timed_calls: bool) -> dict:
               "total_s": float(us.sum() / 1e6), "blocks_allocated": allocated,
               "wall_median_step_us": float(np.median(wall) * 1e6), "wall_p99_step_us": float(np.percentile(wall, 99) * 1e6),
               "other_threads_cpu_s": other_threads_s,
-              "malloc_held": malloc_held}
+              "malloc_held": malloc_held, "malloc_built": malloc_built}
     if timer:
         result["longest_us"] = {k: v * 1e6 for k, v in sorted(timer.longest.items())}
         result["max_kvprof_call_us"] = max(result["longest_us"].values(), default=0.0) if config != "native" else 0.0
@@ -354,8 +358,8 @@ def main() -> None:
                     print(f"  {pool} {config}: {rows[config]}", file=sys.stderr, flush=True)
             native = rows.get("native")
             for name, row in rows.items():
-                row["plugin_bytes_per_block"] = ((row["malloc_held"] - native["malloc_held"]) / pool
-                                                 if native and name != "native" else 0.0)
+                for figure, held in (("plugin_bytes_per_block", "malloc_held"), ("plugin_built_bytes_per_block", "malloc_built")):
+                    row[figure] = (row[held] - native[held]) / pool if native and name != "native" else 0.0
                 if native and name != "native":
                     row["median_x_native"] = row["median_step_us"] / native["median_step_us"]
                     row["p99_x_native"] = row["p99_step_us"] / native["p99_step_us"]
@@ -372,12 +376,12 @@ def main() -> None:
     for pool, rows in report["pools"].items():
         print(f"pool {pool} blocks, {args.traffic} traffic, {args.running} running, {args.requests} requests")
         print(f"{'config':>10} {'steps':>6} {'median us':>10} {'x nat':>6} {'p99 us':>9} {'x nat':>6} "
-              f"{'total s':>8} {'+us/blk':>8} {'max call us':>12} {'B/blk':>6}")
+              f"{'total s':>8} {'+us/blk':>8} {'max call us':>12} {'B/blk':>6} {'built':>6}")
         for name, row in rows.items():
             print(f"{name:>10} {row['steps']:>6} {row['median_step_us']:>10.0f} {row.get('median_x_native', 1):>6.2f} "
                   f"{row['p99_step_us']:>9.0f} {row.get('p99_x_native', 1):>6.2f} {row['total_s']:>8.2f} "
                   f"{row.get('added_us_per_block', 0):>8.2f} {row.get('max_kvprof_call_us', 0):>12.0f} "
-                  f"{row['plugin_bytes_per_block']:>6.0f}")
+                  f"{row['plugin_bytes_per_block']:>6.0f} {row['plugin_built_bytes_per_block']:>6.0f}")
 
 
 if __name__ == "__main__":

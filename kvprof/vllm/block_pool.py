@@ -44,6 +44,7 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group_id
 
 from kvprof.vllm.carry import Held, carry_over
+from kvprof.vllm.numbering import ContentNumbers
 from kvprof.vllm.spec import PolicySpec, request_extra_args
 
 #: The suffix of group 0's cache keys (``make_block_hash_with_group_id(h, 0) == h + _GROUP0``).
@@ -51,6 +52,9 @@ _GROUP0 = make_block_hash_with_group_id(b"", 0)
 
 #: Up to this many victims a list comprehension turns ids into blocks faster than numpy would.
 _FEW = 64
+
+#: Whether vLLM's blocks keep the token count their hash covers (0.32 on; :func:`chain_depths`).
+_HAS_TOKEN_COUNT = hasattr(KVCacheBlock, "_block_hash_num_tokens")
 
 if not hasattr(KVCacheBlock, "_block_hash"):  # read directly by PolicyFreeQueue.append_n
     raise ImportError("kvprof: this vLLM's KVCacheBlock has no _block_hash slot; the block pool cannot be installed")
@@ -200,6 +204,11 @@ def _one(value) -> np.ndarray:
     return out
 
 
+def policy_has_shadows(policy) -> bool:
+    """Whether compiled twin ``policy`` keeps shadows (``wa``'s safety net), which requests' chains feed."""
+    return policy.safety_net() is not None
+
+
 def chain_depths(blocks, hash_block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Block ids and depths of the non-null blocks a request hits in one KV cache group.
 
@@ -210,6 +219,11 @@ def chain_depths(blocks, hash_block_size: int) -> tuple[np.ndarray, np.ndarray]:
     depth :meth:`KvprofBlockPool.cache_full_blocks` gave the block. A block cached without a
     token count (a vLLM that does not keep one, or a test) takes its index in ``blocks``.
     """
+    if _HAS_TOKEN_COUNT and blocks:  # the usual case, two passes in C: no null block, every count known
+        ids = np.array([block.block_id for block in blocks], dtype=np.int64)
+        tokens = [block._block_hash_num_tokens for block in blocks]
+        if ids.all() and None not in tokens:  # the null block is id 0
+            return ids, np.array(tokens, dtype=np.int64) // hash_block_size - 1
     real = [(index, block) for index, block in enumerate(blocks) if not block.is_null]
     ids = np.fromiter([block.block_id for _, block in real], dtype=np.int64, count=len(real))
     depths = np.fromiter([index if (tokens := getattr(block, "_block_hash_num_tokens", None)) is None  # absent before 0.32
@@ -235,12 +249,17 @@ class KvprofBlockPool(BlockPool):
         super().__init__(*args, **kwargs)
         self.kvprof_spec = kvprof_spec
         self.policy = kvprof_spec.make_policy(capacity=self.num_gpu_blocks, n_blocks=self.num_gpu_blocks)
+        #: Whether the policy has shadows (``wa``): the only policies whose ``admit``/``finish`` do
+        #: anything, so for the others the pool neither tells them nor keeps requests' chains.
+        self._shadowed = policy_has_shadows(self.policy)
         self.current_request = None
         self._clock = clock
         n = len(self.blocks)
         self._depth = np.zeros(n, dtype=np.int32)
         self._hits = np.zeros(n, dtype=np.int32)
         self._owner = np.empty(n, dtype=object)  # (extra_args, prompt tokens) of the last request to access it
+        #: The content numbers every chain reaches the policy with (compiled lookups, the twin's rule).
+        self.contents = ContentNumbers(self.policy.max_contents)
         #: Request id -> (content numbers of its chain, how many from the start are known): what
         #: its blocks were cached or hit with, so that admission and finish look up only the rest.
         self._chain_numbers: dict[str, tuple[np.ndarray, int]] = {}
@@ -256,7 +275,7 @@ class KvprofBlockPool(BlockPool):
             request = self.current_request
             numbers = self.policy.remembered(ids)
             if numbers is None:  # a block no access told the policy about (cannot happen; kept exact)
-                numbers = self.policy.numbers([self.blocks[i]._block_hash for i in ids.tolist()])
+                numbers = self.contents.numbers([self.blocks[i]._block_hash for i in ids.tolist()])
             self._access_numbered(ids, depths, numbers, request, hit=True)
             self._note_chain(request, depths, numbers, self.blocks[int(ids[0])]._block_hash)
 
@@ -264,14 +283,17 @@ class KvprofBlockPool(BlockPool):
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
         if num_cached_blocks >= num_full_blocks:
             return
-        chain = [(depth, blocks[depth]) for depth in range(num_cached_blocks, num_full_blocks)
-                 if not blocks[depth].is_null and blocks[depth]._block_hash is not None]
-        if chain:
-            ids = np.fromiter([block.block_id for _, block in chain], dtype=np.int64, count=len(chain))
-            depths = np.fromiter([depth for depth, _ in chain], dtype=np.int64, count=len(chain))
-            numbers = self.policy.numbers([block._block_hash for _, block in chain])
+        new = blocks[num_cached_blocks:num_full_blocks]
+        ids = np.array([block.block_id for block in new], dtype=np.int64)
+        keys = [block._block_hash for block in new]
+        depths = np.arange(num_cached_blocks, num_full_blocks, dtype=np.int64)
+        if not ids.all() or None in keys:  # rare: null blocks (id 0, a sliding window's) or blocks left uncached
+            kept = [i for i, (block, key) in enumerate(zip(new, keys)) if not block.is_null and key is not None]
+            ids, depths, keys = ids[kept], depths[kept], [keys[i] for i in kept]
+        if len(keys):
+            numbers = self.contents.numbers(keys)
             self._access_numbered(ids, depths, numbers, request, hit=False)
-            self._note_chain(request, depths, numbers, chain[0][1]._block_hash)
+            self._note_chain(request, depths, numbers, keys[0])
 
     def _access_numbered(self, ids: np.ndarray, depths: np.ndarray, numbers: np.ndarray, request, hit: bool) -> None:
         """The policy accesses blocks ``ids`` at ``depths`` with contents ``numbers`` for ``request``
@@ -291,7 +313,7 @@ class KvprofBlockPool(BlockPool):
 
     def _note_chain(self, request, depths: np.ndarray, numbers: np.ndarray, first_key) -> None:
         """Remember ``numbers`` at chain positions ``depths`` of ``request`` (group 0's keys only)."""
-        if request is None or not first_key.endswith(_GROUP0):
+        if request is None or not self._shadowed or not first_key.endswith(_GROUP0):
             return
         known_numbers, known = self._chain_numbers.get(request.request_id, (None, 0))
         end = int(depths[-1]) + 1
@@ -309,8 +331,11 @@ class KvprofBlockPool(BlockPool):
         """``request`` got its first blocks: its prompt's full blocks reach the policy as one chain.
 
         ``wa``'s shadows live on it (:meth:`~kvprof.policy.base.EvictionPolicy.admit`); the contents
-        are the cached blocks' keys (group 0's), as the accesses pass them.
+        are the cached blocks' keys (group 0's), as the accesses pass them. A policy without
+        shadows ignores both, so it is told neither.
         """
+        if not self._shadowed:
+            return
         size = self.hash_block_size
         prompt = request.num_prompt_tokens
         numbers = self._chain_of(request, prompt)
@@ -323,6 +348,9 @@ class KvprofBlockPool(BlockPool):
     def finish_request(self, request, n_blocks: int) -> None:
         """``request``, holding ``n_blocks`` blocks, is about to be freed: its whole chain of computed
         full blocks (the output's too) reaches the policy, which caches what the output filled."""
+        if not self._shadowed:
+            self._chain_numbers.pop(request.request_id, None)  # kept under a policy served before a reload
+            return
         numbers = self._chain_of(request, request.num_computed_tokens)
         self._chain_numbers.pop(request.request_id, None)
         self.policy.finish_numbered(request.request_id, self._clock(), numbers,
@@ -336,7 +364,7 @@ class KvprofBlockPool(BlockPool):
         known = min(known, n_full)
         if known == n_full:
             return known_numbers[:n_full].copy() if n_full else np.empty(0, dtype=np.int64)
-        rest = self.policy.numbers([h + _GROUP0 for h in request.block_hashes[known:n_full]])
+        rest = self.contents.numbers([h + _GROUP0 for h in request.block_hashes[known:n_full]])
         numbers = rest if not known else np.concatenate([known_numbers[:known], rest])
         self._chain_numbers[request.request_id] = (numbers, n_full)
         return numbers
@@ -358,12 +386,14 @@ class KvprofBlockPool(BlockPool):
             held.append(Held(i, int(self._depth[i]), block.block_hash, float(last_touch[i]),
                              spec.default_index if owner is None else spec.class_index(*owner),
                              int(self._hits[i]), block.ref_cnt == 0))
+        number = self.contents.numbers
         carry_over(held,
-                   lambda item, hit: policy.access_chain([item.id], [item.depth], [item.content], item.stamp,
-                                                         item.workload, hit=hit),
+                   lambda item, hit: policy.access_numbered(np.array([item.id]), np.array([item.depth]),
+                                                            number([item.content]), item.stamp, item.workload, hit=hit),
                    lambda item: policy.free([item.id], item.stamp))
         self.kvprof_spec = spec
         self.policy = policy
+        self._shadowed = policy_has_shadows(policy)
         queue.policy = policy
         queue._take = policy.take
 

@@ -72,7 +72,10 @@ class Counterfactual:
         self.block_size = block_size
         self.max_contents = max_contents or max(CONTENTS_PER_BLOCK * capacity, MIN_CONTENTS)
         self._numbers: OrderedDict[Hashable, int] = OrderedDict()
-        self.tiers = {name: _Tier(policy, capacity, self.max_contents) for name, policy in policies.items()}
+        # Contents the tiers' maps cover now: grown with the numbers handed out (to ``max_contents``),
+        # so a tier costs what the traffic numbered, not 16 contents per block from the start.
+        self._reserved = min(self.max_contents, MIN_CONTENTS)
+        self.tiers = {name: _Tier(policy, capacity, self._reserved) for name, policy in policies.items()}
         self.lookups = 0  # prompt blocks that could have been hits, over finished requests
         self._lookups_of: dict[Hashable, int] = {}  # running request -> its prompt blocks that could hit
         self._no_use = np.full(0, math.inf)
@@ -80,7 +83,7 @@ class Counterfactual:
 
     def replace(self, name: str, policy: EvictionPolicy) -> None:
         """Run ``policy`` under ``name`` from now on, in a new (empty) tier."""
-        self.tiers[name] = _Tier(policy, self.capacity, self.max_contents)
+        self.tiers[name] = _Tier(policy, self.capacity, self._reserved)
 
     @property
     def hits(self) -> dict[str, int]:
@@ -172,6 +175,10 @@ class Counterfactual:
         numbers = self._numbers
         if len(numbers) < self.max_contents:
             number = len(numbers)
+            if number >= self._reserved:
+                self._reserved = min(2 * self._reserved, self.max_contents)
+                for tier in self.tiers.values():
+                    tiers.reserve_contents(tier.gpu, self._reserved)
         else:
             number = numbers.popitem(last=False)[1]
             for tier in self.tiers.values():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from kvprof.policy import make_policy
+from kvprof.vllm.numbering import ContentNumbers
 from kvprof.vllm.observe import Counterfactual
 from kvprof.vllm.spec import PolicySpec
 
@@ -25,6 +26,7 @@ def warm_up(spec: PolicySpec, pool, block_size: int) -> float:
     started = time.perf_counter()
     if pool is not None:
         _drive_twin(spec.make_policy(capacity=_BLOCKS, n_blocks=_BLOCKS), spec.default_index)
+        _drive_numbering()
     policies = {"lru": make_policy("lru")}
     if spec.policy is not None and spec.mode == "shadow" and spec.policy != "lru":
         policies[spec.policy] = spec.reference_policy(_BLOCKS)
@@ -49,6 +51,13 @@ def _drive_twin(twin, workload: int) -> None:
     twin.evict_n_array(2, now + 1)
     twin.safety_net()
     twin.free([1, 2], now + 2)
+
+
+def _drive_numbering() -> None:
+    """The pool's content numbering: lookups, a table that grows, recycled numbers (40 keys past 33)."""
+    numbers = ContentNumbers(max_contents=33)
+    numbers.numbers([bytes([i]) for i in range(40)])
+    numbers.numbers([bytes([i]) for i in range(10, 20)])
 
 
 def _drive_counterfactual(counterfactual: Counterfactual, block_size: int) -> None:

@@ -161,3 +161,24 @@ def test_wa_pool_tells_its_shadows_whole_requests(in_vllm):
     pool.admit_request(second)
     _, hits = pool.policy.safety_net()
     assert len(hits) > 1 and list(hits) == [3] * len(hits)
+
+
+def test_a_policy_without_shadows_is_told_no_requests(in_vllm):
+    """Under ``lru`` (no shadows: its admit/finish do nothing) the pool numbers no request's chain
+    and keeps none, while ``wa``'s pool keeps a running request's chain until it finishes."""
+    if not in_vllm:
+        return
+    from types import SimpleNamespace
+
+    chain = [bytes([k]) * 32 for k in range(1, 5)]
+    request = SimpleNamespace(request_id="a", num_prompt_tokens=3 * 16 + 5, num_tokens=3 * 16 + 5,
+                              num_computed_tokens=4 * 16 + 2, block_hashes=chain,
+                              sampling_params=SimpleNamespace(extra_args={"type": "hot", "turn": 1}))
+    _, lru = _pools(9)
+    wa, _ = _wa_pool(9)
+    for pool, kept in ((lru, False), (wa, True)):
+        pool.admit_request(request)
+        assert ("a" in pool._chain_numbers) is kept
+        assert len(pool.contents) == 3 * kept  # the prompt's three full blocks, numbered for wa only
+        pool.finish_request(request, n_blocks=5)
+        assert "a" not in pool._chain_numbers

@@ -1,0 +1,144 @@
+"""Content numbers for vLLM's block hashes, looked up in compiled code.
+
+The compiled policy keys its ghosts and shadows by content number (a dense int below
+``max_contents``); the pool numbers every chain it hands the policy. A Python dict did that at
+~0.1-0.3 us a key on the scheduler thread (1-6 ms for a 32k-token prompt); here a chain is one
+pass of ``hash()`` over its keys (bytes cache their hash, so mostly a load) and one compiled
+call into an open-addressing table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+from numba import njit
+
+#: ``_slot_number`` of a slot that holds no fingerprint.
+_EMPTY = -1
+
+
+class ContentNumbers:
+    """Dense numbers for contents, first seen first, recycled oldest first past ``max_contents``.
+
+    Invariants: the ``k``-th distinct content seen (from 0) gets number ``k % max_contents``,
+    and when it does, the content that held that number before (the oldest still numbered) is
+    forgotten -- the rule of :class:`kvprof.core.twin.CompiledTwin`'s own numbering, so the pool
+    hands the policy the numbers the twin would have. Contents are known by a 64-bit
+    fingerprint (Python's ``hash``; vLLM's keys are cryptographic digests), so two contents with
+    the same fingerprint share a number: with ``m`` contents numbered, a new one does with
+    probability ``m / 2**64``, and like a recycled number it only shifts ``wa``'s ghost and shadow
+    statistics, never what the pool caches. ``_slot_fp``/``_slot_number`` is a linear-probing
+    table of the numbered fingerprints, at most half full; ``_number_fp[n]`` is number ``n``'s
+    fingerprint, so recycling ``n`` deletes its entry. Memory grows with the contents seen, to at
+    most ``max_contents`` x 32-56 bytes (the table's 12-byte slots, a power of two at most half full,
+    and the 8-byte reverse map).
+    """
+
+    def __init__(self, max_contents: int) -> None:
+        if max_contents < 1:
+            raise ValueError(f"max_contents must be positive, got {max_contents}")
+        self.max_contents = max_contents
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every content (numbering restarts at 0)."""
+        self._slot_fp = np.zeros(64, dtype=np.int64)
+        self._slot_number = np.full(64, _EMPTY, dtype=np.int32)
+        self._number_fp = np.zeros(min(32, self.max_contents), dtype=np.int64)
+        self._seen = np.zeros(1, dtype=np.int64)  # distinct contents numbered so far (in the compiled call)
+
+    def __len__(self) -> int:
+        """Contents holding a number now."""
+        return int(min(self._seen[0], self.max_contents))
+
+    def numbers(self, contents: Sequence[Hashable]) -> np.ndarray:
+        """The numbers of ``contents`` (no None) in order, as int64, numbering the new ones."""
+        n = len(contents)
+        fingerprints = np.fromiter(map(hash, contents), dtype=np.int64, count=n)
+        out = np.empty(n, dtype=np.int64)
+        if n:
+            self._reserve(n)
+            _number_all(self._slot_fp, self._slot_number, self._number_fp, self._seen, self.max_contents,
+                        fingerprints, out)
+        return out
+
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` more contents: the table at most half full, the reverse map long enough."""
+        live = min(int(self._seen[0]) + n, self.max_contents)
+        if len(self._number_fp) < live:
+            grown = np.zeros(min(max(live, 2 * len(self._number_fp)), self.max_contents), dtype=np.int64)
+            grown[: len(self._number_fp)] = self._number_fp
+            self._number_fp = grown
+        if 2 * live > len(self._slot_fp):
+            size = len(self._slot_fp)
+            while 2 * live > size:
+                size *= 2
+            self._slot_fp, self._slot_number = _rehashed(self._slot_fp, self._slot_number, size)
+
+
+@njit(cache=True)
+def _home(fingerprint, mask):
+    # Fibonacci hashing: Python's hash of small ints is the int itself, so spread the bits.
+    return ((fingerprint * np.int64(-7046029254386353131)) >> np.int64(17)) & mask
+
+
+@njit(cache=True)
+def _rehashed(slot_fp, slot_number, size):
+    new_fp = np.zeros(size, dtype=np.int64)
+    new_number = np.full(size, _EMPTY, dtype=np.int32)
+    mask = size - 1
+    for i in range(len(slot_fp)):
+        if slot_number[i] != _EMPTY:
+            j = _home(slot_fp[i], mask)
+            while new_number[j] != _EMPTY:
+                j = (j + 1) & mask
+            new_fp[j] = slot_fp[i]
+            new_number[j] = slot_number[i]
+    return new_fp, new_number
+
+
+@njit(cache=True)
+def _delete(slot_fp, slot_number, fingerprint, number, mask):
+    """Remove ``fingerprint``'s entry (holding ``number``), shifting its run back (no tombstones)."""
+    i = _home(fingerprint, mask)
+    while not (slot_number[i] == number and slot_fp[i] == fingerprint):
+        if slot_number[i] == _EMPTY:
+            return
+        i = (i + 1) & mask
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if slot_number[j] == _EMPTY:
+            break
+        home = _home(slot_fp[j], mask)
+        # the entry at j may fill the hole at i when its home is not cyclically in (i, j]
+        if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
+            slot_fp[i] = slot_fp[j]
+            slot_number[i] = slot_number[j]
+            i = j
+    slot_number[i] = _EMPTY
+
+
+@njit(cache=True)
+def _number_all(slot_fp, slot_number, number_fp, seen, max_contents, fingerprints, out):
+    mask = len(slot_fp) - 1
+    for k in range(len(fingerprints)):
+        fingerprint = fingerprints[k]
+        i = _home(fingerprint, mask)
+        while slot_number[i] != _EMPTY and slot_fp[i] != fingerprint:
+            i = (i + 1) & mask
+        if slot_number[i] != _EMPTY:
+            out[k] = slot_number[i]
+            continue
+        number = seen[0] % max_contents
+        if seen[0] >= max_contents:  # the number's old content is forgotten first
+            _delete(slot_fp, slot_number, number_fp[number], number, mask)
+            i = _home(fingerprint, mask)
+            while slot_number[i] != _EMPTY:
+                i = (i + 1) & mask
+        slot_fp[i] = fingerprint
+        slot_number[i] = number
+        number_fp[number] = fingerprint
+        seen[0] += 1
+        out[k] = number

@@ -1,0 +1,53 @@
+"""The pool's compiled content numbering gives the numbers the twin's own (a dict) would."""
+
+from collections import OrderedDict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvprof.vllm.numbering import ContentNumbers
+
+
+class DictNumbers:
+    """The rule of :class:`kvprof.core.twin.CompiledTwin`'s numbering, as a plain dict (the model)."""
+
+    def __init__(self, max_contents: int) -> None:
+        self.max_contents = max_contents
+        self.ids: OrderedDict = OrderedDict()
+
+    def numbers(self, contents) -> list[int]:
+        out = []
+        for content in contents:
+            if content not in self.ids:
+                full = len(self.ids) >= self.max_contents
+                self.ids[content] = self.ids.popitem(last=False)[1] if full else len(self.ids)
+            out.append(self.ids[content])
+        return out
+
+
+keys = st.binary(min_size=1, max_size=2)  # few distinct keys, so chains repeat them (vLLM's keys are bytes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 50), st.lists(st.lists(keys, max_size=30), max_size=30))
+def test_numbers_follow_the_twins_rule_with_recycling(max_contents, chains):
+    compiled, model = ContentNumbers(max_contents), DictNumbers(max_contents)
+    for chain in chains:
+        assert compiled.numbers(chain).tolist() == model.numbers(chain)
+    assert len(compiled) == len(model.ids)
+
+
+def test_a_long_run_recycles_oldest_first_and_keeps_the_table_bounded():
+    compiled, model = ContentNumbers(1000), DictNumbers(1000)
+    for start in range(0, 20000, 700):
+        chain = [b"k%d" % i for i in range(start, start + 900)] + [b"k%d" % (start // 2)]
+        assert compiled.numbers(chain).tolist() == model.numbers(chain)
+    assert len(compiled) == 1000
+    assert len(compiled._slot_fp) <= 4096  # at most half full, never more than twice the bound rounded up
+
+
+def test_clear_restarts_at_zero():
+    numbers = ContentNumbers(10)
+    numbers.numbers([b"a", b"b"])
+    numbers.clear()
+    assert numbers.numbers([b"b", b"a", b"b"]).tolist() == [0, 1, 0]
