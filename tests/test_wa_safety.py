@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvprof.models.hp import ReuseRow
 from kvprof.policy import LRUPolicy, make_policy
-from kvprof.core.policy import mixed as compiled_mixed
+from kvprof.core.wa import mixed as compiled_mixed
 from kvprof.policy.prefix_cache import NO_BLOCK
 from kvprof.policy.shadow import ChainSample, ShadowCache, chain_memory, mixed
 from kvprof.policy.wa import DEFAULT_ORDERS, SHADOW_SAMPLE, SHADOW_SAMPLE_MIN_BLOCKS, default_sample

@@ -8,7 +8,7 @@ keeps its state in numpy arrays inside numba structrefs and makes the same decis
 
 Layout: :mod:`~kvprof.core.structs` (linked lists, heap), :mod:`~kvprof.core.kinds` (one module
 per twin: its state and rules), :mod:`~kvprof.core.policies` (the core struct of every kind and
-the dispatch of its operations), :mod:`~kvprof.core.policy` (``wa``'s followed cores, shadows
+the dispatch of its operations), :mod:`~kvprof.core.wa` (``wa``'s followed cores, shadows
 and leader around a core), :mod:`~kvprof.core.build` (twins from reference instances),
 :mod:`~kvprof.core.tiers` (GPU and CPU tiers), :mod:`~kvprof.core.engine` (the replay loop).
 

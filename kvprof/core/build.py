@@ -12,7 +12,8 @@ import numpy as np
 from kvprof.core import has_twin
 from kvprof.core.kinds import KIND, classed, module
 from kvprof.core.policies import new_core
-from kvprof.core.policy import empty_cores, empty_shadows, lead, new_policy, new_shadow, outcome, set_safety_net
+from kvprof.core.shadow import new_shadow
+from kvprof.core.wa import empty_cores, empty_shadows, lead, new_policy, outcome, set_safety_net
 from kvprof.policy import REGISTERED, wa as wa_module
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.wa import WorkloadAwarePolicy
@@ -34,8 +35,8 @@ def compile_policy(policy: EvictionPolicy, n_blocks: int = 0):
 
     Returns
     -------
-    kvprof.core.policy.Policy
-        An opaque handle for the functions of :mod:`kvprof.core.policy`.
+    kvprof.core.wa.Policy
+        An opaque handle for the functions of :mod:`kvprof.core.wa`.
 
     Raises
     ------

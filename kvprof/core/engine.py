@@ -20,7 +20,7 @@ from numba.typed import List
 from kvprof.core import stream, structs, tiers
 from kvprof.core.build import compile_policy, write_back
 from kvprof.core.interrupts import compiled_call
-from kvprof.core.policy import policy_admit, policy_finish
+from kvprof.core.wa import policy_admit, policy_finish
 from kvprof.core.seats import give_seat, new_free, take_seat
 
 

@@ -4,10 +4,10 @@ numba types a structref argument in Python code (~0.5 us a call, more than the o
 an int in C. So a driver that calls the core once per vLLM event (the vLLM adaptor, through
 :class:`kvprof.core.twin.CompiledTwin`) passes the policy's address, an int from
 :func:`address_of`, and each function here turns it back into the policy with :func:`policy_at`.
-The address stays valid while the Python handle (:class:`kvprof.core.policy.Policy`) lives;
+The address stays valid while the Python handle (:class:`kvprof.core.wa.Policy`) lives;
 whoever holds the address must hold the handle.
 
-Every function is the :mod:`kvprof.core.policy` function of the same name with the policy behind
+Every function is the :mod:`kvprof.core.wa` function of the same name with the policy behind
 an address, plus batch forms vLLM's events come in (a chain of accesses, a batch of removals).
 """
 
@@ -19,8 +19,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kvprof.core import policy as core
-from kvprof.core.policy import policy_type
+from kvprof.core import wa as core
+from kvprof.core.wa import policy_type
 
 
 @intrinsic

@@ -9,7 +9,7 @@ one ``if kind ==`` line per kind and operation (numba compiles calls, it looks n
 
 One struct for every kind, rather than a struct per kind: ``wa``'s composite keeps followed
 cores of different kinds in one typed list and its shadows' pools are typed by the core
-(:mod:`kvprof.core.policy`), and numba's typed lists and struct fields hold one type. So the
+(:mod:`kvprof.core.wa`), and numba's typed lists and struct fields hold one type. So the
 struct is the union of the kinds' fields, each named after the kind that owns it, and a core
 grows only the per-block tables of its own kind.
 

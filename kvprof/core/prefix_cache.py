@@ -3,10 +3,10 @@
 The compiled :class:`kvprof.policy.prefix_cache.PrefixCache`, rule for rule. The functions take any
 *pool*: a struct with the fields of :func:`pool_fields` whose ``policy`` answers the pool protocol
 as methods (``access``, ``free``, ``remove``, ``evict_n``, ``holds``, ``n_evictable``; numba
-``overload_method`` s, registered for a whole policy, :data:`kvprof.core.policy.policy_type`, and
+``overload_method`` s, registered for a whole policy, :data:`kvprof.core.wa.policy_type`, and
 for a bare core, :data:`kvprof.core.policies.core_type`). The simulator's GPU tier
 (:data:`kvprof.core.tiers.device_type`) is a pool over a whole policy; each of ``wa``'s shadows
-(:data:`kvprof.core.policy.shadow_type`) is a pool over a core. Contents are dense ids >= 0, so the
+(:data:`kvprof.core.shadow.shadow_type`) is a pool over a core. Contents are dense ids >= 0, so the
 content-to-slot map is an array.
 """
 

@@ -17,7 +17,7 @@ from numba import njit, types
 from numba.experimental import structref
 
 from kvprof.core import stream, structs
-from kvprof.core.policy import (
+from kvprof.core.wa import (
     mark_policy, policy_access, policy_contains, policy_evict_n, policy_free, policy_remove, policy_type,
 )
 from kvprof.core.prefix_cache import (  # the GPU tier's rules, shared with wa's shadows; re-exported

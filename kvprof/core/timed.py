@@ -17,7 +17,7 @@ from numba.typed import List
 
 from kvprof.core import tiers
 from kvprof.core.interrupts import compiled_call
-from kvprof.core.policy import policy_admit, policy_finish, policy_remove
+from kvprof.core.wa import policy_admit, policy_finish, policy_remove
 from kvprof.core.seats import give_seat, new_free, take_seat
 from kvprof.core.structs import NONE
 

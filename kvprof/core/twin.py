@@ -16,7 +16,7 @@ import numpy as np
 
 from kvprof.core import handle
 from kvprof.core.build import compile_policy
-from kvprof.core.policy import outcome
+from kvprof.core.wa import outcome
 from kvprof.core.seats import Seats
 from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 

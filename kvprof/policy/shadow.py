@@ -10,6 +10,8 @@ size; ``wa`` follows the order whose shadow hits most (:mod:`kvprof.policy.wa`).
 The shadows may run on a spatial sample of the traffic (:class:`ChainSample`, SHARDS-style): only
 the requests of sampled conversations, in caches scaled to the sample. Every shadow sees the same
 sample, so they rank the candidates on the same traffic at a fraction of the cost.
+
+Its compiled twin is :mod:`kvprof.core.shadow`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ _BITS = (1 << 64) - 1
 
 
 def mixed(number: int) -> int:
-    """``number`` mixed into 64 bits (splitmix64's finalizer; :func:`kvprof.core.policy.mixed` is its twin)."""
+    """``number`` mixed into 64 bits (splitmix64's finalizer; :func:`kvprof.core.wa.mixed` is its twin)."""
     z = number & _BITS
     z = ((z ^ (z >> 30)) * MIX[0]) & _BITS
     z = ((z ^ (z >> 27)) * MIX[1]) & _BITS

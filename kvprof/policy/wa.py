@@ -1,4 +1,7 @@
-"""kvprof's workload-aware policy: the fitted reuse model, with shadows that keep it honest."""
+"""kvprof's workload-aware policy: the fitted reuse model, with shadows that keep it honest.
+
+Its compiled twin is :mod:`kvprof.core.wa` (rows: :mod:`kvprof.core.kinds.classed`).
+"""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from kvprof.core import tiers
 from kvprof.core.build import compile_policy
-from kvprof.core.policy import outcome, policy_admit, policy_finish
+from kvprof.core.wa import outcome, policy_admit, policy_finish
 from kvprof.core.structs import NONE
 from kvprof.core.twin import Seats
 from kvprof.core.timed import admit, finish, forget

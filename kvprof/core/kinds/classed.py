@@ -1,7 +1,7 @@
 """The twin of the policies with rows (:class:`kvprof.policy.classed.ClassedLRUPolicy`): ``wa-paper``
 (:class:`~kvprof.policy.wa_paper.PublishedWorkloadAwarePolicy`) and ``wa``'s rows
 (:class:`~kvprof.policy.wa.WorkloadAwarePolicy`, without its followed policies and shadows:
-:mod:`kvprof.core.policy`), hit counts and ghost.
+:mod:`kvprof.core.wa`), hit counts and ghost.
 
 List ``r`` of the queue holds row ``r`` in free order; eviction merges the rows' heads by the
 row order's keys (``evict_n``). State: ``pushed`` (per block: the stamp it was freed with),
