@@ -9,7 +9,7 @@ is made, so the numbers stay below the most requests ever running at once.
 The compiled loops (:mod:`kvprof.core.engine`, :mod:`kvprof.core.timed`) keep the given-back
 seats on a stack (``free[:n_free]``, :func:`take_seat`, :func:`give_seat`) and reuse each seat's
 slot array, grown only when a request needs more (:func:`seat_slots`, also what a compiled part
-keyed by a seat its driver numbered needs); a driver in Python that names requests by key
+keyed by a seat its driver numbered needs: :mod:`kvprof.core.shadow`); a driver in Python that names requests by key
 (:mod:`kvprof.core.twin`, :mod:`kvprof.vllm.observe`) uses :class:`Seats`.
 """
 

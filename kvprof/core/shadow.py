@@ -17,6 +17,7 @@ from kvprof.core.policies import core_type
 from kvprof.core.prefix_cache import (
     allocate, cached_prefix, init_pool, make_room, n_free, pin_hits, pool_fields, release, reserve_contents,
 )
+from kvprof.core.seats import seat_slots
 from kvprof.core.structs import NONE, grown
 
 
@@ -67,12 +68,7 @@ def shadow_admit(shadow, seat, contents, n_lookup, n_blocks, now, workload, neve
     if seat >= len(shadow.seat_n):
         shadow.seat_n = grown(shadow.seat_n, seat + 1, 0)
         shadow.seat_workload = grown(shadow.seat_workload, seat + 1, 0)
-    while len(shadow.seats) <= seat:
-        shadow.seats.append(np.zeros(16, np.int64))
-    slots = shadow.seats[seat]
-    if len(slots) < n_blocks:
-        slots = np.zeros(max(n_blocks, 2 * len(slots)), np.int64)
-        shadow.seats[seat] = slots
+    slots = seat_slots(shadow.seats, seat, n_blocks)
     n_hits, n_hit_evictable = cached_prefix(shadow, contents, 0, n_lookup, slots)
     short = n_blocks - n_hits - (n_free(shadow) - n_hit_evictable)
     if short > 0:
