@@ -5,7 +5,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvprof.vllm.numbering import ContentNumbers
+from kvprof.vllm.numbering import ContentNumbers, RecentContentNumbers
 
 
 class DictNumbers:
@@ -51,3 +51,48 @@ def test_clear_restarts_at_zero():
     numbers.numbers([b"a", b"b"])
     numbers.clear()
     assert numbers.numbers([b"b", b"a", b"b"]).tolist() == [0, 1, 0]
+
+
+class RecentDictNumbers:
+    """The live counterfactual's numbering before it was compiled: an OrderedDict in recency order (the model)."""
+
+    def __init__(self, max_contents: int) -> None:
+        self.max_contents = max_contents
+        self.ids: OrderedDict = OrderedDict()
+
+    def renumber(self, contents) -> tuple[list[int], list[int]]:
+        out, recycled = [], []
+        for content in contents:
+            if content in self.ids:
+                self.ids.move_to_end(content)
+            elif len(self.ids) < self.max_contents:
+                self.ids[content] = len(self.ids)
+            else:
+                recycled.append(self.ids.popitem(last=False)[1])
+                self.ids[content] = recycled[-1]
+            out.append(self.ids[content])
+        return out, recycled
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 50), st.lists(st.lists(keys, max_size=30), max_size=30))
+def test_recent_numbers_recycle_the_least_recently_seen_as_the_dict_did(max_contents, chains):
+    compiled, model = RecentContentNumbers(max_contents), RecentDictNumbers(max_contents)
+    for chain in chains:
+        numbers, recycled = compiled.renumber(chain)
+        assert (numbers.tolist(), recycled.tolist()) == model.renumber(chain)
+    assert len(compiled) == len(model.ids)
+
+
+def test_recent_numbers_keep_what_is_looked_up_and_stay_bounded():
+    compiled, model = RecentContentNumbers(1000), RecentDictNumbers(1000)
+    hot = [b"hot%d" % i for i in range(100)]
+    for start in range(0, 20000, 700):
+        chain = hot + [b"k%d" % i for i in range(start, start + 900)]
+        numbers, recycled = compiled.renumber(chain)
+        assert (numbers.tolist(), recycled.tolist()) == model.renumber(chain)
+        assert numbers[:100].tolist() == list(range(100))  # the hot prefix is never the least recent
+    assert len(compiled) == 1000
+    assert len(compiled._slot_fp) <= 4096 and len(compiled._older) <= 1000
+    compiled.clear()
+    assert compiled.numbers([b"b", b"a", b"b"]).tolist() == [0, 1, 0]

@@ -460,3 +460,38 @@ print(generate_latest(registry).decode())
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert out.returncode == 0, out.stderr
     assert 'kvprof_reloads_total{engine="7",rank="1",result="ok"} 0.0' in out.stdout
+
+
+def test_the_compiled_numbering_recycles_as_the_dict_did_so_hits_are_unchanged():
+    """Past ``max_contents`` the counterfactual recycles the least recently seen content's number;
+    with the compiled table it hits, request for request, what it hit numbering with an OrderedDict."""
+    import random
+
+    from tests.test_content_numbers import RecentDictNumbers
+
+    class DictNumbering(RecentDictNumbers):  # the numbering the counterfactual had before
+        def renumber(self, contents):
+            numbers, recycled = super().renumber(contents)
+            return np.array(numbers, np.int64), np.array(recycled, np.int64)
+
+        def __len__(self):
+            return len(self.ids)
+
+    hp = HpFile.from_dict(HP)
+    rng = random.Random(7)
+    compiled, model = ({name: Counterfactual({name: make_policy(name, hp=hp, capacity=10)}, 10, BS, max_contents=24)
+                        for name in ("lru", "wa")} for _ in range(2))
+    for counterfactual in model.values():
+        counterfactual._numbers = DictNumbering(24)
+    chains = []
+    for i in range(120):  # two requests running at a time, each with one output block
+        chains.append([b"p%d" % rng.randrange(4)] + [b"c%d" % rng.randrange(40) for _ in range(rng.randrange(1, 6))])
+        for live in (*compiled.values(), *model.values()):
+            live.admit(i, chains[i], BS * len(chains[i]) + 3, (0, 0), float(i))
+            if i >= 2:
+                chain = chains[i - 2]
+                live.finish(i - 2, chain + [b"o%d" % i], BS * len(chain) + 3, BS, float(i) + 0.5)
+    for name in compiled:
+        assert len(compiled[name]._numbers) == 24  # it recycled
+        assert (compiled[name].lookups, compiled[name].hits) == (model[name].lookups, model[name].hits)
+        assert compiled[name].hits[name] > 0

@@ -14,7 +14,6 @@ thread, never on the scheduler's.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -26,6 +25,7 @@ from kvprof.core.structs import NONE
 from kvprof.core.twin import Seats
 from kvprof.core.timed import admit, finish, forget
 from kvprof.policy.base import EvictionPolicy
+from kvprof.vllm.numbering import RecentContentNumbers
 
 #: Content numbers per block of the tier (and at least :data:`MIN_CONTENTS`), as the pool's twin keeps.
 CONTENTS_PER_BLOCK = 16
@@ -48,10 +48,13 @@ class _Tier:
 class Counterfactual:
     """Policies run beside the server on its block hashes, each in a tier of ``capacity`` blocks.
 
-    Invariants: content numbers name at most ``max_contents`` distinct hashes, densely; when one
-    is given to a new hash, the old hash is first made uncached in every tier (:func:`forget`), so
-    a tier never takes one content for another (a ghost or shadow of ``wa`` may, as in the pool's
-    twin: it only shifts the safety net's statistics). Every admitted request is in ``running``
+    Invariants: content numbers name at most ``max_contents`` distinct hashes, densely, in a
+    compiled table (:class:`~kvprof.vllm.numbering.RecentContentNumbers`: past ``max_contents``
+    the least recently seen hash gives its number up); when one is given to a new hash, the old
+    hash is first made uncached in every tier (:func:`forget`), so a tier never takes one content
+    for another (a ghost or shadow of ``wa`` may, as in the pool's twin: it only shifts the safety
+    net's statistics), save two hashes with one 64-bit fingerprint (probability ``m / 2**64`` for
+    a new one with ``m`` numbered). Every admitted request is in ``running``
     of every tier until it finishes. Hits and lookups are counted when a request finishes, over
     the requests the server counts (it knows a request's hits when it frees it), so that both
     count the same requests in any window.
@@ -71,7 +74,7 @@ class Counterfactual:
         self.capacity = capacity
         self.block_size = block_size
         self.max_contents = max_contents or max(CONTENTS_PER_BLOCK * capacity, MIN_CONTENTS)
-        self._numbers: OrderedDict[Hashable, int] = OrderedDict()
+        self._numbers = RecentContentNumbers(self.max_contents)
         # Contents the tiers' maps cover now: grown with the numbers handed out (to ``max_contents``),
         # so a tier costs what the traffic numbered, not 16 contents per block from the start.
         self._reserved = min(self.max_contents, MIN_CONTENTS)
@@ -142,7 +145,7 @@ class Counterfactual:
             slots, held, workload, prompt, n_hit = entry
             tier.hits += n_hit
             # the layout of RecordedTiming: the prompt's blocks (a full tier may give some only now), the output's
-            blocks = np.concatenate([prompt, np.array(output, np.int64)])
+            blocks = np.concatenate([prompt, output])
             slots = np.concatenate([slots, np.zeros(n_new, np.int64)])
             policy_finish(tier.compiled, seat, now, blocks, n_prompt + n_new)
             finish(tier.gpu, blocks, next_use, 0, held, len(blocks), n_new, now, workload, slots)
@@ -159,32 +162,18 @@ class Counterfactual:
                 tiers.release(tier.gpu, entry[0], entry[1], now)
 
     # -- contents --------------------------------------------------------------------------
-    def _contents(self, hashes: Sequence) -> list[int]:
-        numbers = self._numbers
-        out = []
-        for h in hashes:
-            number = numbers.get(h)
-            if number is None:
-                number = self._number(h)
-            else:
-                numbers.move_to_end(h)
-            out.append(number)
-        return out
-
-    def _number(self, content: Hashable) -> int:
-        numbers = self._numbers
-        if len(numbers) < self.max_contents:
-            number = len(numbers)
-            if number >= self._reserved:
-                self._reserved = min(2 * self._reserved, self.max_contents)
-                for tier in self.tiers.values():
-                    tiers.reserve_contents(tier.gpu, self._reserved)
-        else:
-            number = numbers.popitem(last=False)[1]
-            for tier in self.tiers.values():
+    def _contents(self, hashes: Sequence) -> np.ndarray:
+        numbers, recycled = self._numbers.renumber(hashes)
+        reserved = self._reserved
+        while reserved < len(self._numbers):
+            reserved = min(2 * reserved, self.max_contents)
+        for tier in self.tiers.values():
+            if reserved > self._reserved:
+                tiers.reserve_contents(tier.gpu, reserved)
+            for number in recycled.tolist():  # its old content is not this one: uncached first
                 forget(tier.gpu, number)
-        numbers[content] = number
-        return number
+        self._reserved = reserved
+        return numbers
 
     def _next_use(self, n: int) -> np.ndarray:
         if len(self._no_use) < n:
