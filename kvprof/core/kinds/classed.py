@@ -318,47 +318,27 @@ def _before(core, r, s):
 
 
 @njit(cache=True)
-def _sift_down(core, rows, m, i):
-    """Restore the heap order of ``rows[:m]`` (each row's head before its children's) below ``i``."""
-    while True:
-        least = i
-        for child in (2 * i + 1, 2 * i + 2):
-            if child < m and _before(core, rows[child], rows[least]):
-                least = child
-        if least == i:
-            return
-        rows[i], rows[least] = rows[least], rows[i]
-        i = least
-
-
-@njit(cache=True)
 def _merge(core, n, now, out, at):
     """The greedy merge of the rows (``ClassFifos.merge``): ``n`` times the head with the lowest key.
 
     Keys are computed once per head; a run of blocks pushed with one stamp shares its score, so
-    only a new stamp is scored again. The rows with blocks form a binary heap by their heads' keys
-    (a strict order: keys end with the row), so the lowest head and the next lowest (a child of
-    the root) cost a sift per run, not a scan of every row.
+    only a new stamp is scored again.
     """
     q = core.q
-    rows = np.empty(core.n_rows, np.int64)
-    m = 0
     for r in range(core.n_rows):
         if q.count[r]:
             head = q.head[r]
             _set_key(core, r, head, _score(core, r, core.pushed[head], now))
-            rows[m] = r
-            m += 1
-    for i in range(m // 2 - 1, -1, -1):
-        _sift_down(core, rows, m, i)
     need = n
     while need:
-        best = rows[0]
-        second = NONE
-        if m > 2 and _before(core, rows[2], rows[1]):
-            second = rows[2]
-        elif m > 1:
-            second = rows[1]
+        best = second = NONE
+        for r in range(core.n_rows):
+            if not q.count[r]:
+                continue
+            if best == NONE or _before(core, r, best):
+                best, second = r, best
+            elif second == NONE or _before(core, r, second):
+                second = r
         while True:
             block = pop_front(q, best)
             out[at] = block
@@ -373,10 +353,6 @@ def _merge(core, n, now, out, at):
             _set_key(core, best, head, score)
             if second != NONE and not _before(core, best, second):
                 break
-        if not q.count[best]:
-            m -= 1
-            rows[0] = rows[m]
-        _sift_down(core, rows, m, 0)
 
 
 @njit(cache=True)
