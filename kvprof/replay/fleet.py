@@ -36,7 +36,7 @@ from kvprof.replay.run import ReplayOutcome, ReplaySettings, _capacity, write_me
 from kvprof.replay.runner import Progress, send_all
 from kvprof.replay.server import Server
 from kvprof.sim.config import CostModel, SimConfig
-from kvprof.sim.fleet import RouterSpec, _LeastLoaded, _PrefixApprox, _PrefixPrecise, label, route
+from kvprof.sim.fleet import LeastLoaded, PrefixApprox, PrefixPrecise, RouterSpec, label, route
 from kvprof.sim.workload import prepare_workload
 
 #: What replica K's outputs are written in, under the fleet's output directory.
@@ -168,7 +168,7 @@ def _msgpack_decoder() -> Callable[[bytes], object]:
     return lambda data: msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
-class _LivePrefixPrecise(_PrefixPrecise):
+class _LivePrefixPrecise(PrefixPrecise):
     """The simulator's precise prefix router reading the live servers' KV event indexes: the overlap
     is the leading blocks of the prompt being sent that the server announced caching."""
 
@@ -207,11 +207,11 @@ def live_router(trace: Trace, spec: RouterSpec, replicas: int, capacity: int, bl
         chosen = route(trace, workload, None, spec, replicas, "lru", capacity, config).replica.tolist()
         return LiveRouter(lambda r, prompt, loads: chosen[r])
     if spec.name == "least-loaded":
-        router = _LeastLoaded(replicas)
+        router = LeastLoaded(replicas)
         return LiveRouter(lambda r, prompt, loads: router.choose(r, loads, None))
     blocks = workload.block.tolist()
     if spec.name == "prefix-approx":
-        approx = _PrefixApprox(replicas, workload, blocks, spec.load_weight, spec.index_blocks or capacity)
+        approx = PrefixApprox(replicas, workload, blocks, spec.load_weight, spec.index_blocks or capacity)
         return LiveRouter(lambda r, prompt, loads: approx.choose(r, loads, None))
     if len(events) != replicas:
         raise KvprofError(f"prefix-precise reads each server's KV events: give one --kv-events endpoint per --url "

@@ -93,7 +93,7 @@ class _RoundRobin(_Router):
         return self.rotation()[0]
 
 
-class _LeastLoaded(_Router):
+class LeastLoaded(_Router):
     """Fewest requests waiting or running; ties in turn."""
 
     def choose(self, r, loads, caches):
@@ -139,7 +139,7 @@ class _Prefix(_Router):
         return max(self.rotation(), key=scores.__getitem__)
 
 
-class _PrefixPrecise(_Prefix):
+class PrefixPrecise(_Prefix):
     """Reads each replica's real cache, as KV events tell llm-d's precise scorer or Dynamo's router."""
 
     def overlap(self, j, r, caches):
@@ -147,7 +147,7 @@ class _PrefixPrecise(_Prefix):
         return len(_slots(caches[j], self.blocks, start, self.n_lookup[r]))
 
 
-class _PrefixApprox(_Prefix):
+class PrefixApprox(_Prefix):
     """Reads an index of the blocks it sent each replica, an LRU of ``index_blocks`` per replica
     (llm-d's approximate prefix scorer): it never learns what the replica evicted."""
 
@@ -221,13 +221,13 @@ def route(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: int,
     if spec.name == "round-robin":
         router: _Router = _RoundRobin(replicas)
     elif spec.name == "least-loaded":
-        router = _LeastLoaded(replicas)
+        router = LeastLoaded(replicas)
     elif spec.name == "session":
         router = _Session(replicas, trace)
     elif spec.name == "prefix-precise":
-        router = _PrefixPrecise(replicas, workload, blocks, spec.load_weight)
+        router = PrefixPrecise(replicas, workload, blocks, spec.load_weight)
     else:
-        router = _PrefixApprox(replicas, workload, blocks, spec.load_weight, spec.index_blocks or capacity)
+        router = PrefixApprox(replicas, workload, blocks, spec.load_weight, spec.index_blocks or capacity)
     chosen = np.empty(n, dtype=np.int64)
     if not spec.reads_replicas:
         for r in range(n):
