@@ -19,8 +19,10 @@ SIGTERM and SIGKILL back to back, so nothing in it can be relied on to finish th
 recorder therefore starts a guard process (``python -m kvprof.vllm.record --guard``) that ignores
 signals and waits for the engine core to go; if the recorder did not close itself, the guard
 finishes what it left (cut after the last closed frame, renamed, counted in ``recording.json``).
-Counts are saved with every closed frame, so ``written`` is true after any stop, ``kill -9``
-included; a start finishes what a guard could not (killed with the rest of a container).
+Counts are saved just after every closed frame, so ``written`` holds after any stop, ``kill -9``
+included, except that a kill between a frame's sync and the save leaves it one frame short (the
+reader then counts nothing missing); a start finishes what a guard could not (killed with the rest
+of a container).
 """
 
 from __future__ import annotations
