@@ -4,7 +4,7 @@
 
 On `kvprof synth bailian-a` (2 h, seed 0; 128-token blocks) the tuning's workload -- the last third
 of the fit window 0:3600, as :func:`kvprof.sim.tune.tune` replays it -- is labelled at each capacity
-by: the last round's free labeller (:func:`kvprof.sim.learn.belady_labels`: Belady on the Python
+by: the last round's free labeller (:func:`kvprof.sim.learn.python_free_labels`: Belady on the Python
 engine, labels and features at each free), the Python access labeller
 (:func:`kvprof.sim.belady_labels.python_access_labels`) and the compiled one
 (:func:`kvprof.sim.belady_labels.access_labels`, timed after one warm-up call that loads the
@@ -26,7 +26,7 @@ from kvprof.profiler.reader import read_trace
 from kvprof.profiler.synth import generate, write_jsonl
 from kvprof.sim.belady_labels import access_labels, python_access_labels
 from kvprof.sim.config import SimConfig
-from kvprof.sim.learn import belady_labels
+from kvprof.sim.learn import python_free_labels
 from kvprof.sim.tune import REPLAYED_SHARE
 from kvprof.sim.workload import prepare_workload
 
@@ -62,7 +62,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     totals = [0.0, 0.0, 0.0]
     for capacity in (int(c) for c in args.capacities.split(",")):
-        _, free_s = timed(belady_labels, workload, capacity, config, n_cells, len(TIER_EDGES))
+        _, free_s = timed(python_free_labels, workload, capacity, config, n_cells, len(TIER_EDGES))
         python, python_s = timed(python_access_labels, workload, capacity, config)
         compiled, compiled_s = timed(access_labels, workload, capacity, config)
         for i, seconds in enumerate((free_s, python_s, compiled_s)):

@@ -18,11 +18,12 @@ from kvprof.profiler.synth import generate, write_jsonl
 from tests.test_policies import LAM, OPS, P, PolicyPool, Scenario, build, wa_policy
 
 #: A predictor over the four test cells whose buckets (three edges) all fill: the weights vary
-#: with every feature, so blocks of one free call land in different buckets; a credit of a few
+#: with every feature (the chain's turn, its gap and a block's fan-out too), so blocks of one free call land in different buckets; a credit of a few
 #: steps of the scenarios' clock, so the buckets interleave.
 LEARNED = LearnedModel(0.1, cell=(0.8, -0.6, 0.3, -0.2), tier=(-1.0, 0.4, 1.1, 2.0),
                        depth=tuple(np.linspace(1.5, -1.5, N_LOG_BINS)), tail=tuple(np.linspace(-1.0, 1.0, N_LOG_BINS)),
-                       edges=(0.3, 0.5, 0.7), credit_s=2.5)
+                       turn=tuple(np.linspace(-0.8, 1.2, N_LOG_BINS)), gap=tuple(np.linspace(0.9, -0.9, N_LOG_BINS)),
+                       fanout=tuple(np.linspace(-0.5, 1.5, N_LOG_BINS)), edges=(0.3, 0.5, 0.7), credit_s=2.5)
 
 #: wa in each configuration the twin must follow: every candidate order alone (adaptive
 #: frequency learning from its own ghost), the followed S3-FIFO or learned candidate leading, and

@@ -90,11 +90,12 @@ def copy_core(s):
     c.belady_heap = copy_heap(s.belady_heap)
     c.belady_freed = s.belady_freed
     c.learned_hits = s.learned_hits.copy()
+    c.learned_turn = s.learned_turn.copy()
+    c.learned_tail_at = s.learned_tail_at.copy()
+    c.learned_child = s.learned_child.copy()
+    c.learned_fanout = s.learned_fanout.copy()
     c.learned_bias = s.learned_bias
-    c.learned_cell = s.learned_cell.copy()
-    c.learned_tier = s.learned_tier.copy()
-    c.learned_depth = s.learned_depth.copy()
-    c.learned_tail = s.learned_tail.copy()
+    c.learned_tables = s.learned_tables.copy()
     c.learned_edges = s.learned_edges.copy()
     c.learned_credit = s.learned_credit
     c.sieve_visited = s.sieve_visited.copy()

@@ -16,7 +16,7 @@ from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule, is_name_text
 from kvprof.jsonfile import JsonChecks, member
 from kvprof.limits import POSITIVE_SECONDS, SECONDS, Bound
 from kvprof.models.hp_params import DEFAULT_CLASS, REUSED_SUFFIX, SOURCES, ClassParams, ReuseRow
-from kvprof.models.learned import N_LOG_BINS, LearnedModel
+from kvprof.models.learned import LOG_BINNED, N_LOG_BINS, LearnedModel
 from kvprof.models.sessions import MAX_TURNS
 
 _DIAGNOSTIC_COUNTS = ("n_accesses", "n_reuses", "n_censored")
@@ -159,12 +159,17 @@ OPEN_PROBABILITY = Bound(0.0, 1.0 - 1e-12, low_open=True)
 
 
 def _read_learned(checks: JsonChecks, data, where: str) -> LearnedModel:
-    """A :class:`~kvprof.models.learned.LearnedModel`: ``bias``, per-bin weights, bucket ``edges``, ``quality``."""
+    """A :class:`~kvprof.models.learned.LearnedModel`: ``bias``, per-bin weights, bucket ``edges``, ``quality``.
+
+    The chain features' weights (``turn``, ``gap``, ``fanout``) are optional: a file written before
+    they were fitted has none, which weighs them zero (the predictor it was written with)."""
     checks.fields(data, where, required=("bias", "cell", "tier", "depth", "tail", "edges"),
-                  optional=("credit_s", "quality"))
+                  optional=("turn", "gap", "fanout", "credit_s", "quality"))
     bias = float(checks.bounded(data["bias"], member(where, "bias"), LOG_ODDS))
     weights = {}
-    for name, size in (("cell", None), ("tier", len(TIER_EDGES)), ("depth", N_LOG_BINS), ("tail", N_LOG_BINS)):
+    for name, size in (("cell", None), ("tier", len(TIER_EDGES)), *((name, N_LOG_BINS) for name in LOG_BINNED)):
+        if name not in data:
+            continue  # an optional chain feature (the required ones are checked above)
         at = member(where, name)
         values = checks.sequence(data[name], at, empty=False)
         if size is not None and len(values) != size:

@@ -17,16 +17,21 @@ from collections.abc import Hashable, Iterable
 import heapq
 from itertools import islice
 
-from kvprof.models.learned import LearnedModel, log_bin
+from kvprof.models.learned import LearnedModel, gap_bin, log_bin
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.orders import tier_of
 
 
 class FreeFeatures:
-    """What a freed block's features need, recorded at each access: its cell, depth and hits since allocation.
+    """What a freed block's features need, kept per block since its allocation (no history of
+    contents that left the pool): its cell, depth and hits at its latest access, the turn of the
+    chain it was left the tail of and when, the block that last continued past it and how often that changed.
 
     Invariant: for every block accessed since it was last allocated, ``cell``, ``depth`` and
-    ``hits`` are those of its latest access.
+    ``hits`` are those of its latest access; ``turn[b]`` and ``tail_at[b]`` are the turn and the
+    time of the latest free since then that left ``b`` the deepest block of its call (absent:
+    none did); ``child[b]`` is the block one deeper than ``b`` in the latest free call holding
+    both, and ``fanout[b]`` how many frees since the allocation found a child different from the one before.
     """
 
     def __init__(self, n_cells: int, n_tiers: int) -> None:
@@ -34,23 +39,65 @@ class FreeFeatures:
         self.cell: dict[int, int] = {}
         self.depth: dict[int, int] = {}
         self.hits: dict[int, int] = {}
+        self.turn: dict[int, int] = {}
+        self.tail_at: dict[int, float] = {}
+        self.child: dict[int, int] = {}
+        self.fanout: dict[int, int] = {}
 
     def access(self, block: int, workload: int, depth: int, hit: bool) -> None:
         self.cell[block] = workload if 0 <= workload < self.n_cells else self.n_cells - 1
         self.depth[block] = depth
-        self.hits[block] = self.hits.get(block, 0) + 1 if hit else 0
+        if hit:
+            self.hits[block] = self.hits.get(block, 0) + 1
+            return
+        self.hits[block] = 0  # allocated anew: what the block's former content did is forgotten
+        for chain_state in (self.turn, self.tail_at, self.child, self.fanout):
+            chain_state.pop(block, None)
 
-    def of_free(self, blocks: list[int]) -> list[tuple[int, int, int, int]]:
-        """(cell, tier, depth bin, tail-distance bin) of each block of one free call."""
+    def chain_turn(self, blocks: list[int], tail: int, now: float) -> tuple[int, float]:
+        """The turn of the chain one free call ends and the seconds since its previous turn (-1: none).
+
+        The previous tail is the call's block of the latest turn (the first on a tie); the call
+        extends it unless it is the call's own tail (the chain freed again, not extended)."""
+        previous, previous_turn = -1, 0
+        for block in blocks:
+            if self.turn.get(block, 0) > previous_turn:
+                previous, previous_turn = block, self.turn[block]
+        if previous < 0:
+            return 1, -1.0
+        return previous_turn + (previous != tail), now - self.tail_at[previous]
+
+    def _count_children(self, blocks: list[int]) -> None:
+        """Each block's child in the call is its neighbour in the list one deeper (either side)."""
         depth = self.depth
-        deepest = max((depth.get(b, 0) for b in blocks), default=0)
+        for i, block in enumerate(blocks):
+            wanted = depth.get(block, 0) + 1
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(blocks) and depth.get(blocks[j], 0) == wanted:
+                    if self.child.get(block, -1) != blocks[j]:
+                        self.child[block] = blocks[j]
+                        self.fanout[block] = self.fanout.get(block, 0) + 1
+                    break
+
+    def of_free(self, blocks: list[int], now: float) -> list[tuple[int, ...]]:
+        """The feature bins (:data:`~kvprof.models.learned.FEATURES` order) of each block of one free
+        call, recording the call: its tail's turn and the children it shows."""
+        if not blocks:
+            return []
+        depth = self.depth
+        deepest = max(depth.get(b, 0) for b in blocks)
+        tail = next(b for b in blocks if depth.get(b, 0) == deepest)
+        turn, gap = self.chain_turn(blocks, tail, now)
+        self._count_children(blocks)
+        self.turn[tail], self.tail_at[tail] = turn, now
+        turn_bin, gap_bin_ = log_bin(turn), gap_bin(gap)
         return [(self.cell.get(b, self.n_cells - 1), min(tier_of(self.hits.get(b, 0)), self.n_tiers - 1),
-                 log_bin(depth.get(b, 0)), log_bin(deepest - depth.get(b, 0))) for b in blocks]
+                 log_bin(depth.get(b, 0)), log_bin(deepest - depth.get(b, 0)), turn_bin, gap_bin_,
+                 log_bin(self.fanout.get(b, 0))) for b in blocks]
 
     def clear(self) -> None:
-        self.cell.clear()
-        self.depth.clear()
-        self.hits.clear()
+        for state in (self.cell, self.depth, self.hits, self.turn, self.tail_at, self.child, self.fanout):
+            state.clear()
 
 
 class LearnedPolicy(EvictionPolicy):
@@ -73,6 +120,7 @@ class LearnedPolicy(EvictionPolicy):
         self.model = model
         self._features = FreeFeatures(len(model.cell), len(model.tier))
         self._edges = [float(e) for e in model.log_odds_edges()]
+        self._tables = model.tables()
         self._lists: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(model.n_buckets)]
         self._bucket: dict[int, int] = {}
         self._freed_at: dict[int, float] = {}
@@ -81,15 +129,17 @@ class LearnedPolicy(EvictionPolicy):
                next_use: float = math.inf, content: Hashable | None = None) -> None:
         self._features.access(block, workload, depth, hit)
 
-    def bucket(self, cell: int, tier: int, depth_bin: int, tail_bin: int) -> int:
-        """The bucket of a block with these feature bins: how many edges its log-odds reach."""
-        m = self.model
-        log_odds = m.bias + m.cell[cell] + m.tier[tier] + m.depth[depth_bin] + m.tail[tail_bin]
+    def bucket(self, *bins: int) -> int:
+        """The bucket of a block with these feature bins (:data:`~kvprof.models.learned.FEATURES`
+        order): how many edges its log-odds reach."""
+        log_odds = self.model.bias
+        for table, k in zip(self._tables, bins):
+            log_odds += table[k]
         return sum(1 for edge in self._edges if log_odds >= edge)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
         blocks = blocks if isinstance(blocks, list) else list(blocks)
-        for block, features in zip(blocks, self._features.of_free(blocks)):
+        for block, features in zip(blocks, self._features.of_free(blocks, now)):
             bucket = self.bucket(*features)
             self._bucket[block] = bucket
             self._freed_at[block] = now

@@ -38,7 +38,13 @@ def labels_from_hits(workload: Workload, hit: np.ndarray) -> np.ndarray:
 
 
 def access_labels(workload: Workload, capacity: int, config: SimConfig = SimConfig()) -> np.ndarray:
-    """Belady's label of every access of ``workload`` at ``capacity`` GPU blocks, compiled.
+    """Belady's label of every access of ``workload`` at ``capacity`` GPU blocks, compiled
+    (:func:`belady_hits` read by :func:`labels_from_hits`)."""
+    return labels_from_hits(workload, belady_hits(workload, capacity, config))
+
+
+def belady_hits(workload: Workload, capacity: int, config: SimConfig = SimConfig()) -> np.ndarray:
+    """Whether each access of ``workload`` hits under Belady at ``capacity`` GPU blocks (bool, (m,)), compiled.
 
     Raises
     ------
@@ -57,7 +63,7 @@ def access_labels(workload: Workload, capacity: int, config: SimConfig = SimConf
     outcome = run(workload, BeladyPolicy(), None, config, [(0.0, capacity)], per_request=True)
     owner = _owner(workload)
     depth = np.arange(workload.n_accesses, dtype=np.int64) - workload.offsets[owner]
-    return labels_from_hits(workload, depth < outcome["request_hits"][owner])
+    return depth < outcome["request_hits"][owner]
 
 
 def python_access_labels(workload: Workload, capacity: int, config: SimConfig = SimConfig()) -> np.ndarray:

@@ -1,11 +1,14 @@
 """Train ``wa``'s ``learned`` candidate on what Belady did with the fit window.
 
-:func:`belady_labels` replays a workload under Belady and labels every free of a block by what
-Belady did with it next (Hawkeye's OPT labels, Jain & Lin, ISCA '16): 1 (cache-friendly) when
-its next access was a hit, Belady having kept it; 0 (cache-averse) when Belady evicted it
-first, which is also the fate of every block never used again. A free still unresolved when the
-replay ends (kept, next use beyond the window) has no label and is left out. The features are
-those the live pool has at the free (:class:`kvprof.policy.learned.FreeFeatures`).
+:func:`belady_labels` replays a workload under Belady, compiled, and labels every access by what
+Belady did with its block next (Hawkeye's OPT labels, Jain & Lin, ISCA '16, at each access:
+:mod:`kvprof.sim.belady_labels`): 1 (cache-friendly) when the next access by a later request
+was a hit, Belady having kept the block; 0 (cache-averse) when it missed or there is none. Its
+features are those the live pool gives the block at the request's free
+(:class:`kvprof.policy.learned.FreeFeatures`), computed on Belady's hits
+(:func:`kvprof.sim.free_features.access_features`). :func:`python_free_labels` is the last
+round's labeller (Belady on the Python engine, labelled at each free; a free still unresolved
+when the replay ends is left out), kept as the reference the access labels are checked against.
 
 :func:`fit_learned` sets the friendly buckets' credit to the :data:`CREDIT_QUANTILE` of the
 friendly frees' reuse gaps (seconds from the free to the hit) and fits a logistic regression over the one-hot binned features and returns it
@@ -19,9 +22,11 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from kvprof.models.learned import N_LOG_BINS, LearnedModel
+from kvprof.models.learned import FEATURES, LOG_BINNED, N_LOG_BINS, LearnedModel
 from kvprof.policy.belady import BeladyPolicy
 from kvprof.policy.learned import FreeFeatures
+from kvprof.profiler.reuse import next_access
+from kvprof.sim.belady_labels import belady_hits, labels_from_hits
 from kvprof.sim.config import SimConfig
 from kvprof.sim.engine import simulate
 from kvprof.sim.workload import Workload
@@ -65,7 +70,7 @@ class LabellingBelady(BeladyPolicy):
 
     def free(self, blocks, now) -> None:
         blocks = blocks if isinstance(blocks, list) else list(blocks)
-        for block, features in zip(blocks, self._features.of_free(blocks)):
+        for block, features in zip(blocks, self._features.of_free(blocks, now)):
             self._pending[block] = len(self.rows)
             self.rows.append(features)
             self.labels.append(-1)
@@ -83,12 +88,29 @@ class LabellingBelady(BeladyPolicy):
 
 def belady_labels(workload: Workload, capacity: int, config: SimConfig, n_cells: int,
                   n_tiers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Features (n, 4: cell, tier, depth bin, tail bin), labels (n,) and the friendly ones' reuse
-    gaps (n,: seconds, NaN for the averse) of the labelled frees, in time order."""
+    """Features (m, 7: :data:`~kvprof.models.learned.FEATURES`), labels (m,) and the friendly ones'
+    reuse gaps (m,: seconds from the request to the next one's hit, NaN for the averse) of every
+    access, in time order, from Belady's compiled replay at ``capacity``."""
+    from kvprof.sim.free_features import access_features  # numba is imported only when learning
+
+    hit = belady_hits(workload, capacity, config)
+    labels = labels_from_hits(workload, hit).astype(np.int64)
+    owner = np.repeat(np.arange(workload.n_requests), np.diff(workload.offsets))
+    nxt = next_access(workload.block, owner)
+    gaps = np.full(len(labels), np.nan)
+    friendly = labels == 1
+    gaps[friendly] = workload.arrival[owner[nxt[friendly]]] - workload.arrival[owner[friendly]]
+    return access_features(workload, hit, n_cells, n_tiers), labels, gaps
+
+
+def python_free_labels(workload: Workload, capacity: int, config: SimConfig, n_cells: int,
+                       n_tiers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The last round's labeller: features (n, 7), labels (n,) and the friendly ones' reuse gaps
+    (n,: seconds, NaN for the averse) of the labelled frees, in time order, Belady block by block."""
     policy = LabellingBelady(n_cells, n_tiers)
     simulate(workload, policy, capacity, config, engine="python")
     labels = np.asarray(policy.labels, dtype=np.int64)
-    rows = np.asarray(policy.rows, dtype=np.int64).reshape(-1, 4)
+    rows = np.asarray(policy.rows, dtype=np.int64).reshape(-1, len(FEATURES))
     known = labels >= 0
     return rows[known], labels[known], np.asarray(policy.gaps, dtype=np.float64)[known]
 
@@ -116,7 +138,7 @@ def fit_learned(rows: np.ndarray, labels: np.ndarray, n_cells: int, n_tiers: int
     """The predictor fitted on all frees, with its held-out quality (on ``holdout``'s rows and labels
     when given) and the credit from the friendly frees' ``gaps`` (none given: strict buckets);
     None when the labels are all one class."""
-    sizes = (n_cells, n_tiers, N_LOG_BINS, N_LOG_BINS)
+    sizes = (n_cells, n_tiers) + (N_LOG_BINS,) * len(LOG_BINNED)
     if len(np.unique(labels)) < 2:
         return None
     quality = {"n_frees": int(len(labels)), "friendly_share": float(labels.mean())}
@@ -131,8 +153,8 @@ def fit_learned(rows: np.ndarray, labels: np.ndarray, n_cells: int, n_tiers: int
     weights = np.split(model.coef_[0], np.cumsum(sizes)[:-1])
     friendly_gaps = gaps[labels == 1] if gaps is not None else np.zeros(0)
     credit = float(np.quantile(friendly_gaps, CREDIT_QUANTILE)) if len(friendly_gaps) else LearnedModel.credit_s
-    return LearnedModel(float(model.intercept_[0]), *(tuple(float(w) for w in part) for part in weights),
-                        edges=EDGES, credit_s=min(max(credit, 0.0), 1e9), quality=quality)
+    return LearnedModel(float(model.intercept_[0]), **{name: tuple(float(w) for w in part)
+                                                       for name, part in zip(FEATURES, weights)}, edges=EDGES, credit_s=min(max(credit, 0.0), 1e9), quality=quality)
 
 
 def _quality(model, trained_on: np.ndarray, rows: np.ndarray, labels: np.ndarray, sizes) -> dict:
