@@ -100,9 +100,13 @@ def test_a_chain_counts_its_turns_its_gap_and_the_branches_past_its_blocks():
     assert second[2][6] == log_bin(1)  # block 2 now continues into block 3: its first child
     branch = request([0, 1, 4], 16.0, hit_until=2)  # another chain continues past block 1: fan-out 2
     assert branch[1][6] == log_bin(2) and branch[0][6] == log_bin(1)
-    assert [row[4:6] for row in branch] == [(log_bin(1), 0)] * 3  # block 1 was never a tail: a new chain
-    features.access(2, 0, 2, False)  # block 2 allocated anew: its chain's turn is forgotten
-    assert [row[4] for row in request([0, 1, 2], 20.0, hit_until=2)] == [log_bin(1)] * 3
+    # Block 1 was the first chain's tail's parent (a partial last block is another content next
+    # turn): the branch is that chain's second turn, 6 s after its first.
+    assert [row[4:6] for row in branch] == [(log_bin(2), gap_bin(6.0))] * 3
+    assert [row[4] for row in request([5, 6], 17.0)] == [log_bin(1)] * 2  # a chain first seen
+    for block in (0, 1, 4):
+        features.access(block, 0, 0, False)  # allocated anew: the chain's turns are forgotten
+    assert [row[4] for row in request([0, 1, 4], 20.0)] == [log_bin(1)] * 3
 
 
 def test_gap_bins_are_quarter_seconds_doubling_and_capped():

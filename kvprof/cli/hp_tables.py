@@ -65,7 +65,7 @@ def cells_table(hp, title: str):
 def tuning_table(hp, learn_asked: bool = False):
     entries, more = first_rows(list(hp.tuning), "capacities")
     out = table("tuned on the fit window (wa's token hit ratio per horizon H; wa's horizon: the one a server runs "
-                "at that size; start: best shadow; learned: frees Belady kept, and the predictor's held-out "
+                "at that size; start: best shadow; learned: accesses whose block Belady kept to its next use, and the predictor's held-out "
                 "log-loss vs the base rate's, accuracy)",
                 {"capacity": "right", "hit ratio by H": "left", "wa's horizon (s)": "right", "start": "left",
                  "learned": "left"}, caption=more)
@@ -77,7 +77,7 @@ def tuning_table(hp, learn_asked: bool = False):
 
 
 #: Why ``fit --learned`` learned nothing at a capacity (:func:`kvprof.sim.learn.fit_learned`).
-NOTHING_TO_LEARN = ("none: Belady kept all or none of the frees on this window, or it had none (one label, "
+NOTHING_TO_LEARN = ("none: Belady kept all or none of the blocks on this window, or it had none (one label, "
                     "nothing to learn); "
                     "wa starts on its best shadow")
 

@@ -11,7 +11,8 @@ from the future, kept per block (no history of contents that left the pool):
 * ``d`` -- its depth in the chain, log2-binned (:func:`log_bin`);
 * ``s`` -- its distance from the deepest block of the same free call (the freed chain's tail), log2-binned;
 * ``n`` -- the freed chain's turn: how many times it has been extended (its previous tail is a block of
-  the call that an earlier free left as a tail), log2-binned; 1 for a chain first seen;
+  the call that an earlier free left as its tail or the tail's parent: a prompt's last block is
+  usually partial, so the next turn continues past the parent), log2-binned; 1 for a chain first seen;
 * ``g`` -- the gap since the free that left that previous tail (the chain's last turn), in seconds,
   :func:`gap_bin`; 0 for a chain first seen;
 * ``f`` -- the block's fan-out: how many times a free found a different block continuing past it (a

@@ -25,12 +25,14 @@ from kvprof.policy.orders import tier_of
 class FreeFeatures:
     """What a freed block's features need, kept per block since its allocation (no history of
     contents that left the pool): its cell, depth and hits at its latest access, the turn of the
-    chain it was left the tail of and when, the block that last continued past it and how often that changed.
+    chain it was left the tail (or the tail's parent) of and when, the block that last continued
+    past it and how often that changed. The parent counts because a prompt's last block is
+    usually partial: the next turn's prompt holds it with more tokens, another content.
 
     Invariant: for every block accessed since it was last allocated, ``cell``, ``depth`` and
     ``hits`` are those of its latest access; ``turn[b]`` and ``tail_at[b]`` are the turn and the
-    time of the latest free since then that left ``b`` the deepest block of its call (absent:
-    none did); ``child[b]`` is the block one deeper than ``b`` in the latest free call holding
+    time of the latest free since then that left ``b`` the deepest block of its call or one
+    above it (absent: none did); ``child[b]`` is the block one deeper than ``b`` in the latest free call holding
     both, and ``fanout[b]`` how many frees since the allocation found a child different from the one before.
     """
 
@@ -89,7 +91,9 @@ class FreeFeatures:
         tail = next(b for b in blocks if depth.get(b, 0) == deepest)
         turn, gap = self.chain_turn(blocks, tail, now)
         self._count_children(blocks)
-        self.turn[tail], self.tail_at[tail] = turn, now
+        for block in blocks:  # the tail and its parent: a prompt's last block is partial, so the next turn
+            if depth.get(block, 0) >= deepest - 1:  # continues past the parent, not the tail
+                self.turn[block], self.tail_at[block] = turn, now
         turn_bin, gap_bin_ = log_bin(turn), gap_bin(gap)
         return [(self.cell.get(b, self.n_cells - 1), min(tier_of(self.hits.get(b, 0)), self.n_tiers - 1),
                  log_bin(depth.get(b, 0)), log_bin(deepest - depth.get(b, 0)), turn_bin, gap_bin_,

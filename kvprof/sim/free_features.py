@@ -62,7 +62,8 @@ def _features(block, offsets, arrival, cell, hit, tier_of, n_cells, n_tiers, n_c
             if child[c] != block[k + 1]:
                 child[c] = block[k + 1]
                 fanout[c] += 1
-        turn_of[block[stop - 1]], tail_at[block[stop - 1]] = turn, now
+        for k in range(max(start, stop - 2), stop):  # the tail and its parent
+            turn_of[block[k]], tail_at[block[k]] = turn, now
         row_cell = cell[r] if 0 <= cell[r] < n_cells else n_cells - 1
         deepest = stop - 1 - start
         for k in range(start, stop):

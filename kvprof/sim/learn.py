@@ -88,9 +88,11 @@ class LabellingBelady(BeladyPolicy):
 
 def belady_labels(workload: Workload, capacity: int, config: SimConfig, n_cells: int,
                   n_tiers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Features (m, 7: :data:`~kvprof.models.learned.FEATURES`), labels (m,) and the friendly ones'
-    reuse gaps (m,: seconds from the request to the next one's hit, NaN for the averse) of every
-    access, in time order, from Belady's compiled replay at ``capacity``."""
+    """Features (n, 7: :data:`~kvprof.models.learned.FEATURES`), labels (n,) and the friendly ones'
+    reuse gaps (n,: seconds from the request to the next one's hit, NaN for the averse) of the
+    labelled accesses, in time order, from Belady's compiled replay at ``capacity``. An access whose
+    block is not used again is left out when it comes within the :data:`CREDIT_QUANTILE` of the
+    friendly gaps of the window's last request (censored: a use may follow the window)."""
     from kvprof.sim.free_features import access_features  # numba is imported only when learning
 
     hit = belady_hits(workload, capacity, config)
@@ -99,8 +101,12 @@ def belady_labels(workload: Workload, capacity: int, config: SimConfig, n_cells:
     nxt = next_access(workload.block, owner)
     gaps = np.full(len(labels), np.nan)
     friendly = labels == 1
-    gaps[friendly] = workload.arrival[owner[nxt[friendly]]] - workload.arrival[owner[friendly]]
-    return access_features(workload, hit, n_cells, n_tiers), labels, gaps
+    at = workload.arrival[owner]
+    gaps[friendly] = at[nxt[friendly]] - at[friendly]
+    # Censored: no next use seen, but too close to the window's end for the friendly ones' gaps to tell.
+    horizon = np.quantile(gaps[friendly], CREDIT_QUANTILE) if friendly.any() else 0.0
+    known = (nxt >= 0) | (at <= (at[-1] if len(at) else 0.0) - horizon)
+    return access_features(workload, hit, n_cells, n_tiers)[known], labels[known], gaps[known]
 
 
 def python_free_labels(workload: Workload, capacity: int, config: SimConfig, n_cells: int,

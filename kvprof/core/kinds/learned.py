@@ -2,7 +2,7 @@
 the queue holds bucket ``k`` in free order; eviction takes the head of least ``freed + k * credit``.
 
 State per block: ``learned_hits`` (hits since allocation), ``learned_turn`` and ``learned_tail_at``
-(the turn and time of the latest free that left it a chain's tail, turn 0: none),
+(the turn and time of the latest free that left it a chain's tail or the tail's parent, turn 0: none),
 ``learned_child`` and ``learned_fanout`` (the block last found one deeper in its free call, and
 how often that changed), all reset when the block is allocated anew; the predictor's log-odds
 weights as one table per feature (rows in :data:`kvprof.models.learned.FEATURES` order, zero-padded)
@@ -139,7 +139,9 @@ def free(core, blocks, n, now):
         turn = previous_turn + (1 if previous != tail else 0)
         gap = now - core.learned_tail_at[previous]
     count_children(core, blocks, n)
-    core.learned_turn[tail], core.learned_tail_at[tail] = turn, now
+    for i in range(n):  # the tail and its parent (FreeFeatures.of_free)
+        if core.depth[blocks[i]] >= deepest - 1:
+            core.learned_turn[blocks[i]], core.learned_tail_at[blocks[i]] = turn, now
     tables = core.learned_tables
     last_bin = N_LOG_BINS - 1
     chain = tables[4, log_bin(turn, last_bin)]
