@@ -172,8 +172,10 @@ def fit(
     ] = False,
     learned: Annotated[
         bool, typer.Option("--learned", help="With --capacity: train wa's learned candidate on Belady's decisions on "
-                                             "the fit window (Belady replays per capacity; experimental, no gain "
-                                             "measured yet) and report its held-out quality.")
+                                             "the fit window (a compiled Belady replay per capacity labels every "
+                                             "access; features: cell, reuse tier, depth, tail distance, the chain's "
+                                             "turn and gap, fan-out; experimental, no net gain on the quality suite) "
+                                             "and report its held-out log-loss and accuracy.")
     ] = False,
     spill_dir: Annotated[
         Optional[Path], typer.Option("--spill-dir", help="Where --sharded writes its shards (default: the system's "
