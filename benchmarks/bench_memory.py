@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kvprof.policy import POLICIES
 from kvprof.profiler.synth import generate, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +76,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hours", type=float, nargs="+", default=[1.0, 8.0], help="trace lengths (bailian-a)")
     parser.add_argument("--capacity", type=int, default=65536, help="cache size in 16-token blocks")
-    parser.add_argument("--policies", default="lru,lfu,s3fifo,arc,wa-paper,wa,belady", help="comma-separated")
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help="comma-separated (default: every policy offered by name, kvprof.registry)")
     parser.add_argument("--code", type=Path, nargs="+", default=[ROOT], help="checkouts to run (default: this one)")
     args = parser.parse_args(argv)
     policies = args.policies.split(",")
