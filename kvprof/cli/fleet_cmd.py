@@ -285,11 +285,11 @@ def _one_trace(paths: list[Path], traces: list, recordings: list, routers: tuple
     from kvprof.sim.recorded import fleet_trace
 
     fleet = fleet_trace([(str(path), trace, recording) for path, trace, recording in zip(paths, traces, recordings)])
-    if len(fleet.replicas) > 1 and any(name != RECORDED for name in routers):
-        warn(f"each recorded server start drew its own key for its block ids (docs/recording.md), so a prefix "
-             f"{len(fleet.replicas)} servers all received counts as {len(fleet.replicas)} different contents: routers "
-             f"other than {RECORDED} see the union of the traffic with no reuse across what the servers received, a "
-             f"lower bound on their hits (docs/fleet.md)")
+    if len(fleet.replicas) > 1 and fleet.unshared and any(name != RECORDED for name in routers):
+        warn(f"{fleet.unshared} (the servers did not share one vllm serve --kv-record-key; docs/recording.md), so a "
+             f"prefix {len(fleet.replicas)} servers all received counts as up to {len(fleet.replicas)} different "
+             f"contents: routers other than {RECORDED} see the union of the traffic with no reuse across what those "
+             f"servers received, a lower bound on their hits (docs/fleet.md)")
     return fleet.trace
 
 
