@@ -144,7 +144,7 @@ def fleet(
     from kvprof.cli.plots import FILES
     from kvprof.sim.fleet import RECORDED, ROUTERS, RouterSpec
 
-    recordings = _recordings(trace_paths)
+    recordings = fleet_recordings(trace_paths)
     recorded = sum(len(recording.ranks) for recording in recordings) if recordings else None
     known = (RECORDED, *ROUTERS) if recordings else ROUTERS
     counts = distinct(parse_list(replicas or str(recorded or 4), REPLICAS, "--replicas", "replica count"),
@@ -157,7 +157,7 @@ def fleet(
                                  f"{', '.join(known)}" + ("" if recordings else f" ({RECORDED}: for vLLM recordings)"),
                                  param_hint="--router")
     names = policy_list(policies)
-    capacities = distinct(parse_list(capacity or _default_capacity(recordings), BLOCKS, "--capacity", "capacity"),
+    capacities = distinct(parse_list(capacity or (recorded_capacity(recordings) if recordings else "1024"), BLOCKS, "--capacity", "capacity"),
                           "--capacity")
     fit_bounds = parse_window_option(fit_window, "--fit-window")
     eval_bounds = parse_window_option(eval_window, "--eval-window")
@@ -256,7 +256,7 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
     return document, rows, replica_hps
 
 
-def _recordings(paths: list[Path]) -> list:
+def fleet_recordings(paths: list[Path]) -> list:
     """The ``recording.json`` of each input when they are vLLM recordings, [] for one trace file.
 
     Several inputs are a fleet only as recordings (a usage error otherwise)."""
@@ -268,13 +268,13 @@ def _recordings(paths: list[Path]) -> list:
     return [] if files else recordings
 
 
-def _default_capacity(recordings: list) -> str:
-    """``--capacity``'s default: the recording servers' usable blocks (all alike), else 1024."""
+def recorded_capacity(recordings: list) -> str:
+    """``--capacity``'s default for recordings: the recording servers' usable blocks (all alike)."""
     sizes = {usable_blocks(recording.num_gpu_blocks) for recording in recordings}
     if len(sizes) > 1:
         raise typer.BadParameter(f"the recorded servers had {', '.join(map(str, sorted(sizes)))} usable blocks; a "
                                  f"fleet's replicas have one capacity: give it", param_hint="--capacity")
-    return str(sizes.pop()) if sizes else "1024"
+    return str(sizes.pop())
 
 
 def _one_trace(paths: list[Path], traces: list, recordings: list, routers: tuple):
