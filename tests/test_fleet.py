@@ -440,11 +440,14 @@ def test_fit_replica_behind_the_recorded_router_is_what_fleet_fits_on_that_serve
     (["--replica", "0", "--load-weight", "0"], 2, "is a knob of the prefix routers"),
     (["--replica", "0", "--index-blocks", "8"], 2, "is a knob of the prefix routers"),
     (["--replica", "0", "--rank", "0"], 2, "reads one input"),
+    (["--replica", "0", "--rank", "0", "ONE"], 2, "each rank a replica of its own: pick it with --replica"),
     (["--replica", "0", "--sharded"], 2, "reads one input"),
     (["--replica", "1", "--window", "0:50"], 1, "recorded sends replica 1 of 2 none of the fit window's"),
 ])
 def test_fit_replica_behind_the_recorded_router_refuses_what_it_cannot_fit(recordings, tmp_path, args, code, words):
-    result = invoke("fit", *recordings, "--router", "recorded", "--capacity", "6", *args, "-o", tmp_path / "hp.json")
+    inputs = recordings[:1] if "ONE" in args else recordings
+    args = [arg for arg in args if arg != "ONE"]
+    result = invoke("fit", *inputs, "--router", "recorded", "--capacity", "6", *args, "-o", tmp_path / "hp.json")
     assert result.exit_code == code, result.output
     assert words in one_line(result.output)
     assert not (tmp_path / "hp.json").exists()

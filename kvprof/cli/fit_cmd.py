@@ -219,6 +219,7 @@ def fit(
     fits and tunes on the part of the window a fleet's router sends that replica.
     """
     from kvprof.profiler.fit import fit_trace
+    from kvprof.sim.fleet import RECORDED
 
     if len(trace_paths) > 1 and (sharded or rank is not None):
         raise typer.BadParameter("reads one input (a fleet's recordings are one trace in memory; --replica K picks "
@@ -230,6 +231,9 @@ def fit(
     recordings = [] if sharded else fleet_recordings(trace_paths)  # --sharded reads a directory of trace files
     recorded = sum(len(recording.ranks) for recording in recordings) if recordings else None
     fleet_spec, replicas = _fleet_spec(replica, replicas, router, load_weight, index_blocks, recorded)
+    if rank is not None and fleet_spec is not None and fleet_spec.name == RECORDED:
+        raise typer.BadParameter("keeps one data-parallel rank's requests, but recorded routing makes each rank a "
+                                 "replica of its own: pick it with --replica", param_hint="--rank")
     rule = class_rule(class_key, turn_cap, class_field)
     bounds = parse_window_option(window)
     fields = _cell_fields(cell_fields)
