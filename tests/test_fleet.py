@@ -428,6 +428,10 @@ def test_fit_replica_behind_the_recorded_router_is_what_fleet_fits_on_that_serve
         assert _parameters(tmp_path / f"fit-{k}.json") == _parameters(written)
         assert json.loads(written.read_text())["provenance"]["routed"]["replica"] == k
         assert json.loads(written.read_text())["provenance"]["n_requests"] == (40, 30)[k]
+    union = invoke("fit", *recordings, "--window", "0:", "-j", "1", "--json", "-o", tmp_path / "union.json")
+    assert union.exit_code == 0, union.output  # without --replica: the fleet's file, tuned for the servers' size
+    assert json.loads(union.stdout)["provenance"]["n_requests"] == 70
+    assert [row["capacity"] for row in json.loads(union.stdout)["tuning"]] == [63]
     alone = invoke("fit", recordings[1], "--window", "0:", "--capacity", "6", "-j", "1", "-o", tmp_path / "b.json")
     assert alone.exit_code == 0, alone.output  # server 1's own recording, fitted alone: the same traffic
     assert _parameters(tmp_path / "fit-1.json", held_out=False)["classes"] == \

@@ -219,7 +219,6 @@ def fit(
     fits and tunes on the part of the window a fleet's router sends that replica.
     """
     from kvprof.profiler.fit import fit_trace
-    from kvprof.sim.fleet import RECORDED
 
     if len(trace_paths) > 1 and (sharded or rank is not None):
         raise typer.BadParameter("reads one input (a fleet's recordings are one trace in memory; --replica K picks "
@@ -230,10 +229,7 @@ def fit(
     trace_path = trace_paths[0]
     recordings = [] if sharded else fleet_recordings(trace_paths)  # --sharded reads a directory of trace files
     recorded = sum(len(recording.ranks) for recording in recordings) if recordings else None
-    fleet_spec, replicas = _fleet_spec(replica, replicas, router, load_weight, index_blocks, recorded)
-    if rank is not None and fleet_spec is not None and fleet_spec.name == RECORDED:
-        raise typer.BadParameter("keeps one data-parallel rank's requests, but recorded routing makes each rank a "
-                                 "replica of its own: pick it with --replica", param_hint="--rank")
+    fleet_spec, replicas = _fleet_spec(replica, replicas, router, load_weight, index_blocks, recorded, rank)
     rule = class_rule(class_key, turn_cap, class_field)
     bounds = parse_window_option(window)
     fields = _cell_fields(cell_fields)
@@ -312,7 +308,7 @@ def fit(
 
 
 def _fleet_spec(replica: int | None, replicas: int | None, router: str | None, load_weight: float | None,
-                index_blocks: int | None, recorded: int | None):
+                index_blocks: int | None, recorded: int | None, rank: int | None):
     """``--replica`` and the fleet it is in, checked (exit 2): ``(router, replicas)``, the router None
     without ``--replica``; ``recorded`` is the replicas of the input's recordings (None: a trace file)."""
     from kvprof.sim.fleet import RECORDED, ROUTERS, RouterSpec
@@ -326,6 +322,9 @@ def _fleet_spec(replica: int | None, replicas: int | None, router: str | None, l
                                      param_hint="/".join(given))
         return None, None
     if router == RECORDED:
+        if rank is not None:
+            raise typer.BadParameter("keeps one data-parallel rank's requests, but recorded routing makes each rank a "
+                                     "replica of its own: pick it with --replica", param_hint="--rank")
         return RouterSpec(RECORDED), _recorded_replicas(replica, replicas, load_weight, index_blocks, recorded)
     if replicas is None or router is None:
         raise typer.BadParameter("names a replica of a fleet: give --replicas N and --router R too",
