@@ -3,6 +3,7 @@
     nice -n 5 python benchmarks/bench_fleet.py [-j 2] [--traces bailian-a,weka] [--replicas 1,2,4,8]
         [--routers ...] [--policies lru,s3fifo,wa] [--max-accesses 100000] [-o fleet.json] [--plot fleet.png]
     python benchmarks/bench_fleet.py --from A.json B.json [--only TRACE,...] --plot fleet.png
+        (one table per trace: the runs of a trace, e.g. other routers run later, are merged)
 
 For each trace of the quality suite (benchmarks/bench_quality.py: weka-agents-dev, mooncake-synthetic,
 bailian-a and -b; its fit and evaluation windows and engine blocks), a fleet of N replicas shares
@@ -141,6 +142,32 @@ def plot(cases: list[dict], args, path: Path) -> None:
         figure.savefig(out, format="png", dpi=110)
 
 
+def merged(cases: list[dict]) -> list[dict]:
+    """The cases of one trace from several runs (e.g. other routers, run later) as one, in first-seen order:
+    their rows together. A configuration two runs both hold (the single server, which every run measures)
+    is kept once; its figures must agree, since both runs replayed the same window with the same fit."""
+    by_trace: dict[str, dict] = {}
+    for case in cases:
+        into = by_trace.setdefault(case["trace"], {**case, "rows": []})
+        for field in ("total_blocks", "engine_block", "n_requests", "max_accesses", "fit_window"):
+            if case[field] != into[field]:
+                raise SystemExit(f"{case['trace']}: runs with another {field} ({case[field]} vs {into[field]}) "
+                                 f"are no one table")
+        held = {_key(row): row for row in into["rows"]}
+        for row in case["rows"]:
+            other = held.get(_key(row))
+            if other is None:
+                into["rows"].append(row)
+            elif other["fleet_token_hit_ratio"] != row["fleet_token_hit_ratio"]:
+                raise SystemExit(f"{case['trace']}: {_key(row)} differs between runs "
+                                 f"({other['fleet_token_hit_ratio']} vs {row['fleet_token_hit_ratio']})")
+    return list(by_trace.values())
+
+
+def _key(row: dict) -> tuple:
+    return row["router"], row["replicas"], row["policy"], row["hp"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=2, help="joblib workers")
@@ -166,8 +193,8 @@ def main() -> int:
     args.policies = args.policies.split(",")
     args.per_replica = [int(n) for n in args.per_replica.split(",") if n]
     if args.sources:  # earlier runs' cases, printed and plotted together
-        cases = [case for source in args.sources for case in json.loads(source.read_text())["cases"]
-                 if not args.only or case["trace"] in args.only.split(",")]
+        cases = merged([case for source in args.sources for case in json.loads(source.read_text())["cases"]
+                        if not args.only or case["trace"] in args.only.split(",")])
         for case in cases:
             print_case(case, args)
         plot(cases, args, args.plot)

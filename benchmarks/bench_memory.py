@@ -8,8 +8,8 @@ first minute, then resets its peak RSS (``/proc/self/clear_refs``) and replays t
 ``--capacity`` blocks. It reports two peaks: the child's over its whole life (reading and fitting
 included: the trace is held in memory whole, so this grows with length whatever the policy does)
 and the replay's own, above the RSS just before it (what the simulator and the policy add: the
-state the issue bounds). The target (issue 23): the longest length's peak within 1.5x of the
-shortest's, for every policy.
+state the issue bounds; a rise under ``MIN_OWN_MB`` gets no ratio). The target (issue 23): the
+longest length's whole peak within 1.5x of the shortest's, for every policy.
 
 ``--code DIR`` runs the children with ``DIR`` first on ``PYTHONPATH`` (several: side by side,
 e.g. main's checkout and this one, each length and policy in turn). Linux only (``/proc``).
@@ -25,9 +25,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kvprof.policy import POLICIES
 from kvprof.profiler.synth import generate, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The replay's own rise (MB) below which its ratio means nothing (the allocator's reuse of freed memory).
+MIN_OWN_MB = 10.0
 
 CHILD = r"""
 import json, sys, time
@@ -75,7 +78,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hours", type=float, nargs="+", default=[1.0, 8.0], help="trace lengths (bailian-a)")
     parser.add_argument("--capacity", type=int, default=65536, help="cache size in 16-token blocks")
-    parser.add_argument("--policies", default="lru,lfu,s3fifo,arc,wa-paper,wa,belady", help="comma-separated")
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help="comma-separated (default: every policy offered by name, kvprof.registry)")
     parser.add_argument("--code", type=Path, nargs="+", default=[ROOT], help="checkouts to run (default: this one)")
     args = parser.parse_args(argv)
     policies = args.policies.split(",")
@@ -84,6 +88,11 @@ def main(argv=None) -> int:
         for hours in args.hours:
             trace = Path(tmp) / f"a{hours:g}.jsonl.zst"
             write_jsonl(trace, generate("bailian-a", hours, 0))
+            if hours == args.hours[0]:
+                # compiling kvprof's core into numba's cache (hundreds of MB, once per cache directory) in a
+                # child of its own: no measured peak holds it (the first measured child's did: lru 1,093 MB)
+                for code in args.code:
+                    measure(code.resolve(), trace, args.capacity, policies[0])
             for policy in policies:
                 for code in args.code:
                     row = measure(code.resolve(), trace, args.capacity, policy)
@@ -102,10 +111,12 @@ def main(argv=None) -> int:
             a, b = rows.get((code, policy, first)), rows.get((code, policy, last))
             if a and b:
                 whole = b["peak_mb"] / a["peak_mb"]
-                own = b["replay_mb"] / max(a["replay_mb"], 1.0)
+                # a replay that fits in what reading and fitting left free rises by ~0 MB: no ratio to take
+                own = (f": {b['replay_mb'] / a['replay_mb']:.2f}x" if a["replay_mb"] >= MIN_OWN_MB else
+                       f" (+{b['replay_mb'] - a['replay_mb']:,.1f} MB; under {MIN_OWN_MB:g} MB at {first:g} h)")
                 print(f"| {code.name} | {policy} | {a['peak_mb']:,.0f} -> {b['peak_mb']:,.0f} MB: {whole:.2f}x "
-                      f"({'met' if whole <= 1.5 else 'MISSED'}) | {a['replay_mb']:,.1f} -> {b['replay_mb']:,.1f} MB: "
-                      f"{own:.2f}x ({'met' if own <= 1.5 else 'MISSED'}) |")
+                      f"({'met' if whole <= 1.5 else 'MISSED'}) | {a['replay_mb']:,.1f} -> {b['replay_mb']:,.1f} MB"
+                      f"{own} |")
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     return 0
 

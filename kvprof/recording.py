@@ -36,7 +36,9 @@ One entry per server start and data-parallel rank (``time`` in seconds since ``o
 the start's files (saved after every closed frame), ``in_finished_files`` those of its finished
 files, ``dropped`` the records a start could not write, by reason, and ``recovered`` its files
 finished after it stopped (by its guard or a later start). ``rank``, ``in_finished_files`` and
-``recovered`` may be missing (recordings of kvprof before them: 0).
+``recovered`` may be missing (recordings of kvprof before them: 0). ``key_id`` (may be missing: null)
+is the fingerprint of the block-id key the start shared with other servers (``--kv-record-key``),
+null where the start drew a key of its own: starts of equal ``key_id`` give a prefix the same ids.
 """
 
 from __future__ import annotations
@@ -98,12 +100,16 @@ class Start:
     rank: int = 0
     in_finished_files: int = 0
     recovered: int = 0
+    #: Fingerprint of the block-id key the start shared with other servers (``--kv-record-key``);
+    #: None: a key of its own, drawn at the start, whose ids match no other start's.
+    key_id: str | None = None
 
     def to_dict(self) -> dict:
         return {"time": self.time, "pid": self.pid, "model": self.model, "vllm": self.vllm, "kvprof": self.kvprof,
                 "num_gpu_blocks": self.num_gpu_blocks, "chat_id_base": self.chat_id_base, "policy": self.policy,
                 "hp_sha256": self.hp_sha256, "written": self.written, "dropped": dict(self.dropped),
-                "rank": self.rank, "in_finished_files": self.in_finished_files, "recovered": self.recovered}
+                "rank": self.rank, "in_finished_files": self.in_finished_files, "recovered": self.recovered,
+                "key_id": self.key_id}
 
 
 @dataclass
@@ -192,12 +198,12 @@ def load_recording(directory: str | Path) -> Recording:
         where = f"starts[{i}]"
         check.fields(entry, where, required=("time", "pid", "model", "vllm", "kvprof", "num_gpu_blocks",
                                               "chat_id_base", "policy", "hp_sha256", "written", "dropped"),
-                     optional=("rank", "in_finished_files", "recovered"))
+                     optional=("rank", "in_finished_files", "recovered", "key_id"))
         dropped = check.fields(entry["dropped"], member(where, "dropped"), required=DROP_REASONS)
         base = check.integer(entry["chat_id_base"], member(where, "chat_id_base"))
         if base != i * CHAT_IDS_PER_START:
             check.fail(member(where, "chat_id_base"), f"must be {i * CHAT_IDS_PER_START} (start {i}), got {base}")
-        hp_sha = entry["hp_sha256"]
+        hp_sha, key = entry["hp_sha256"], entry.get("key_id")
         starts.append(Start(
             time=check.number(entry["time"], member(where, "time"), low=0.0),
             pid=check.integer(entry["pid"], member(where, "pid")),
@@ -209,6 +215,7 @@ def load_recording(directory: str | Path) -> Recording:
             chat_id_base=base,
             policy=_text(check, entry["policy"], member(where, "policy")),
             hp_sha256=None if hp_sha is None else _text(check, hp_sha, member(where, "hp_sha256")),
+            key_id=None if key is None else _text(check, key, member(where, "key_id")),
             written=check.integer(entry["written"], member(where, "written")),
             dropped={k: check.integer(dropped[k], member(member(where, "dropped"), k), high=INT64_MAX)
                      for k in DROP_REASONS},

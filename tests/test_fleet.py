@@ -268,14 +268,15 @@ def test_replicas_with_their_own_hp_files_hit_while_routing_what_their_replays_h
 # --- a fleet of recordings: kvprof fleet DIR1 DIR2 ... ---------------------------------------------
 
 
-def _server(directory, t0, n, *, system, block_size=None, model=None, offset=0.0, rank=0):
+def _server(directory, t0, n, *, system, block_size=None, model=None, offset=0.0, rank=0, key_file=None):
     """A recording of one server that received ``n`` requests from ``t0`` on, every other one
-    behind the shared ``system`` prompt, each held 2 s (its recorded timing)."""
+    behind the shared ``system`` prompt, each held 2 s (its recorded timing); its block ids keyed
+    by ``key_file`` (None: a key of its own)."""
     from tests.test_recording import BS, START, Clock, request
     from kvprof.vllm.record import Recorder
 
     recorder = Recorder(directory, block_size=block_size or BS, start={**START, "model": model or START["model"], "rank": rank},
-                        clock=Clock(t0), guard=False).begin()
+                        clock=Clock(t0), guard=False, key_file=key_file).begin()
     for i in range(n):
         chain = system + [f"q{i}".encode()] if i % 2 else [f"{directory.name}-d{i}-{k}".encode() for k in range(3)]
         r = request(t0 + offset + 5 * i, [])
@@ -380,3 +381,86 @@ def test_each_rank_of_a_data_parallel_recording_is_a_replica(recordings, tmp_pat
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)
     assert row["replicas"] == 2 and row["replica_requests"] == [6, 8] and row["capacity"] == 63  # the servers' blocks
+
+
+def test_recordings_under_one_shared_key_are_routed_exactly(recordings, tmp_path):
+    """With --kv-record-key the servers' ids of a shared system prompt are equal, so the union is one
+    trace any router replays exactly: no warning, and the servers' common prefix hits across them."""
+    from kvprof.profiler.reader import read_trace
+    from kvprof.recording import load_recording
+    from kvprof.sim.recorded import fleet_trace
+
+    key = str(tmp_path / "fleet.key")
+    shared = (_server(tmp_path / "a", 1_000_000.0, 40, system=[b"sys-a", b"sys-b"], key_file=key),
+              _server(tmp_path / "b", 1_000_100.0, 30, system=[b"sys-a", b"sys-b", b"sys-c"], key_file=key))
+    mixed = (shared[0], _server(tmp_path / "c", 1_000_100.0, 30, system=[b"sys-a", b"sys-b", b"sys-c"],
+                                key_file=str(tmp_path / "other.key")))
+    facts = {}
+    for name, dirs in (("own", recordings), ("shared", shared), ("mixed", mixed)):
+        fleet = fleet_trace([(str(d), read_trace(d)[0], load_recording(d)) for d in dirs])
+        trace = fleet.trace
+        ids = [set(np.concatenate([trace.blocks_of(i) for i in np.flatnonzero(trace.extra["replica"] == k)]).tolist())
+               for k in (0, 1)]
+        result = invoke("fleet", *dirs, "--router", "round-robin", "--replicas", "1", "--policies", "lru",
+                        "--capacity", "6", "--eval-window", "0:", "-j", "1", "--json", "-o", tmp_path / f"o-{name}")
+        assert result.exit_code == 0, result.output
+        facts[name] = (fleet.unshared, one_line(result.stderr), json.loads(result.stdout)[0]["fleet_token_hit_ratio"],
+                       len(ids[0] & ids[1]))
+    # equal block hashes on both servers: sys-a, sys-b and the 15 questions q1, q3, ..., q29 both received
+    assert facts["shared"][3] == 17 and facts["own"][3] == facts["mixed"][3] == 0
+    assert facts["shared"][0] is None and "kv-record-key" not in facts["shared"][1]
+    assert "drew its own key" in facts["own"][0] and "drew its own key" in facts["own"][1]
+    assert "different --kv-record-key files" in facts["mixed"][1]
+    assert facts["shared"][2] > facts["own"][2] == facts["mixed"][2]  # b's system prompt hits a's blocks
+
+
+def test_fit_replica_behind_the_recorded_router_is_what_fleet_fits_on_that_server(recordings, tmp_path):
+    """kvprof fit DIR1 DIR2 --replica K --router recorded fits and tunes on what server K received:
+    the file kvprof fleet --hp-per-replica runs there."""
+    fleet = invoke("fleet", *recordings, "--router", "recorded", "--policies", "wa", "--capacity", "6",
+                   "--hp-per-replica", "--fit-window", "0:", "--eval-window", "0:", "-j", "1", "-o", tmp_path / "f")
+    assert fleet.exit_code == 0, fleet.output
+    for k in range(2):
+        fitted = invoke("fit", *recordings, "--router", "recorded", "--replica", k, "--window", "0:", "--capacity",
+                        "6", "-j", "1", "-o", tmp_path / f"fit-{k}.json")
+        assert fitted.exit_code == 0, fitted.output
+        written = tmp_path / "f" / f"hp-recorded-x2-c6-replica-{k}.json"
+        assert _parameters(tmp_path / f"fit-{k}.json") == _parameters(written)
+        assert json.loads(written.read_text())["provenance"]["routed"]["replica"] == k
+        assert json.loads(written.read_text())["provenance"]["n_requests"] == (40, 30)[k]
+    union = invoke("fit", *recordings, "--window", "0:", "-j", "1", "--json", "-o", tmp_path / "union.json")
+    assert union.exit_code == 0, union.output  # without --replica: the fleet's file, tuned for the servers' size
+    assert json.loads(union.stdout)["provenance"]["n_requests"] == 70
+    assert [row["capacity"] for row in json.loads(union.stdout)["tuning"]] == [63]
+    alone = invoke("fit", recordings[1], "--window", "0:", "--capacity", "6", "-j", "1", "-o", tmp_path / "b.json")
+    assert alone.exit_code == 0, alone.output  # server 1's own recording, fitted alone: the same traffic
+    assert _parameters(tmp_path / "fit-1.json", held_out=False)["classes"] == \
+        _parameters(tmp_path / "b.json", held_out=False)["classes"]
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["--replica", "2"], 2, "replica 2 is not one of the recordings' 2 (numbered 0 to 1"),
+    (["--replica", "0", "--replicas", "3"], 2, "the recordings hold 2 replicas (servers and their data-parallel ranks), not 3"),
+    (["--replica", "0", "--load-weight", "0"], 2, "is a knob of the prefix routers"),
+    (["--replica", "0", "--index-blocks", "8"], 2, "is a knob of the prefix routers"),
+    (["--replica", "0", "--rank", "0"], 2, "reads one input"),
+    (["--replica", "0", "--rank", "0", "ONE"], 2, "each rank a replica of its own: pick it with --replica"),
+    (["--replica", "0", "--sharded"], 2, "reads one input"),
+    (["--replica", "1", "--window", "0:50"], 1, "recorded sends replica 1 of 2 none of the fit window's"),
+])
+def test_fit_replica_behind_the_recorded_router_refuses_what_it_cannot_fit(recordings, tmp_path, args, code, words):
+    inputs = recordings[:1] if "ONE" in args else recordings
+    args = [arg for arg in args if arg != "ONE"]
+    result = invoke("fit", *inputs, "--router", "recorded", "--capacity", "6", *args, "-o", tmp_path / "hp.json")
+    assert result.exit_code == code, result.output
+    assert words in one_line(result.output)
+    assert not (tmp_path / "hp.json").exists()
+
+
+def test_fit_routes_recorded_only_recordings(recordings, small_trace, tmp_path):
+    result = invoke("fit", small_trace, "--router", "recorded", "--replica", "0", "--capacity", "6", "-o",
+                    tmp_path / "hp.json")
+    assert result.exit_code == 2 and "give the recording directories of a fleet's servers" in one_line(result.output)
+    result = invoke("fit", recordings[0], small_trace, "-o", tmp_path / "hp.json")
+    assert result.exit_code == 2 and "only as vLLM recording directories" in one_line(result.output)
+    assert not (tmp_path / "hp.json").exists()

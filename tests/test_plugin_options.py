@@ -137,3 +137,31 @@ def _refusal(**entry) -> str:
     except KvPolicyConfigError as err:
         return str(err)
     return "accepted"
+
+
+def test_the_record_key_flag_needs_a_recording_and_a_path(tmp_path):
+    for argv, message in ((("--kv-record-key", str(tmp_path / "k")),
+                           "record_key (--kv-record-key) is about a recording: it needs --kv-record DIR"),
+                          (("--kv-record", str(tmp_path / "rec"), "--kv-record-key", "k\0"),
+                           "record_key (--kv-record-key) must be a path (non-empty, no NUL byte)")):
+        with pytest.raises(KvPolicyConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            spec_of_flags(*argv)
+    by_flag = spec_of_flags("--kv-record", str(tmp_path / "rec"), "--kv-record-key", str(tmp_path / "k"))
+    by_json = spec_of(record=str(tmp_path / "rec"), record_key=str(tmp_path / "k"))
+    assert by_flag.record_key == by_json.record_key == str(tmp_path / "k")
+    assert "keyed by the shared" in by_flag.describe()
+
+
+def test_the_shared_record_key_is_made_at_start_up_and_handed_to_the_engine_cores(tmp_path, monkeypatch):
+    from kvprof.vllm.plugin import share_record_key
+    from kvprof.vllm.record import RECORD_KEY_ENV, shared_key
+
+    monkeypatch.delenv(RECORD_KEY_ENV, raising=False)
+    share_record_key(None)
+    assert RECORD_KEY_ENV not in os.environ  # no key asked for: each start draws its own
+    monkeypatch.chdir(tmp_path)
+    share_record_key("fleet.key")  # relative to where vllm serve starts
+    assert os.environ[RECORD_KEY_ENV] == str(tmp_path / "fleet.key") and len(shared_key("fleet.key")) == 32
+    (tmp_path / "bad.key").write_text("not a key")
+    with pytest.raises(KvPolicyConfigError, match=r"--kv-record-key .*bad\.key: is not a recording key"):
+        share_record_key("bad.key")

@@ -443,3 +443,100 @@ def test_options_that_contradict_a_recording_are_usage_errors(tmp_path):
                          (("inspect", tmp_path / "o", "--rank", "3"), "--rank")):
         result = invoke(*args)
         assert result.exit_code == 2 and option in result.output, result.output
+
+
+# --- a block-id key shared by a fleet's servers (--kv-record-key) ---------------------------------
+
+
+def _ids(directory):
+    trace, report = read_trace(directory)
+    return [trace.blocks_of(i).tolist() for i in range(trace.n_requests)], report.recording
+
+
+def test_servers_sharing_a_key_file_give_a_prefix_the_same_ids(tmp_path):
+    from kvprof.vllm.record import key_id, shared_key
+
+    prefix = [(request(1e6 + 1, [1, 2, 3]), 1e6 + 1, 1e6 + 2)]
+    key = tmp_path / "keys" / "fleet.key"
+    key.parent.mkdir()
+    record(tmp_path / "a", prefix, key_file=str(key))  # the first server creates it
+    assert oct(key.stat().st_mode & 0o777) == "0o600" and len(key.read_text().strip()) == 64
+    record(tmp_path / "b", prefix, key_file=str(key))  # the second reads it
+    record(tmp_path / "c", prefix, key_file=str(tmp_path / "keys" / "other.key"))
+    record(tmp_path / "d", prefix)  # no shared key: one of its own
+    (a, rec_a), (b, rec_b), (c, rec_c), (d, rec_d) = (_ids(tmp_path / name) for name in "abcd")
+    assert a == b  # the same prefix, the same ids on both servers
+    assert not set(a[0]) & set(c[0]) and not set(a[0]) & set(d[0])  # other keys: other ids
+    assert rec_a.starts[0].key_id == rec_b.starts[0].key_id == key_id(shared_key(str(key)))
+    assert rec_c.starts[0].key_id not in (None, rec_a.starts[0].key_id) and rec_d.starts[0].key_id is None
+    assert key.read_text().strip() not in (tmp_path / "a" / "recording.json").read_text()  # the fingerprint only
+
+
+def test_the_key_file_comes_from_the_environment_too(tmp_path, monkeypatch):
+    from kvprof.vllm.record import RECORD_KEY_ENV
+
+    prefix = [(request(1e6 + 1, [1, 2]), 1e6 + 1, 1e6 + 2)]
+    record(tmp_path / "a", prefix, key_file=str(tmp_path / "k"))
+    monkeypatch.setenv(RECORD_KEY_ENV, str(tmp_path / "k"))
+    record(tmp_path / "b", prefix)  # what --kv-record-key hands the engine cores vLLM starts
+    assert _ids(tmp_path / "a")[0] == _ids(tmp_path / "b")[0]
+
+
+def test_servers_starting_together_all_read_the_one_key_created(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvprof.vllm.record import shared_key
+
+    path = str(tmp_path / "race.key")
+    with ThreadPoolExecutor(8) as pool:
+        keys = set(pool.map(lambda _: shared_key(path), range(32)))
+    assert len(keys) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["race.key"]  # no staging file left
+
+
+@pytest.mark.parametrize("content,problem", [
+    (b"", "must hold 64 lowercase hex digits"),
+    (b"zz" * 32, "must hold 64 lowercase hex digits"),
+    (b"ab" * 31, "must hold 64 lowercase hex digits"),
+    (b"AB" * 32, "must hold 64 lowercase hex digits"),
+    (b"ab" * 32 + b"\nab", "must hold 64 lowercase hex digits"),
+])
+def test_a_malformed_key_file_is_refused_naming_it(tmp_path, content, problem):
+    from kvprof.vllm.record import shared_key
+
+    path = tmp_path / "bad.key"
+    path.write_bytes(content)
+    with pytest.raises(RecordingError, match=problem) as caught:
+        Recorder(tmp_path / "rec", block_size=BS, start=START, key_file=str(path))
+    assert str(path) in str(caught.value) and not (tmp_path / "rec").exists()
+    assert shared_key(str(path).replace("bad", "good")) != b""  # a missing one is created instead
+
+
+def test_an_unusable_key_path_is_refused_at_once(tmp_path):
+    from kvprof.vllm.record import shared_key
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, problem in ((fifo, "is not a regular file"), (tmp_path, "Is a directory|not a regular file"),
+                          (tmp_path / "missing" / "k", "No such file or directory")):
+        with pytest.raises(RecordingError, match=problem) as caught:
+            shared_key(str(path))
+        assert str(path) in str(caught.value)
+    if os.geteuid() != 0:  # root reads any file
+        unreadable = tmp_path / "unreadable.key"
+        unreadable.write_text("ab" * 32)
+        unreadable.chmod(0)
+        with pytest.raises(RecordingError, match="Permission denied"):
+            shared_key(str(unreadable))
+
+
+def test_a_recording_json_without_key_id_reads_as_keys_of_their_own(tmp_path):
+    record(tmp_path / "old", [(request(1e6 + 1, [1]), 1e6 + 1, 1e6 + 2)])
+    path = tmp_path / "old" / "recording.json"
+    document = json.loads(path.read_text())
+    del document["starts"][0]["key_id"]  # as kvprof wrote it before the option
+    path.write_text(json.dumps(document))
+    assert load_recording(tmp_path / "old").starts[0].key_id is None
+    document["starts"][0]["key_id"] = 7
+    path.write_text(json.dumps(document))
+    with pytest.raises(RecordingError, match=r"starts\[0\]\.key_id"):
+        load_recording(tmp_path / "old")

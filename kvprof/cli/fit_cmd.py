@@ -15,9 +15,7 @@ from kvprof.cli.common import (
     RayOpt,
     RankOpt,
     SkipOpt,
-    TraceArg,
     capacity_list,
-    recording_of,
     check_format,
     check_memory,
     guarded,
@@ -29,11 +27,11 @@ from kvprof.cli.common import (
     trace_block_size,
     tune_with_progress,
 )
-from kvprof.cli.fleet_cmd import LOAD_WEIGHT, REPLICAS, IndexBlocksOpt
+from kvprof.cli.fleet_cmd import LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, fleet_recordings, recorded_capacity
 from kvprof.cli.hp_tables import cells_table, horizons, tuning_table
 from kvprof.cli.output import print_json, say, show as show_table, status
 from kvprof.errors import KvprofError
-from kvprof.limits import BLOCK_TOKENS, COUNT, POSITIVE_SECONDS, SECONDS, Bound, usable_blocks
+from kvprof.limits import BLOCK_TOKENS, COUNT, POSITIVE_SECONDS, SECONDS, Bound
 
 
 BlockSizeOpt = Annotated[
@@ -125,9 +123,18 @@ def check_trace_fields(trace, rule: ClassRule, cell_fields=()) -> None:
                                  param_hint="--cell-fields")
 
 
+TracesArg = Annotated[
+    list[Path], typer.Argument(metavar="TRACE...", help="Trace file (Bailian or Mooncake JSONL, plain, .gz or .zst), "
+                                                        "or a vLLM recording directory (vllm serve --kv-record); the "
+                                                        "recordings of a fleet's servers are one fleet trace, as "
+                                                        "kvprof fleet reads them (with --router recorded --replica K: "
+                                                        "what server K received).")
+]
+
+
 @guarded
 def fit(
-    trace_path: TraceArg,
+    trace_paths: TracesArg,
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the hp file (JSON).")],
     window: Annotated[
         str, typer.Option("--window", help="Fit window START:END in seconds; the published workflow fits hour one.")
@@ -191,7 +198,8 @@ def fit(
     ] = None,
     router: Annotated[
         Optional[str], typer.Option("--router", help="The fleet's router, with --replica: round-robin, session or "
-                                                     "prefix-approx with --load-weight 0.")
+                                                     "prefix-approx with --load-weight 0; recorded for the recordings "
+                                                     "of a fleet's servers (what each received).")
     ] = None,
     load_weight: Annotated[
         Optional[float], number_option("--load-weight", bound=LOAD_WEIGHT,
@@ -214,10 +222,16 @@ def fit(
     """
     from kvprof.profiler.fit import fit_trace
 
-    fleet_spec = _fleet_spec(replica, replicas, router, load_weight, index_blocks)
-    if fleet_spec is not None and sharded:
+    if len(trace_paths) > 1 and (sharded or rank is not None):
+        raise typer.BadParameter("reads one input (a fleet's recordings are one trace in memory; --replica K picks "
+                                 "a server): give one TRACE", param_hint="--sharded" if sharded else "--rank")
+    if replica is not None and sharded:
         raise typer.BadParameter("routes the fit window in memory: fit --replica without --sharded",
                                  param_hint="--replica/--sharded")
+    trace_path = trace_paths[0]
+    recordings = [] if sharded else fleet_recordings(trace_paths)  # --sharded reads a directory of trace files
+    recorded = sum(len(recording.ranks) for recording in recordings) if recordings else None
+    fleet_spec, replicas = _fleet_spec(replica, replicas, router, load_weight, index_blocks, recorded, rank)
     rule = class_rule(class_key, turn_cap, class_field)
     bounds = parse_window_option(window)
     fields = _cell_fields(cell_fields)
@@ -234,17 +248,17 @@ def fit(
                                      param_hint="--capacity/--sharded")
         if spill_dir is not None:
             output_dir(spill_dir, option="--spill-dir")
-        from kvprof.profiler.shards import fit_sharded, trace_paths
+        from kvprof.profiler.shards import fit_sharded, trace_paths as shard_files
 
-        hp = fit_sharded(trace_paths(trace_path), rule, window=bounds, spill_dir=spill_dir, ray=ray,
+        hp = fit_sharded(shard_files(trace_path), rule, window=bounds, spill_dir=spill_dir, ray=ray,
                          read_options={"format": format, "block_size": block_size, "skip_invalid": skip_invalid},
                          horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
                          cell_fields=fields, max_components=max_components)
         _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {hp.provenance['n_requests']} requests")
         return
-    recording = recording_of(trace_path)
-    if recording is not None and capacity is None:  # tune for the server that recorded it
-        capacity = str(usable_blocks(recording.num_gpu_blocks))
+    recording = recordings[0] if recordings else None
+    if recording is not None and capacity is None:  # tune for the servers that recorded it
+        capacity = recorded_capacity(recordings)
     capacities = _capacities(capacity, jobs)
     if engine_block_size is not None and not capacities:
         raise typer.BadParameter("is the block of the tuning replays: give it with --capacity",
@@ -260,24 +274,26 @@ def fit(
     trace_block = recording.block_size if recording else trace_block_size(trace_path, format, block_size)
     if capacities and trace_block is not None:
         _engine_block(engine_block_size, trace_block)
-    trace = open_trace(trace_path, format=format, block_size=block_size, skip_invalid=skip_invalid, rank=rank)
+    trace = _read(trace_paths, recordings, fleet_spec, format=format, block_size=block_size,
+                  skip_invalid=skip_invalid, rank=rank)
     check_trace_fields(trace, rule, fields)
     if recording is not None:
         engine_block_size = engine_block_size or trace.block_size
     engine_block = _engine_block(engine_block_size, trace.block_size) if capacities else None
     fitted = trace.time_window(*bounds)
+    where = " + ".join(map(str, trace_paths))
     if fitted.n_requests == 0:
-        raise KvprofError(f"{trace_path}: the fit window {window} holds no requests")
+        raise KvprofError(f"{where}: the fit window {window} holds no requests")
     holdout = _holdout(trace, fitted)
-    title = f"{trace_path.name} {window}: {fitted.n_requests} requests"
+    names = " + ".join(path.name for path in trace_paths)
+    title = f"{names} {window}: {fitted.n_requests} requests"
     timing = {}
     if fleet_spec is not None:
         fitted = _replica_share(fitted, fleet_spec, replicas, replica, capacities[0], engine_block,
-                                f"{trace_path} {window}")
+                                f"{where} {window}")
         holdout = None  # the next window's traffic to the replica depends on routing beyond this one
         timing = {"timing": "model"}  # as a fleet's replicas are timed
-        title = f"{trace_path.name} {window}, replica {replica} of {replicas} behind {router}: " \
-                f"{fitted.n_requests} requests"
+        title = f"{names} {window}, replica {replica} of {replicas} behind {router}: {fitted.n_requests} requests"
     with status(f"fitting reuse models on {fitted.n_requests:,} requests"):
         hp = fit_trace(fitted, rule, horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
                        cell_fields=fields, max_components=max_components, holdout=holdout)
@@ -294,9 +310,10 @@ def fit(
 
 
 def _fleet_spec(replica: int | None, replicas: int | None, router: str | None, load_weight: float | None,
-                index_blocks: int | None):
-    """``--replica`` and the fleet it is in, checked (exit 2): the router, or None without ``--replica``."""
-    from kvprof.sim.fleet import ROUTERS, RouterSpec
+                index_blocks: int | None, recorded: int | None, rank: int | None):
+    """``--replica`` and the fleet it is in, checked (exit 2): ``(router, replicas)``, the router None
+    without ``--replica``; ``recorded`` is the replicas of the input's recordings (None: a trace file)."""
+    from kvprof.sim.fleet import RECORDED, ROUTERS, RouterSpec
 
     if replica is None:
         given = [name for name, value in (("--replicas", replicas), ("--router", router),
@@ -305,7 +322,12 @@ def _fleet_spec(replica: int | None, replicas: int | None, router: str | None, l
         if given:
             raise typer.BadParameter("describes the fleet --replica K is in: give it with --replica",
                                      param_hint="/".join(given))
-        return None
+        return None, None
+    if router == RECORDED:
+        if rank is not None:
+            raise typer.BadParameter("keeps one data-parallel rank's requests, but recorded routing makes each rank a "
+                                     "replica of its own: pick it with --replica", param_hint="--rank")
+        return RouterSpec(RECORDED), _recorded_replicas(replica, replicas, load_weight, index_blocks, recorded)
     if replicas is None or router is None:
         raise typer.BadParameter("names a replica of a fleet: give --replicas N and --router R too",
                                  param_hint="--replica")
@@ -313,7 +335,8 @@ def _fleet_spec(replica: int | None, replicas: int | None, router: str | None, l
         raise typer.BadParameter(f"replica {replica} is not one of --replicas {replicas} (numbered 0 to "
                                  f"{replicas - 1})", param_hint="--replica")
     if router not in ROUTERS:
-        raise typer.BadParameter(f"unknown router {router!r}; known: {', '.join(ROUTERS)}", param_hint="--router")
+        raise typer.BadParameter(f"unknown router {router!r}; known: {', '.join((*ROUTERS, RECORDED))}",
+                                 param_hint="--router")
     spec = RouterSpec(router, 1.0 if load_weight is None else load_weight, index_blocks)
     if spec.reads_replicas:
         raise typer.BadParameter(
@@ -321,7 +344,44 @@ def _fleet_spec(replica: int | None, replicas: int | None, router: str | None, l
             f"loads or caches), which depends on their cost model and policy: fit --replica routes only from the "
             f"trace, behind round-robin, session or prefix-approx --load-weight 0; for this router, kvprof fleet "
             f"--hp-per-replica -o DIR writes every replica's hp file", param_hint="--router")
-    return spec
+    return spec, replicas
+
+
+def _recorded_replicas(replica: int, replicas: int | None, load_weight: float | None, index_blocks: int | None,
+                       recorded: int | None) -> int:
+    """``--router recorded``'s replica count: the recordings' servers (and their data-parallel ranks), checked."""
+    from kvprof.sim.fleet import RECORDED
+
+    if recorded is None:
+        raise typer.BadParameter(f"{RECORDED} routes each request to the server whose recording holds it: give the "
+                                 f"recording directories of a fleet's servers (vllm serve --kv-record on each)",
+                                 param_hint="--router")
+    given = [name for name, value in (("--load-weight", load_weight), ("--index-blocks", index_blocks))
+             if value is not None]
+    if given:
+        raise typer.BadParameter(f"is a knob of the prefix routers; {RECORDED} routing is what the servers received",
+                                 param_hint="/".join(given))
+    if replicas is not None and replicas != recorded:
+        raise typer.BadParameter(f"the recordings hold {recorded} replicas (servers and their data-parallel ranks), "
+                                 f"not {replicas}: leave --replicas out", param_hint="--replicas")
+    if replica >= recorded:
+        raise typer.BadParameter(f"replica {replica} is not one of the recordings' {recorded} (numbered 0 to "
+                                 f"{recorded - 1}, in the order given, each server's ranks in turn)",
+                                 param_hint="--replica")
+    return recorded
+
+
+def _read(paths: list[Path], recordings: list, spec, **options):
+    """The trace to fit on: the one input, or the fleet trace of several recordings (also of one
+    recording routed ``recorded``: its data-parallel ranks are its replicas)."""
+    from kvprof.sim.fleet import RECORDED
+    from kvprof.sim.recorded import fleet_trace
+
+    traces = [open_trace(path, **options) for path in paths]
+    if len(paths) == 1 and (spec is None or spec.name != RECORDED):
+        return traces[0]
+    return fleet_trace([(str(path), trace, recording)
+                        for path, trace, recording in zip(paths, traces, recordings)]).trace
 
 
 def _check_fleet_capacities(spec, capacities: tuple[int, ...]) -> None:

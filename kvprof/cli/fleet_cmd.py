@@ -144,7 +144,7 @@ def fleet(
     from kvprof.cli.plots import FILES
     from kvprof.sim.fleet import RECORDED, ROUTERS, RouterSpec
 
-    recordings = _recordings(trace_paths)
+    recordings = fleet_recordings(trace_paths)
     recorded = sum(len(recording.ranks) for recording in recordings) if recordings else None
     known = (RECORDED, *ROUTERS) if recordings else ROUTERS
     counts = distinct(parse_list(replicas or str(recorded or 4), REPLICAS, "--replicas", "replica count"),
@@ -157,7 +157,7 @@ def fleet(
                                  f"{', '.join(known)}" + ("" if recordings else f" ({RECORDED}: for vLLM recordings)"),
                                  param_hint="--router")
     names = policy_list(policies)
-    capacities = distinct(parse_list(capacity or _default_capacity(recordings), BLOCKS, "--capacity", "capacity"),
+    capacities = distinct(parse_list(capacity or (recorded_capacity(recordings) if recordings else "1024"), BLOCKS, "--capacity", "capacity"),
                           "--capacity")
     fit_bounds = parse_window_option(fit_window, "--fit-window")
     eval_bounds = parse_window_option(eval_window, "--eval-window")
@@ -256,7 +256,7 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
     return document, rows, replica_hps
 
 
-def _recordings(paths: list[Path]) -> list:
+def fleet_recordings(paths: list[Path]) -> list:
     """The ``recording.json`` of each input when they are vLLM recordings, [] for one trace file.
 
     Several inputs are a fleet only as recordings (a usage error otherwise)."""
@@ -268,13 +268,13 @@ def _recordings(paths: list[Path]) -> list:
     return [] if files else recordings
 
 
-def _default_capacity(recordings: list) -> str:
-    """``--capacity``'s default: the recording servers' usable blocks (all alike), else 1024."""
+def recorded_capacity(recordings: list) -> str:
+    """``--capacity``'s default for recordings: the recording servers' usable blocks (all alike)."""
     sizes = {usable_blocks(recording.num_gpu_blocks) for recording in recordings}
     if len(sizes) > 1:
         raise typer.BadParameter(f"the recorded servers had {', '.join(map(str, sorted(sizes)))} usable blocks; a "
                                  f"fleet's replicas have one capacity: give it", param_hint="--capacity")
-    return str(sizes.pop()) if sizes else "1024"
+    return str(sizes.pop())
 
 
 def _one_trace(paths: list[Path], traces: list, recordings: list, routers: tuple):
@@ -285,11 +285,11 @@ def _one_trace(paths: list[Path], traces: list, recordings: list, routers: tuple
     from kvprof.sim.recorded import fleet_trace
 
     fleet = fleet_trace([(str(path), trace, recording) for path, trace, recording in zip(paths, traces, recordings)])
-    if len(fleet.replicas) > 1 and any(name != RECORDED for name in routers):
-        warn(f"each recorded server start drew its own key for its block ids (docs/recording.md), so a prefix "
-             f"{len(fleet.replicas)} servers all received counts as {len(fleet.replicas)} different contents: routers "
-             f"other than {RECORDED} see the union of the traffic with no reuse across what the servers received, a "
-             f"lower bound on their hits (docs/fleet.md)")
+    if len(fleet.replicas) > 1 and fleet.unshared and any(name != RECORDED for name in routers):
+        warn(f"{fleet.unshared} (the servers did not share one vllm serve --kv-record-key; docs/recording.md), so a "
+             f"prefix {len(fleet.replicas)} servers all received counts as up to {len(fleet.replicas)} different "
+             f"contents: routers other than {RECORDED} see the union of the traffic with no reuse across what those "
+             f"servers received, a lower bound on their hits (docs/fleet.md)")
     return fleet.trace
 
 

@@ -237,10 +237,13 @@ class FleetTrace:
 
     Invariant: ``trace.extra[REPLICA][i]`` is the replica that received request ``i``, in
     ``range(len(replicas))``; ``replicas[k]`` names replica ``k`` (its recording and rank).
+    ``unshared`` is None when every server start recorded its block ids under one shared key
+    (``--kv-record-key``: a prefix has the same ids on every replica), else why not.
     """
 
     trace: Trace
     replicas: tuple[str, ...]
+    unshared: str | None = None
 
 
 def fleet_trace(parts: Sequence[tuple[str, Trace, Recording]]) -> FleetTrace:
@@ -284,7 +287,24 @@ def fleet_trace(parts: Sequence[tuple[str, Trace, Recording]]) -> FleetTrace:
         chat_base += len(recording.starts) * CHAT_IDS_PER_START
     merged = _concatenate(shifted, first_trace)
     merged = dataclasses.replace(merged, extra={**merged.extra, REPLICA: np.concatenate(replica).astype(np.int64)})
-    return FleetTrace(merged.select(np.argsort(merged.timestamp, kind="stable")), tuple(names))
+    return FleetTrace(merged.select(np.argsort(merged.timestamp, kind="stable")), tuple(names),
+                      unshared_keys([(directory, recording) for directory, _, recording in parts]))
+
+
+def unshared_keys(recordings: Sequence[tuple[str, Recording]]) -> str | None:
+    """Why the block ids of ``recordings`` (``(directory, recording.json)``) do not name a prefix alike
+    on every server, None when all their starts shared one key (``vllm serve --kv-record-key``)."""
+    keys = {}
+    for directory, recording in recordings:
+        for i, start in enumerate(recording.starts):
+            if start.key_id is None:
+                return (f"{directory} (start {i}{f', rank {start.rank}' if start.rank else ''}) drew its own key "
+                        f"for its block ids")
+            keys.setdefault(start.key_id, directory)
+    if len(keys) > 1:
+        first, second = list(keys.values())[:2]
+        return f"{first} and {second} recorded under different --kv-record-key files"
+    return None
 
 
 def _on_clock(trace: Trace, shift: float, chat_base: int) -> Trace:

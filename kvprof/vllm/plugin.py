@@ -8,7 +8,7 @@ Hooks, all installed once per process and all pass-through unless ``kv_policy`` 
 
 * ``EngineArgs.add_cli_args`` -- adds kvprof's flags (group "kvprof": ``--kv-policy-config``,
   ``--kv-policy``, ``--kv-policy-mode``, ``--kv-record``, ``--kv-record-rotate``,
-  ``--kv-policy-reload-interval``, ``--kv-log-interval``) to ``vllm serve``;
+  ``--kv-record-key``, ``--kv-policy-reload-interval``, ``--kv-log-interval``) to ``vllm serve``;
 * ``EngineArgs.from_cli_args`` -- carries them into ``additional_config={"kv_policy": {...}}``
   (:mod:`kvprof.vllm.spec`; ``--additional-config`` and offline ``LLM(..., additional_config=...)``
   reach the same place directly);
@@ -104,6 +104,10 @@ FLAGS = (
      "Record the served requests into DIR as a trace kvprof reads (`kvprof fit DIR`): block-hash ids, lengths, "
      "tags, timing; no tokens or text. Without --kv-policy-config vLLM's eviction is unchanged."),
     ("record_rotate_s", "SECONDS", "Seconds per recorded file, at least 1 (default 3600); needs --kv-record."),
+    ("record_key", "FILE",
+     "Key the recorded block ids with the secret in FILE, shared by a fleet's servers (the first creates it, mode "
+     "0600): the same prefix gets the same id on every server, so `kvprof fleet DIR1 DIR2 ...` replays any router "
+     "exactly. Default: a key of each start's own. Needs --kv-record."),
     ("reload_interval_s", "SECONDS",
      "Re-read the hp file every SECONDS when it changed, at least 0.01 (default 10; 0: never)."),
     ("log_interval_s", "SECONDS",
@@ -207,7 +211,30 @@ def validate_vllm_config(vllm_config) -> PolicySpec | None:
             raise KvPolicyConfigError(f"scheduler class {scheduler_cls!r} is not a vLLM Scheduler subclass")
     if spec.record:
         check_recording_dir(spec.record, cache_config.block_size)
+        share_record_key(spec.record_key)
     return spec
+
+
+def share_record_key(path: str | None) -> None:
+    """Create or read the shared block-id key (``--kv-record-key``, else the environment's) at start-up,
+    and name it in the environment, whence the engine cores vLLM starts next read it.
+
+    Raises
+    ------
+    KvPolicyConfigError
+        The key file cannot be created or read, or is malformed.
+    """
+    from kvprof.recording import RecordingError
+    from kvprof.vllm.record import RECORD_KEY_ENV, shared_key
+
+    path = path or os.environ.get(RECORD_KEY_ENV) or None
+    if path is None:
+        return
+    try:
+        shared_key(path)
+    except RecordingError as exc:
+        raise KvPolicyConfigError(f"{FLAG_OF['record_key']} {exc}") from None
+    os.environ[RECORD_KEY_ENV] = os.path.abspath(path)
 
 
 def check_recording_dir(directory: str, block_size: int) -> None:

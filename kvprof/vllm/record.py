@@ -11,8 +11,14 @@ the prompt's tokens up to the end of that block with the request's cache salt an
 up to a 2**-63 chance per pair, only when) vLLM's hashes are, so a recording shows which requests
 shared how long a prefix, and nothing else of the text: no token, no text and no hash that
 could be recomputed from a guessed prompt leaves the server. The key changes with every server
-start, and so does vLLM's own hash seed: ids of different starts never match, exactly as the
-server's cache never outlives a restart. The trailing partial block gets a fresh random id.
+start: ids of different starts never match, exactly as the server's cache never outlives a
+restart. The trailing partial block gets a fresh random id.
+
+A fleet's servers may share one key instead (``--kv-record-key FILE``, or the environment's
+:data:`RECORD_KEY_ENV`; :func:`shared_key`): the first server creates the file, the others read
+it, and the same prefix gets the same id on every server (vLLM's default sha256 block hashes
+do not depend on the process), so ``kvprof fleet DIR1 DIR2`` can route the recordings exactly.
+``recording.json`` keeps only the key's fingerprint (``key_id``), never the key.
 
 Stops. vLLM's default shutdown (``mode=abort``, ``--shutdown-timeout 0``) sends the engine core
 SIGTERM and SIGKILL back to back, so nothing in it can be relied on to finish the open file. The
@@ -33,10 +39,12 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -103,18 +111,22 @@ class Recorder:
     """
 
     def __init__(self, directory, *, block_size: int, start: dict, rotate_s: float = 3600.0, flush_s: float = 2.0,
-                 queue_size: int = 65536, guard: bool = True, clock=time.time) -> None:
+                 queue_size: int = 65536, guard: bool = True, clock=time.time,
+                 key_file: str | None = None) -> None:
         self.directory = Path(directory)
         self.block_size = block_size
         self.rotate_s = rotate_s
         self.flush_s = flush_s
         self._clock = clock
         self._queue = Handoff(queue_size)
-        # A fresh secret key per start; copying a keyed hasher is a quarter cheaper than keying one per block.
-        self._keyed = hashlib.blake2b(digest_size=8, key=secrets.token_bytes(32))
+        key_file = key_file or os.environ.get(RECORD_KEY_ENV) or None
+        # A fresh secret key per start unless the fleet shares one; copying a keyed hasher is a quarter
+        # cheaper than keying one per block.
+        key = secrets.token_bytes(KEY_BYTES) if key_file is None else shared_key(key_file)
+        self._keyed = hashlib.blake2b(digest_size=8, key=key)
         self._sessions: OrderedDict = OrderedDict()  # session tag -> (chat_id, turn) of its last record
         self._index = 0  # this start's entry in recording.json
-        self.recording = self._open_recording(start)
+        self.recording = self._open_recording({**start, "key_id": None if key_file is None else key_id(key)})
         self.start = self.recording.starts[self._index]
         self._next_chat_id = self.start.chat_id_base
         self._use_guard = guard
@@ -381,6 +393,64 @@ class Recorder:
             return False
 
 
+#: The environment variable naming a shared key file (what ``--kv-record-key`` sets for the engine cores).
+RECORD_KEY_ENV = "KVPROF_RECORD_KEY"
+#: Bytes of a block-id key (BLAKE2b's largest).
+KEY_BYTES = 32
+_KEY_TEXT = re.compile(r"[0-9a-f]{64}")
+
+
+def shared_key(path: str) -> bytes:
+    """The block-id key a fleet's servers share: read from ``path``, or created there if it does not
+    exist (32 random bytes as 64 hex digits, mode 0600, put in place whole by a hard link, so that
+    servers starting together all read the one that won).
+
+    Raises
+    ------
+    RecordingError
+        The file cannot be created or read, or does not hold exactly 64 lowercase hex digits.
+    """
+    try:
+        if not os.path.lexists(path):
+            _create_key(Path(path))
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO is refused, not waited on
+        with os.fdopen(descriptor, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                raise RecordingError(path, "is not a regular file: the recording key (--kv-record-key) is a file "
+                                           "of 64 hex digits")
+            data = handle.read(4 * KEY_BYTES)
+    except OSError as exc:
+        raise RecordingError(path, f"cannot use it as the recording key (--kv-record-key): "
+                                   f"{exc.strerror or exc}") from None
+    text = data.decode("ascii", "replace").strip()
+    if not _KEY_TEXT.fullmatch(text):
+        raise RecordingError(path, "is not a recording key (--kv-record-key): it must hold 64 lowercase hex "
+                                   "digits (32 random bytes, e.g. `openssl rand -hex 32`); a missing file is created")
+    return bytes.fromhex(text)
+
+
+def _create_key(path: Path) -> None:
+    """Write a fresh key to ``path`` unless another process got there first (then keep that one)."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    descriptor = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_hex(KEY_BYTES) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(staging, path)  # atomic: fails if it exists, never shows a half-written key
+        except FileExistsError:
+            pass
+    finally:
+        os.unlink(staging)
+
+
+def key_id(key: bytes) -> str:
+    """The fingerprint of a shared key in ``recording.json``: equal for equal keys, and says nothing of the key."""
+    return hashlib.blake2b(b"kvprof recording key id", digest_size=8, key=key).hexdigest()
+
+
 def _log_finished(directory: Path, finished: list, who: str, log=logger.warning) -> None:
     if finished:
         lines = sum(f.lines for f in finished)
@@ -471,7 +541,7 @@ def _scalar(value) -> bool:
     return isinstance(value, float) and math.isfinite(value)
 
 
-__all__ = ["FINISHED_SUFFIX", "Recorder"]
+__all__ = ["FINISHED_SUFFIX", "RECORD_KEY_ENV", "Recorder", "key_id", "shared_key"]
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--guard"]:
     guard(sys.argv[2], int(sys.argv[3]))

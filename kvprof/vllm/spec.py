@@ -13,6 +13,7 @@ The configuration (every key optional; ``vllm serve`` flags in brackets)::
                                       #   own eviction stays, the policy runs beside it on block hashes
         "record": "DIR",              # [--kv-record] write the served requests as a trace
         "record_rotate_s": 3600,      # [--kv-record-rotate] seconds per trace file
+        "record_key": "FILE",         # [--kv-record-key] the block-id key a fleet's servers share
         "reload_interval_s": 10,      # [--kv-policy-reload-interval] re-read a changed hp file; 0: never
         "log_interval_s": 300,        # [--kv-log-interval] seconds between hit-ratio log lines; 0: never
     }}
@@ -80,7 +81,7 @@ SECONDS_SETTINGS = {"record_rotate_s": Seconds(3600.0, Bound(1.0, 1e9), False),
            "log_interval_s": Seconds(300.0, Bound(1.0, 1e9), True)}
 #: Every key of ``kv_policy`` and the ``vllm serve`` flag that sets it.
 FLAG_OF = {"config": "--kv-policy-config", "policy": "--kv-policy", "mode": "--kv-policy-mode",
-           "record": "--kv-record", "record_rotate_s": "--kv-record-rotate",
+           "record": "--kv-record", "record_rotate_s": "--kv-record-rotate", "record_key": "--kv-record-key",
            "reload_interval_s": "--kv-policy-reload-interval", "log_interval_s": "--kv-log-interval"}
 _KEYS = tuple(FLAG_OF)
 
@@ -134,6 +135,9 @@ class PolicySpec:
         Whether the policy evicts in vLLM's pool or runs beside vLLM's own eviction.
     record : str or None
         Recording directory (``--kv-record``).
+    record_key : str or None
+        File of the block-id key shared with a fleet's other servers (``--kv-record-key``); None:
+        a key of this start's own (unless the environment names one: :mod:`kvprof.vllm.record`).
     record_rotate_s, reload_interval_s, log_interval_s : float
         See the module's configuration; 0 turns reloading or logging off.
     """
@@ -145,6 +149,7 @@ class PolicySpec:
     keyed_by: str = "class"
     mode: str = "enforce"
     record: str | None = None
+    record_key: str | None = None
     record_rotate_s: float = 3600.0
     reload_interval_s: float = 10.0
     log_interval_s: float = 300.0
@@ -171,15 +176,15 @@ class PolicySpec:
         unknown = sorted(set(raw) - set(_KEYS), key=str)
         if unknown:
             raise KvPolicyConfigError(f"unknown key(s) {unknown}; known: {', '.join(_KEYS)}")
-        path, record = _path(raw, "config"), _path(raw, "record")
+        path, record, record_key = _path(raw, "config"), _path(raw, "record"), _path(raw, "record_key")
         live = [r.name for r in registry.live()]
         offline = [r.name for r in registry.by_name() if r.offline]
         name = _choice(raw, "policy", live, *offline)
         mode = _choice(raw, "mode", MODES) or "enforce"
         seconds = {key: _seconds(key, raw.get(key), setting) for key, setting in SECONDS_SETTINGS.items()}
-        if raw.get("record_rotate_s") is not None and record is None:
-            raise KvPolicyConfigError(f"record_rotate_s ({FLAG_OF['record_rotate_s']}) is about a recording: "
-                                      f"it needs {FLAG_OF['record']} DIR")
+        for key in ("record_rotate_s", "record_key"):
+            if raw.get(key) is not None and record is None:
+                raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) is about a recording: it needs {FLAG_OF['record']} DIR")
         if name is None and path is None and record is None:
             raise KvPolicyConfigError(f"nothing to serve or record: pass {FLAG_OF['config']} PATH, "
                                       f"{FLAG_OF['policy']} NAME or {FLAG_OF['record']} DIR")
@@ -188,7 +193,7 @@ class PolicySpec:
             if mode == "shadow":
                 raise KvPolicyConfigError("shadow mode runs a policy beside vLLM's eviction: pass --kv-policy-config "
                                           "PATH (and --kv-policy NAME for another policy than wa)")
-            return cls(policy=None, config=None, mode=mode, record=record, **seconds)
+            return cls(policy=None, config=None, mode=mode, record=record, record_key=record_key, **seconds)
         from kvprof.policy import POLICIES
 
         if name in offline:
@@ -202,7 +207,7 @@ class PolicySpec:
                 f"(or additional_config={{'kv_policy': {{'config': PATH}}}})"
             )
         spec = cls(policy=name, config=None if path is None else str(path), hp=hp, keyed_by=POLICIES[name].keyed_by,
-                   mode=mode, record=record, hp_sha256=sha256, **seconds)
+                   mode=mode, record=record, record_key=record_key, hp_sha256=sha256, **seconds)
         if hp is not None:
             spec.class_names = tuple(hp.table()[0])
         spec.reference_policy()  # fail here, not in the engine core, if the hp file does not fit the policy
@@ -248,7 +253,7 @@ class PolicySpec:
         """One line for the startup log: what runs, as the pool of ``capacity`` blocks builds it
         (the horizon and first candidate of ``wa`` come from the tuning nearest that size)."""
         if self.policy is None:
-            return f"kvprof: recording to {self.record}; vLLM's own eviction is unchanged"
+            return f"kvprof: recording to {self.record}{self._keyed_by()}; vLLM's own eviction is unchanged"
         src = self.config or "no hp file"
         what = (f"kvprof eviction policy '{self.policy}' {'in force' if self.mode == 'enforce' else 'in shadow mode'} "
                 f"from {src}")
@@ -273,8 +278,11 @@ class PolicySpec:
         if self.mode == "shadow":
             what += "; vLLM's own eviction is unchanged"
         if self.record:
-            what += f"; recording to {self.record}"
+            what += f"; recording to {self.record}{self._keyed_by()}"
         return what
+
+    def _keyed_by(self) -> str:
+        return f" (block ids keyed by the shared {self.record_key})" if self.record_key else ""
 
     def class_name(self, extra_args: dict | None) -> str | None:
         """The workload class a request's ``extra_args`` name, or None when untagged."""

@@ -1,8 +1,8 @@
 """A live fleet: three real vLLM servers behind ``kvprof replay --url A --url B --url C --router R``, beside the
 simulator (docs/fleet.md, "Live").
 
-The three servers (the tests' tiny model, 16 blocks of 32 tokens each, ``--kv-record``, KV events
-published over ZMQ) run together; the same traffic is replayed through them three times, behind
+The three servers (the tests' tiny model, 16 blocks of 32 tokens each, ``--kv-record`` under one shared
+``--kv-record-key``, KV events published over ZMQ) run together; the same traffic is replayed through them three times, behind
 ``round-robin``, ``session`` and ``prefix-precise`` (which reads their KV events), each time with
 other hash ids (:func:`fleet_trace`'s ``phase``): under LRU a server's blocks from an earlier phase
 are evicted before any of the phase's own and are never hit, so each phase meets its servers as
@@ -95,8 +95,8 @@ def servers(venv: Path, model: Path, tmp: Path, endpoints: list[str]):
     def start(j: int, endpoint: str) -> None:
         port = free_port()
         events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint})
-        cmd = serve_command(venv, model, port, "--kv-record", str(tmp / f"rec-{j}"), "--kv-events-config", events,
-                            blocks=BLOCKS)
+        cmd = serve_command(venv, model, port, "--kv-record", str(tmp / f"rec-{j}"), "--kv-record-key",
+                            str(tmp / "fleet.key"), "--kv-events-config", events, blocks=BLOCKS)
         with open(tmp / f"server-{j}.log", "w") as log:
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(),
                                           start_new_session=True, cwd=str(tmp)))
@@ -265,3 +265,28 @@ def test_prefix_precise_reads_the_caches_live_as_in_the_simulator(figures):
     assert sum(row["live"]) >= sum(figures["session"]["live"])
     assert row["fleet_sim_hit_ratio"] >= figures["session"]["fleet_sim_hit_ratio"]
     assert abs(row["live_hit_ratio"] - row["fleet_sim_hit_ratio"]) <= 0.03, row
+
+
+def test_servers_sharing_a_record_key_record_a_prefix_alike(fleet):
+    """Under one --kv-record-key (the first server created it, the others read it) the three servers gave
+    the shared system prompt of a phase the same ids, so kvprof fleet of their recordings needs no warning."""
+    from kvprof.profiler.reader import read_trace
+    from kvprof.recording import load_recording
+
+    recordings = [fleet["tmp"] / f"rec-{j}" for j in range(REPLICAS)]
+    assert oct((fleet["tmp"] / "fleet.key").stat().st_mode & 0o777) == "0o600"
+    keys = {start.key_id for directory in recordings for start in load_recording(directory).starts}
+    assert len(keys) == 1 and None not in keys
+    prefixes = []
+    for directory in recordings:
+        trace, _ = read_trace(directory)
+        prefixes.append({tuple(trace.blocks_of(i)[:3].tolist()) for i in range(trace.n_requests)
+                         if trace.types[i] == "api"})
+    assert all(prefixes)  # round robin gave every server API calls
+    assert len(set().union(*prefixes)) == len(ROUTERS)  # one system prompt a phase, whichever server got it
+    from tests.helpers import invoke
+
+    result = invoke("fleet", *recordings, "--router", "recorded,round-robin", "--policies", "lru", "--eval-window",
+                    "0:", "-j", "1", "--json", "-o", fleet["tmp"] / "fleet-of-recordings")
+    assert result.exit_code == 0, result.output
+    assert "lower bound" not in result.stderr
