@@ -38,6 +38,7 @@ def copy_core(s):
     c.size = s.size
     c.q = copy_lists(s.q)
     c.g = copy_lists(s.g)
+    c.n_blocks = s.n_blocks
     c.content = s.content.copy()
     c.stamp = s.stamp.copy()
     c.depth = s.depth.copy()

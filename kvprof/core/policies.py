@@ -14,8 +14,11 @@ struct is the union of the kinds' fields, each named after the kind that owns it
 grows only the per-block tables of its own kind.
 
 Invariant of every kind: ``size`` counts the evictable blocks, exactly those the driver freed
-and neither removed nor evicted since. Per-block tables grow on demand (``reserve_blocks``);
-contents are dense ids >= 0, -1 for none.
+and neither removed nor evicted since. Per-block tables grow on demand (``reserve_blocks``) and
+cover blocks ``0 .. n_blocks - 1``, save the common ones a kind never reads, which stay empty
+(:func:`uses_content` and its siblings: ``lru``'s core is its queue's links alone); contents are
+dense ids >= 0, -1 for none. Ids, depths and rows are int32 per block (below
+:data:`~kvprof.core.structs.MAX_ID`); times stay float64, since they are compared.
 """
 
 from __future__ import annotations
@@ -50,10 +53,11 @@ COMMON_FIELDS = [
     ("size", types.int64),
     ("q", structs.lists_type),  # evictable blocks
     ("g", structs.lists_type),  # ghosts: contents
-    ("content", types.int64[:]),  # per block: its content id (-1: none)
+    ("n_blocks", types.int64),  # the per-block tables cover blocks 0 .. n_blocks - 1
+    ("content", types.int32[:]),  # per block: its content id (-1: none)
     ("stamp", types.float64[:]),  # per block: when it was last accessed or freed, as its kind keeps time
-    ("depth", types.int64[:]),  # per block: its depth in its chain
-    ("row", types.int64[:]),  # per block: the list it is freed to, for kinds with rows
+    ("depth", types.int32[:]),  # per block: its depth in its chain
+    ("row", types.int32[:]),  # per block: the list it is freed to, for kinds with rows
     ("n_rows", types.int64), ("default_row", types.int64),
     ("most_evictable", types.int64),  # the most blocks evictable at once (bounds the ghosts)
 ]
@@ -67,14 +71,16 @@ def new_core(kind, n_blocks, n_lists, n_ghost_lists):
     core = structref.new(core_type)
     core.kind = kind
     core.size = 0
-    core.q = structs.new_lists(n_blocks, n_lists)
+    structs.check_ids(n_blocks)
+    core.n_blocks = n_blocks
+    core.q = structs.new_lists(n_blocks if uses_queue(kind) else 0, n_lists)
     core.g = structs.new_lists(0, n_ghost_lists)
-    core.content = np.full(n_blocks, NONE, np.int64)
-    core.stamp = np.full(n_blocks, -np.inf)
-    core.depth = np.zeros(n_blocks, np.int64)
+    core.content = np.full(n_blocks if uses_content(kind) else 0, NONE, np.int32)
+    core.stamp = np.full(n_blocks if uses_stamp(kind) else 0, -np.inf)
+    core.depth = np.zeros(n_blocks if uses_depth(kind) else 0, np.int32)
     core.n_rows = n_lists
     core.default_row = n_lists - 1
-    core.row = np.zeros(n_blocks, np.int64)
+    core.row = np.zeros(n_blocks if uses_row(kind) else 0, np.int32)
     core.most_evictable = 0
     lfu.init(core)
     s3fifo.init(core)
@@ -85,6 +91,32 @@ def new_core(kind, n_blocks, n_lists, n_ghost_lists):
     sieve.init(core)
     _reserve_own(core, n_blocks)
     return core
+
+
+# -- which kinds read the common per-block tables (the others keep them empty) ------------------
+@njit(cache=True, inline="always")
+def uses_queue(kind):
+    return kind != BELADY  # Belady's heap says which blocks are evictable
+
+
+@njit(cache=True, inline="always")
+def uses_content(kind):
+    return kind == S3FIFO or kind == ARC or kind == CLASSED  # the kinds with ghosts
+
+
+@njit(cache=True, inline="always")
+def uses_stamp(kind):
+    return kind == CLASSED or kind == LEARNED
+
+
+@njit(cache=True, inline="always")
+def uses_depth(kind):
+    return kind == BELADY or kind == CLASSED or kind == LEARNED
+
+
+@njit(cache=True, inline="always")
+def uses_row(kind):
+    return kind == CLASSED or kind == LEARNED
 
 
 @njit(cache=True)
@@ -109,22 +141,31 @@ def _reserve_own(core, n):
 
 @njit(cache=True)
 def reserve_blocks(core, n):
-    """Make the per-block tables cover blocks ``0 .. n - 1``."""
-    if n <= len(core.content):
+    """Make the per-block tables cover blocks ``0 .. n - 1`` (doubling)."""
+    if n <= core.n_blocks:
         return
-    structs.reserve_ids(core.q, n)
-    core.content = grown(core.content, n, NONE)
-    core.stamp = grown(core.stamp, n, -np.inf)
-    core.depth = grown(core.depth, n, 0)
-    core.row = grown(core.row, n, core.default_row)
-    _reserve_own(core, len(core.content))  # a kind's tables cover at least the common ones
+    n = max(n, 2 * core.n_blocks, 16)
+    structs.check_ids(n)
+    core.n_blocks = n
+    kind = core.kind
+    if uses_queue(kind):
+        structs.reserve_ids(core.q, n)
+    if uses_content(kind):
+        core.content = grown(core.content, n, NONE)
+    if uses_stamp(kind):
+        core.stamp = grown(core.stamp, n, -np.inf)
+    if uses_depth(kind):
+        core.depth = grown(core.depth, n, 0)
+    if uses_row(kind):
+        core.row = grown(core.row, n, core.default_row)
+    _reserve_own(core, n)  # a kind's tables cover at least the common ones
 
 
 @njit(cache=True)
 def reserve_contents(core, n):
     """Make the ghost tables cover contents ``0 .. n - 1``."""
     if n > len(core.g.where):
-        structs.reserve_ids(core.g, n)
+        structs.reserve_ids(core.g, n)  # (raises past MAX_ID)
         core.ghost_value = grown(core.ghost_value, n, 0)
 
 
@@ -132,7 +173,7 @@ def reserve_contents(core, n):
 @njit(cache=True)
 def core_access(core, block, now, workload, depth, hit, next_use, content):
     """``EvictionPolicy.access`` (``content`` -1 for None)."""
-    if block >= len(core.content):
+    if block >= core.n_blocks:
         reserve_blocks(core, block + 1)
     kind = core.kind
     if content >= 0 and (kind == S3FIFO or kind == ARC or kind == CLASSED):  # the kinds with ghosts
@@ -159,14 +200,14 @@ def core_free(core, blocks, n, now):
     kind = core.kind
     if kind == LEARNED:  # blocks freed together are binned together (their deepest)
         for i in range(n):
-            if blocks[i] >= len(core.content):
+            if blocks[i] >= core.n_blocks:
                 reserve_blocks(core, blocks[i] + 1)
         learned.free(core, blocks, n, now)
         core.size += n
         return
     for i in range(n):
         block = blocks[i]
-        if block >= len(core.content):
+        if block >= core.n_blocks:
             reserve_blocks(core, block + 1)
         if kind == LRU:
             lru.free(core, block)

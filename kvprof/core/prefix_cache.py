@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload_method
 
-from kvprof.core.structs import NONE, grown
+from kvprof.core.structs import NONE, check_ids, grown
 
 
 def register_pool_protocol(struct_class, access, free, remove, evict_n, holds, n_evictable) -> None:
@@ -55,10 +55,11 @@ def pool_fields(policy_type) -> list:
     return [
         ("policy", policy_type),
         ("limit", types.int64), ("n_live", types.int64), ("n_slots", types.int64),
-        ("slot_block", types.int64[:]), ("refs", types.int64[:]),
-        ("empty", types.int64[:]), ("n_empty", types.int64),
-        ("retired", types.int64[:]), ("n_retired", types.int64),
-        ("block_slot", types.int64[:]),
+        # per slot and per content int32: slots and content numbers are ids (kvprof.core.structs.MAX_ID)
+        ("slot_block", types.int32[:]), ("refs", types.int32[:]),
+        ("empty", types.int32[:]), ("n_empty", types.int64),
+        ("retired", types.int32[:]), ("n_retired", types.int64),
+        ("block_slot", types.int32[:]),
         ("evictions", types.int64), ("dropped", types.int64),
         ("scratch", types.int64[:]),
     ]
@@ -76,13 +77,14 @@ def init_pool(pool, policy, capacity, n_contents):
     pool.limit = capacity
     pool.n_live = capacity
     pool.n_slots = capacity
-    pool.slot_block = np.full(capacity, NONE, np.int64)
-    pool.refs = np.zeros(capacity, np.int64)
-    pool.empty = np.arange(capacity - 1, -1, -1).astype(np.int64)
+    check_ids(max(capacity, n_contents))
+    pool.slot_block = np.full(capacity, NONE, np.int32)
+    pool.refs = np.zeros(capacity, np.int32)
+    pool.empty = np.arange(capacity - 1, -1, -1).astype(np.int32)
     pool.n_empty = capacity
-    pool.retired = np.zeros(16, np.int64)
+    pool.retired = np.zeros(16, np.int32)
     pool.n_retired = 0
-    pool.block_slot = np.full(n_contents, NONE, np.int64)
+    pool.block_slot = np.full(n_contents, NONE, np.int32)
     pool.evictions = 0
     pool.dropped = 0
     pool.scratch = np.zeros(64, np.int64)
@@ -92,6 +94,7 @@ def init_pool(pool, policy, capacity, n_contents):
 def reserve_contents(pool, n_contents):
     """Make the content-to-slot map cover contents ``0 .. n_contents - 1``."""
     if n_contents > len(pool.block_slot):
+        check_ids(n_contents)
         pool.block_slot = grown(pool.block_slot, n_contents, NONE)
 
 
@@ -127,7 +130,7 @@ def pin_hits(pool, slots, n, now, workload, next_use, start):
         if not pool.refs[slot]:
             policy.remove(slot)
         pool.refs[slot] += 1
-        policy.access(slot, now, workload, depth, True, next_use[start + depth], pool.slot_block[slot])
+        policy.access(slot, now, workload, depth, True, next_use[start + depth], np.int64(pool.slot_block[slot]))
 
 
 @njit(cache=True)

@@ -2,7 +2,7 @@
 
 Both live in numpy arrays inside numba structrefs, so compiled code updates them in place and
 Python holds them as opaque handles. Ids are small non-negative ints (block slots, content ids,
-request indices); ``-1`` means none.
+request indices), below :data:`MAX_ID`; ``-1`` means none.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from numba import njit, types
 from numba.experimental import structref
 
 NONE = -1
+#: Ids and list numbers are kept per id as int32 (4 bytes a block, not 8): every id is below this.
+MAX_ID = (1 << 31) - 1
 
 
 class StructType(types.StructRef):
@@ -45,9 +47,10 @@ class Heap(structref.StructRefProxy):
     """Python handle of a compiled heap."""
 
 
-#: Several disjoint FIFO lists over one id space, each id in at most one list.
+#: Several disjoint FIFO lists over one id space, each id in at most one list; per id int32
+#: (ids and list numbers below :data:`MAX_ID`), per list int64.
 lists_type = struct(ListsType, Lists, [
-    ("nxt", types.int64[:]), ("prv", types.int64[:]), ("where", types.int64[:]),
+    ("nxt", types.int32[:]), ("prv", types.int32[:]), ("where", types.int32[:]),
     ("head", types.int64[:]), ("tail", types.int64[:]), ("count", types.int64[:]),
 ])
 
@@ -69,6 +72,13 @@ def grown(array: np.ndarray, size: int, fill) -> np.ndarray:
 grown = njit(cache=True)(grown)
 
 
+@njit(cache=True)
+def check_ids(n_ids):
+    """Raise unless ids ``0 .. n_ids - 1`` fit the int32 per-id tables."""
+    if n_ids > MAX_ID:
+        raise ValueError("more than 2**31 - 1 ids (blocks or contents) for a compiled policy's int32 tables")
+
+
 # -- lists --------------------------------------------------------------------------------------
 @njit(cache=True)
 def new_lists(n_ids, n_lists):
@@ -78,9 +88,9 @@ def new_lists(n_ids, n_lists):
     ``nxt``/``prv`` from ``head`` to ``tail`` and holds ``count`` ids.
     """
     lists = structref.new(lists_type)
-    lists.nxt = np.full(n_ids, NONE, np.int64)
-    lists.prv = np.full(n_ids, NONE, np.int64)
-    lists.where = np.full(n_ids, NONE, np.int64)
+    lists.nxt = np.full(n_ids, NONE, np.int32)
+    lists.prv = np.full(n_ids, NONE, np.int32)
+    lists.where = np.full(n_ids, NONE, np.int32)
     lists.head = np.full(n_lists, NONE, np.int64)
     lists.tail = np.full(n_lists, NONE, np.int64)
     lists.count = np.zeros(n_lists, np.int64)
@@ -91,6 +101,7 @@ def new_lists(n_ids, n_lists):
 def reserve_ids(lists, n_ids):
     """Make the lists cover ids ``0 .. n_ids - 1``."""
     if n_ids > len(lists.where):
+        check_ids(n_ids)
         lists.nxt = grown(lists.nxt, n_ids, NONE)
         lists.prv = grown(lists.prv, n_ids, NONE)
         lists.where = grown(lists.where, n_ids, NONE)

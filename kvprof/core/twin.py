@@ -70,8 +70,8 @@ class CompiledTwin(EvictionPolicy):
         #: prefix hit: one list append here instead of a compiled call each). A block that was
         #: not evictable raises KeyError at that next call. Bound to the list, so no Python frame.
         self.take = self._taken.append
-        self._out = np.empty(max(n_blocks, 16), dtype=np.int64)
-        self._block_content = np.full(max(n_blocks, 16), -1, dtype=np.int64)
+        self._out = np.empty(16, dtype=np.int64)  # victims of one call: grown to the most asked for
+        self._block_content = np.full(max(n_blocks, 16), -1, dtype=np.int32)  # content numbers < 2**31
         self._build()
 
     def _build(self) -> None:
@@ -149,13 +149,13 @@ class CompiledTwin(EvictionPolicy):
         was: what a prefix hit passes (a cached block's content has not changed since it was cached)."""
         if len(blocks) and int(blocks.max()) >= len(self._block_content):
             return None
-        numbers = self._block_content[blocks]
+        numbers = self._block_content[blocks].astype(np.int64)
         return None if len(numbers) and numbers.min() < 0 else numbers
 
     def _remember_contents(self, blocks: np.ndarray, numbers: np.ndarray) -> None:
         top = int(blocks.max()) + 1
         if top > len(self._block_content):
-            grown = np.full(max(top, 2 * len(self._block_content)), -1, dtype=np.int64)
+            grown = np.full(max(top, 2 * len(self._block_content)), -1, dtype=np.int32)
             grown[: len(self._block_content)] = self._block_content
             self._block_content = grown
         self._block_content[blocks] = numbers

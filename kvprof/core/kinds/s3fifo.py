@@ -1,7 +1,8 @@
 """S3-FIFO's twin (:class:`kvprof.policy.s3fifo.S3FIFOPolicy`): lists 0 (small) and 1 (main) of
 the queue, ghost list 0 of contents.
 
-State: ``s3fifo_freq`` (per block: hits since it entered its queue, capped at ``s3fifo_max_freq``),
+State: ``s3fifo_freq`` (per block: hits since it entered its queue, capped at ``s3fifo_max_freq``,
+so int8: at most :data:`FREQ_CAP`),
 ``s3fifo_in_main`` (per block: it belongs to main), the ratios of the reference.
 """
 
@@ -13,7 +14,10 @@ from numba import njit, types
 from kvprof.core.structs import grown, holds, pop_front, push_back, unlink
 from kvprof.policy.s3fifo import MAX_FREQ
 
-FIELDS = [("s3fifo_freq", types.int64[:]), ("s3fifo_in_main", types.boolean[:]),
+#: The highest frequency cap the int8 per-block counts hold.
+FREQ_CAP = 127
+
+FIELDS = [("s3fifo_freq", types.int8[:]), ("s3fifo_in_main", types.boolean[:]),
           ("s3fifo_small_ratio", types.float64), ("s3fifo_ghost_ratio", types.float64),
           ("s3fifo_max_freq", types.int64)]
 
@@ -28,12 +32,14 @@ def configure(core, policy) -> None:
 
 @njit(cache=True)
 def set_ratios(core, small_ratio, ghost_ratio, max_freq):
+    if not 0 <= max_freq <= FREQ_CAP:
+        raise ValueError("s3fifo's frequency cap must be within 0 .. 127 (its counts are int8)")
     core.s3fifo_small_ratio, core.s3fifo_ghost_ratio, core.s3fifo_max_freq = small_ratio, ghost_ratio, max_freq
 
 
 @njit(cache=True)
 def init(core):
-    core.s3fifo_freq = np.zeros(0, np.int64)
+    core.s3fifo_freq = np.zeros(0, np.int8)
     core.s3fifo_in_main = np.zeros(0, np.bool_)
     core.s3fifo_small_ratio = 0.1
     core.s3fifo_ghost_ratio = 0.9
