@@ -127,6 +127,7 @@ class PolicyFreeQueue:
             if n:
                 back = self._back
                 out.extend([back.popleft() for _ in range(n)])
+        self.policy.drain_shadows()
         return out
 
     def remove(self, block: KVCacheBlock) -> None:
@@ -161,6 +162,7 @@ class PolicyFreeQueue:
                 cached = np.array(cached, dtype=np.int64)
             self.last_touch[cached] = now
             self.policy.free(cached, now)
+        self.policy.drain_shadows()
 
     def prepend_n(self, blocks) -> None:
         """Blocks to reuse first, the first of ``blocks`` first."""
@@ -310,6 +312,7 @@ class KvprofBlockPool(BlockPool):
         self._owner[ids] = _one(owner)
         self.free_block_queue.last_touch[ids] = now
         self.policy.access_numbered(ids, depths, numbers, now, cls, hit=hit)
+        self.policy.drain_shadows()
 
     def _note_chain(self, request, depths: np.ndarray, numbers: np.ndarray, first_key) -> None:
         """Remember ``numbers`` at chain positions ``depths`` of ``request`` (group 0's keys only)."""
@@ -344,6 +347,7 @@ class KvprofBlockPool(BlockPool):
         self.policy.admit_numbered(request.request_id, numbers, self._clock(), cls,
                                    n_lookup=min(max(request.num_tokens - 1, 0) // size, n_full),
                                    n_blocks=-(-prompt // size))
+        self.policy.drain_shadows()
 
     def finish_request(self, request, n_blocks: int) -> None:
         """``request``, holding ``n_blocks`` blocks, is about to be freed: its whole chain of computed
@@ -355,6 +359,7 @@ class KvprofBlockPool(BlockPool):
         self._chain_numbers.pop(request.request_id, None)
         self.policy.finish_numbered(request.request_id, self._clock(), numbers,
                                     n_blocks=max(n_blocks, len(numbers)))
+        self.policy.drain_shadows()
 
     def _chain_of(self, request, n_tokens: int) -> np.ndarray:
         """The content numbers of the full blocks among ``request``'s first ``n_tokens`` tokens (their
