@@ -197,9 +197,10 @@ class CompiledTwin(EvictionPolicy):
 
     def drain_shadows(self, budget: int = SHADOW_DRAIN) -> None:
         """Let ``wa``'s shadows work through the admissions and finishes they were told, about
-        ``budget`` blocks (a slice more at most): what a caller on a latency-bound thread does in
-        each call, so no single call does a long request's shadow work. Changes no decision."""
-        if self._shadow_work:
+        ``budget`` blocks (a slice more at most; none for ``budget <= 0``): what a caller on a
+        latency-bound thread does in each call, so no single call does a long request's shadow
+        work. Changes no decision."""
+        if self._shadow_work and budget > 0:
             self._shadow_work = handle.drain(self._address, budget)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
