@@ -75,6 +75,18 @@ def new_shadow(core, capacity):
 # access as allocate makes them (a core's evict_n of a + b blocks is its evict_n of a, then of b),
 # so a shadow fed a slice at a time ends exactly where one fed whole requests does.
 @njit(cache=True)
+def _reserve_chain(shadow, contents):
+    """Make the content-to-slot map cover ``contents``; the work it cost, in blocks (growing the
+    map copies it: counted so that one drain does not grow six shadows' maps)."""
+    top = -1
+    for content in contents:
+        top = max(top, content)
+    before = len(shadow.block_slot)
+    reserve_contents(shadow, top + 1)
+    return (len(shadow.block_slot) - before) // 256
+
+
+@njit(cache=True)
 def _take_empty(shadow, slots, first, n_new):
     """``allocate``'s first step: empty slots (the stack's top first) for depths ``first ..``;
     returns how many (the rest are evicted)."""
@@ -159,10 +171,7 @@ def _admit_slice(shadow, feed, i, r, never):
     if phase == 0:
         if shadow.limit < feed.limit[r]:  # no capacity given: the most blocks seen
             set_limit(shadow, feed.limit[r], now)
-        top = -1
-        for content in contents:
-            top = max(top, content)
-        reserve_contents(shadow, top + 1)
+        grew = _reserve_chain(shadow, contents)
         if seat >= len(shadow.seat_n):
             shadow.seat_n = grown(shadow.seat_n, seat + 1, 0)
             shadow.seat_workload = grown(shadow.seat_workload, seat + 1, 0)
@@ -173,7 +182,7 @@ def _admit_slice(shadow, feed, i, r, never):
             make_room(shadow, short, now)
         feed.a[i] = n_hits
         feed.phase[i] = 1
-        return 1 + feed.n_lookup[r] // 16, False
+        return 1 + feed.n_lookup[r] // 16 + grew, False
     slots = shadow.seats[seat]
     n_hits = feed.a[i] if phase == 1 else 0
     if phase == 1:
@@ -207,14 +216,11 @@ def _finish_slice(shadow, feed, i, r, never):
         held = shadow.seat_n[seat] if seat < len(shadow.seat_n) else 0
         if not held:
             return 1, True
-        top = -1
-        for content in contents:
-            top = max(top, content)
-        reserve_contents(shadow, top + 1)
+        grew = _reserve_chain(shadow, contents)
         feed.a[i] = held
         feed.b[i] = max(feed.n_blocks[r], n_full)
         feed.phase[i] = 1
-        return 1, False
+        return 1 + grew, False
     workload = shadow.seat_workload[seat]
     slots = shadow.seats[seat]
     if phase == 1:
