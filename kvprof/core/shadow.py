@@ -130,7 +130,7 @@ def _pin_slice(shadow, slots, pos, stop, now, workload, never):
         if not shadow.refs[slot]:
             policy.remove(slot)
         shadow.refs[slot] += 1
-        policy.access(slot, now, workload, depth, True, never[depth], shadow.slot_block[slot])
+        policy.access(slot, now, workload, depth, True, never[depth], np.int64(shadow.slot_block[slot]))
 
 
 @njit(cache=True)
