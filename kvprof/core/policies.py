@@ -157,12 +157,19 @@ def core_access(core, block, now, workload, depth, hit, next_use, content):
 def core_free(core, blocks, n, now):
     """``EvictionPolicy.free`` of ``blocks[:n]``, in that order."""
     kind = core.kind
-    if kind == LEARNED:  # blocks freed together are binned together (their deepest)
+    if kind == LEARNED or kind == CLASSED:  # one call for the batch (learned bins blocks freed together)
+        top = -1
         for i in range(n):
-            if blocks[i] >= len(core.content):
-                reserve_blocks(core, blocks[i] + 1)
-        learned.free(core, blocks, n, now)
+            top = max(top, blocks[i])
+        if top >= len(core.content):
+            reserve_blocks(core, top + 1)
+        if kind == LEARNED:
+            learned.free(core, blocks, n, now)
+        else:
+            classed.free(core, blocks, n, now)
         core.size += n
+        if kind == CLASSED:
+            classed.freed(core, blocks, n)
         return
     for i in range(n):
         block = blocks[i]
@@ -178,15 +185,11 @@ def core_free(core, blocks, n, now):
             arc.free(core, block)
         elif kind == BELADY:
             belady.free(core, block)
-        elif kind == CLASSED:
-            classed.free(core, block, now)
         elif kind == SIEVE:
             sieve.free(core, block)
     core.size += n
     if kind == S3FIFO or kind == ARC:
         core.most_evictable = max(core.most_evictable, core.size)
-    elif kind == CLASSED:
-        classed.freed(core, blocks, n)
 
 
 @njit(cache=True)
