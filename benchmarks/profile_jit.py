@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 #: The object code of every compiled library numba loads (``run`` keeps it to list its symbols).
@@ -78,28 +79,11 @@ def write_perf_map(path: Path) -> int:
 
 def run(args) -> None:
     keep_object_code()
-    import time
+    from bench_sim import bailian_a, kvprof_throughput  # this script's folder is on sys.path
 
-    from kvprof.policy import make_policy
-    from kvprof.profiler.fit import fit_trace
-    from kvprof.profiler.reader import read_trace
-    from kvprof.profiler.synth import generate, write_jsonl
-    from kvprof.sim.config import SimConfig
-    from kvprof.sim.engine import simulate
-    from kvprof.sim.workload import prepare_workload
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "a.jsonl"
-        write_jsonl(path, generate("bailian-a", args.hours, 0))
-        trace, _ = read_trace(path)
-    hp = fit_trace(trace)
-    config = SimConfig(engine_block_size=trace.block_size)
-    warm = prepare_workload(trace.time_window(None, trace.window[0] + 60.0), hp, config.engine_block_size)
-    simulate(warm, make_policy(args.policy, hp, args.capacity), args.capacity, config)
-    workload = prepare_workload(trace, hp, config.engine_block_size)
-    start = time.thread_time()
-    metrics = simulate(workload, make_policy(args.policy, hp, args.capacity), args.capacity, config)
-    print(f"{args.policy}: {time.thread_time() - start:.2f} s CPU, block hit ratio {metrics.block_hit_ratio:.4f}")
+    trace, hp, config = bailian_a(args.hours)
+    row = kvprof_throughput(trace, hp, args.policy, args.capacity, config, clock=time.thread_time)
+    print(f"{args.policy}: {row['seconds']:.2f} s CPU, block hit ratio {row['block_hit_ratio']:.4f}")
     where = Path(f"/tmp/perf-{os.getpid()}.map")
     print(f"{write_perf_map(where)} compiled functions named in {where}")
 
