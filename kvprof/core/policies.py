@@ -157,19 +157,12 @@ def core_access(core, block, now, workload, depth, hit, next_use, content):
 def core_free(core, blocks, n, now):
     """``EvictionPolicy.free`` of ``blocks[:n]``, in that order."""
     kind = core.kind
-    if kind == LEARNED or kind == CLASSED:  # one call for the batch (learned bins blocks freed together)
-        top = -1
+    if kind == LEARNED:  # blocks freed together are binned together (their deepest)
         for i in range(n):
-            top = max(top, blocks[i])
-        if top >= len(core.content):
-            reserve_blocks(core, top + 1)
-        if kind == LEARNED:
-            learned.free(core, blocks, n, now)
-        else:
-            classed.free(core, blocks, n, now)
+            if blocks[i] >= len(core.content):
+                reserve_blocks(core, blocks[i] + 1)
+        learned.free(core, blocks, n, now)
         core.size += n
-        if kind == CLASSED:
-            classed.freed(core, blocks, n)
         return
     for i in range(n):
         block = blocks[i]
@@ -185,11 +178,15 @@ def core_free(core, blocks, n, now):
             arc.free(core, block)
         elif kind == BELADY:
             belady.free(core, block)
+        elif kind == CLASSED:
+            classed.free(core, block, now)
         elif kind == SIEVE:
             sieve.free(core, block)
     core.size += n
     if kind == S3FIFO or kind == ARC:
         core.most_evictable = max(core.most_evictable, core.size)
+    elif kind == CLASSED:
+        classed.freed(core, blocks, n)
 
 
 @njit(cache=True)

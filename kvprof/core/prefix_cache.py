@@ -105,16 +105,15 @@ def n_free(pool):
 def cached_prefix(pool, blocks, start, n_lookup, out):
     """Slots of the longest cached prefix into ``out`` (``PrefixCache.cached_prefix``): their
     number, and how many of them are evictable now."""
-    block_slot, refs = pool.block_slot, pool.refs  # read once: each field read costs a reference count
     n_evictable = 0
     n = 0
     for j in range(start, start + n_lookup):
-        slot = block_slot[blocks[j]]
+        slot = pool.block_slot[blocks[j]]
         if slot == NONE:
             break
         out[n] = slot
         n += 1
-        if not refs[slot]:
+        if not pool.refs[slot]:
             n_evictable += 1
     return n, n_evictable
 
@@ -122,13 +121,13 @@ def cached_prefix(pool, blocks, start, n_lookup, out):
 @njit(cache=True)
 def pin_hits(pool, slots, n, now, workload, next_use, start):
     """Take hit slots for a request (``PrefixCache.pin_hits``, vLLM's ``touch``)."""
-    policy, refs, slot_block = pool.policy, pool.refs, pool.slot_block
+    policy = pool.policy
     for depth in range(n):
         slot = slots[depth]
-        if not refs[slot]:
+        if not pool.refs[slot]:
             policy.remove(slot)
-        refs[slot] += 1
-        policy.access(slot, now, workload, depth, True, next_use[start + depth], slot_block[slot])
+        pool.refs[slot] += 1
+        policy.access(slot, now, workload, depth, True, next_use[start + depth], pool.slot_block[slot])
 
 
 @njit(cache=True)
@@ -139,23 +138,23 @@ def allocate(pool, blocks, next_use, start, first, n_cacheable, n_total, now, wo
     for i in range(n_empty):  # the stack's top first
         pool.n_empty -= 1
         out[first + i] = pool.empty[pool.n_empty]
-    policy, refs, block_slot, slot_block = pool.policy, pool.refs, pool.block_slot, pool.slot_block
     if n_new > n_empty:
         at = first + n_empty
-        policy.evict_n(n_new - n_empty, now, out, at)
+        pool.policy.evict_n(n_new - n_empty, now, out, at)
         for i in range(at, n_total):
-            block_slot[slot_block[out[i]]] = NONE
+            pool.block_slot[pool.slot_block[out[i]]] = NONE
         pool.evictions += n_new - n_empty
+    policy = pool.policy
     for depth in range(first, n_total):
         slot = out[depth]
-        refs[slot] = 1
+        pool.refs[slot] = 1
         block = blocks[start + depth] if depth < n_cacheable else NONE
-        if block != NONE and block_slot[block] == NONE:
-            block_slot[block] = slot
-            slot_block[slot] = block
+        if block != NONE and pool.block_slot[block] == NONE:
+            pool.block_slot[block] = slot
+            pool.slot_block[slot] = block
             policy.access(slot, now, workload, depth, False, next_use[start + depth], block)
         else:
-            slot_block[slot] = NONE
+            pool.slot_block[slot] = NONE
 
 
 @njit(cache=True)
@@ -163,13 +162,13 @@ def release(pool, slots, n, now):
     """A request finished: unpin its slots tail-first; cached ones become evictable."""
     if n > len(pool.scratch):
         pool.scratch = np.zeros(max(n, 2 * len(pool.scratch)), np.int64)
-    evictable, refs, slot_block = pool.scratch, pool.refs, pool.slot_block
+    evictable = pool.scratch
     k = 0
     for i in range(n - 1, -1, -1):
         slot = slots[i]
-        refs[slot] -= 1
-        if not refs[slot]:
-            if slot_block[slot] == NONE:
+        pool.refs[slot] -= 1
+        if not pool.refs[slot]:
+            if pool.slot_block[slot] == NONE:
                 push_empty(pool, slot)
             else:
                 evictable[k] = slot

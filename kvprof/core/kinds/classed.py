@@ -139,19 +139,12 @@ def reserve(core, n):
         core.wa_pinned = grown(core.wa_pinned, n, False)
 
 
-@njit(cache=True)
-def free(core, blocks, n, now):
-    """Push ``blocks[:n]``, in that order, to the backs of their rows with the stamps they leave with.
-
-    One call per batch, its arrays read once: in compiled code each read of a struct field costs
-    a reference count (an atomic add and sub), which per block was most of a free's cost."""
-    q, stamp, pushed, row, stamps_free = core.q, core.stamp, core.pushed, core.row, core.stamps_free
-    for i in range(n):
-        block = blocks[i]
-        if stamps_free:
-            stamp[block] = now
-        pushed[block] = stamp[block]
-        push_back(q, row[block], block)
+@njit(cache=True, inline="always")
+def free(core, block, now):
+    if core.stamps_free:
+        core.stamp[block] = now
+    core.pushed[block] = core.stamp[block]
+    push_back(core.q, core.row[block], block)
 
 
 @njit(cache=True)
@@ -159,10 +152,9 @@ def freed(core, blocks, n):
     """After ``blocks[:n]`` were freed: wa's pins released, the most blocks held or evictable."""
     if not core.wa:
         return
-    pinned = core.wa_pinned  # read once: each field read costs a reference count
     for i in range(n):
-        if pinned[blocks[i]]:
-            pinned[blocks[i]] = False
+        if core.wa_pinned[blocks[i]]:
+            core.wa_pinned[blocks[i]] = False
             core.held -= 1
     core.most = max(core.most, core.held + core.size)
 
@@ -171,14 +163,9 @@ def freed(core, blocks, n):
 @njit(cache=True)
 def tier(core, hits):
     """Reuse tier of ``hits`` (``orders.tier_of`` capped at the core's tiers)."""
-    return tier_in(core.tier_of, core.n_tiers, hits)
-
-
-@njit(cache=True, inline="always")
-def tier_in(table, n_tiers, hits):
-    """:func:`tier` with the core's table and number of tiers read once by the caller."""
+    table = core.tier_of
     t = table[hits] if hits < len(table) else table[len(table) - 1]
-    return min(t, n_tiers - 1)
+    return min(t, core.n_tiers - 1)
 
 
 @njit(cache=True)
@@ -197,14 +184,13 @@ def access(core, block, now, workload, depth, hit, content):
         return
     if not 0 <= workload < core.n_cells:
         workload = core.n_cells - 1
-    wa_hits = core.wa_hits
     if hit:
-        hits = wa_hits[block] + 1
+        hits = core.wa_hits[block] + 1
     else:
         hits = _recall(core, content) if content >= 0 else 0
         if content >= 0:
             core.content[block] = content
-    wa_hits[block] = hits
+    core.wa_hits[block] = hits
     core.row[block] = workload * core.n_tiers + tier(core, hits)
     core.stamp[block] = now
     core.depth[block] = depth
@@ -244,24 +230,22 @@ def _ghost_hit(core, t):
 @njit(cache=True)
 def remember(core, victims, at, n):
     """Put the victims' contents in wa's ghost with their hit counts, oldest forgotten first."""
-    g, by_tier, contents, hits, value = core.g, core.ghosts_by_tier, core.content, core.wa_hits, core.ghost_value
-    table, n_tiers = core.tier_of, core.n_tiers
+    g, by_tier = core.g, core.ghosts_by_tier
     for i in range(at, at + n):
         block = victims[i]
-        content = contents[block]
+        content = core.content[block]
         if content < 0:
             continue
-        contents[block] = NONE
-        count = hits[block]
+        core.content[block] = NONE
+        count = core.wa_hits[block]
         if holds(g, content):
-            by_tier[tier_in(table, n_tiers, value[content])] -= 1
+            by_tier[tier(core, core.ghost_value[content])] -= 1
             unlink(g, content)
         push_back(g, 0, content)
-        value[content] = count
-        by_tier[tier_in(table, n_tiers, count)] += 1
-    most, n_ghosts = core.most, g.count
-    while n_ghosts[0] > most:
-        by_tier[tier_in(table, n_tiers, value[pop_front(g, 0)])] -= 1
+        core.ghost_value[content] = count
+        by_tier[tier(core, count)] += 1
+    while g.count[0] > core.most:
+        by_tier[tier(core, core.ghost_value[pop_front(g, 0)])] -= 1
 
 
 # -- classed: the merge of the row lists --------------------------------------------------------
@@ -307,32 +291,29 @@ def _score(core, row, stamp, now):
     return scale * math.exp(-core.paper_lam[row] * age) if scale else 0.0
 
 
-@njit(cache=True, inline="always")
-def _set_key(core, keys, row, block, score):
-    """Row ``row``'s sort key (``keys``: key0..2, read once by the caller) for its head ``block``."""
-    key0, key1, key2 = keys
-    key0[row] = score
+@njit(cache=True)
+def _set_key(core, row, block, score):
+    core.key0[row] = score
     if core.order == ORDER_PAPER:  # (score, row): blocks freed together leave together
-        key1[row] = 0.0
-        key2[row] = 0.0
+        core.key1[row] = 0.0
+        core.key2[row] = 0.0
     elif core.order == ORDER_SEGMENTED:  # (segment, stamp, -depth, row)
-        key1[row] = core.pushed[block]
-        key2[row] = -float(core.depth[block])
+        core.key1[row] = core.pushed[block]
+        core.key2[row] = -float(core.depth[block])
     else:  # (score, -depth, stamp, row): the deeper block, then the older access
-        key1[row] = -float(core.depth[block])
-        key2[row] = core.pushed[block]
+        core.key1[row] = -float(core.depth[block])
+        core.key2[row] = core.pushed[block]
 
 
-@njit(cache=True, inline="always")
-def _before(keys, r, s):
+@njit(cache=True)
+def _before(core, r, s):
     """Head of row ``r`` sorts before head of row ``s`` (keys end with the row)."""
-    key0, key1, key2 = keys
-    if key0[r] != key0[s]:
-        return key0[r] < key0[s]
-    if key1[r] != key1[s]:
-        return key1[r] < key1[s]
-    if key2[r] != key2[s]:
-        return key2[r] < key2[s]
+    if core.key0[r] != core.key0[s]:
+        return core.key0[r] < core.key0[s]
+    if core.key1[r] != core.key1[s]:
+        return core.key1[r] < core.key1[s]
+    if core.key2[r] != core.key2[s]:
+        return core.key2[r] < core.key2[s]
     return r < s
 
 
@@ -341,40 +322,37 @@ def _merge(core, n, now, out, at):
     """The greedy merge of the rows (``ClassFifos.merge``): ``n`` times the head with the lowest key.
 
     Keys are computed once per head; a run of blocks pushed with one stamp shares its score, so
-    only a new stamp is scored again. The core's arrays are read into locals once per call: in
-    compiled code each read of a struct field costs a reference count (an atomic add and sub).
+    only a new stamp is scored again.
     """
-    q, pushed, n_rows = core.q, core.pushed, core.n_rows
-    heads, counts = q.head, q.count
-    keys = (core.key0, core.key1, core.key2)
-    for r in range(n_rows):
-        if counts[r]:
-            head = heads[r]
-            _set_key(core, keys, r, head, _score(core, r, pushed[head], now))
+    q = core.q
+    for r in range(core.n_rows):
+        if q.count[r]:
+            head = q.head[r]
+            _set_key(core, r, head, _score(core, r, core.pushed[head], now))
     need = n
     while need:
         best = second = NONE
-        for r in range(n_rows):
-            if not counts[r]:
+        for r in range(core.n_rows):
+            if not q.count[r]:
                 continue
-            if best == NONE or _before(keys, r, best):
+            if best == NONE or _before(core, r, best):
                 best, second = r, best
-            elif second == NONE or _before(keys, r, second):
+            elif second == NONE or _before(core, r, second):
                 second = r
         while True:
             block = pop_front(q, best)
             out[at] = block
             at += 1
             need -= 1
-            if not need or not counts[best]:
+            core.size -= 1
+            if not need or not q.count[best]:
                 break
-            head = heads[best]
-            stamp = pushed[head]
-            score = keys[0][best] if stamp == pushed[block] else _score(core, best, stamp, now)
-            _set_key(core, keys, best, head, score)
-            if second != NONE and not _before(keys, best, second):
+            head = q.head[best]
+            stamp = core.pushed[head]
+            score = core.key0[best] if stamp == core.pushed[block] else _score(core, best, stamp, now)
+            _set_key(core, best, head, score)
+            if second != NONE and not _before(core, best, second):
                 break
-    core.size -= n
 
 
 @njit(cache=True)
