@@ -32,7 +32,7 @@ from kvprof.core.copiers import copy_core
 from kvprof.core.policies import (
     ORDER_FREQUENCY, core_access, core_contains, core_evict_n, core_free, core_remove, core_type, remember,
 )
-from kvprof.core.prefix_cache import mark_pool, register_pool_protocol, set_limit
+from kvprof.core.prefix_cache import mark_pool, register_pool_protocol
 from kvprof.core.shadow import (
     ADMIT, FINISH, SKIP, feed_drain, feed_push, feed_sync, feed_type, mark_feed, new_feed, shadow_type,
 )
