@@ -76,12 +76,6 @@ def finish(address, seat, now, contents, n_blocks):
 
 
 @njit(cache=True)
-def drain(address, budget):
-    """``policy_drain``: the shadows work through what they were told, about ``budget`` blocks."""
-    return core.policy_drain(policy_at(address), budget)
-
-
-@njit(cache=True)
 def free(address, blocks, n, now):
     core.policy_free(policy_at(address), blocks, n, now)
 

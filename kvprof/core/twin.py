@@ -20,9 +20,6 @@ from kvprof.core.wa import outcome
 from kvprof.core.seats import Seats
 from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 
-#: Blocks of ``wa``'s shadow work one :meth:`CompiledTwin.drain_shadows` does by default (at
-#: ~0.5 us a block per shadow, about 0.1-0.25 ms with the slice it may finish).
-SHADOW_DRAIN = 256
 #: Content numbers kept per block of the pool (and at least :data:`MIN_CONTENTS`); see :class:`CompiledTwin`.
 CONTENTS_PER_BLOCK = 16
 MIN_CONTENTS = 1 << 16
@@ -44,8 +41,7 @@ class CompiledTwin(EvictionPolicy):
     same order as the reference would; ``_seats`` numbers the running requests (:meth:`admit`
     to :meth:`finish`) with the lowest numbers free, the ids the core knows them by;
     ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
-    because every change of it passes through this class; ``_shadow_work`` is false only when
-    ``wa``'s shadows have nothing queued (:meth:`drain_shadows`); ``_block_content[b]`` is the content
+    because every change of it passes through this class; ``_block_content[b]`` is the content
     number block ``b`` was last accessed with (what :meth:`remembered` gives for a hit, so a
     prefix hit costs no key lookup per block).
 
@@ -82,8 +78,6 @@ class CompiledTwin(EvictionPolicy):
         self.handle = compile_policy(self.reference, self._n_blocks)
         self._address = handle.address_of(self.handle)  # valid while self.handle lives
         self._size = 0
-        self._has_shadows = bool(getattr(self.reference, "_shadows", None))
-        self._shadow_work = False  # whether the shadows may have queued work (drain_shadows)
 
     def _apply_taken(self) -> None:
         taken = np.array(self._taken, dtype=np.int64)
@@ -180,7 +174,6 @@ class CompiledTwin(EvictionPolicy):
             raise ValueError(f"request {request!r} was admitted before and has not finished")
         seat = self._seats.take(request)
         handle.admit(self._address, seat, numbers, n_lookup, n_blocks, float(now), workload)
-        self._shadow_work = self._has_shadows
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
                n_blocks: int | None = None) -> None:
@@ -193,15 +186,6 @@ class CompiledTwin(EvictionPolicy):
         seat = self._seats.give(request)
         if seat >= 0:
             handle.finish(self._address, seat, float(now), numbers, n_blocks)
-            self._shadow_work = self._has_shadows
-
-    def drain_shadows(self, budget: int = SHADOW_DRAIN) -> None:
-        """Let ``wa``'s shadows work through the admissions and finishes they were told, about
-        ``budget`` blocks (a slice more at most; none for ``budget <= 0``): what a caller on a
-        latency-bound thread does in each call, so no single call does a long request's shadow
-        work. Changes no decision."""
-        if self._shadow_work and budget > 0:
-            self._shadow_work = handle.drain(self._address, budget)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
         if self._taken:

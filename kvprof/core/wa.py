@@ -8,10 +8,7 @@ The twin of :mod:`kvprof.policy.wa` (its shadows are :mod:`kvprof.core.shadow`, 
 the reference keeps beside its rows: the followed policies (cores over the same blocks, kept in
 step; one of them may lead eviction), one :class:`~kvprof.core.shadow.Shadow` per candidate order (a pool of
 :mod:`kvprof.core.prefix_cache` over that candidate's core, fed whole requests:
-:class:`kvprof.policy.shadow.ShadowCache`) and the feed that queues the requests for them and
-keeps what ``wa`` reads of them (:data:`~kvprof.core.shadow.feed_type`: a long request's shadow
-work is spread over later calls, :func:`policy_drain`), the shadows' windowed hit scores and the
-leader.
+:class:`kvprof.policy.shadow.ShadowCache`), the shadows' windowed hit scores and the leader.
 
 Invariants: every followed core holds exactly the blocks ``main`` holds; ``order_kind[i]`` is
 candidate ``i``'s row order, or -1 when ``order_followed[i]`` names the followed core it is;
@@ -32,10 +29,8 @@ from kvprof.core.copiers import copy_core
 from kvprof.core.policies import (
     ORDER_FREQUENCY, core_access, core_contains, core_evict_n, core_free, core_remove, core_type, remember,
 )
-from kvprof.core.prefix_cache import mark_pool, register_pool_protocol
-from kvprof.core.shadow import (
-    ADMIT, FINISH, SKIP, feed_drain, feed_push, feed_sync, feed_type, mark_feed, new_feed, shadow_type,
-)
+from kvprof.core.prefix_cache import mark_pool, register_pool_protocol, set_limit
+from kvprof.core.shadow import shadow_admit, shadow_finish, shadow_type
 from kvprof.core.structs import NONE, grown
 from kvprof.policy.shadow import CHAIN_MEMORY_CAPACITIES
 
@@ -54,7 +49,6 @@ policy_type = structs.struct(PolicyType, Policy, [
     ("order_kind", types.int64[:]),
     ("order_followed", types.int64[:]),
     ("shadows", types.ListType(shadow_type)),
-    ("feed", feed_type),  # what the shadows are told, and what wa reads of them
     ("leader", types.int64),
     ("shadow_score", types.float64[:]),
     ("shadow_seen", types.int64[:]),
@@ -92,7 +86,6 @@ def new_policy(main, followed, order_kind, order_followed, shadows, leader):
     policy.order_kind = order_kind
     policy.order_followed = order_followed
     policy.shadows = shadows
-    policy.feed = new_feed(shadows)
     policy.leader = leader
     policy.shadow_score = np.zeros(len(shadows))
     policy.shadow_seen = np.zeros(len(shadows), np.int64)
@@ -170,7 +163,7 @@ def evicting_core(policy):
     if leading != NONE:
         return policy.followed[leading], leading
     if len(policy.shadows) and main.order == ORDER_FREQUENCY:  # adaptive orders learn in their shadows
-        main.beta = policy.feed.visible_beta[policy.leader]
+        main.beta = policy.shadows[policy.leader].policy.beta
     return main, NONE
 
 
@@ -204,8 +197,7 @@ def policy_order(policy, n, now, out):
 @njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
 def policy_admit(policy, seat, contents, n_lookup, n_blocks, now, workload):
     """``EvictionPolicy.admit`` of the request numbered ``seat`` (unique among running requests)
-    with chain ``contents``: queue it for the shadows; now and then follow the candidate whose
-    shadow had hit most ``SHADOW_LAG`` operations ago (:mod:`kvprof.core.shadow`)."""
+    with chain ``contents``: feed the shadows; now and then follow the candidate whose shadow hits most."""
     shadows = policy.shadows
     if not len(shadows):
         return
@@ -213,30 +205,18 @@ def policy_admit(policy, seat, contents, n_lookup, n_blocks, now, workload):
     if not 0 <= workload < main.n_cells:
         workload = main.n_cells - 1
     size = policy.capacity if policy.capacity else max(main.most, main.held + main.size)
-    _reserve_never(policy, n_blocks)
+    if n_blocks > len(policy.never):
+        policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
     if in_sample(policy, contents, size):
-        feed_push(policy.feed, ADMIT, seat, contents, n_lookup, n_blocks, now, workload,
-                  scaled_size(size, policy.sample_rate))
-    else:
-        feed_push(policy.feed, SKIP, seat, contents[:0], 0, 0, now, workload, 0)
-    feed_sync(policy.feed, shadows, policy.never)
+        limit = scaled_size(size, policy.sample_rate)
+        for shadow in shadows:
+            if shadow.limit < limit:  # no capacity given: the most blocks seen
+                set_limit(shadow, limit, now)
+            shadow_admit(shadow, seat, contents, n_lookup, n_blocks, now, workload, policy.never)
     policy.unweighed += n_lookup
     if policy.unweighed >= max(policy.period_min, size // policy.period_share):
         _weigh(policy, policy.unweighed, size)
         policy.unweighed = 0
-
-
-@njit(cache=True)
-def _reserve_never(policy, n_blocks):
-    if n_blocks > len(policy.never):
-        policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
-
-
-@njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
-def policy_drain(policy, budget):
-    """Let the shadows work through what they were told, about ``budget`` blocks' worth (what a
-    caller with time to spare does: it changes no reading); returns whether work is left."""
-    return feed_drain(policy.feed, policy.shadows, policy.never, budget)
 
 
 @njit(cache=True)
@@ -299,13 +279,11 @@ def in_sample(policy, contents, size):
 
 @njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
 def policy_finish(policy, seat, now, contents, n_blocks):
-    """``EvictionPolicy.finish`` of the request numbered ``seat`` (``contents`` empty: none given):
-    queued for the shadows, as admissions are."""
-    if not len(policy.shadows):
-        return
-    _reserve_never(policy, max(n_blocks, len(contents)))
-    feed_push(policy.feed, FINISH, seat, contents, 0, n_blocks, now, 0, 0)
-    feed_sync(policy.feed, policy.shadows, policy.never)
+    """``EvictionPolicy.finish`` of the request numbered ``seat`` (``contents`` empty: none given)."""
+    if n_blocks > len(policy.never):
+        policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
+    for shadow in policy.shadows:
+        shadow_finish(shadow, seat, now, contents, n_blocks, policy.never)
 
 
 @njit(cache=True)
@@ -321,9 +299,8 @@ def _weigh(policy, lookups, size):
     best = 0
     best_corrected = leader_corrected = 0.0
     for i in range(len(shadows)):
-        hits = policy.feed.visible_hits[i]
-        gained = (hits - seen[i]) / policy.sample_rate  # hits in the whole traffic
-        seen[i] = hits
+        gained = (shadows[i].hits - seen[i]) / policy.sample_rate  # hits in the whole traffic
+        seen[i] = shadows[i].hits
         score[i] = score[i] * keep + gained
         real_led[i] *= keep
         shadow_led[i] *= keep
@@ -369,7 +346,6 @@ def mark_policy(policy, live):
     for shadow in policy.shadows:
         mark_pool(shadow, live)
         mark_core(shadow.policy, live)
-    mark_feed(policy.feed, live)
     chain_of, admitted = policy.chain_of, policy.chain_admitted
     for content in range(min(len(chain_of), len(live))):
         if chain_of[content] != NONE and admitted[content] >= policy.chain_horizon:
@@ -402,15 +378,8 @@ def set_safety_net(policy, window_capacities, switch_margin, period_min, period_
 
 
 @njit(cache=True)
-def leader(policy):
-    """The candidate eviction follows now (the shadows untouched)."""
-    return policy.leader
-
-
-@njit(cache=True)
 def outcome(policy):
-    """The leader and each shadow's hits so far (the shadows first work through all they were told)."""
-    feed_drain(policy.feed, policy.shadows, policy.never, np.iinfo(np.int64).max)
+    """The leader and each shadow's hits."""
     hits = np.zeros(len(policy.shadows), np.int64)
     for i in range(len(policy.shadows)):
         hits[i] = policy.shadows[i].hits

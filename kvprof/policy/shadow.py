@@ -46,16 +46,6 @@ def mixed(number: int) -> int:
     return z ^ (z >> 31)
 
 
-#: The compiled shadows (:mod:`kvprof.core.shadow`) look a request up, pin, evict, cache and
-#: free at most this many blocks in one step, so that a long request's admission can be spread
-#: over several calls; the steps make the same calls into the core in the same order as the
-#: whole request here.
-SHADOW_SLICE = 256
-#: ``wa`` reads its shadows' hits (and an adaptive order's weight) as they were this many
-#: admissions and finishes ago: the compiled shadows may still be working on the latest ones,
-#: and every driver, live or simulated, then reads the same figures (:mod:`kvprof.policy.wa`).
-SHADOW_LAG = 32
-
 #: :class:`ChainSample` remembers the contents of the last this many real caches' worth of blocks
 #: admitted (a content not admitted since is forgotten: long evicted from any cache of that size).
 CHAIN_MEMORY_CAPACITIES = 8

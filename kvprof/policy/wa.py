@@ -6,7 +6,7 @@ Its compiled twin is :mod:`kvprof.core.wa` (rows: :mod:`kvprof.core.kinds.classe
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
@@ -18,7 +18,7 @@ from kvprof.policy.classed import ClassedLRUPolicy, _as_list
 from kvprof.policy.learned import LearnedPolicy
 from kvprof.policy.orders import FrequencyOrder, ModelOrder, Order, RecencyOrder, SegmentedOrder, tier_of
 from kvprof.policy.s3fifo import S3FIFOPolicy
-from kvprof.policy.shadow import SHADOW_LAG, ChainSample, ShadowCache, scaled_size
+from kvprof.policy.shadow import ChainSample, ShadowCache, scaled_size
 
 #: Candidate orders over the row lists (see :mod:`kvprof.policy.orders`).
 ROW_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency")
@@ -76,11 +76,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     With the safety net on, a :class:`~kvprof.policy.shadow.ShadowCache` per candidate is fed
     every request the real cache admits (:meth:`admit`: its whole chain of block contents) and
     finishes (:meth:`finish`), at the real cache's size (as given, else the most blocks it has
-    held), and counts the hits that candidate would have had on that traffic. ``wa`` reads the
-    shadows (their hits, an adaptive order's weight) as they were
-    :data:`~kvprof.policy.shadow.SHADOW_LAG` admissions and finishes ago, so that its compiled
-    twin can spread a long request's shadow work over the calls that follow and every driver
-    reads the same figures. Every
+    held), and counts the hits that candidate would have had on that traffic. Every
     ``capacity / 16`` blocks looked up ``wa`` follows the candidate whose shadow has the most hits
     over the last ``WINDOW_CAPACITIES`` capacities of lookups (exponentially weighted), switching
     only for a lead above ``switch_margin``. A shadow still differs from the real cache in timing
@@ -188,14 +184,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
                                          WorkloadAwarePolicy(p, weights, rates, horizon, orders=(name,), safety_net=False),
                                          scaled_size(self.capacity, self._sample.rate))
                              for name in orders]
-            # Adaptive orders learn in their shadows; the real cache's order takes the weight its
-            # candidate's shadow had SHADOW_LAG operations ago (_feed).
-        #: The shadows' hits and adaptive weights right after each of the last admissions and
-        #: finishes (``SHADOW_LAG`` + 1 at most), the oldest of them what ``wa`` reads
-        #: (``_visible_hits`` and the orders' weights); the requests admitted and not finished.
-        self._readings: deque[tuple[list[int], list[float | None]]] = deque()
-        self._visible_hits = [0] * len(self._shadows)
-        self._admitted: set[Hashable] = set()
+            # Adaptive orders learn in their shadows; the real cache borrows the leader's.
+            self._orders = [None if name in FOLLOWED_POLICIES else shadow.policy._orders[0]
+                            for name, shadow in zip(orders, self._shadows)]
         self._shadow_score = [0.0] * len(self._shadows)
         self._shadow_seen = [0] * len(self._shadows)
         self._unweighed = 0  # lookups admitted since the shadows were last compared
@@ -257,8 +248,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         return self.order_names[self.leader]
 
     def shadow_hits(self) -> dict[str, int]:
-        """Hits each candidate's shadow has counted so far (empty without the safety net); ``wa``
-        itself reads them ``SHADOW_LAG`` admissions and finishes late."""
+        """Hits each candidate's shadow has counted so far (empty without the safety net)."""
         return {name: shadow.hits for name, shadow in zip(self.order_names, self._shadows)}
 
     # -- per-block state -------------------------------------------------------------------
@@ -377,14 +367,12 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     # -- the safety net --------------------------------------------------------------------
     def admit(self, request: Hashable, contents: Sequence[Hashable], now: float, workload: int = 0, *,
               n_lookup: int | None = None, n_blocks: int | None = None) -> None:
-        """Feed the shadows the request; now and then follow the candidate whose shadow had hit most
-        :data:`~kvprof.policy.shadow.SHADOW_LAG` admissions and finishes ago."""
+        """Feed the shadows the request; now and then follow the candidate whose shadow hits most."""
         if not self._shadows:
             return
         n_lookup, n_blocks = request_sizes(contents, n_lookup, n_blocks)
-        if request in self._admitted:
+        if request in self._shadows[0].held:
             raise ValueError(f"request {request!r} was admitted before and has not finished")
-        self._admitted.add(request)
         if not 0 <= workload < self.n_cells:
             workload = self.n_cells - 1
         size = self._size()
@@ -394,7 +382,6 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
                 if shadow.limit < limit:  # no capacity given: the most blocks seen
                     shadow.set_limit(limit, now)
                 shadow.admit(request, contents, now, workload, n_lookup, n_blocks)
-        self._read_shadows()
         self._unweighed += n_lookup
         if self._unweighed >= max(FOLLOW_PERIOD_MIN, size // FOLLOW_PERIOD_SHARE):
             self._weigh(self._unweighed, size)
@@ -403,26 +390,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
                n_blocks: int | None = None) -> None:
         """Free the request's slots in every shadow (after caching what it filled since admission)."""
-        if not self._shadows:
-            return
-        self._admitted.discard(request)
         n_blocks = finished_size(contents, n_blocks)
         for shadow in self._shadows:
             shadow.finish(request, now, () if contents is None else contents, n_blocks)
-        self._read_shadows()
-
-    def _read_shadows(self) -> None:
-        """Note the shadows' hits and weights after this admission or finish, and read them as they
-        were ``SHADOW_LAG`` admissions and finishes ago."""
-        self._readings.append(([shadow.hits for shadow in self._shadows],
-                               [getattr(shadow.policy._order, "beta", None)
-                                if isinstance(shadow.policy, WorkloadAwarePolicy) else None
-                                for shadow in self._shadows]))
-        if len(self._readings) > SHADOW_LAG:
-            self._visible_hits, betas = self._readings.popleft()
-            for order, beta in zip(self._orders, betas):
-                if beta is not None:
-                    order.beta = beta
 
     def _size(self) -> int:
         """The real cache's size in blocks: as given, else the most blocks it has held at once (now included)."""
@@ -439,9 +409,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         calibrated = self.calibrated and self._sample.rate >= 1.0
         corrected = []
         for i, shadow in enumerate(self._shadows):
-            hits = self._visible_hits[i]
-            gained = (hits - self._shadow_seen[i]) / self._sample.rate  # hits in the whole traffic
-            self._shadow_seen[i] = hits
+            gained = (shadow.hits - self._shadow_seen[i]) / self._sample.rate  # hits in the whole traffic
+            self._shadow_seen[i] = shadow.hits
             self._shadow_score[i] = self._shadow_score[i] * keep + gained
             self._real_led[i] *= keep
             self._shadow_led[i] *= keep

@@ -22,11 +22,7 @@ All ordering logic is the policy's; this module only feeds it vLLM's events:
 * ``access(hit=True)`` for the blocks a request hits (:meth:`KvprofBlockPool.touch`); both as one
   compiled call per chain (``access_chain``),
 * ``free`` when the request frees its blocks, ``remove`` on a hit of a free block, ``evict_n`` when
-  blocks are needed, ``clear`` on ``reset_prefix_cache``;
-* and at the end of each of these calls and of each admission and finish, a slice of ``wa``'s
-  queued shadow work (:meth:`~kvprof.core.twin.CompiledTwin.drain_shadows`, about
-  :data:`~kvprof.core.twin.SHADOW_DRAIN` blocks less the call's own), so that a long prompt's
-  shadow work is spread over the scheduler's calls instead of stalling one.
+  blocks are needed, ``clear`` on ``reset_prefix_cache``.
 
 Invariants kept from vLLM: the null block (id 0) is popped once at construction and never enters
 the queue; blocks owned by other pools are routed by ``BlockPool.free_blocks`` itself (unchanged);
@@ -47,7 +43,6 @@ import numpy as np
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group_id
 
-from kvprof.core.twin import SHADOW_DRAIN
 from kvprof.vllm.carry import Held, carry_over
 from kvprof.vllm.numbering import ContentNumbers
 from kvprof.vllm.spec import PolicySpec, request_extra_args
@@ -132,7 +127,6 @@ class PolicyFreeQueue:
             if n:
                 back = self._back
                 out.extend([back.popleft() for _ in range(n)])
-        self.policy.drain_shadows(SHADOW_DRAIN - len(out))
         return out
 
     def remove(self, block: KVCacheBlock) -> None:
@@ -167,7 +161,6 @@ class PolicyFreeQueue:
                 cached = np.array(cached, dtype=np.int64)
             self.last_touch[cached] = now
             self.policy.free(cached, now)
-        self.policy.drain_shadows(SHADOW_DRAIN - len(cached))
 
     def prepend_n(self, blocks) -> None:
         """Blocks to reuse first, the first of ``blocks`` first."""
@@ -317,7 +310,6 @@ class KvprofBlockPool(BlockPool):
         self._owner[ids] = _one(owner)
         self.free_block_queue.last_touch[ids] = now
         self.policy.access_numbered(ids, depths, numbers, now, cls, hit=hit)
-        self.policy.drain_shadows(SHADOW_DRAIN - len(ids))
 
     def _note_chain(self, request, depths: np.ndarray, numbers: np.ndarray, first_key) -> None:
         """Remember ``numbers`` at chain positions ``depths`` of ``request`` (group 0's keys only)."""
@@ -352,7 +344,6 @@ class KvprofBlockPool(BlockPool):
         self.policy.admit_numbered(request.request_id, numbers, self._clock(), cls,
                                    n_lookup=min(max(request.num_tokens - 1, 0) // size, n_full),
                                    n_blocks=-(-prompt // size))
-        self.policy.drain_shadows()
 
     def finish_request(self, request, n_blocks: int) -> None:
         """``request``, holding ``n_blocks`` blocks, is about to be freed: its whole chain of computed
@@ -364,7 +355,6 @@ class KvprofBlockPool(BlockPool):
         self._chain_numbers.pop(request.request_id, None)
         self.policy.finish_numbered(request.request_id, self._clock(), numbers,
                                     n_blocks=max(n_blocks, len(numbers)))
-        self.policy.drain_shadows()
 
     def _chain_of(self, request, n_tokens: int) -> np.ndarray:
         """The content numbers of the full blocks among ``request``'s first ``n_tokens`` tokens (their

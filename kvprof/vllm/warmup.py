@@ -49,9 +49,6 @@ def _drive_twin(twin, workload: int) -> None:
     twin.evict(now + 1)
     twin.evict_n(2, now + 1)
     twin.evict_n_array(2, now + 1)
-    twin.admit("warm-up", [b"a", b"b", b"c"], now + 1, workload)  # the pool's admit/finish, and the drains
-    twin.drain_shadows()
-    twin.finish("warm-up", now + 1, [b"a", b"b", b"c"])
     twin.safety_net()
     twin.free([1, 2], now + 2)
 
