@@ -156,7 +156,10 @@ def test_the_shared_record_key_is_made_at_start_up_and_handed_to_the_engine_core
     from kvprof.vllm.plugin import share_record_key
     from kvprof.vllm.record import RECORD_KEY_ENV, shared_key
 
-    monkeypatch.delenv(RECORD_KEY_ENV, raising=False)
+    # set, then deleted: monkeypatch then removes what share_record_key puts there (a bare delenv of an
+    # unset variable restores nothing, and the key would leak into every later test's recorders)
+    monkeypatch.setenv(RECORD_KEY_ENV, "unset")
+    monkeypatch.delenv(RECORD_KEY_ENV)
     share_record_key(None)
     assert RECORD_KEY_ENV not in os.environ  # no key asked for: each start draws its own
     monkeypatch.chdir(tmp_path)

@@ -229,6 +229,7 @@ def fit(
         raise typer.BadParameter("routes the fit window in memory: fit --replica without --sharded",
                                  param_hint="--replica/--sharded")
     trace_path = trace_paths[0]
+    output_file(output, inputs=trace_paths)  # before any input is read: its refusal is a usage error
     recordings = [] if sharded else fleet_recordings(trace_paths)  # --sharded reads a directory of trace files
     recorded = sum(len(recording.ranks) for recording in recordings) if recordings else None
     fleet_spec, replicas = _fleet_spec(replica, replicas, router, load_weight, index_blocks, recorded, rank)
@@ -238,7 +239,6 @@ def fit(
     check_format(format)
     if spill_dir is not None and not sharded:
         raise typer.BadParameter("is where --sharded writes its shards: give it with --sharded", param_hint="--spill-dir")
-    output_file(output, inputs=[trace_path])
     if sharded:
         if bounds and any(bound is not None and bound < 0 for bound in bounds):
             raise typer.BadParameter("--sharded reads windows from the trace's start, not back from its end",
