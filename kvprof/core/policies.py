@@ -176,7 +176,7 @@ def core_access(core, block, now, workload, depth, hit, next_use, content):
     if block >= core.n_blocks:
         reserve_blocks(core, block + 1)
     kind = core.kind
-    if content >= 0 and (kind == S3FIFO or kind == ARC or kind == CLASSED):  # the kinds with ghosts
+    if content >= 0 and uses_content(kind):  # the kinds with ghosts keep contents
         reserve_contents(core, content + 1)
     if kind == LFU:
         lfu.access(core, block, hit)
