@@ -464,3 +464,18 @@ def test_fit_routes_recorded_only_recordings(recordings, small_trace, tmp_path):
     result = invoke("fit", recordings[0], small_trace, "-o", tmp_path / "hp.json")
     assert result.exit_code == 2 and "only as vLLM recording directories" in one_line(result.output)
     assert not (tmp_path / "hp.json").exists()
+
+
+def test_fit_replica_of_recordings_under_unshared_keys_warns_as_fleet_does(recordings, tmp_path):
+    """Routing the servers' traffic anew (here round-robin) over recordings whose servers drew keys of their
+    own treats a prefix they all received as different contents: fit says so, as fleet does; behind the
+    recorded router it does not."""
+    warnings = {}
+    for router in ("round-robin", "recorded"):
+        routed = ("--replicas", "2") if router != "recorded" else ()
+        result = invoke("fit", *recordings, "--router", router, *routed, "--replica", "0",
+                        "--window", "0:", "--capacity", "6", "-j", "1", "-o", tmp_path / f"fit-{router}.json")
+        assert result.exit_code == 0, result.output
+        warnings[router] = one_line(result.stderr)
+    assert "kv-record-key" in warnings["round-robin"] and "drew its own key" in warnings["round-robin"]
+    assert "kv-record-key" not in warnings["recorded"]

@@ -27,7 +27,8 @@ from kvprof.cli.common import (
     trace_block_size,
     tune_with_progress,
 )
-from kvprof.cli.fleet_cmd import LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, fleet_recordings, recorded_capacity
+from kvprof.cli.fleet_cmd import (LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, fleet_recordings, joined_trace,
+                                 recorded_capacity)
 from kvprof.cli.hp_tables import cells_table, horizons, tuning_table
 from kvprof.cli.output import print_json, say, show as show_table, status
 from kvprof.errors import KvprofError
@@ -375,13 +376,11 @@ def _read(paths: list[Path], recordings: list, spec, **options):
     """The trace to fit on: the one input, or the fleet trace of several recordings (also of one
     recording routed ``recorded``: its data-parallel ranks are its replicas)."""
     from kvprof.sim.fleet import RECORDED
-    from kvprof.sim.recorded import fleet_trace
 
     traces = [open_trace(path, **options) for path in paths]
     if len(paths) == 1 and (spec is None or spec.name != RECORDED):
         return traces[0]
-    return fleet_trace([(str(path), trace, recording)
-                        for path, trace, recording in zip(paths, traces, recordings)]).trace
+    return joined_trace(paths, traces, recordings, (spec.name if spec else RECORDED,))
 
 
 def _check_fleet_capacities(spec, capacities: tuple[int, ...]) -> None:

@@ -185,7 +185,7 @@ def fleet(
         hp, hp_input = load_hp(config), {"path": str(config)}
     traces = [open_trace(path, format=format, block_size=trace_block_tokens, skip_invalid=skip_invalid,
                          block_option="--trace-block-tokens") for path in trace_paths]
-    trace = _one_trace(trace_paths, traces, recordings, routers)
+    trace = joined_trace(trace_paths, traces, recordings, routers)
     if block_size is not None:
         check_multiple(block_size, trace.block_size)
     evaluated = trace.time_window(*eval_bounds)
@@ -277,8 +277,9 @@ def recorded_capacity(recordings: list) -> str:
     return str(sizes.pop())
 
 
-def _one_trace(paths: list[Path], traces: list, recordings: list, routers: tuple):
-    """The fleet's trace: the one trace file, or the recordings joined (:func:`kvprof.sim.recorded.fleet_trace`)."""
+def joined_trace(paths: list[Path], traces: list, recordings: list, routers: tuple):
+    """The fleet's trace: the one trace file, or the recordings joined (:func:`kvprof.sim.recorded.fleet_trace`),
+    with a warning where ``routers`` other than ``recorded`` would route traffic recorded under unshared keys."""
     if not recordings:
         return traces[0]
     from kvprof.sim.fleet import RECORDED

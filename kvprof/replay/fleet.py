@@ -109,7 +109,7 @@ class KvEventListener:
         try:
             import zmq
         except ImportError:
-            raise KvprofError(f"{_EVENTS_NEEDS} (pip install pyzmq msgspec)") from None
+            raise KvprofError(f"{_EVENTS_NEEDS} (pip install 'kvprof[replay]')") from None
         self.endpoint = endpoint
         self.index = KvEventIndex()
         self._decode = _msgpack_decoder()
@@ -164,7 +164,7 @@ def _msgpack_decoder() -> Callable[[bytes], object]:
     try:
         import msgpack
     except ImportError:
-        raise KvprofError(f"{_EVENTS_NEEDS} (pip install msgspec)") from None
+        raise KvprofError(f"{_EVENTS_NEEDS} (pip install 'kvprof[replay]')") from None
     return lambda data: msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
