@@ -1,8 +1,8 @@
 """LFU's twin (:class:`kvprof.policy.lfu.LFUPolicy`): list ``c`` of the queue holds count ``c``'s
 bucket in free order, a heap of counts finds the lowest non-empty one.
 
-State: ``lfu_count`` (per block: hits since allocation, 1 on allocation; int32, 4 bytes a block of
-the pool: a block's count is below 2**31 as long as the trace or the server's run is),
+State: ``lfu_count`` (per block: hits since allocation, 1 on allocation; int32: the per-count
+tables below, indexed up to the highest count, would be gigabytes long before a count reached 2**31),
 ``lfu_listed`` (per count: whether the count has an entry in ``lfu_heap``; buckets are dropped
 once empty at the top).
 """
