@@ -9,9 +9,10 @@ twice what was live at its last sweep, the replay marks every number some struct
 their numbers going to new contents. A number names one content for as long as anything refers to
 it, so the replay is the one a pass numbering the whole trace would give, number aside, and the
 tables indexed by number stay within a multiple of what the caches hold. Belady's next uses
-come from a backward pass over the chunks (:func:`next_uses`): a table of each hash's earliest
-later request (one entry per distinct hash: offline policies only), each chunk's times written to
-a file at its place, then read back one chunk at a time.
+come from backward passes over the chunks, one per bucket of hashes (:func:`next_uses`): a table
+of each of the bucket's hashes' earliest later request, so that what is held at once is bounded
+by the bucket's size, not the trace's distinct contents; the times are written to a file at
+their places, then read back one chunk at a time.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ from kvprof.core import structs
 
 #: Requests per streamed chunk: about 300 k accesses of bailian's 16-token blocks.
 CHUNK_REQUESTS = 2048
+
+#: Accesses per bucket of Belady's next-use pass (:func:`next_uses`) on average: its one table
+#: holds at most about this many hashes (12 MB at 12 bytes a slot, 1/2 to 3/4 filled, doubling).
+BUCKET_ACCESSES = 1 << 19
 
 
 class TableType(structs.StructType):
@@ -195,21 +200,74 @@ def chunk_bounds(n_requests: int, chunk: int) -> list[tuple[int, int]]:
     return [(first, min(first + chunk, n_requests)) for first in range(0, n_requests, chunk)]
 
 
+def n_buckets_for(n_accesses: int, bucket_accesses: int) -> int:
+    """The fewest buckets, a power of two, that hold ``bucket_accesses`` accesses each on average."""
+    return 1 << max(0, math.ceil(math.log2(max(1, -(-n_accesses // bucket_accesses)))))
+
+
+def bucket_of(hashes: np.ndarray, n_buckets: int) -> np.ndarray:
+    """Each hash's bucket (Fibonacci hashing: the top bits of the hash times 2^64 / phi)."""
+    if n_buckets == 1:
+        return np.zeros(len(hashes), np.int64)
+    mixed = hashes.astype(np.int64, copy=False).view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return (mixed >> np.uint64(64 - n_buckets.bit_length() + 1)).astype(np.int64)
+
+
+#: Bucket records on disk: an access's hash and its place in its chunk.
+RECORD = np.dtype([("hash", np.int64), ("place", np.int64)])
+
+
 @contextmanager
-def next_uses(workload, chunk: int = CHUNK_REQUESTS) -> Iterator[NextUses]:
+def next_uses(workload, chunk: int = CHUNK_REQUESTS, bucket_accesses: int = BUCKET_ACCESSES) -> Iterator[NextUses]:
     """The next uses of ``workload``'s accesses (:attr:`~kvprof.sim.workload.Workload.next_use`),
-    computed backward over chunks of ``chunk`` requests into a temporary file, deleted on exit."""
+    computed into a temporary file, deleted on exit.
+
+    A content's accesses all fall in one of ``n_buckets_for(n_accesses, bucket_accesses)`` buckets by
+    its hash (:func:`bucket_of`). Forward over chunks of ``chunk`` requests, each chunk's accesses are
+    written to disk sorted by bucket, in access order within one (``starts[c, b]``: where chunk ``c``'s
+    bucket ``b`` begins). Then each bucket is swept backward over the chunks with a table of its own
+    hashes only (:func:`_next_uses_of_chunk`: the earliest later request of each), its times written at
+    its records' places; last, each chunk's times are put back in access order. The one table held
+    at a time has one entry per distinct hash of one bucket, about ``bucket_accesses`` at most: memory
+    is bounded whatever the trace's length, and the times are the single table's, exactly.
+    """
     offsets, arrival = workload.offsets, workload.arrival
-    table = new_table(1024)
+    bounds = chunk_bounds(workload.n_requests, chunk)
+    n_buckets = n_buckets_for(workload.n_accesses, bucket_accesses)
+    starts = np.empty((len(bounds), n_buckets + 1), np.int64)
     with tempfile.TemporaryDirectory(prefix="kvprof-next-use-") as tmp:
-        path = Path(tmp) / "next_use.f64"
+        records, path = Path(tmp) / "by_bucket.rec", Path(tmp) / "next_use.f64"
+        with open(records, "wb") as out:
+            for c, (first, stop) in enumerate(bounds):
+                hashes = workload.engine_hashes(first, stop)
+                bucket = bucket_of(hashes, n_buckets)
+                order = np.argsort(bucket, kind="stable")
+                starts[c] = offsets[first] + np.searchsorted(bucket[order], np.arange(n_buckets + 1))
+                sorted_records = np.empty(len(order), RECORD)
+                sorted_records["hash"], sorted_records["place"] = hashes[order], order
+                out.write(sorted_records.tobytes())
         with open(path, "wb") as out:
             out.truncate(8 * workload.n_accesses)
-            for first, stop in reversed(chunk_bounds(workload.n_requests, chunk)):
-                times = np.empty(offsets[stop] - offsets[first], np.float64)
-                _next_uses_of_chunk(table, workload.engine_hashes(first, stop), np.diff(offsets[first:stop + 1]),
-                                    first, arrival, times)
-                out.seek(8 * offsets[first])
+            for b in range(n_buckets):
+                table = new_table(1024)
+                for c in range(len(bounds) - 1, -1, -1):
+                    first, stop = bounds[c]
+                    begin, end = starts[c, b], starts[c, b + 1]
+                    mine = np.fromfile(records, RECORD, count=end - begin, offset=RECORD.itemsize * begin)
+                    owner = np.searchsorted(offsets[first:stop + 1], offsets[first] + mine["place"], "right") - 1
+                    times = np.empty(len(mine), np.float64)
+                    _next_uses_of_chunk(table, np.ascontiguousarray(mine["hash"]),
+                                        np.bincount(owner, minlength=stop - first), first, arrival, times)
+                    out.seek(8 * begin)
+                    out.write(times.tobytes())
+                del table
+        with open(path, "r+b") as out:
+            for first, stop in bounds:
+                begin, end = offsets[first], offsets[stop]
+                places = np.fromfile(records, RECORD, count=end - begin, offset=RECORD.itemsize * begin)["place"]
+                times = np.empty(end - begin, np.float64)
+                times[places] = np.fromfile(path, np.float64, count=end - begin, offset=8 * begin)
+                out.seek(8 * begin)
                 out.write(times.tobytes())
-        del table
+        records.unlink()
         yield NextUses(path)

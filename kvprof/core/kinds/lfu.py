@@ -1,8 +1,10 @@
 """LFU's twin (:class:`kvprof.policy.lfu.LFUPolicy`): list ``c`` of the queue holds count ``c``'s
 bucket in free order, a heap of counts finds the lowest non-empty one.
 
-State: ``lfu_count`` (per block: hits since allocation, 1 on allocation), ``lfu_listed`` (per
-count: whether the count has an entry in ``lfu_heap``; buckets are dropped once empty at the top).
+State: ``lfu_count`` (per block: hits since allocation, 1 on allocation; int32: the per-count
+tables below, indexed up to the highest count, would be gigabytes long before a count reached 2**31),
+``lfu_listed`` (per count: whether the count has an entry in ``lfu_heap``; buckets are dropped
+once empty at the top).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from numba import njit, types
 from kvprof.core import structs
 from kvprof.core.structs import grown, heap_pop, heap_push, pop_front, push_back
 
-FIELDS = [("lfu_count", types.int64[:]), ("lfu_listed", types.int64[:]), ("lfu_heap", structs.heap_type)]
+FIELDS = [("lfu_count", types.int32[:]), ("lfu_listed", types.int64[:]), ("lfu_heap", structs.heap_type)]
 
 
 def lists(policy) -> tuple[int, int]:
@@ -23,7 +25,7 @@ def lists(policy) -> tuple[int, int]:
 
 @njit(cache=True)
 def init(core):
-    core.lfu_count = np.zeros(0, np.int64)
+    core.lfu_count = np.zeros(0, np.int32)
     core.lfu_listed = np.zeros(0, np.int64)
     core.lfu_heap = structs.new_heap(16)
 
