@@ -115,8 +115,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         Run shadows and follow the best candidate; without it the first is used throughout.
     capacity : int, optional
         The real cache's size in blocks, also the shadows' (default: the most blocks seen).
-    switch_margin : float
-        The share by which a shadow must beat the leader's score before ``wa`` follows it.
+    switch_margin : float, optional
+        The share by which a shadow must beat the leader's score before ``wa`` follows it
+        (default: :data:`SWITCH_MARGIN` when the policy is built).
     calibrated : bool
         Scale each shadow's score by the real hits over its own while its candidate led.
     shadow_sample : float, optional
@@ -138,7 +139,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     class_follows_hits = True
 
     def __init__(self, p, weights, rates, horizon: float, *, orders=DEFAULT_ORDERS, safety_net: bool = True,
-                 capacity: int | None = None, switch_margin: float = SWITCH_MARGIN, calibrated: bool = True,
+                 capacity: int | None = None, switch_margin: float | None = None, calibrated: bool = True,
                  shadow_sample: float | None = None, learned: LearnedModel | None = None) -> None:
         p = np.asarray(p, dtype=np.float64)
         weights = np.asarray(weights, dtype=np.float64)
@@ -157,6 +158,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             raise ValueError(f"the learned candidate needs a predictor with one weight per cell ({p.shape[0]})")
         if capacity is not None and capacity < 0:
             raise ValueError(f"capacity must be >= 0 blocks, got {capacity}")
+        if switch_margin is None:  # read when built, as the window and period are
+            switch_margin = SWITCH_MARGIN
         if not switch_margin >= 0:
             raise ValueError(f"switch_margin must be >= 0, got {switch_margin}")
         self.n_cells, self.n_tiers = p.shape

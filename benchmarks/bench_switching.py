@@ -1,0 +1,211 @@
+"""What wa's switching between candidates costs and gains, on the traces of the quality suite.
+
+    python benchmarks/bench_switching.py [-j N] [--traces weka,mooncake,...] [--capacities 1000,6000] [-o switching.json]
+    python benchmarks/bench_switching.py --sweep m=0.002,m=0.01,w=64,m=0.01/w=64,p=4 [--traces ...] [-o sweep.json]
+
+For each trace and capacity of benchmarks/bench_quality.py, fit and tune on the fit window as the
+suite does, then replay the evaluation window:
+
+* **wa**: as the suite runs it (compiled), and once more in the reference (Python engine) with its
+  switches logged: how many, the share of lookups each candidate led, and, summed over the periods
+  between two comparisons of the shadows, the real cache's hits against the hits of the leader's
+  shadow over the same periods. Their difference (**transition cost**) is what the real cache lost
+  because its contents were chosen by earlier leaders; the leader's shadow against the best
+  candidate's shadow (**choice cost**) is what following the windowed leader lost against the
+  candidate that was best over the whole window.
+* **fixed**: wa following each candidate throughout (shadows run, nobody switches), the real hit
+  ratio of each (:func:`bench_shadows.led_by`).
+* **alone**: each followed policy (s3fifo) and lru run as a policy of their own, against wa
+  restricted to that candidate (no shadows): equal if the following costs nothing.
+
+All figures are token hit ratios of the evaluation window (hits x block tokens / prompt tokens).
+
+With ``--sweep``, instead: wa (compiled) tuned and replayed as the suite does under each setting of
+the switching constants of :mod:`kvprof.policy.wa` (``m`` SWITCH_MARGIN, ``w`` WINDOW_CAPACITIES,
+``p`` FOLLOW_PERIOD_SHARE; ``/`` joins several), each against the best baseline of the
+``--baseline`` table (bench_quality.py's JSON). The constants are module state, so the sweep runs in
+this process, one replay at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from joblib import Parallel, delayed
+
+from kvprof.atomic import atomic_write_text
+from kvprof.policy import make_policy
+from kvprof.policy import wa as wa_module
+from kvprof.policy.wa import DEFAULT_ORDERS, WorkloadAwarePolicy
+from kvprof.profiler.fit import fit_trace
+from kvprof.sim.config import SimConfig
+from kvprof.sim.engine import simulate
+from kvprof.sim.sweep import run_sweep
+from kvprof.sim.tune import tune
+from kvprof.sim.workload import prepare_workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_quality import REPO, chosen_traces  # the suite's traces, windows and sizes
+from bench_shadows import led_by  # wa following one candidate throughout
+
+ALONE = ("lru", "s3fifo")
+#: ``--sweep`` keys: the switching constants of kvprof.policy.wa they set.
+CONSTANTS = {"m": "SWITCH_MARGIN", "w": "WINDOW_CAPACITIES", "p": "FOLLOW_PERIOD_SHARE"}
+
+
+class LoggedWA(WorkloadAwarePolicy):
+    """``wa`` that counts, per period between comparisons, the real hits and the leader's shadow hits."""
+
+    def _weigh(self, lookups: int, size: int) -> None:
+        if not hasattr(self, "led"):
+            self.led, self.switches, self.real_sum, self.leader_shadow_sum = [0] * len(self._shadows), 0, 0, 0
+        self.led[self.leader] += lookups
+        self.real_sum += self._real_hits - self._real_seen
+        self.leader_shadow_sum += self._shadows[self.leader].hits - self._shadow_seen[self.leader]
+        before = self.leader
+        super()._weigh(lookups, size)
+        self.switches += self.leader != before
+
+
+def logged(workload, hp, capacity: int, config: SimConfig) -> dict:
+    policy = LoggedWA.from_hp(hp, capacity=capacity)
+    ratio = simulate(workload, policy, capacity, config, engine="python").token_hit_ratio
+    per_hit = workload.engine_block_size / int(workload.prompt_tokens.sum())
+    looked = sum(policy.led)
+    return {"wa_reference": ratio, "switches": policy.switches, "start": policy.order_names[0],
+            "led_share": {name: n / looked for name, n in zip(policy.order_names, policy.led)},
+            "shadows": {name: hits * per_hit for name, hits in policy.shadow_hits().items()},
+            "real_over_periods": policy.real_sum * per_hit, "leader_shadow_over_periods": policy.leader_shadow_sum * per_hit}
+
+
+def alone(workload, hp, capacity: int, name: str, config: SimConfig) -> tuple[float, float]:
+    """Token hit ratio of ``name`` as a policy of its own and of wa restricted to it."""
+    own = simulate(workload, make_policy(name), capacity, config).token_hit_ratio
+    restricted = simulate(workload, make_policy("wa", hp, capacity, orders=(name,)), capacity, config).token_hit_ratio
+    return own, restricted
+
+
+def run_case(case, trace, capacities, jobs: int) -> list[dict]:
+    config = SimConfig(engine_block_size=case.engine_block)
+    fitted = trace.time_window(*case.fit)
+    hp = tune(fit_trace(fitted), fitted, capacities, config, n_jobs=jobs)
+    workload = prepare_workload(trace.time_window(*case.evaluate), hp, case.engine_block)
+    tasks = ([("logged", c, None) for c in capacities] + [("fixed", c, name) for c in capacities for name in DEFAULT_ORDERS]
+             + [("alone", c, name) for c in capacities for name in ALONE])
+
+    def one(kind, capacity, name):
+        if kind == "logged":
+            return logged(workload, hp, capacity, config)
+        if kind == "fixed":
+            return led_by(workload, hp, capacity, name, config)[0]
+        return alone(workload, hp, capacity, name, config)
+
+    done = dict(zip(tasks, Parallel(n_jobs=jobs)(delayed(one)(*task) for task in tasks)))
+    rows = []
+    for capacity in capacities:
+        wa = simulate(workload, make_policy("wa", hp, capacity), capacity, config).token_hit_ratio
+        fixed = {name: done["fixed", capacity, name] for name in DEFAULT_ORDERS}
+        row = {"trace": case.name, "capacity": capacity, "wa": wa, **done["logged", capacity, None], "fixed": fixed,
+               "alone": {name: dict(zip(("policy", "wa_restricted"), done["alone", capacity, name])) for name in ALONE}}
+        row["transition_cost"] = row["real_over_periods"] - row["leader_shadow_over_periods"]
+        row["choice_cost"] = row["leader_shadow_over_periods"] - max(row["shadows"].values())
+        rows.append(row)
+    return rows
+
+
+def sweep(specs: list[str], cases, baseline: dict) -> list[dict]:
+    """wa's token hit ratio per case and capacity under each setting of the switching constants."""
+    rows = []
+    for case, trace in cases:
+        config = SimConfig(engine_block_size=case.engine_block)
+        fitted = trace.time_window(*case.fit)
+        fit = fit_trace(fitted)
+        for spec in specs:
+            setting = {CONSTANTS[key]: float(value) for key, value in (part.split("=") for part in spec.split("/"))}
+            saved = {name: getattr(wa_module, name) for name in setting}
+            for name, value in setting.items():
+                setattr(wa_module, name, int(value) if name == "FOLLOW_PERIOD_SHARE" else value)
+            try:
+                hp = tune(fit, fitted, case.capacities, config)
+                results = run_sweep(trace.time_window(*case.evaluate), hp, ("wa",), case.capacities, config)
+            finally:
+                for name, value in saved.items():
+                    setattr(wa_module, name, value)
+            for capacity in case.capacities:
+                wa = results.get("wa", capacity).token_hit_ratio
+                best = baseline.get((case.name, capacity))
+                rows.append({"trace": case.name, "capacity": capacity, "setting": spec, "wa": wa,
+                             "gain_over_best": None if best is None else (wa - best) / best})
+            print(f"{case.name} {spec}: " + " ".join(f"{row['wa']:.4f}" for row in rows[-len(case.capacities):]),
+                  file=sys.stderr)
+    return rows
+
+
+def best_baselines(path: Path) -> dict:
+    """``(trace, capacity) -> the best baseline's token hit ratio`` of a bench_quality.py JSON file."""
+    document = json.loads(path.read_text())
+    return {(case["trace"], row["capacity"]): row["token_hit_ratio"][row["best_baseline"]]
+            for case in document["cases"] for row in case["rows"]}
+
+
+def print_sweep(rows: list[dict]) -> None:
+    settings = list(dict.fromkeys(row["setting"] for row in rows))
+    points = list(dict.fromkeys((row["trace"], row["capacity"]) for row in rows))
+    by = {(row["trace"], row["capacity"], row["setting"]): row for row in rows}
+    print("| trace | capacity | " + " | ".join(settings) + " |")
+    print("|---|---|" + "---|" * len(settings))
+    for trace, capacity in points:
+        cells = []
+        for setting in settings:
+            row = by.get((trace, capacity, setting))
+            gain = row and row["gain_over_best"]
+            cells.append("-" if row is None else f"{row['wa']:.4f}" + ("" if gain is None else f" ({gain:+.1%})"))
+        print(f"| {trace} | {capacity:,} | " + " | ".join(cells) + " |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="joblib workers (-1: all cores)")
+    parser.add_argument("--traces", help="comma-separated case names to run (default: all)")
+    parser.add_argument("--capacities", help="comma-separated capacities to run (default: each case's four)")
+    parser.add_argument("--sweep", help="comma-separated settings of the switching constants (see the docstring)")
+    parser.add_argument("--baseline", type=Path, default=REPO / "benchmarks" / "quality.json",
+                        help="bench_quality.py's JSON: the best baselines the sweep is compared with")
+    parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "switching.json")
+    args = parser.parse_args()
+    if args.sweep:
+        started = time.perf_counter()
+        rows = sweep(args.sweep.split(","), chosen_traces(args.traces),
+                     best_baselines(args.baseline) if args.baseline.exists() else {})
+        print_sweep(rows)
+        atomic_write_text(args.output, json.dumps({"sweep": rows, "wall_s": time.perf_counter() - started}, indent=1)
+                          + "\n")
+        return 0
+    wanted = {int(c) for c in args.capacities.split(",")} if args.capacities else None
+    rows = []
+    started = time.perf_counter()
+    for case, trace in chosen_traces(args.traces):
+        capacities = [c for c in case.capacities if wanted is None or c in wanted]
+        if capacities:
+            rows += run_case(case, trace, capacities, args.jobs)
+            print(f"{case.name}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    print("| trace | capacity | wa | switches | led most | best fixed | transition cost | choice cost "
+          "| s3fifo alone / wa only s3fifo |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        most = max(row["led_share"], key=row["led_share"].get)
+        best = max(row["fixed"], key=row["fixed"].get)
+        s3 = row["alone"]["s3fifo"]
+        print(f"| {row['trace']} | {row['capacity']:,} | {row['wa']:.4f} | {row['switches']} | "
+              f"{most} {row['led_share'][most]:.0%} | {best} {row['fixed'][best]:.4f} | "
+              f"{row['transition_cost']:+.4f} | {row['choice_cost']:+.4f} | {s3['policy']:.4f} / {s3['wa_restricted']:.4f} |")
+    atomic_write_text(args.output, json.dumps({"rows": rows, "wall_s": time.perf_counter() - started}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
