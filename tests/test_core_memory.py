@@ -1,8 +1,8 @@
 """The compiled cores' per-block tables: a kind keeps only the tables it reads, ids in int32.
 
 What the plugin holds per block of vLLM's pool (issue 20, section 1): ``lru``'s core is its
-queue's two links, 8 bytes a block (with one list no id needs its list number); a simulated tier
-(the live counterfactual's) adds its pool's three int32 slot tables. Decisions do not depend on this (the differential tests of
+queue's three links, 12 bytes a block; a simulated tier (the live counterfactual's) adds its
+pool's three int32 slot tables. Decisions do not depend on this (the differential tests of
 tests/test_core_policies.py drive every kind against its reference); here the layout is checked.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from numba import njit
 
-from kvprof.core import structs, tiers
+from kvprof.core import tiers
 from kvprof.core.build import compile_policy
 from kvprof.core.kinds import KIND, NAMES
 from kvprof.core.policies import new_core, reserve_blocks
@@ -59,38 +59,18 @@ def test_a_kind_keeps_only_the_common_tables_it_reads(name, n_blocks):
     covered = _n_blocks(core)
     assert covered >= N
     nxt, prv, where, content, stamp, depth, row = _common_tables(core)
-    for table in (nxt, prv):
+    for table in (nxt, prv, where):
         assert table == ((0 if name == "belady" else covered), 4)
-    assert where == (0, 4)  # one list: every member is in it
     kept = {"content": content, "stamp": stamp, "depth": depth, "row": row}
     for field, table in kept.items():
         length = covered if field in READS.get(name, ()) else 0
         assert table == (length, 8 if field == "stamp" else 4), field
 
 
-def test_lru_holds_eight_bytes_a_block():
+def test_lru_holds_twelve_bytes_a_block():
     policy = compile_policy(make_policy("lru"), N)
     per_block = sum(length * itemsize for length, itemsize in _common_tables(_main(policy))) / N
-    assert per_block == 8
-
-
-@njit
-def _where(lists):
-    return lists.where.copy()
-
-
-def test_one_list_becoming_several_keeps_its_members_in_list_zero():
-    """``where`` is made when a second list is (``lfu`` adds one per hit count): the members so far are in list 0."""
-    lists = structs.new_lists(8, 1)
-    for x in (5, 2, 7):
-        structs.push_back(lists, 0, x)
-    structs.unlink(lists, 2)
-    assert len(_where(lists)) == 0 and [structs.holds(lists, x) for x in range(8)] == [x in (5, 7) for x in range(8)]
-    structs.reserve_lists(lists, 3)
-    structs.push_back(lists, 2, 2)
-    assert list(_where(lists)) == [-1, -1, 2, -1, -1, 0, -1, 0]
-    structs.unlink(lists, 5)
-    assert [structs.holds(lists, x) for x in range(8)] == [x in (2, 7) for x in range(8)]
+    assert per_block == 12
 
 
 def test_a_simulated_tier_holds_three_int32_tables_a_slot():

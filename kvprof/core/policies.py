@@ -164,7 +164,7 @@ def reserve_blocks(core, n):
 @njit(cache=True)
 def reserve_contents(core, n):
     """Make the ghost tables cover contents ``0 .. n - 1``."""
-    if n > len(core.g.prv):
+    if n > len(core.g.where):
         structs.reserve_ids(core.g, n)  # (raises past MAX_ID)
         core.ghost_value = grown(core.ghost_value, n, 0)
 

@@ -12,8 +12,6 @@ from numba import njit, types
 from numba.experimental import structref
 
 NONE = -1
-#: ``prv`` of an id in no list (a member's is the id before it, or ``NONE`` at the head).
-ABSENT = -2
 #: Ids and list numbers are kept per id as int32 (4 bytes a block, not 8): every id is below this.
 MAX_ID = (1 << 31) - 1
 
@@ -50,9 +48,7 @@ class Heap(structref.StructRefProxy):
 
 
 #: Several disjoint FIFO lists over one id space, each id in at most one list; per id int32
-#: (ids and list numbers below :data:`MAX_ID`), per list int64. ``where`` (an id's list) is kept
-#: only while there are two lists or more: with one, every member is in list 0 (``lru``'s queue,
-#: a ghost: 8 bytes an id, not 12).
+#: (ids and list numbers below :data:`MAX_ID`), per list int64.
 lists_type = struct(ListsType, Lists, [
     ("nxt", types.int32[:]), ("prv", types.int32[:]), ("where", types.int32[:]),
     ("head", types.int64[:]), ("tail", types.int64[:]), ("count", types.int64[:]),
@@ -84,24 +80,17 @@ def check_ids(n_ids):
 
 
 # -- lists --------------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
-def _several(lists):
-    """Whether there are two lists or more, so that ``where`` is kept."""
-    return len(lists.head) > 1
-
-
 @njit(cache=True)
 def new_lists(n_ids, n_lists):
     """Empty lists: ``n_lists`` of them over ids ``0 .. n_ids - 1`` (both grow on demand).
 
-    Invariant: ``prv[x]`` is :data:`ABSENT` for an id in no list; each list is linked through
-    ``nxt``/``prv`` from ``head`` to ``tail`` and holds ``count`` ids; with several lists,
-    ``where[x]`` is the list holding ``x`` or -1 (with one, ``where`` is empty).
+    Invariant: ``where[x]`` is the list holding ``x`` or -1; each list is linked through
+    ``nxt``/``prv`` from ``head`` to ``tail`` and holds ``count`` ids.
     """
     lists = structref.new(lists_type)
     lists.nxt = np.full(n_ids, NONE, np.int32)
-    lists.prv = np.full(n_ids, ABSENT, np.int32)
-    lists.where = np.full(n_ids if n_lists > 1 else 0, NONE, np.int32)
+    lists.prv = np.full(n_ids, NONE, np.int32)
+    lists.where = np.full(n_ids, NONE, np.int32)
     lists.head = np.full(n_lists, NONE, np.int64)
     lists.tail = np.full(n_lists, NONE, np.int64)
     lists.count = np.zeros(n_lists, np.int64)
@@ -111,24 +100,17 @@ def new_lists(n_ids, n_lists):
 @njit(cache=True)
 def reserve_ids(lists, n_ids):
     """Make the lists cover ids ``0 .. n_ids - 1``."""
-    if n_ids > len(lists.prv):
+    if n_ids > len(lists.where):
         check_ids(n_ids)
         lists.nxt = grown(lists.nxt, n_ids, NONE)
-        lists.prv = grown(lists.prv, n_ids, ABSENT)
-        if _several(lists):
-            lists.where = grown(lists.where, len(lists.prv), NONE)
+        lists.prv = grown(lists.prv, n_ids, NONE)
+        lists.where = grown(lists.where, n_ids, NONE)
 
 
 @njit(cache=True)
 def reserve_lists(lists, n_lists):
     """Make lists ``0 .. n_lists - 1`` exist."""
     if n_lists > len(lists.head):
-        if not _several(lists):  # one list becomes several: its members are in list 0
-            where = np.full(len(lists.prv), NONE, np.int32)
-            for x in range(len(where)):
-                if lists.prv[x] != ABSENT:
-                    where[x] = 0
-            lists.where = where
         lists.head = grown(lists.head, n_lists, NONE)
         lists.tail = grown(lists.tail, n_lists, NONE)
         lists.count = grown(lists.count, n_lists, 0)
@@ -145,15 +127,14 @@ def push_back(lists, which, x):
     else:
         lists.nxt[last] = x
     lists.tail[which] = x
-    if _several(lists):
-        lists.where[x] = which
+    lists.where[x] = which
     lists.count[which] += 1
 
 
 @njit(cache=True, inline="always")
 def unlink(lists, x):
     """Take ``x`` out of its list."""
-    which = lists.where[x] if _several(lists) else 0
+    which = lists.where[x]
     before, after = lists.prv[x], lists.nxt[x]
     if before == NONE:
         lists.head[which] = after
@@ -163,9 +144,7 @@ def unlink(lists, x):
         lists.tail[which] = before
     else:
         lists.prv[after] = before
-    lists.prv[x] = ABSENT
-    if _several(lists):
-        lists.where[x] = NONE
+    lists.where[x] = NONE
     lists.count[which] -= 1
 
 
@@ -180,13 +159,13 @@ def pop_front(lists, which):
 @njit(cache=True, inline="always")
 def holds(lists, x):
     """Whether ``x`` is in some list."""
-    return 0 <= x < len(lists.prv) and lists.prv[x] != ABSENT
+    return 0 <= x < len(lists.where) and lists.where[x] != NONE
 
 
 @njit(cache=True)
 def clear_lists(lists):
     lists.nxt[:] = NONE
-    lists.prv[:] = ABSENT
+    lists.prv[:] = NONE
     lists.where[:] = NONE
     lists.head[:] = NONE
     lists.tail[:] = NONE

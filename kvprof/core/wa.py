@@ -31,7 +31,7 @@ from kvprof.core.policies import (
 )
 from kvprof.core.prefix_cache import mark_pool, register_pool_protocol, set_limit
 from kvprof.core.shadow import shadow_admit, shadow_finish, shadow_type
-from kvprof.core.structs import NONE, grown, holds
+from kvprof.core.structs import NONE, grown
 from kvprof.policy.shadow import CHAIN_MEMORY_CAPACITIES
 
 
@@ -331,8 +331,9 @@ def mark_core(core, live):
     for content in core.content:
         if content != NONE:
             live[content] = True
-    for content in range(min(len(core.g.prv), len(live))):
-        if holds(core.g, content):
+    where = core.g.where
+    for content in range(min(len(where), len(live))):
+        if where[content] != NONE:
             live[content] = True
 
 
