@@ -93,3 +93,78 @@ def test_s3fifo_counts_fit_int8():
     with pytest.raises(ValueError, match="int8"):
         set_ratios(core, 0.1, 0.9, 128)
     set_ratios(core, 0.1, 0.9, 127)  # the highest cap int8 holds
+
+
+@njit
+def _classed_tables(core):
+    """Item sizes of a classed core's own per-block tables, and how many blocks they cover."""
+    return (len(core.wa_hits), core.wa_hits.itemsize, core.wa_pinned.itemsize, core.ghost_value.itemsize)
+
+
+def test_wa_main_core_holds_thirty_four_bytes_a_block():
+    """The queue's links 12, content 4, stamp 8, depth 4, row 4, a hit count 1 and a pin 1: an
+    evictable block's key reads the common stamp (no copy of it per block)."""
+    from tests.test_policies import LAM, P, wa_policy
+
+    main = _main(compile_policy(wa_policy(P, LAM), N))
+    common = sum(length * itemsize for length, itemsize in _common_tables(main)) / N
+    covered, hits, pinned, ghost = _classed_tables(main)
+    assert covered == N and (hits, pinned, ghost) == (1, 1, 1)
+    assert common + hits + pinned == 34
+
+
+@pytest.mark.parametrize("order", ["frequency", "model", "segmented"])
+def test_hit_counts_past_the_int8_cap_decide_as_the_reference(order):
+    """wa's hit counts saturate at ``HITS_CAP``: only their tier is read, the same from the tier
+    table's end on, so blocks hit far more often than that (and their contents recalled from the
+    ghost) leave in the reference's order."""
+    from kvprof.core.kinds.classed import HITS_CAP
+    from kvprof.core.twin import CompiledTwin
+    from tests.test_policies import LAM, P, wa_policy
+
+    reference = wa_policy(P, LAM, orders=(order,))
+    twin = CompiledTwin(wa_policy(P, LAM, orders=(order,)), 8)
+    hits_of = {0: 3 * HITS_CAP, 1: HITS_CAP, 2: HITS_CAP + 1, 3: 4, 4: 0, 5: 2 * HITS_CAP + 7}
+    for policy in (reference, twin):
+        now = 0.0
+        for block, hits in hits_of.items():
+            policy.access(block, now, block % 4, block, content=f"c{block}")
+            for _ in range(hits):
+                now += 0.25
+                policy.access(block, now, block % 4, block, hit=True, content=f"c{block}")
+        policy.free(list(hits_of), now)
+    assert twin.order(now + 1.0) == reference.order(now + 1.0)
+    victims = twin.evict_n(4, now + 1.0)
+    assert victims == reference.evict_n(4, now + 1.0)
+    for policy in (reference, twin):  # recalled from the ghost: one more than the (capped) count
+        for k, block in enumerate(victims):
+            policy.access(block, now + 2.0, block % 4, block, content=f"c{victims[-1 - k]}")
+        policy.free(victims, now + 3.0)
+    assert twin.order(now + 4.0) == reference.order(now + 4.0)
+
+
+def test_a_compiled_wa_keeps_no_slots_in_its_reference_shadows():
+    """A twin's reference is only compiled: its shadows make their slot lists when first fed."""
+    from kvprof.core.twin import CompiledTwin
+    from tests.test_policies import LAM, WA_ORDERS, P, wa_policy
+
+    twin = CompiledTwin(wa_policy(P, LAM, orders=WA_ORDERS, safety_net=True, capacity=N), N)
+    shadows = twin.reference._shadows
+    assert shadows and all(shadow.limit > 2 and "slot_block" not in vars(shadow) for shadow in shadows)
+    first = shadows[0]
+    first.admit("r", ["a", "b"], 0.0, 0, 2, 2)
+    assert first.n_live == len(first.slot_block) == first.limit and first.held["r"] == [0, 1]
+
+
+def test_a_shadow_raised_before_it_is_fed_numbers_its_slots_as_an_eager_one():
+    """``set_limit`` before the first admission: the slots it adds follow the capacity's, as when
+    the capacity's slots were made at construction."""
+    from kvprof.policy.lru import LRUPolicy
+    from kvprof.policy.prefix_cache import PrefixCache
+    from kvprof.policy.shadow import ShadowCache
+
+    shadow, eager = ShadowCache(LRUPolicy(), 3), PrefixCache(LRUPolicy(), 3)
+    for cache in (shadow, eager):
+        cache.set_limit(5, 0.0)
+    assert (shadow.empty, shadow.n_live, shadow.limit) == (eager.empty, eager.n_live, eager.limit) == ([2, 1, 0, 3, 4], 5, 5)
+    shadow.check()

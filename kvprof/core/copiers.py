@@ -46,7 +46,6 @@ def copy_core(s):
     c.n_rows = s.n_rows
     c.default_row = s.default_row
     c.most_evictable = s.most_evictable
-    c.pushed = s.pushed.copy()
     c.wa_hits = s.wa_hits.copy()
     c.wa_pinned = s.wa_pinned.copy()
     c.ghost_value = s.ghost_value.copy()

@@ -154,6 +154,11 @@ class ShadowCache(PrefixCache):
     the real cache's hits; another order's shadow counts that order's hits but for the timing:
     how long requests queue and run depends on the real cache's hits.
 
+    The prefix cache's slot tables (three lists of ``capacity`` entries) are made the first time
+    something reads them, as :class:`PrefixCache` would have made them at construction: a shadow
+    only compiled, never fed (the reference a :class:`~kvprof.core.twin.CompiledTwin` keeps, whose
+    compiled shadows are what run), reads only ``policy`` and ``limit`` and holds no slot.
+
     Parameters
     ----------
     policy : EvictionPolicy
@@ -163,10 +168,24 @@ class ShadowCache(PrefixCache):
     """
 
     def __init__(self, policy: EvictionPolicy, capacity: int = 0) -> None:
-        super().__init__(policy, capacity)
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0 blocks, got {capacity}")
+        self.policy = policy
+        self.limit = capacity
+        self._unmade = capacity  # the slots PrefixCache.__init__ makes, until something reads them
         self.held: dict[Hashable, list[int]] = {}
         self.workload: dict[Hashable, int] = {}
         self.hits = 0
+
+    def __getattr__(self, name: str):
+        """The prefix cache's state (Python asks here only for an attribute not set yet): made on
+        first use, with the slots of the capacity given and the limit as it is now."""
+        if name.startswith("__") or "_unmade" not in self.__dict__:
+            raise AttributeError(name)
+        capacity, limit = self.__dict__.pop("_unmade"), self.limit
+        PrefixCache.__init__(self, self.policy, capacity)
+        self.limit = limit  # a set_limit may have come first: it reads the slots after setting it
+        return object.__getattribute__(self, name)
 
     def admit(self, request: Hashable, contents: Sequence[Hashable], now: float, workload: int, n_lookup: int,
               n_blocks: int) -> int:

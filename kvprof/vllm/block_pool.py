@@ -43,6 +43,7 @@ import numpy as np
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group_id
 
+from kvprof.cells import TIER_EDGES
 from kvprof.vllm.carry import Held, carry_over
 from kvprof.vllm.numbering import ContentNumbers
 from kvprof.vllm.spec import PolicySpec, request_extra_args
@@ -55,6 +56,12 @@ _FEW = 64
 
 #: Whether vLLM's blocks keep the token count their hash covers (0.32 on; :func:`chain_depths`).
 _HAS_TOKEN_COUNT = hasattr(KVCacheBlock, "_block_hash_num_tokens")
+
+#: A block's hits since it was cached are kept (int8) up to where the reuse tiers end: all a reload
+#: replays of them (:func:`kvprof.vllm.carry.carry_over`).
+_HITS_KEPT = TIER_EDGES[-1]
+if _HITS_KEPT > np.iinfo(np.int8).max:
+    raise ImportError(f"kvprof: the pool keeps hit counts as int8, but the tiers end at {_HITS_KEPT} hits")
 
 if not hasattr(KVCacheBlock, "_block_hash"):  # read directly by PolicyFreeQueue.append_n
     raise ImportError("kvprof: this vLLM's KVCacheBlock has no _block_hash slot; the block pool cannot be installed")
@@ -240,9 +247,10 @@ class KvprofBlockPool(BlockPool):
     wrapper around ``KVCacheManager.allocate_slots`` so that hits know their class.
 
     For a reload (:meth:`replace_policy`) the pool remembers of every cached block what the new
-    policy is told again: its depth, how often it was hit since it was cached, and the tags and
-    prompt length of the request that last accessed it (``_depth``, ``_hits``, ``_owner``); when
-    it was last accessed or freed is the queue's ``last_touch``.
+    policy is told again: its depth, how often it was hit since it was cached (up to where the
+    reuse tiers end), and the tags and prompt length of the request that last accessed it
+    (``_depth``, ``_hits``, ``_owner``); when it was last accessed or freed is the queue's
+    ``last_touch``.
     """
 
     def __init__(self, *args, kvprof_spec: PolicySpec, clock=time.monotonic, **kwargs) -> None:
@@ -256,7 +264,7 @@ class KvprofBlockPool(BlockPool):
         self._clock = clock
         n = len(self.blocks)
         self._depth = np.zeros(n, dtype=np.int32)
-        self._hits = np.zeros(n, dtype=np.int32)
+        self._hits = np.zeros(n, dtype=np.int8)  # capped at _HITS_KEPT
         self._owner = np.empty(n, dtype=object)  # (extra_args, prompt tokens) of the last request to access it
         #: The content numbers every chain reaches the policy with (compiled lookups, the twin's rule).
         self.contents = ContentNumbers(self.policy.max_contents)
@@ -306,7 +314,7 @@ class KvprofBlockPool(BlockPool):
             cls = spec.class_index(*owner)
         now = self._clock()
         self._depth[ids] = depths
-        self._hits[ids] = self._hits[ids] + 1 if hit else 0
+        self._hits[ids] = np.minimum(self._hits[ids] + 1, _HITS_KEPT) if hit else 0
         self._owner[ids] = _one(owner)
         self.free_block_queue.last_touch[ids] = now
         self.policy.access_numbered(ids, depths, numbers, now, cls, hit=hit)

@@ -4,10 +4,12 @@
 :mod:`kvprof.core.wa`), hit counts and ghost.
 
 List ``r`` of the queue holds row ``r`` in free order; eviction merges the rows' heads by the
-row order's keys (``evict_n``). State: ``pushed`` (per block: the stamp it was freed with),
+row order's keys (``evict_n``), an evictable block's by the common ``stamp`` (the stamp it was
+freed with: the protocol removes a block before an access or a merge sees it again). State:
 ``wa_hits`` (per block: hits since allocation, or since the content was last evicted and
-recalled), ``wa_pinned`` (per block: held by a running request, counted in ``held``),
-``ghost_value`` (per content: the hit count it was evicted with), the cells, tiers and row order,
+recalled, saturating at :data:`HITS_CAP`), ``wa_pinned`` (per block: held by a running request,
+counted in ``held``), ``ghost_value`` (per content: the hit count it was evicted with, saturated
+alike), the cells, tiers and row order,
 the fitted model's and the published score's tables, and ``key0..2`` (the sort key of each
 row's head). ``n_cells``, ``n_tiers`` and ``tier_of`` are read by :mod:`~kvprof.core.kinds.learned`
 too, with the same meaning.
@@ -26,9 +28,14 @@ from kvprof.policy import orders
 #: Row orders of a core with rows (:mod:`kvprof.policy.orders`, and wa-paper's published score).
 ORDER_MODEL, ORDER_RECENCY, ORDER_FREQUENCY, ORDER_PAPER, ORDER_SEGMENTED = range(5)
 
+#: Hit counts are kept per block and per ghost as int8, saturating here: only their tier is read
+#: (:func:`tier`), the same for every count from the tier table's last index on, so a count
+#: capped at or above that index decides alike (:func:`set_wa` checks the table fits).
+HITS_CAP = np.iinfo(np.int8).max
+
 FIELDS = [
-    ("pushed", types.float64[:]), ("wa_hits", types.int64[:]), ("wa_pinned", types.boolean[:]),
-    ("ghost_value", types.int64[:]),
+    ("wa_hits", types.int8[:]), ("wa_pinned", types.boolean[:]),
+    ("ghost_value", types.int8[:]),
     ("n_cells", types.int64), ("n_tiers", types.int64),
     ("wa", types.boolean), ("stamps_allocation", types.boolean), ("stamps_free", types.boolean),
     ("class_follows_hits", types.boolean),
@@ -99,10 +106,9 @@ def _model_table(model: orders.ModelOrder) -> tuple:
 def init(core):
     """Every parameter neutral (recency order, one cell, one tier); ``core.n_rows`` set already."""
     n_lists = core.n_rows
-    core.pushed = np.zeros(0)
-    core.wa_hits = np.zeros(0, np.int64)
+    core.wa_hits = np.zeros(0, np.int8)
     core.wa_pinned = np.zeros(0, np.bool_)
-    core.ghost_value = np.zeros(0, np.int64)
+    core.ghost_value = np.zeros(0, np.int8)
     core.n_cells = 1
     core.n_tiers = 1
     core.wa = False
@@ -133,8 +139,7 @@ def init(core):
 
 @njit(cache=True)
 def reserve(core, n):
-    if n > len(core.pushed):
-        core.pushed = grown(core.pushed, n, -np.inf)
+    if n > len(core.wa_hits):
         core.wa_hits = grown(core.wa_hits, n, 0)
         core.wa_pinned = grown(core.wa_pinned, n, False)
 
@@ -143,7 +148,6 @@ def reserve(core, n):
 def free(core, block, now):
     if core.stamps_free:
         core.stamp[block] = now
-    core.pushed[block] = core.stamp[block]
     push_back(core.q, core.row[block], block)
 
 
@@ -185,7 +189,7 @@ def access(core, block, now, workload, depth, hit, content):
     if not 0 <= workload < core.n_cells:
         workload = core.n_cells - 1
     if hit:
-        hits = core.wa_hits[block] + 1
+        hits = min(np.int64(core.wa_hits[block]) + 1, HITS_CAP)
     else:
         hits = _recall(core, content) if content >= 0 else 0
         if content >= 0:
@@ -210,7 +214,7 @@ def _recall(core, content):
     core.ghosts_by_tier[t] -= 1
     if core.learns and core.order == ORDER_FREQUENCY and core.adaptive:
         _ghost_hit(core, t)
-    return evicted + 1
+    return min(np.int64(evicted) + 1, HITS_CAP)
 
 
 @njit(cache=True)
@@ -298,11 +302,11 @@ def _set_key(core, row, block, score):
         core.key1[row] = 0.0
         core.key2[row] = 0.0
     elif core.order == ORDER_SEGMENTED:  # (segment, stamp, -depth, row)
-        core.key1[row] = core.pushed[block]
+        core.key1[row] = core.stamp[block]
         core.key2[row] = -float(core.depth[block])
     else:  # (score, -depth, stamp, row): the deeper block, then the older access
         core.key1[row] = -float(core.depth[block])
-        core.key2[row] = core.pushed[block]
+        core.key2[row] = core.stamp[block]
 
 
 @njit(cache=True)
@@ -328,7 +332,7 @@ def _merge(core, n, now, out, at):
     for r in range(core.n_rows):
         if q.count[r]:
             head = q.head[r]
-            _set_key(core, r, head, _score(core, r, core.pushed[head], now))
+            _set_key(core, r, head, _score(core, r, core.stamp[head], now))
     need = n
     while need:
         best = second = NONE
@@ -348,8 +352,8 @@ def _merge(core, n, now, out, at):
             if not need or not q.count[best]:
                 break
             head = q.head[best]
-            stamp = core.pushed[head]
-            score = core.key0[best] if stamp == core.pushed[block] else _score(core, best, stamp, now)
+            stamp = core.stamp[head]
+            score = core.key0[best] if stamp == core.stamp[block] else _score(core, best, stamp, now)
             _set_key(core, best, head, score)
             if second != NONE and not _before(core, best, second):
                 break
@@ -382,6 +386,8 @@ def set_paper(core, scale, lam):
 @njit(cache=True)
 def set_wa(core, n_cells, n_tiers, tier_of, model_p, model_k, model_weight, model_rate, model_within):
     """wa's cells, tiers and fitted model (``ModelOrder``'s per-row floats)."""
+    if len(tier_of) - 1 > HITS_CAP:
+        raise ValueError("wa's tier table reaches past the int8 hit counts' cap (kvprof.cells.TIER_EDGES too high)")
     core.wa = True
     core.n_cells, core.n_tiers = n_cells, n_tiers
     core.tier_of = tier_of
