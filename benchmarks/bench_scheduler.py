@@ -272,7 +272,7 @@ def run(config: str, args, work: Path, timed_calls: bool) -> dict:
         while len(scheduler.running) + len(scheduler.waiting) < args.running and add():
             pass
     other_threads_s = (time.process_time() - cpu_start) - (clock() - scheduler_start)
-    feed = getattr(getattr(scheduler.kv_cache_manager.block_pool, "policy", None), "_feed", None)
+    feed = getattr(getattr(scheduler.kv_cache_manager.block_pool, "policy", None), "shadow_feed", None)
     feed_waits = {} if feed is None else {reason: [count, total * 1e3, longest * 1e3]
                                           for reason, (count, total, longest) in feed.waits.items()}
     gc.collect()

@@ -82,7 +82,7 @@ def test_the_threaded_feed_decides_as_the_synchronous_one(name, ops, num_blocks,
         leader, hits = threaded.safety_net()
         expected_leader, expected_hits = synchronous.safety_net()
         assert leader == expected_leader and hits.tolist() == expected_hits.tolist()
-        assert threaded._feed.errors == 0
+        assert threaded.shadow_feed.errors == 0
     finally:
         threaded.close()
 
@@ -119,7 +119,7 @@ def test_on_a_trace_the_threaded_feed_switches_leaders_as_the_synchronous_one(mi
         assert metrics.hits_device == expected.hits_device
         leader, hits = threaded.safety_net()
         assert (leader, hits.tolist()) == (synchronous.safety_net()[0], synchronous.safety_net()[1].tolist())
-        assert sum(threaded._feed.waits.get(reason, [0])[0] for reason in ("checkpoint", "beta")) > 0
+        assert sum(threaded.shadow_feed.waits.get(reason, [0])[0] for reason in ("checkpoint", "beta")) > 0
     finally:
         threaded.close()
 
@@ -152,7 +152,7 @@ def test_an_error_in_the_worker_is_logged_and_the_feed_goes_on(monkeypatch, capl
         twin.finish("b", 3.0, ["x", "y"])
         twin.admit("c", ["x", "y", "z"], 4.0)  # two hits in every shadow: b's chain was cached
         _, hits = twin.safety_net()
-    assert twin._feed.errors == 1
+    assert twin.shadow_feed.errors == 1
     assert "shadow feed failed" in caplog.text and "boom" in caplog.text
     assert hits.tolist() == [2] * len(hits)
     twin.close()
@@ -161,24 +161,24 @@ def test_an_error_in_the_worker_is_logged_and_the_feed_goes_on(monkeypatch, capl
 def test_a_full_feed_waits_instead_of_dropping(lagging_worker):
     twin, synchronous = CompiledTwin(sized_wa(), 8), CompiledTwin(sized_wa(), 8)
     twin.feed_shadows_in_background()
-    twin._feed.limit = 4
+    twin.shadow_feed.limit = 4
     for policy in (twin, synchronous):
         for i in range(40):
             policy.admit(i, [f"c{i % 3}", f"d{i % 5}"], float(i))
             policy.finish(i, float(i) + 0.5, [f"c{i % 3}", f"d{i % 5}"])
-    assert twin._feed.waits["full"][0] > 0
+    assert twin.shadow_feed.waits["full"][0] > 0
     assert twin.safety_net()[1].tolist() == synchronous.safety_net()[1].tolist()
-    assert twin._feed.done == twin._feed.put == 80
+    assert twin.shadow_feed.done == twin.shadow_feed.put == 80
     twin.close()
 
 
 def test_clear_starts_a_fresh_feed_on_the_fresh_policy():
     twin = CompiledTwin(sized_wa(), 8)
     twin.feed_shadows_in_background()
-    old = twin._feed
+    old = twin.shadow_feed
     twin.admit("a", ["x"], 0.0)
     twin.clear()
-    assert twin._feed is not old and old._closed
+    assert twin.shadow_feed is not old and old._closed
     twin.admit("a", ["x"], 1.0)
     assert twin.safety_net()[1].tolist() == [0] * len(twin.safety_net()[1])
     twin.close()
@@ -187,5 +187,5 @@ def test_clear_starts_a_fresh_feed_on_the_fresh_policy():
 def test_a_policy_without_shadows_keeps_the_synchronous_path():
     twin = CompiledTwin(WA_VARIANTS["wa model"](), 8)
     twin.feed_shadows_in_background()
-    assert twin._feed is None
+    assert twin.shadow_feed is None
     np.testing.assert_array_equal(twin.numbers(["a"]), [0])

@@ -44,9 +44,10 @@ class CompiledTwin(EvictionPolicy):
     ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
     because every change of it passes through this class; ``_block_content[b]`` is the content
     number block ``b`` was last accessed with (what :meth:`remembered` gives for a hit, so a
-    prefix hit costs no key lookup per block). ``_feed``, once :meth:`feed_shadows_in_background`
+    prefix hit costs no key lookup per block). ``shadow_feed``, once :meth:`feed_shadows_in_background`
     was called, takes every admission and finish (:class:`~kvprof.core.shadow_feed.ShadowFeed`),
-    and every eviction and reading of the shadows goes through it first.
+    and every eviction and reading of the shadows goes through it first (its thread lives until
+    :meth:`close`, which whoever drops such a twin calls).
 
     Parameters
     ----------
@@ -75,28 +76,28 @@ class CompiledTwin(EvictionPolicy):
         self.take = self._taken.append
         self._out = np.empty(16, dtype=np.int64)  # victims of one call: grown to the most asked for
         self._block_content = np.full(max(n_blocks, 16), -1, dtype=np.int32)  # content numbers < 2**31
-        self._feed: ShadowFeed | None = None
+        self.shadow_feed: ShadowFeed | None = None
         self._build()
 
     def _build(self) -> None:
         self.handle = compile_policy(self.reference, self._n_blocks)
         self._address = handle.address_of(self.handle)  # valid while self.handle lives
         self._size = 0
-        if self._feed is not None:
-            self._feed.close()
-            self._feed = ShadowFeed(self.handle)
+        if self.shadow_feed is not None:
+            self.shadow_feed.close()
+            self.shadow_feed = ShadowFeed(self.handle)
 
     def feed_shadows_in_background(self) -> None:
         """Feed ``wa``'s shadows on a thread of their own from now on (see :mod:`kvprof.core.shadow_feed`:
         the same decisions; an admission or finish no longer waits for the shadows, an eviction
         only where it reads what they decide). Nothing for a policy without shadows."""
-        if self._feed is None and self.safety_net() is not None:
-            self._feed = ShadowFeed(self.handle)
+        if self.shadow_feed is None and self.safety_net() is not None:
+            self.shadow_feed = ShadowFeed(self.handle)
 
     def close(self) -> None:
         """Stop the shadows' thread, if any (the policy is dropped)."""
-        if self._feed is not None:
-            self._feed.close()
+        if self.shadow_feed is not None:
+            self.shadow_feed.close()
 
     def _apply_taken(self) -> None:
         taken = np.array(self._taken, dtype=np.int64)
@@ -193,10 +194,10 @@ class CompiledTwin(EvictionPolicy):
         if request in self._seats:
             raise ValueError(f"request {request!r} was admitted before and has not finished")
         seat = self._seats.take(request)
-        if self._feed is None:
+        if self.shadow_feed is None:
             handle.admit(self._address, seat, numbers, n_lookup, n_blocks, float(now), workload)
         else:
-            self._feed.admit(seat, numbers, n_lookup, n_blocks, float(now), workload)
+            self.shadow_feed.admit(seat, numbers, n_lookup, n_blocks, float(now), workload)
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
                n_blocks: int | None = None) -> None:
@@ -210,10 +211,10 @@ class CompiledTwin(EvictionPolicy):
         seat = self._seats.give(request)
         if seat < 0:
             return
-        if self._feed is None:
+        if self.shadow_feed is None:
             handle.finish(self._address, seat, float(now), numbers, n_blocks)
         else:
-            self._feed.finish(seat, float(now), numbers, n_blocks)
+            self.shadow_feed.finish(seat, float(now), numbers, n_blocks)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
         if self._taken:
@@ -251,8 +252,8 @@ class CompiledTwin(EvictionPolicy):
         if n:
             if self._taken:
                 self._apply_taken()
-            if self._feed is not None:
-                self._feed.before_eviction()
+            if self.shadow_feed is not None:
+                self.shadow_feed.before_eviction()
             handle.evict_n(self._address, n, float(now), out)
             self._size -= n
         return out
@@ -263,8 +264,8 @@ class CompiledTwin(EvictionPolicy):
         n = len(self) if limit is None else min(limit, len(self))
         out = np.empty(n, dtype=np.int64)
         if n:
-            if self._feed is not None:
-                self._feed.before_eviction()
+            if self.shadow_feed is not None:
+                self.shadow_feed.before_eviction()
             handle.order(self._address, n, float(now), out)
         return out.tolist()
 
@@ -273,8 +274,8 @@ class CompiledTwin(EvictionPolicy):
         hits so far; None for a policy without a safety net."""
         if not getattr(self.reference, "_shadows", None):
             return None
-        if self._feed is not None:
-            self._feed.settle()
+        if self.shadow_feed is not None:
+            self.shadow_feed.settle()
         leader, hits = outcome(self.handle)
         return int(leader), hits
 
