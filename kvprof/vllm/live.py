@@ -127,14 +127,12 @@ class LiveLoop:
         return self
 
     def close(self) -> None:
-        """Take the events still waiting, write the last snapshot, close the recording and the pool's policy."""
+        """Take the events still waiting, write the last snapshot, close the recording."""
         self._stop.set()
         self._thread.join(10)
         if self.recorder is not None:
             self.recorder.close()
         self._snapshot()
-        if self.pool is not None:
-            self.pool.close()
 
     # -- scheduler thread -----------------------------------------------------------------
     def scheduled(self, request, now: float) -> None:
