@@ -9,7 +9,6 @@ twin, and end with the same shadow hits; an error in the worker is logged and th
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
@@ -22,7 +21,6 @@ from hypothesis import strategies as st
 from kvprof.core import handle
 from kvprof.core.twin import CompiledTwin
 from kvprof.core.wa import outcome
-from kvprof.models.hp import ReuseRow
 from kvprof.policy import make_policy
 from kvprof.policy.wa import DEFAULT_ORDERS
 from kvprof.profiler.fit import fit_trace
@@ -33,6 +31,7 @@ from kvprof.sim.engine import simulate
 from kvprof.sim.workload import prepare_workload
 from tests.test_core_policies import WA_VARIANTS, run_side_by_side
 from tests.test_policies import LAM, OPS, P, wa_policy
+from tests.test_wa_safety import upside_down
 
 #: wa's variants with shadows: row orders and followed cores as candidates, a sample of chains.
 FED = ["wa default orders", "wa every order", "wa sampled shadows", "wa+shadows"]
@@ -94,13 +93,7 @@ def misled(tmp_path_factory):
     path = tmp_path_factory.mktemp("misled") / "trace.jsonl"
     write_jsonl(path, generate("bailian-a", 0.1, 3))
     trace, _ = read_trace(path)
-    hp = fit_trace(trace.time_window(0, 180), max_cells=0)
-
-    def wrong(row: ReuseRow) -> ReuseRow:
-        return ReuseRow(1.0 - row.p, row.weights, tuple(rate / 1000 for rate in row.rates), row.source)
-
-    bad = dataclasses.replace(hp, cells={name: tuple(map(wrong, tiers)) for name, tiers in hp.cells.items()},
-                              default_cell=tuple(map(wrong, hp.default_cell)))
+    bad = upside_down(fit_trace(trace.time_window(0, 180), max_cells=0))
     return prepare_workload(trace.time_window(180, None), bad, 128), bad
 
 
