@@ -23,6 +23,15 @@ Traffic (synthetic, seeded; the same for every configuration):
   trace's shape.
 
 ``--running`` requests are kept in flight (a closed loop: a finished request is replaced at once).
+
+No model runs, so the scheduler thread never idles: a thread of kvprof's (``wa``'s shadow feed,
+:mod:`kvprof.core.shadow_feed`) gets the CPU only beside it, and an eviction that waits for that
+thread waits for work a GPU server would have done during the model's forward pass.
+``--step-idle-ms`` sleeps that long after each step (outside the timed figures) to stand for the
+forward pass: the time a server's scheduler thread waits for the GPU. Step and call times are the
+scheduler thread's CPU time; its waits for kvprof's threads (on a lock, or for the GIL) show only in
+the wall-clock figures (``wall_*``, ``longest_wall_us``) and, for the shadow feed, in ``feed_waits``
+(per reason: count, total ms, longest ms).
 """
 
 from __future__ import annotations
@@ -143,21 +152,24 @@ class CallTimer:
     """Wraps kvprof's entry points on the scheduler thread; keeps the longest call of each."""
 
     def __init__(self) -> None:
-        self.longest: dict[str, float] = {}
+        self.longest: dict[str, float] = {}  # this thread's CPU time
+        self.longest_wall: dict[str, float] = {}  # with its waits for other threads (and the machine's load)
 
     def wrap(self, obj, name: str, label: str) -> None:
         original = getattr(obj, name)
-        longest = self.longest
-        clock = time.thread_time
+        longest, longest_wall = self.longest, self.longest_wall
+        clock, wall = time.thread_time, time.perf_counter
 
         def timed(*a, **k):
-            t = clock()
+            t, w = clock(), wall()
             try:
                 return original(*a, **k)
             finally:
-                dt = clock() - t
+                dt, dw = clock() - t, wall() - w
                 if dt > longest.get(label, 0.0):
                     longest[label] = dt
+                if dw > longest_wall.get(label, 0.0):
+                    longest_wall[label] = dw
 
         setattr(obj, name, timed)
 
@@ -252,12 +264,17 @@ def run(config: str, args, work: Path, timed_calls: bool) -> dict:
         t3 = clock()
         wall.append(wall_clock() - w0)
         steps.append((t1 - t0) + (t3 - t2))
+        if args.step_idle_ms:
+            time.sleep(args.step_idle_ms / 1000)  # the model's forward pass: this thread waits for the GPU
         for r in finished:
             prompt, session = meta.pop(r)
             traffic.finished(session, prompt, outputs[r] + [sampled[ids.index(r)][0]])
         while len(scheduler.running) + len(scheduler.waiting) < args.running and add():
             pass
     other_threads_s = (time.process_time() - cpu_start) - (clock() - scheduler_start)
+    feed = getattr(getattr(scheduler.kv_cache_manager.block_pool, "policy", None), "shadow_feed", None)
+    feed_waits = {} if feed is None else {reason: [count, total * 1e3, longest * 1e3]
+                                          for reason, (count, total, longest) in feed.waits.items()}
     gc.collect()
     malloc_held = malloc_bytes() - malloc_before
     scheduler.shutdown()
@@ -265,11 +282,14 @@ def run(config: str, args, work: Path, timed_calls: bool) -> dict:
     result = {"steps": len(steps), "median_step_us": float(np.median(us)), "p99_step_us": float(np.percentile(us, 99)),
               "total_s": float(us.sum() / 1e6), "blocks_allocated": allocated,
               "wall_median_step_us": float(np.median(wall) * 1e6), "wall_p99_step_us": float(np.percentile(wall, 99) * 1e6),
-              "other_threads_cpu_s": other_threads_s,
+              "other_threads_cpu_s": other_threads_s, "feed_waits": feed_waits,
               "malloc_held": malloc_held, "malloc_built": malloc_built}
     if timer:
         result["longest_us"] = {k: v * 1e6 for k, v in sorted(timer.longest.items())}
         result["max_kvprof_call_us"] = max(result["longest_us"].values(), default=0.0) if config != "native" else 0.0
+        result["longest_wall_us"] = {k: v * 1e6 for k, v in sorted(timer.longest_wall.items())}
+        result["max_kvprof_call_wall_us"] = (max(result["longest_wall_us"].values(), default=0.0)
+                                             if config != "native" else 0.0)
     return result
 
 
@@ -311,6 +331,8 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=131072)
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--step-idle-ms", type=float, default=0.0,
+                    help="sleep this long after each step, untimed: the model's forward pass a server waits for")
     ap.add_argument("--repeat", type=int, default=1, help="runs per configuration (the best of each figure)")
     ap.add_argument("--profile", metavar="CONFIG", help="cProfile one run of CONFIG and print the top functions")
     ap.add_argument("--no-call-pass", action="store_true", help="skip the pass that times each kvprof call")
@@ -352,8 +374,9 @@ def main() -> None:
                 rows[config] = best(run(config, args, work, timed_calls=False) for _ in range(args.repeat))
                 if not args.no_call_pass and config != "native":
                     calls = run(config, args, work, True)
-                    rows[config]["max_kvprof_call_us"] = calls["max_kvprof_call_us"]
-                    rows[config]["longest_us"] = calls["longest_us"]
+                    for key in ("max_kvprof_call_us", "longest_us", "max_kvprof_call_wall_us", "longest_wall_us",
+                                "feed_waits"):
+                        rows[config][key if key != "feed_waits" else "call_pass_feed_waits"] = calls[key]
                 if not args.json:
                     print(f"  {pool} {config}: {rows[config]}", file=sys.stderr, flush=True)
             native = rows.get("native")
@@ -363,6 +386,8 @@ def main() -> None:
                 if native and name != "native":
                     row["median_x_native"] = row["median_step_us"] / native["median_step_us"]
                     row["p99_x_native"] = row["p99_step_us"] / native["p99_step_us"]
+                    row["wall_median_x_native"] = row["wall_median_step_us"] / native["wall_median_step_us"]
+                    row["wall_p99_x_native"] = row["wall_p99_step_us"] / native["wall_p99_step_us"]
                     row["added_us_per_block"] = ((row["total_s"] - native["total_s"]) * 1e6
                                                  / max(native["blocks_allocated"], 1))
             report["pools"][pool] = rows

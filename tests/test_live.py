@@ -241,7 +241,9 @@ def test_warm_up_leaves_nothing_to_compile_for_serving(tmp_path):
 
     before = signatures()
     twin = spec.make_policy(capacity=64, n_blocks=64)
+    twin.feed_shadows_in_background()  # as the pool runs it
     _drive_twin(twin, 1)
+    twin.close()
     policies = {"lru": make_policy("lru"), "wa": spec.reference_policy(64)}
     _drive_counterfactual(Counterfactual(policies, 32, BS), BS)
     ContentNumbers(100).numbers([b"%d" % i for i in range(300)])  # grows and recycles

@@ -141,14 +141,19 @@ def adversarial(tmp_path_factory):
     path = tmp_path_factory.mktemp("adversarial") / "trace.jsonl"
     write_jsonl(path, generate("bailian-a", 0.5, 3))
     trace, _ = read_trace(path)
-    hp = fit_trace(trace.time_window(0, 900), max_cells=0)
+    bad = upside_down(fit_trace(trace.time_window(0, 900), max_cells=0))
+    return prepare_workload(trace.time_window(900, None), bad, 128), bad
+
+
+def upside_down(hp):
+    """``hp`` with every row turned upside down: rows that come back look never reused, and their fast
+    components slow."""
 
     def wrong(row: ReuseRow) -> ReuseRow:
         return ReuseRow(1.0 - row.p, row.weights, tuple(rate / 1000 for rate in row.rates), row.source)
 
-    bad = dataclasses.replace(hp, cells={name: tuple(map(wrong, tiers)) for name, tiers in hp.cells.items()},
-                              default_cell=tuple(map(wrong, hp.default_cell)))
-    return prepare_workload(trace.time_window(900, None), bad, 128), bad
+    return dataclasses.replace(hp, cells={name: tuple(map(wrong, tiers)) for name, tiers in hp.cells.items()},
+                               default_cell=tuple(map(wrong, hp.default_cell)))
 
 
 @pytest.mark.slow

@@ -75,6 +75,42 @@ def finish(address, seat, now, contents, n_blocks):
     core.policy_finish(policy_at(address), seat, now, contents, n_blocks)
 
 
+# -- wa's shadows fed on a thread of their own (kvprof.core.shadow_feed) --------------------------
+FEED_ADMIT, FEED_FINISH = 0, 1
+
+
+@njit(cache=True)
+def count_admit(address, n_lookup, workload):
+    """``wa.count_admit`` and the real cache's hits so far: (size, workload, lookups, real hits)."""
+    policy = policy_at(address)
+    size, workload, lookups = core.count_admit(policy, n_lookup, workload)
+    return size, workload, lookups, policy.real_hits
+
+
+@njit(cache=True, nogil=True)
+def feed_n(address, numbers, nows, starts, contents, first, at):
+    """The shadows' part of the admissions and finishes ``first`` on, in order: item ``i`` is
+    ``numbers[i]`` (kind, seat, n_lookup, n_blocks, workload, size, lookups, real hits; see
+    :meth:`kvprof.core.shadow_feed.ShadowFeed.admit`), ``nows[i]`` and the chain
+    ``contents[starts[i]:starts[i + 1]]``. ``at[0]`` is the item being done (where an error stopped)."""
+    policy = policy_at(address)
+    for i in range(first, len(nows)):
+        at[0] = i
+        item, chain = numbers[i], contents[starts[i]:starts[i + 1]]
+        if item[0] == FEED_ADMIT:
+            core.feed_admit(policy, item[1], chain, item[2], item[3], nows[i], item[4], item[5])
+            if item[6]:
+                core._weigh(policy, item[6], item[5], item[7])
+        else:
+            core.policy_finish(policy, item[1], nows[i], chain, item[3])
+
+
+@njit(cache=True)
+def eviction_reads_shadows(address):
+    """Whether an eviction reads a shadow now (``wa.evicting_core``: a frequency leader's beta)."""
+    return core.eviction_reads_shadows(policy_at(address))
+
+
 @njit(cache=True)
 def free(address, blocks, n, now):
     core.policy_free(policy_at(address), blocks, n, now)

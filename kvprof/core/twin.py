@@ -16,8 +16,9 @@ import numpy as np
 
 from kvprof.core import handle
 from kvprof.core.build import compile_policy
-from kvprof.core.wa import outcome
 from kvprof.core.seats import Seats
+from kvprof.core.shadow_feed import ShadowFeed
+from kvprof.core.wa import outcome
 from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 
 #: Content numbers kept per block of the pool (and at least :data:`MIN_CONTENTS`); see :class:`CompiledTwin`.
@@ -43,7 +44,10 @@ class CompiledTwin(EvictionPolicy):
     ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
     because every change of it passes through this class; ``_block_content[b]`` is the content
     number block ``b`` was last accessed with (what :meth:`remembered` gives for a hit, so a
-    prefix hit costs no key lookup per block).
+    prefix hit costs no key lookup per block). ``shadow_feed``, once :meth:`feed_shadows_in_background`
+    was called, takes every admission and finish (:class:`~kvprof.core.shadow_feed.ShadowFeed`),
+    and every eviction and reading of the shadows goes through it first (its thread lives until
+    :meth:`close`, which whoever drops such a twin calls).
 
     Parameters
     ----------
@@ -72,12 +76,28 @@ class CompiledTwin(EvictionPolicy):
         self.take = self._taken.append
         self._out = np.empty(16, dtype=np.int64)  # victims of one call: grown to the most asked for
         self._block_content = np.full(max(n_blocks, 16), -1, dtype=np.int32)  # content numbers < 2**31
+        self.shadow_feed: ShadowFeed | None = None
         self._build()
 
     def _build(self) -> None:
         self.handle = compile_policy(self.reference, self._n_blocks)
         self._address = handle.address_of(self.handle)  # valid while self.handle lives
         self._size = 0
+        if self.shadow_feed is not None:
+            self.shadow_feed.close()
+            self.shadow_feed = ShadowFeed(self.handle)
+
+    def feed_shadows_in_background(self) -> None:
+        """Feed ``wa``'s shadows on a thread of their own from now on (see :mod:`kvprof.core.shadow_feed`:
+        the same decisions; an admission or finish no longer waits for the shadows, an eviction
+        only where it reads what they decide). Nothing for a policy without shadows."""
+        if self.shadow_feed is None and self.safety_net() is not None:
+            self.shadow_feed = ShadowFeed(self.handle)
+
+    def close(self) -> None:
+        """Stop the shadows' thread, if any (the policy is dropped)."""
+        if self.shadow_feed is not None:
+            self.shadow_feed.close()
 
     def _apply_taken(self) -> None:
         taken = np.array(self._taken, dtype=np.int64)
@@ -169,11 +189,15 @@ class CompiledTwin(EvictionPolicy):
 
     def admit_numbered(self, request: Hashable, numbers: np.ndarray, now: float, workload: int, *, n_lookup: int,
                        n_blocks: int) -> None:
-        """:meth:`admit` with the chain as :meth:`numbers` and its sizes given."""
+        """:meth:`admit` with the chain as :meth:`numbers` and its sizes given; ``numbers`` is the
+        policy's from now on (a shadow feed reads it later), the caller does not change it."""
         if request in self._seats:
             raise ValueError(f"request {request!r} was admitted before and has not finished")
         seat = self._seats.take(request)
-        handle.admit(self._address, seat, numbers, n_lookup, n_blocks, float(now), workload)
+        if self.shadow_feed is None:
+            handle.admit(self._address, seat, numbers, n_lookup, n_blocks, float(now), workload)
+        else:
+            self.shadow_feed.admit(seat, numbers, n_lookup, n_blocks, float(now), workload)
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
                n_blocks: int | None = None) -> None:
@@ -182,10 +206,15 @@ class CompiledTwin(EvictionPolicy):
             self.finish_numbered(request, now, self.numbers(() if contents is None else contents), n_blocks=n_blocks)
 
     def finish_numbered(self, request: Hashable, now: float, numbers: np.ndarray, *, n_blocks: int) -> None:
-        """:meth:`finish` with the chain as :meth:`numbers` and the size given."""
+        """:meth:`finish` with the chain as :meth:`numbers` and the size given (``numbers``: as
+        :meth:`admit_numbered`'s)."""
         seat = self._seats.give(request)
-        if seat >= 0:
+        if seat < 0:
+            return
+        if self.shadow_feed is None:
             handle.finish(self._address, seat, float(now), numbers, n_blocks)
+        else:
+            self.shadow_feed.finish(seat, float(now), numbers, n_blocks)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
         if self._taken:
@@ -223,6 +252,8 @@ class CompiledTwin(EvictionPolicy):
         if n:
             if self._taken:
                 self._apply_taken()
+            if self.shadow_feed is not None:
+                self.shadow_feed.before_eviction()
             handle.evict_n(self._address, n, float(now), out)
             self._size -= n
         return out
@@ -233,6 +264,8 @@ class CompiledTwin(EvictionPolicy):
         n = len(self) if limit is None else min(limit, len(self))
         out = np.empty(n, dtype=np.int64)
         if n:
+            if self.shadow_feed is not None:
+                self.shadow_feed.before_eviction()
             handle.order(self._address, n, float(now), out)
         return out.tolist()
 
@@ -241,6 +274,8 @@ class CompiledTwin(EvictionPolicy):
         hits so far; None for a policy without a safety net."""
         if not getattr(self.reference, "_shadows", None):
             return None
+        if self.shadow_feed is not None:
+            self.shadow_feed.settle()
         leader, hits = outcome(self.handle)
         return int(leader), hits
 

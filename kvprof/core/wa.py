@@ -150,6 +150,14 @@ def policy_contains(policy, block):
 
 
 @njit(cache=True)
+def eviction_reads_shadows(policy):
+    """Whether :func:`evicting_core` reads the leading shadow (its beta) now."""
+    main = policy.main
+    return (main.wa and len(policy.shadows) > 0 and policy.order_followed[policy.leader] == NONE
+            and main.order == ORDER_FREQUENCY)
+
+
+@njit(cache=True)
 def evicting_core(policy):
     """The core victims are taken from and its index among the followed cores (-1: ``main``).
 
@@ -162,7 +170,7 @@ def evicting_core(policy):
     leading = policy.order_followed[policy.leader]
     if leading != NONE:
         return policy.followed[leading], leading
-    if len(policy.shadows) and main.order == ORDER_FREQUENCY:  # adaptive orders learn in their shadows
+    if eviction_reads_shadows(policy):  # adaptive orders learn in their shadows
         main.beta = policy.shadows[policy.leader].policy.beta
     return main, NONE
 
@@ -197,26 +205,48 @@ def policy_order(policy, n, now, out):
 @njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
 def policy_admit(policy, seat, contents, n_lookup, n_blocks, now, workload):
     """``EvictionPolicy.admit`` of the request numbered ``seat`` (unique among running requests)
-    with chain ``contents``: feed the shadows; now and then follow the candidate whose shadow hits most."""
-    shadows = policy.shadows
-    if not len(shadows):
+    with chain ``contents``: feed the shadows; now and then follow the candidate whose shadow hits most.
+
+    Two parts, which :class:`kvprof.core.shadow_feed.ShadowFeed` runs on two threads: what the
+    real cache knows (:func:`count_admit`) and what the shadows do (:func:`feed_admit`, then
+    :func:`_weigh` where a follow checkpoint falls)."""
+    if not len(policy.shadows):
         return
+    size, workload, lookups = count_admit(policy, n_lookup, workload)
+    feed_admit(policy, seat, contents, n_lookup, n_blocks, now, workload, size)
+    if lookups:
+        _weigh(policy, lookups, size, policy.real_hits)
+
+
+@njit(cache=True)
+def count_admit(policy, n_lookup, workload):
+    """The real cache's part of an admission: the size the shadows take, ``workload`` as the
+    cores know it, and the blocks looked up since the last follow checkpoint if this admission
+    is one (else 0; the count starts again)."""
     main = policy.main
     if not 0 <= workload < main.n_cells:
         workload = main.n_cells - 1
     size = policy.capacity if policy.capacity else max(main.most, main.held + main.size)
+    policy.unweighed += n_lookup
+    lookups = 0
+    if policy.unweighed >= max(policy.period_min, size // policy.period_share):
+        lookups = policy.unweighed
+        policy.unweighed = 0
+    return size, workload, lookups
+
+
+@njit(cache=True)
+def feed_admit(policy, seat, contents, n_lookup, n_blocks, now, workload, size):
+    """The shadows' part of an admission to a real cache of ``size`` blocks: it reads and writes
+    only the shadows, ``never`` and the chain sample (never what the real cache's calls touch)."""
     if n_blocks > len(policy.never):
         policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
     if in_sample(policy, contents, size):
         limit = scaled_size(size, policy.sample_rate)
-        for shadow in shadows:
+        for shadow in policy.shadows:
             if shadow.limit < limit:  # no capacity given: the most blocks seen
                 set_limit(shadow, limit, now)
             shadow_admit(shadow, seat, contents, n_lookup, n_blocks, now, workload, policy.never)
-    policy.unweighed += n_lookup
-    if policy.unweighed >= max(policy.period_min, size // policy.period_share):
-        _weigh(policy, policy.unweighed, size)
-        policy.unweighed = 0
 
 
 @njit(cache=True)
@@ -279,7 +309,9 @@ def in_sample(policy, contents, size):
 
 @njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
 def policy_finish(policy, seat, now, contents, n_blocks):
-    """``EvictionPolicy.finish`` of the request numbered ``seat`` (``contents`` empty: none given)."""
+    """``EvictionPolicy.finish`` of the request numbered ``seat`` (``contents`` empty: none given).
+
+    Only the shadows' part, as :func:`feed_admit`'s: it touches what that touches."""
     if n_blocks > len(policy.never):
         policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
     for shadow in policy.shadows:
@@ -287,12 +319,15 @@ def policy_finish(policy, seat, now, contents, n_blocks):
 
 
 @njit(cache=True)
-def _weigh(policy, lookups, size):
-    """Add the shadows' hits since the last call to their windowed scores; follow the best."""
+def _weigh(policy, lookups, size, real_hits):
+    """Add the shadows' hits since the last call to their windowed scores; follow the best.
+
+    ``real_hits``: ``policy.real_hits`` at the checkpoint (a shadow feed weighs later, while the
+    real cache counts on)."""
     shadows = policy.shadows
     keep = 0.5 ** (lookups / max(policy.window_capacities * size, 1.0))
-    real_gained = policy.real_hits - policy.real_seen
-    policy.real_seen = policy.real_hits
+    real_gained = real_hits - policy.real_seen
+    policy.real_seen = real_hits
     prior = float(max(size, 1))
     calibrated = policy.calibrated and policy.sample_rate >= 1.0  # off when sampling (wa's _weigh)
     score, seen, real_led, shadow_led = policy.shadow_score, policy.shadow_seen, policy.real_led, policy.shadow_led

@@ -259,7 +259,9 @@ class KvprofBlockPool(BlockPool):
         self.policy = kvprof_spec.make_policy(capacity=self.num_gpu_blocks, n_blocks=self.num_gpu_blocks)
         #: Whether the policy has shadows (``wa``): the only policies whose ``admit``/``finish`` do
         #: anything, so for the others the pool neither tells them nor keeps requests' chains.
+        #: Their shadows are fed on a thread of their own, off the scheduler thread.
         self._shadowed = policy_has_shadows(self.policy)
+        self.policy.feed_shadows_in_background()
         self.current_request = None
         self._clock = clock
         n = len(self.blocks)
@@ -375,7 +377,7 @@ class KvprofBlockPool(BlockPool):
         rest = self.contents.numbers([h + _GROUP0 for h in request.block_hashes[known:n_full]])
         numbers = rest if not known else np.concatenate([known_numbers[:known], rest])
         self._chain_numbers[request.request_id] = (numbers, n_full)
-        return numbers
+        return numbers.copy()  # the policy's (its shadow feed reads it later); the kept one grows in place
 
     def replace_policy(self, spec: PolicySpec, policy) -> None:
         """Serve with ``policy`` (a fresh compiled twin built from ``spec``) from now on.
@@ -399,11 +401,17 @@ class KvprofBlockPool(BlockPool):
                    lambda item, hit: policy.access_numbered(np.array([item.id]), np.array([item.depth]),
                                                             number([item.content]), item.stamp, item.workload, hit=hit),
                    lambda item: policy.free([item.id], item.stamp))
+        self.policy.close()
         self.kvprof_spec = spec
         self.policy = policy
         self._shadowed = policy_has_shadows(policy)
+        policy.feed_shadows_in_background()
         queue.policy = policy
         queue._take = policy.take
+
+    def close(self) -> None:
+        """Stop the policy's thread, if any (the scheduler shuts down)."""
+        self.policy.close()
 
     def reset_prefix_cache(self) -> bool:
         ok = super().reset_prefix_cache()

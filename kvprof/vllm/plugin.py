@@ -484,7 +484,9 @@ def track_requests(scheduler, manager, pool, live) -> None:
         try:
             return original_shutdown(*args, **kwargs)
         finally:
-            live.close()
+            live.close()  # its last snapshot reads the policy's shadows
+            if pool is not None:
+                pool.close()
 
     manager.allocate_slots = allocate_slots
     scheduler._free_request = _free_request

@@ -25,7 +25,10 @@ def warm_up(spec: PolicySpec, pool, block_size: int) -> float:
     """Run every compiled path once on throw-away objects; returns the seconds it took."""
     started = time.perf_counter()
     if pool is not None:
-        _drive_twin(spec.make_policy(capacity=_BLOCKS, n_blocks=_BLOCKS), spec.default_index)
+        twin = spec.make_policy(capacity=_BLOCKS, n_blocks=_BLOCKS)
+        twin.feed_shadows_in_background()  # as the pool runs it
+        _drive_twin(twin, spec.default_index)
+        twin.close()
         _drive_numbering()
     policies = {"lru": make_policy("lru")}
     if spec.policy is not None and spec.mode == "shadow" and spec.policy != "lru":
@@ -49,6 +52,8 @@ def _drive_twin(twin, workload: int) -> None:
     twin.evict(now + 1)
     twin.evict_n(2, now + 1)
     twin.evict_n_array(2, now + 1)
+    twin.admit_numbered("warm-up", twin.numbers([b"a", b"b"]), now, workload, n_lookup=2, n_blocks=2)
+    twin.finish_numbered("warm-up", now, twin.numbers([b"a", b"b", b"c"]), n_blocks=3)
     twin.safety_net()
     twin.free([1, 2], now + 2)
 
