@@ -46,7 +46,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group
 from kvprof.cells import TIER_EDGES
 from kvprof.vllm.carry import Held, carry_over
 from kvprof.vllm.numbering import ContentNumbers
-from kvprof.vllm.spec import PolicySpec, request_extra_args
+from kvprof.vllm.spec import PolicySpec, request_extra_args, shadow_thread
 
 #: The suffix of group 0's cache keys (``make_block_hash_with_group_id(h, 0) == h + _GROUP0``).
 _GROUP0 = make_block_hash_with_group_id(b"", 0)
@@ -261,7 +261,8 @@ class KvprofBlockPool(BlockPool):
         #: anything, so for the others the pool neither tells them nor keeps requests' chains.
         #: Their shadows are fed on a thread of their own, off the scheduler thread.
         self._shadowed = policy_has_shadows(self.policy)
-        self.policy.feed_shadows_in_background()
+        if shadow_thread():
+            self.policy.feed_shadows_in_background()
         self.current_request = None
         self._clock = clock
         n = len(self.blocks)
@@ -405,7 +406,8 @@ class KvprofBlockPool(BlockPool):
         self.kvprof_spec = spec
         self.policy = policy
         self._shadowed = policy_has_shadows(policy)
-        policy.feed_shadows_in_background()
+        if shadow_thread():
+            policy.feed_shadows_in_background()
         queue.policy = policy
         queue._take = policy.take
 

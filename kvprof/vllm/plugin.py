@@ -36,7 +36,7 @@ import os
 import time
 
 from kvprof.vllm.spec import (
-    CONFIG_KEY, FLAG_OF, KvPolicyConfigError, PolicySpec, check_version, policy_help,
+    CONFIG_KEY, FLAG_OF, KvPolicyConfigError, PolicySpec, check_version, policy_help, shadow_thread,
 )
 
 _installed = False
@@ -197,6 +197,7 @@ def validate_vllm_config(vllm_config) -> PolicySpec | None:
         return None
     check_version(vllm_version())
     spec = PolicySpec.from_additional_config(additional)
+    shadow_thread()  # a bad KVPROF_SHADOW_THREAD stops vLLM here, before its engine cores start
     cache_config = vllm_config.cache_config
     if not getattr(cache_config, "enable_prefix_caching", False):
         what = ("a recording could not say which prompts share prefixes (vLLM hashes no blocks without it)"

@@ -36,6 +36,7 @@ gives a request of no class).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,27 @@ class KvPolicyConfigError(KvprofError, ValueError):
 
     def __init__(self, message: str):
         super().__init__(f"kvprof kv_policy: {message}")
+
+
+#: ``KVPROF_SHADOW_THREAD=0`` keeps ``wa``'s shadows on the scheduler thread (the synchronous feed the
+#: simulator runs: the same decisions), for a host with no core to spare for their thread, where an
+#: eviction's wait for the thread can outlast the work it would have done itself (docs/vllm.md).
+SHADOW_THREAD_ENV = "KVPROF_SHADOW_THREAD"
+
+
+def shadow_thread() -> bool:
+    """Whether ``wa``'s shadows run on a thread of their own: :data:`SHADOW_THREAD_ENV` unset or ``1``.
+
+    Raises
+    ------
+    KvPolicyConfigError
+        The variable holds anything but ``0`` or ``1``.
+    """
+    value = os.environ.get(SHADOW_THREAD_ENV, "1")
+    if value not in ("0", "1"):
+        raise KvPolicyConfigError(f"{SHADOW_THREAD_ENV}={value!r}: give 1 (wa's shadows on a thread of their own, "
+                                  "the default) or 0 (on the scheduler thread)")
+    return value == "1"
 
 
 def parse_version(text: str) -> tuple[int, ...]:

@@ -182,3 +182,38 @@ def test_a_policy_without_shadows_is_told_no_requests(in_vllm):
         assert len(pool.contents) == 3 * kept  # the prompt's three full blocks, numbered for wa only
         pool.finish_request(request, n_blocks=5)
         assert "a" not in pool._chain_numbers
+
+
+def test_shadow_thread_can_be_turned_off(in_vllm, monkeypatch):
+    """KVPROF_SHADOW_THREAD=0 keeps wa's shadows on the scheduler thread (no feed thread), with the same
+    shadow hits as the thread gives; any value but 0 or 1 is refused with the variable's name."""
+    if not in_vllm:
+        return
+    from types import SimpleNamespace
+
+    from kvprof.vllm.spec import SHADOW_THREAD_ENV, KvPolicyConfigError
+
+    chain = [bytes([k]) * 32 for k in range(1, 5)]
+
+    def hits_after_two_requests():
+        pool, _ = _wa_pool(9)
+        for rid in ("a", "b"):
+            request = SimpleNamespace(request_id=rid, num_prompt_tokens=3 * 16 + 5, num_tokens=3 * 16 + 5,
+                                      num_computed_tokens=4 * 16 + 2, block_hashes=chain,
+                                      sampling_params=SimpleNamespace(extra_args={"type": "hot", "turn": 1}))
+            pool.admit_request(request)
+            pool.finish_request(request, n_blocks=5)
+        threaded = pool.policy.shadow_feed is not None
+        hits = list(pool.policy.safety_net()[1])
+        pool.close()
+        return threaded, hits
+
+    monkeypatch.setenv(SHADOW_THREAD_ENV, "0")
+    synchronous = hits_after_two_requests()
+    monkeypatch.setenv(SHADOW_THREAD_ENV, "1")
+    threaded = hits_after_two_requests()
+    assert synchronous[0] is False and threaded[0] is True
+    assert synchronous[1] == threaded[1] and synchronous[1][0] == 3
+    monkeypatch.setenv(SHADOW_THREAD_ENV, "yes")
+    with pytest.raises(KvPolicyConfigError, match="KVPROF_SHADOW_THREAD='yes'"):
+        _wa_pool(9)
