@@ -39,7 +39,6 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kvprof import registry
