@@ -5,7 +5,8 @@ evicted first (``vllm/v1/core/kv_cache_utils.py``). :class:`PolicyFreeQueue` is 
 replacement with the same methods, split in three parts that are always consumed in this order:
 
 1. **front** -- blocks that hold no cached content (never cached, or freed without a hash):
-   handed out first, as vLLM does with ``prepend_n``. A deque; initially every block by id.
+   handed out first, as vLLM does with ``prepend_n``. Initially every block by id
+   (:class:`FrontBlocks`: a range of ids, no memory per block).
 2. **policy** -- cached blocks (they have a block hash), ordered by the compiled twin of a
    kvprof policy (:class:`kvprof.core.twin.CompiledTwin`: the same compiled core the simulator
    runs, on block ids). They enter with ``append``/``append_n`` when a request frees them (vLLM
@@ -67,6 +68,101 @@ if not hasattr(KVCacheBlock, "_block_hash"):  # read directly by PolicyFreeQueue
     raise ImportError("kvprof: this vLLM's KVCacheBlock has no _block_hash slot; the block pool cannot be installed")
 
 
+class FrontBlocks:
+    """The front of the free queue: hash-less free blocks, the first to be reused, in order.
+
+    The pool's blocks start here, in id order, and most are never handed out for a long time: they
+    are kept as a range of ids (``blocks[fresh:stop]``, no memory per block, where a deque of a
+    500,000-block pool's blocks holds 8 bytes a block), between the blocks put before them
+    (:meth:`prepend`) and after them (:meth:`extend`).
+
+    Invariant: the order is ``[*left, *blocks[fresh:stop], *right]`` and holds each block at most
+    once; ``size`` is its length (an attribute: the free queue's hot paths read it per call).
+    """
+
+    def __init__(self, blocks: list[KVCacheBlock], fresh: int = 0, stop: int | None = None) -> None:
+        self._blocks = blocks
+        self._fresh = fresh
+        self._stop = len(blocks) if stop is None else stop
+        self._left: deque[KVCacheBlock] = deque()
+        self._right: deque[KVCacheBlock] = deque()
+        self.size = self._stop - self._fresh
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        yield from self._left
+        yield from self._blocks[self._fresh:self._stop]
+        yield from self._right
+
+    def popleft(self) -> KVCacheBlock:
+        """The first block, taken out (``IndexError`` when empty)."""
+        if self._left:
+            block = self._left.popleft()
+        elif self._fresh < self._stop:
+            block = self._blocks[self._fresh]
+            self._fresh += 1
+        else:
+            block = self._right.popleft()
+        self.size -= 1
+        return block
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """The first ``n`` blocks (at most ``len(self)``), taken out."""
+        left = self._left
+        out = [left.popleft() for _ in range(min(n, len(left)))]
+        k = min(n - len(out), self._stop - self._fresh)
+        if k > 0:
+            out.extend(self._blocks[self._fresh:self._fresh + k])
+            self._fresh += k
+        right = self._right
+        out.extend(right.popleft() for _ in range(min(n - len(out), len(right))))
+        self.size -= len(out)
+        return out
+
+    def prepend(self, blocks) -> None:
+        """Put ``blocks`` first, the first of them first."""
+        blocks = list(blocks)
+        self._left.extendleft(reversed(blocks))
+        self.size += len(blocks)
+
+    def extend(self, blocks) -> None:
+        """Put ``blocks`` last, in order."""
+        right = self._right
+        before = len(right)
+        right.extend(blocks)
+        self.size += len(right) - before
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Take ``block`` out wherever it is (rare: a hash-less free block taken back).
+
+        Raises
+        ------
+        ValueError
+            ``block`` is not here.
+        """
+        i = block.block_id
+        if self._fresh <= i < self._stop and self._blocks[i] is block:
+            if i == self._fresh:
+                self._fresh += 1
+            else:  # the blocks after it leave the range for the right part, in order
+                self._right.extendleft(reversed(self._blocks[i + 1:self._stop]))
+                self._stop = i
+        else:
+            try:
+                self._left.remove(block)
+            except ValueError:
+                self._right.remove(block)
+        self.size -= 1
+
+    def clear(self) -> None:
+        self._left.clear()
+        self._right.clear()
+        self._fresh = self._stop
+        self.size = 0
+
+
 class PolicyFreeQueue:
     """Drop-in for vLLM's ``FreeKVCacheBlockQueue`` whose cached part is ordered by ``policy``.
 
@@ -93,17 +189,17 @@ class PolicyFreeQueue:
         self.policy = policy
         self._take = policy.take
         self._clock = clock
-        self._front: deque[KVCacheBlock] = deque(blocks)
+        self._front = FrontBlocks(blocks)
         self._back: deque[KVCacheBlock] = deque()
 
     # -- size ------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._front) + len(self.policy) + len(self._back)
+        return self._front.size + len(self.policy) + len(self._back)
 
     # -- taking blocks out -----------------------------------------------------------------
     def popleft(self) -> KVCacheBlock:
-        if self._front:
+        if self._front.size:
             return self._front.popleft()
         if len(self.policy):
             self.evictions += 1
@@ -117,10 +213,8 @@ class PolicyFreeQueue:
             return []
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot pop {n} free blocks: only {self.num_free_blocks} are free")
-        front = self._front
-        k = min(n, len(front))
-        out = [front.popleft() for _ in range(k)]
-        n -= k
+        out = self._front.popleft_n(n) if self._front.size else []
+        n -= len(out)
         if n:
             m = min(n, len(self.policy))
             if m:
@@ -171,7 +265,7 @@ class PolicyFreeQueue:
 
     def prepend_n(self, blocks) -> None:
         """Blocks to reuse first, the first of ``blocks`` first."""
-        self._front.extendleft(reversed(list(blocks)))
+        self._front.prepend(blocks)
 
     # -- walking ---------------------------------------------------------------------------
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
@@ -202,6 +296,17 @@ class PolicyFreeQueue:
         self._front.extend(blocks[i] for i in order)
         self._front.extend(self._back)
         self._back.clear()
+
+
+def front_of(blocks: list[KVCacheBlock], free: list[KVCacheBlock]) -> FrontBlocks:
+    """vLLM's free queue at start, ``free``, as a front: a range of ids where it is one (the blocks after
+    the null block, in id order), else its blocks one by one."""
+    first = len(blocks) - len(free)
+    if all(block is blocks[first + i] for i, block in enumerate(free)):
+        return FrontBlocks(blocks, first)
+    front = FrontBlocks(blocks, 0, 0)
+    front.extend(free)
+    return front
 
 
 def _one(value) -> np.ndarray:
@@ -277,7 +382,7 @@ class KvprofBlockPool(BlockPool):
         # vLLM's queue has popped the null block already; keep its order for the rest.
         free = self.free_block_queue.get_all_free_blocks()
         self.free_block_queue = PolicyFreeQueue(self.blocks, self.policy, clock)
-        self.free_block_queue._front = deque(free)
+        self.free_block_queue._front = front_of(self.blocks, free)
 
     def touch(self, blocks, *args, **kwargs) -> None:
         super().touch(blocks, *args, **kwargs)  # takes free hit blocks out of the queue (policy.remove)

@@ -217,3 +217,50 @@ def test_shadow_thread_can_be_turned_off(in_vllm, monkeypatch):
     monkeypatch.setenv(SHADOW_THREAD_ENV, "yes")
     with pytest.raises(KvPolicyConfigError, match="KVPROF_SHADOW_THREAD='yes'"):
         _wa_pool(9)
+
+
+def test_front_blocks_keep_a_deques_order(in_vllm):
+    """FrontBlocks (a range of never-used ids between two deques) hands out, lists and removes blocks
+    exactly as one deque of them would, over random operations (hypothesis)."""
+    if not in_vllm:
+        return
+    from collections import deque
+    from types import SimpleNamespace
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from kvprof.vllm.block_pool import front_of
+
+    n = 24
+    operations = st.lists(st.tuples(st.sampled_from(["pop", "prepend", "extend", "remove"]), st.integers(0, 6)),
+                          max_size=40)
+
+    @settings(max_examples=200, deadline=None)
+    @given(first=st.integers(0, n), operations=operations)
+    def check(first, operations):
+        blocks = [SimpleNamespace(block_id=i) for i in range(n)]
+        front, model = front_of(blocks, blocks[first:]), deque(blocks[first:])
+        taken = list(blocks[:first])
+        for name, k in operations:
+            if name == "pop":
+                k = min(k, len(model))
+                out = front.popleft_n(k) if k != 1 else [front.popleft()]
+                assert out == [model.popleft() for _ in range(k)]
+                taken.extend(out)
+            elif name in ("prepend", "extend"):
+                put, taken[:] = taken[:k], taken[k:]
+                (front.prepend if name == "prepend" else front.extend)(put)
+                model.extendleft(reversed(put)) if name == "prepend" else model.extend(put)
+            elif model:
+                block = model[k % len(model)]
+                front.remove(block)
+                model.remove(block)
+                taken.append(block)
+            assert list(front) == list(model) and len(front) == len(model)
+        with pytest.raises(ValueError):
+            front.remove(SimpleNamespace(block_id=n + 1))
+
+    check()
+    scattered = [SimpleNamespace(block_id=i) for i in range(4)]
+    assert list(front_of(scattered, [scattered[3], scattered[1]])) == [scattered[3], scattered[1]]
