@@ -483,6 +483,8 @@ class KvprofBlockPool(BlockPool):
         rest = self.contents.numbers([h + _GROUP0 for h in request.block_hashes[known:n_full]])
         numbers = rest if not known else np.concatenate([known_numbers[:known], rest])
         self._chain_numbers[request.request_id] = (numbers, n_full)
+        if self.policy.shadow_feed is None:  # the policy is done with it when the call returns
+            return numbers
         return numbers.copy()  # the policy's (its shadow feed reads it later); the kept one grows in place
 
     def replace_policy(self, spec: PolicySpec, policy) -> None:
