@@ -60,9 +60,7 @@ def access(address, block, now, workload, depth, hit, next_use, content):
 @njit(cache=True)
 def access_n(address, blocks, depths, contents, n, now, workload, hit):
     """``access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for ``i < n``, in order."""
-    policy = policy_at(address)
-    for i in range(n):
-        core.policy_access(policy, blocks[i], now, workload, depths[i], hit, np.inf, contents[i])
+    core.policy_access_n(policy_at(address), blocks, depths, contents, n, now, workload, hit)
 
 
 @njit(cache=True)
@@ -137,12 +135,8 @@ def remove(address, block):
 def remove_n(address, blocks, n):
     """``remove`` of ``blocks[:n]`` in order, stopping at the first that is not evictable;
     its index, or -1 when all were removed."""
-    policy = policy_at(address)
-    for i in range(n):
-        if not core.policy_contains(policy, blocks[i]):
-            return i
-        core.policy_remove(policy, blocks[i])
-    return -1
+    removed = core.policy_remove_held_n(policy_at(address), blocks, n)
+    return -1 if removed == n else removed
 
 
 @njit(cache=True)

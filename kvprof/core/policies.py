@@ -33,7 +33,7 @@ from kvprof.core.kinds.classed import (  # noqa: F401 (wa's composite and the bu
     ORDER_FREQUENCY, ORDER_MODEL, ORDER_PAPER, ORDER_RECENCY, ORDER_SEGMENTED, remember,
 )
 from kvprof.core.prefix_cache import register_pool_protocol
-from kvprof.core.structs import NONE, grown, holds, unlink
+from kvprof.core.structs import NONE, grown, holds, unlink, unlink_held_n
 
 LRU, LFU, S3FIFO, ARC, BELADY, CLASSED, LEARNED, SIEVE = (
     KIND[name] for name in ("lru", "lfu", "s3fifo", "arc", "belady", "classed", "learned", "sieve"))
@@ -195,39 +195,57 @@ def core_access(core, block, now, workload, depth, hit, next_use, content):
 
 
 @njit(cache=True)
+def core_access_n(core, blocks, depths, contents, n, now, workload, hit):
+    """``core_access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for ``i < n``, in order,
+    next use never: the tables grown first, as the calls one by one would grow them."""
+    kind = core.kind
+    keeps_contents = uses_content(kind)
+    n_blocks, n_contents = core.n_blocks, len(core.g.where)
+    for i in range(n):  # (no call per block where nothing grows)
+        if blocks[i] >= n_blocks:
+            reserve_blocks(core, blocks[i] + 1)
+            n_blocks = core.n_blocks
+        if keeps_contents and contents[i] >= n_contents:
+            reserve_contents(core, contents[i] + 1)
+            n_contents = len(core.g.where)
+    if kind == CLASSED:
+        classed.access_n(core, blocks, depths, contents, n, now, workload, hit)
+    elif kind == S3FIFO:
+        s3fifo.access_n(core, blocks, contents, n, hit)
+    elif kind != LRU:  # (LRU's access changes nothing)
+        for i in range(n):
+            core_access(core, blocks[i], now, workload, depths[i], hit, np.inf, contents[i])
+
+
+@njit(cache=True)
 def core_free(core, blocks, n, now):
     """``EvictionPolicy.free`` of ``blocks[:n]``, in that order."""
-    kind = core.kind
-    if kind == LEARNED:  # blocks freed together are binned together (their deepest)
-        for i in range(n):
-            if blocks[i] >= core.n_blocks:
-                reserve_blocks(core, blocks[i] + 1)
-        learned.free(core, blocks, n, now)
-        core.size += n
-        return
     for i in range(n):
-        block = blocks[i]
-        if block >= core.n_blocks:
-            reserve_blocks(core, block + 1)
-        if kind == LRU:
-            lru.free(core, block)
-        elif kind == LFU:
-            lfu.free(core, block)
-        elif kind == S3FIFO:
-            s3fifo.free(core, block)
-        elif kind == ARC:
-            arc.free(core, block)
-        elif kind == BELADY:
-            belady.free(core, block)
-        elif kind == CLASSED:
-            classed.free(core, block, now)
-        elif kind == SIEVE:
-            sieve.free(core, block)
+        if blocks[i] >= core.n_blocks:
+            reserve_blocks(core, blocks[i] + 1)
+    kind = core.kind
     core.size += n
+    if kind == LEARNED:  # blocks freed together are binned together (their deepest)
+        learned.free(core, blocks, n, now)
+    elif kind == CLASSED:
+        classed.free_n(core, blocks, n, now)
+    elif kind == S3FIFO:
+        s3fifo.free_n(core, blocks, n)
+    elif kind == LRU:
+        lru.free_n(core, blocks, n)
+    else:
+        for i in range(n):
+            block = blocks[i]
+            if kind == LFU:
+                lfu.free(core, block)
+            elif kind == ARC:
+                arc.free(core, block)
+            elif kind == BELADY:
+                belady.free(core, block)
+            elif kind == SIEVE:
+                sieve.free(core, block)
     if kind == S3FIFO or kind == ARC:
         core.most_evictable = max(core.most_evictable, core.size)
-    elif kind == CLASSED:
-        classed.freed(core, blocks, n)
 
 
 @njit(cache=True)
@@ -248,6 +266,22 @@ def core_remove(core, block):
     else:
         unlink(core.q, block)
     core.size -= 1
+
+
+@njit(cache=True)
+def core_remove_held_n(core, blocks, n):
+    """``core_remove`` of ``blocks[:n]`` in order, stopping at the first that is not evictable: how
+    many were removed."""
+    kind = core.kind
+    if kind == BELADY or kind == SIEVE:
+        for i in range(n):
+            if not core_contains(core, blocks[i]):
+                return i
+            core_remove(core, blocks[i])
+        return n
+    removed = unlink_held_n(core.q, blocks, n)
+    core.size -= removed
+    return removed
 
 
 @njit(cache=True)

@@ -148,6 +148,54 @@ def unlink(lists, x):
     lists.count[which] -= 1
 
 
+# Batch forms of push_back and unlink, for a batch of ids: the lists' arrays are read once, and
+# the loops are written out, not calls of push_back/unlink, since an inlined call takes
+# a reference to each array it is passed, an atomic add and sub each, per id (property-tested
+# against the one-id forms in tests/test_structs.py).
+@njit(cache=True)
+def push_back_n(lists, xs, n, list_of):
+    """``push_back(lists, list_of[xs[i]], xs[i])`` for ``i < n``, in order (``list_of`` empty: list 0)."""
+    nxt, prv, where, head, tail, count = lists.nxt, lists.prv, lists.where, lists.head, lists.tail, lists.count
+    by_id = len(list_of) > 0
+    for i in range(n):
+        x = xs[i]
+        which = np.int64(list_of[x]) if by_id else 0
+        last = tail[which]
+        prv[x] = last
+        nxt[x] = NONE
+        if last == NONE:
+            head[which] = x
+        else:
+            nxt[last] = x
+        tail[which] = x
+        where[x] = which
+        count[which] += 1
+
+
+@njit(cache=True)
+def unlink_held_n(lists, xs, n):
+    """``unlink(lists, xs[i])`` for ``i < n`` in order, stopping at the first ``xs[i]`` in no list:
+    how many were unlinked."""
+    nxt, prv, where, head, tail, count = lists.nxt, lists.prv, lists.where, lists.head, lists.tail, lists.count
+    for i in range(n):
+        x = xs[i]
+        if not (0 <= x < len(where) and where[x] != NONE):
+            return i
+        which = where[x]
+        before, after = prv[x], nxt[x]
+        if before == NONE:
+            head[which] = after
+        else:
+            nxt[before] = after
+        if after == NONE:
+            tail[which] = before
+        else:
+            prv[after] = before
+        where[x] = NONE
+        count[which] -= 1
+    return n
+
+
 @njit(cache=True, inline="always")
 def pop_front(lists, which):
     """Take and return the front of list ``which`` (not empty)."""

@@ -27,7 +27,8 @@ from numba.typed import List
 from kvprof.core import structs
 from kvprof.core.copiers import copy_core
 from kvprof.core.policies import (
-    ORDER_FREQUENCY, core_access, core_contains, core_evict_n, core_free, core_remove, core_type, remember,
+    ORDER_FREQUENCY, core_access, core_access_n, core_contains, core_evict_n, core_free, core_remove,
+    core_remove_held_n, core_type, remember,
 )
 from kvprof.core.prefix_cache import mark_pool, register_pool_protocol, set_limit
 from kvprof.core.shadow import shadow_admit, shadow_finish, shadow_type
@@ -128,6 +129,23 @@ def policy_access(policy, block, now, workload, depth, hit, next_use, content):
 
 
 @njit(cache=True)
+def policy_access_n(policy, blocks, depths, contents, n, now, workload, hit):
+    """``policy_access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for ``i < n``, in
+    order, next use never: each core takes the whole batch in one call (the cores are apart, so
+    the order between them does not matter, only each one's own)."""
+    main = policy.main
+    core_access_n(main, blocks, depths, contents, n, now, workload, hit)
+    if not main.wa:
+        return
+    if hit:
+        policy.real_hits += n
+    if not 0 <= workload < main.n_cells:
+        workload = main.n_cells - 1
+    for core in policy.followed:
+        core_access_n(core, blocks, depths, contents, n, now, workload, hit)
+
+
+@njit(cache=True)
 def policy_free(policy, blocks, n, now):
     """``EvictionPolicy.free`` of ``blocks[:n]`` (tail first)."""
     main = policy.main
@@ -142,6 +160,16 @@ def policy_remove(policy, block):
     core_remove(policy.main, block)
     for core in policy.followed:
         core_remove(core, block)
+
+
+@njit(cache=True)
+def policy_remove_held_n(policy, blocks, n):
+    """``policy_remove`` of ``blocks[:n]`` in order, stopping at the first that is not evictable:
+    how many were removed (each core in one call: they hold the same blocks)."""
+    removed = core_remove_held_n(policy.main, blocks, n)
+    for core in policy.followed:
+        core_remove_held_n(core, blocks, removed)
+    return removed
 
 
 @njit(cache=True)
@@ -183,15 +211,13 @@ def policy_evict_n(policy, n, now, out, at):
     core_evict_n(source, n, now, out, at)
     if not main.wa:
         return
+    victims = out[at:at + n]
     if leading != NONE:
-        for i in range(at, at + n):
-            core_remove(main, out[i])
+        core_remove_held_n(main, victims, n)
         remember(main, out, at, n)
     for j in range(len(policy.followed)):
         if j != leading:
-            core = policy.followed[j]
-            for i in range(at, at + n):
-                core_remove(core, out[i])
+            core_remove_held_n(policy.followed[j], victims, n)
 
 
 @njit(cache=True)

@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import njit, types
 
-from kvprof.core.structs import NONE, grown, holds, pop_front, push_back, unlink
+from kvprof.core.structs import NONE, grown, holds, pop_front, push_back, push_back_n, unlink
 from kvprof.policy import orders
 
 #: Row orders of a core with rows (:mod:`kvprof.policy.orders`, and wa-paper's published score).
@@ -144,22 +144,24 @@ def reserve(core, n):
         core.wa_pinned = grown(core.wa_pinned, n, False)
 
 
-@njit(cache=True, inline="always")
-def free(core, block, now):
-    if core.stamps_free:
-        core.stamp[block] = now
-    push_back(core.q, core.row[block], block)
-
-
 @njit(cache=True)
-def freed(core, blocks, n):
-    """After ``blocks[:n]`` were freed: wa's pins released, the most blocks held or evictable."""
+def free_n(core, blocks, n, now):
+    """Free ``blocks[:n]`` in order, each to the back of its row; then wa's pins released and
+    the most blocks held or evictable (``core.size`` counts them already)."""
+    if core.stamps_free:
+        stamp = core.stamp
+        for i in range(n):
+            stamp[blocks[i]] = now
+    push_back_n(core.q, blocks, n, core.row)
     if not core.wa:
         return
+    pinned = core.wa_pinned
+    released = 0
     for i in range(n):
-        if core.wa_pinned[blocks[i]]:
-            core.wa_pinned[blocks[i]] = False
-            core.held -= 1
+        if pinned[blocks[i]]:
+            pinned[blocks[i]] = False
+            released += 1
+    core.held -= released
     core.most = max(core.most, core.held + core.size)
 
 
@@ -170,6 +172,15 @@ def tier(core, hits):
     table = core.tier_of
     t = table[hits] if hits < len(table) else table[len(table) - 1]
     return min(t, core.n_tiers - 1)
+
+
+@njit(cache=True)
+def tiers_by_hits(core):
+    """``tier(core, hits)`` for every hit count ``0 .. HITS_CAP``, as a table."""
+    out = np.empty(HITS_CAP + 1, np.int64)
+    for hits in range(HITS_CAP + 1):
+        out[hits] = tier(core, hits)
+    return out
 
 
 @njit(cache=True)
@@ -201,6 +212,40 @@ def access(core, block, now, workload, depth, hit, content):
     if not core.wa_pinned[block]:
         core.wa_pinned[block] = True
         core.held += 1
+
+
+@njit(cache=True)
+def access_n(core, blocks, depths, contents, n, now, workload, hit):
+    """``access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for ``i < n``, in order
+    (wa's: the tables read once per batch, not once per block)."""
+    if not core.wa:
+        for i in range(n):
+            access(core, blocks[i], now, workload, depths[i], hit, contents[i])
+        return
+    if not 0 <= workload < core.n_cells:
+        workload = core.n_cells - 1
+    wa_hits, row, stamp, depth, pinned, content_of = (
+        core.wa_hits, core.row, core.stamp, core.depth, core.wa_pinned, core.content)
+    tier_of_hits = tiers_by_hits(core)
+    cell_row = workload * core.n_tiers
+    pinned_now = 0
+    for i in range(n):
+        block = blocks[i]
+        if hit:
+            hits = min(np.int64(wa_hits[block]) + 1, HITS_CAP)
+        else:
+            content = contents[i]
+            hits = _recall(core, content) if content >= 0 else 0
+            if content >= 0:
+                content_of[block] = content
+        wa_hits[block] = hits
+        row[block] = cell_row + tier_of_hits[hits]
+        stamp[block] = now
+        depth[block] = depths[i]
+        if not pinned[block]:
+            pinned[block] = True
+            pinned_now += 1
+    core.held += pinned_now
 
 
 @njit(cache=True)

@@ -5,11 +5,14 @@ No state of its own: the queue is the order.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
-from kvprof.core.structs import pop_front, push_back
+from kvprof.core.structs import pop_front, push_back_n
 
 FIELDS: list = []
+
+NO_LISTS = np.zeros(0, np.int32)  # push_back_n: every block to list 0
 
 
 def lists(policy) -> tuple[int, int]:
@@ -18,9 +21,10 @@ def lists(policy) -> tuple[int, int]:
 
 
 
-@njit(cache=True, inline="always")
-def free(core, block):
-    push_back(core.q, 0, block)
+@njit(cache=True)
+def free_n(core, blocks, n):
+    """Free ``blocks[:n]`` in order: to the back of the list."""
+    push_back_n(core.q, blocks, n, NO_LISTS)
 
 
 @njit(cache=True, inline="always")

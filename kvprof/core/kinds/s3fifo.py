@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, types
 
-from kvprof.core.structs import grown, holds, pop_front, push_back, unlink
+from kvprof.core.structs import grown, holds, pop_front, push_back, push_back_n, unlink
 from kvprof.policy.s3fifo import MAX_FREQ
 
 #: The highest frequency cap the int8 per-block counts hold.
@@ -66,9 +66,23 @@ def access(core, block, hit, content):
     core.s3fifo_in_main[block] = recomputed
 
 
-@njit(cache=True, inline="always")
-def free(core, block):
-    push_back(core.q, 1 if core.s3fifo_in_main[block] else 0, block)
+@njit(cache=True)
+def access_n(core, blocks, contents, n, hit):
+    """``access`` of ``blocks[i]`` with ``contents[i]`` for ``i < n``, in order (a hit's count: arrays read once)."""
+    if not hit:
+        for i in range(n):
+            access(core, blocks[i], False, contents[i])
+        return
+    freq, cap = core.s3fifo_freq, core.s3fifo_max_freq
+    for i in range(n):
+        block = blocks[i]
+        freq[block] = min(freq[block] + 1, cap)
+
+
+@njit(cache=True)
+def free_n(core, blocks, n):
+    """Free ``blocks[:n]`` in order: each to the back of its queue."""
+    push_back_n(core.q, blocks, n, core.s3fifo_in_main)  # list 1 (main) if in main, else 0 (small)
 
 
 @njit(cache=True)
