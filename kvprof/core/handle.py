@@ -60,7 +60,7 @@ def access(address, block, now, workload, depth, hit, next_use, content):
 @njit(cache=True)
 def access_n(address, blocks, depths, contents, n, now, workload, hit):
     """``access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for ``i < n``, in order."""
-    core.policy_access_n(policy_at(address), blocks, depths, contents, n, now, workload, hit)
+    core.policy_access_n(policy_at(address), blocks, depths, contents, np.full(n, np.inf), n, now, workload, hit)
 
 
 @njit(cache=True)

@@ -195,9 +195,9 @@ def core_access(core, block, now, workload, depth, hit, next_use, content):
 
 
 @njit(cache=True)
-def core_access_n(core, blocks, depths, contents, n, now, workload, hit):
-    """``core_access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for ``i < n``, in order,
-    next use never: the tables grown first, as the calls one by one would grow them."""
+def core_access_n(core, blocks, depths, contents, next_uses, n, now, workload, hit):
+    """``core_access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` and ``next_uses[i]`` for
+    ``i < n``, in order: the tables grown first, as the calls one by one would grow them."""
     kind = core.kind
     keeps_contents = uses_content(kind)
     n_blocks, n_contents = core.n_blocks, len(core.g.where)
@@ -214,7 +214,7 @@ def core_access_n(core, blocks, depths, contents, n, now, workload, hit):
         s3fifo.access_n(core, blocks, contents, n, hit)
     elif kind != LRU:  # (LRU's access changes nothing)
         for i in range(n):
-            core_access(core, blocks[i], now, workload, depths[i], hit, np.inf, contents[i])
+            core_access(core, blocks[i], now, workload, depths[i], hit, next_uses[i], contents[i])
 
 
 @njit(cache=True)
@@ -314,4 +314,5 @@ def core_size(core):
     return core.size
 
 
-register_pool_protocol(CoreType, core_access, core_free, core_remove, core_evict_n, core_contains, core_size)
+register_pool_protocol(CoreType, core_access, core_access_n, core_free, core_remove, core_remove_held_n, core_evict_n,
+                       core_contains, core_size)

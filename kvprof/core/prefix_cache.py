@@ -19,15 +19,27 @@ from numba.extending import overload_method
 from kvprof.core.structs import NONE, check_ids, grown
 
 
-def register_pool_protocol(struct_class, access, free, remove, evict_n, holds, n_evictable) -> None:
+def register_pool_protocol(struct_class, access, access_n, free, remove, remove_n, evict_n, holds,
+                           n_evictable) -> None:
     """Make structs of ``struct_class`` answer the pool protocol by calling these compiled functions:
-    ``access(p, block, now, workload, depth, hit, next_use, content)``, ``free(p, blocks, n, now)``,
-    ``remove(p, block)``, ``evict_n(p, n, now, out, at)``, ``holds(p, block)``, ``n_evictable(p)``."""
+    ``access(p, block, now, workload, depth, hit, next_use, content)``, ``access_n(p, blocks, depths,
+    contents, next_uses, n, now, workload, hit)`` (``access`` of each ``i < n`` in order),
+    ``free(p, blocks, n, now)``, ``remove(p, block)``, ``remove_n(p, blocks, n)`` (``remove`` of
+    ``blocks[:n]``, all evictable), ``evict_n(p, n, now, out, at)``, ``holds(p, block)``, ``n_evictable(p)``."""
 
     @overload_method(struct_class, "access")
     def _access(p, block, now, workload, depth, hit, next_use, content):
         return lambda p, block, now, workload, depth, hit, next_use, content: access(
             p, block, now, workload, depth, hit, next_use, content)
+
+    @overload_method(struct_class, "access_n")
+    def _access_n(p, blocks, depths, contents, next_uses, n, now, workload, hit):
+        return lambda p, blocks, depths, contents, next_uses, n, now, workload, hit: access_n(
+            p, blocks, depths, contents, next_uses, n, now, workload, hit)
+
+    @overload_method(struct_class, "remove_n")
+    def _remove_n(p, blocks, n):
+        return lambda p, blocks, n: remove_n(p, blocks, n)
 
     @overload_method(struct_class, "free")
     def _free(p, blocks, n, now):
@@ -123,19 +135,32 @@ def cached_prefix(pool, blocks, start, n_lookup, out):
 
 @njit(cache=True)
 def pin_hits(pool, slots, n, now, workload, next_use, start):
-    """Take hit slots for a request (``PrefixCache.pin_hits``, vLLM's ``touch``)."""
-    policy = pool.policy
+    """Take hit slots for a request (``PrefixCache.pin_hits``, vLLM's ``touch``): the evictable
+    ones out of the policy, then every one accessed, in one policy call each (a policy's removal
+    of one block and access of another read nothing of each other, so the order between them is free)."""
+    if not n:
+        return
+    refs, slot_block = pool.refs, pool.slot_block
+    taken = np.empty(n, np.int64)
+    contents = np.empty(n, np.int64)
+    n_taken = 0
     for depth in range(n):
         slot = slots[depth]
-        if not pool.refs[slot]:
-            policy.remove(slot)
-        pool.refs[slot] += 1
-        policy.access(slot, now, workload, depth, True, next_use[start + depth], np.int64(pool.slot_block[slot]))
+        if not refs[slot]:
+            taken[n_taken] = slot
+            n_taken += 1
+        refs[slot] += 1
+        contents[depth] = slot_block[slot]
+    policy = pool.policy
+    if n_taken:
+        policy.remove_n(taken, n_taken)
+    policy.access_n(slots, np.arange(n), contents, next_use[start:start + n], n, now, workload, True)
 
 
 @njit(cache=True)
 def allocate(pool, blocks, next_use, start, first, n_cacheable, n_total, now, workload, out):
-    """Slots for blocks ``first .. n_total - 1`` into ``out[first:n_total]`` (``PrefixCache.allocate``)."""
+    """Slots for blocks ``first .. n_total - 1`` into ``out[first:n_total]`` (``PrefixCache.allocate``);
+    the policy accesses the newly cached ones in one call."""
     n_new = n_total - first
     n_empty = min(pool.n_empty, n_new)
     for i in range(n_empty):  # the stack's top first
@@ -147,17 +172,26 @@ def allocate(pool, blocks, next_use, start, first, n_cacheable, n_total, now, wo
         for i in range(at, n_total):
             pool.block_slot[pool.slot_block[out[i]]] = NONE
         pool.evictions += n_new - n_empty
-    policy = pool.policy
+    refs, slot_block, block_slot = pool.refs, pool.slot_block, pool.block_slot
+    cached = np.empty(max(n_new, 0), np.int64)
+    depths = np.empty(max(n_new, 0), np.int64)
+    contents = np.empty(max(n_new, 0), np.int64)
+    next_uses = np.empty(max(n_new, 0))
+    n_cached = 0
     for depth in range(first, n_total):
         slot = out[depth]
-        pool.refs[slot] = 1
+        refs[slot] = 1
         block = blocks[start + depth] if depth < n_cacheable else NONE
-        if block != NONE and pool.block_slot[block] == NONE:
-            pool.block_slot[block] = slot
-            pool.slot_block[slot] = block
-            policy.access(slot, now, workload, depth, False, next_use[start + depth], block)
+        if block != NONE and block_slot[block] == NONE:
+            block_slot[block] = slot
+            slot_block[slot] = block
+            cached[n_cached], depths[n_cached], contents[n_cached] = slot, depth, block
+            next_uses[n_cached] = next_use[start + depth]
+            n_cached += 1
         else:
-            pool.slot_block[slot] = NONE
+            slot_block[slot] = NONE
+    if n_cached:
+        pool.policy.access_n(cached, depths, contents, next_uses, n_cached, now, workload, False)
 
 
 @njit(cache=True)

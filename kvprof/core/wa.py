@@ -129,12 +129,12 @@ def policy_access(policy, block, now, workload, depth, hit, next_use, content):
 
 
 @njit(cache=True)
-def policy_access_n(policy, blocks, depths, contents, n, now, workload, hit):
-    """``policy_access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for ``i < n``, in
-    order, next use never: each core takes the whole batch in one call (the cores are apart, so
+def policy_access_n(policy, blocks, depths, contents, next_uses, n, now, workload, hit):
+    """``policy_access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` and ``next_uses[i]``
+    for ``i < n``, in order: each core takes the whole batch in one call (the cores are apart, so
     the order between them does not matter, only each one's own)."""
     main = policy.main
-    core_access_n(main, blocks, depths, contents, n, now, workload, hit)
+    core_access_n(main, blocks, depths, contents, next_uses, n, now, workload, hit)
     if not main.wa:
         return
     if hit:
@@ -142,7 +142,7 @@ def policy_access_n(policy, blocks, depths, contents, n, now, workload, hit):
     if not 0 <= workload < main.n_cells:
         workload = main.n_cells - 1
     for core in policy.followed:
-        core_access_n(core, blocks, depths, contents, n, now, workload, hit)
+        core_access_n(core, blocks, depths, contents, next_uses, n, now, workload, hit)
 
 
 @njit(cache=True)
@@ -447,5 +447,5 @@ def outcome(policy):
     return policy.leader, hits
 
 
-register_pool_protocol(PolicyType, policy_access, policy_free, policy_remove, policy_evict_n, policy_contains,
-                       policy_size)
+register_pool_protocol(PolicyType, policy_access, policy_access_n, policy_free, policy_remove, policy_remove_held_n,
+                       policy_evict_n, policy_contains, policy_size)
