@@ -176,10 +176,12 @@ def tier(core, hits):
 
 @njit(cache=True)
 def tiers_by_hits(core):
-    """``tier(core, hits)`` for every hit count ``0 .. HITS_CAP``, as a table."""
+    """``tier(core, hits)`` for every hit count ``0 .. HITS_CAP``, as a table (tier's rule written
+    out, not called: a call per count would cost more than the batch it serves saves)."""
+    table, top = core.tier_of, core.n_tiers - 1
     out = np.empty(HITS_CAP + 1, np.int64)
     for hits in range(HITS_CAP + 1):
-        out[hits] = tier(core, hits)
+        out[hits] = min(table[hits] if hits < len(table) else table[len(table) - 1], top)
     return out
 
 
@@ -226,6 +228,7 @@ def access_n(core, blocks, depths, contents, n, now, workload, hit):
         workload = core.n_cells - 1
     wa_hits, row, stamp, depth, pinned, content_of = (
         core.wa_hits, core.row, core.stamp, core.depth, core.wa_pinned, core.content)
+    in_ghost = core.g.where  # (covers every content here: core_access_n reserved them)
     tier_of_hits = tiers_by_hits(core)
     cell_row = workload * core.n_tiers
     pinned_now = 0
@@ -235,7 +238,7 @@ def access_n(core, blocks, depths, contents, n, now, workload, hit):
             hits = min(np.int64(wa_hits[block]) + 1, HITS_CAP)
         else:
             content = contents[i]
-            hits = _recall(core, content) if content >= 0 else 0
+            hits = _recall(core, content) if content >= 0 and in_ghost[content] != NONE else 0  # (no call if not)
             if content >= 0:
                 content_of[block] = content
         wa_hits[block] = hits
@@ -280,21 +283,23 @@ def _ghost_hit(core, t):
 def remember(core, victims, at, n):
     """Put the victims' contents in wa's ghost with their hit counts, oldest forgotten first."""
     g, by_tier = core.g, core.ghosts_by_tier
+    content_of, wa_hits, ghost_value = core.content, core.wa_hits, core.ghost_value  # (read once: no count per victim)
+    tier_of_hits = tiers_by_hits(core)
     for i in range(at, at + n):
         block = victims[i]
-        content = core.content[block]
+        content = content_of[block]
         if content < 0:
             continue
-        core.content[block] = NONE
-        count = core.wa_hits[block]
+        content_of[block] = NONE
+        count = wa_hits[block]
         if holds(g, content):
-            by_tier[tier(core, core.ghost_value[content])] -= 1
+            by_tier[tier_of_hits[ghost_value[content]]] -= 1
             unlink(g, content)
         push_back(g, 0, content)
-        core.ghost_value[content] = count
-        by_tier[tier(core, count)] += 1
+        ghost_value[content] = count
+        by_tier[tier_of_hits[count]] += 1
     while g.count[0] > core.most:
-        by_tier[tier(core, core.ghost_value[pop_front(g, 0)])] -= 1
+        by_tier[tier_of_hits[ghost_value[pop_front(g, 0)]]] -= 1
 
 
 # -- classed: the merge of the row lists --------------------------------------------------------
