@@ -18,11 +18,18 @@ exponential per head. Prints ns/block and the ratio to native.
 Then, per call, ``popleft_n(n)`` + ``append_n`` for small n (1, 16, 64, 256) in a pool freed
 request by request, as a serving vLLM sees it (:func:`bench_calls`): the shape of decode (one
 block) and of prefill chunks, where fixed costs per call matter more than cost per block.
+
+``--chain K`` instead times ``wa``'s twin alone (no queue) on a long prefix chain, per phase, in
+ns/block: a pool of ``--pool`` blocks (the rest freed in chains of 64), a chain of ``K`` blocks in
+random order freed tail first, each block taken back (``take``), the takes applied (the next call:
+``remove_n``), and accessed again as hits; every third round the whole pool is evicted (``evict``)
+and the chain allocated again (``access_miss``: ghost recalls). Min over ``--repeat`` rounds (x3).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import time
 from collections import OrderedDict
@@ -169,6 +176,46 @@ def bench_calls(k, pool, sizes, repeat):
     return out
 
 
+def bench_chain(pool, k, repeat):
+    """ns/block of each phase of ``wa``'s twin on a chain of ``k`` blocks in a pool of ``pool`` (min)."""
+    rng = np.random.default_rng(2)
+    twin = CompiledTwin(make_policy("wa", hp=_hp(20, rng)), pool)
+    tick = itertools.count(1.0, 0.01)  # the clock: a step per call
+    others = np.arange(k, pool, dtype=np.int64)
+    other_numbers = twin.numbers([("other", int(b)) for b in others])
+    for i in range(0, len(others), 64):
+        twin.access_numbered(others[i:i + 64], np.arange(len(others[i:i + 64])), other_numbers[i:i + 64], next(tick), 6,
+                             hit=False)
+        twin.free(others[i:i + 64][::-1], next(tick))
+    chain, depths = rng.permutation(k).astype(np.int64), np.arange(k, dtype=np.int64)
+    numbers, tail_first = twin.numbers([("chain", i) for i in range(k)]), chain[::-1].copy()
+    twin.access_numbered(chain, depths, numbers, next(tick), 6, hit=False)
+    phases = {name: [] for name in ("free", "take", "apply_taken", "access_hit", "evict", "access_miss")}
+
+    def timed(name, fn, per=k):
+        start = time.perf_counter_ns()
+        fn()
+        phases[name].append((time.perf_counter_ns() - start) / per)
+
+    def take_back():
+        take = twin.take
+        for b in chain.tolist():
+            take(b)
+
+    for r in range(3 * repeat):
+        timed("free", lambda: twin.free(tail_first, next(tick)))
+        timed("take", take_back)
+        timed("apply_taken", twin._apply_taken)
+        timed("access_hit", lambda: twin.access_numbered(chain, depths, numbers, next(tick), 6, hit=True))
+        if r % 3 == 2:  # the chain evicted with the whole pool, then allocated again
+            twin.free(tail_first, next(tick))
+            timed("evict", lambda: twin.evict_n_array(len(twin), next(tick)), pool)
+            twin.access_numbered(others, np.zeros(len(others), np.int64), other_numbers, next(tick), 6, hit=False)
+            twin.free(others[::-1], next(tick))
+            timed("access_miss", lambda: twin.access_numbered(chain, depths, numbers, next(tick), 6, hit=False))
+    return {name: min(times) for name, times in phases.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
@@ -176,8 +223,16 @@ def main():
     ap.add_argument("--classes", type=int, nargs="+", default=[4, 20])
     ap.add_argument("--pool", type=int, default=8192, help="pool size of the per-call part")
     ap.add_argument("--calls", type=int, nargs="+", default=[1, 16, 64, 256], help="n of the per-call part")
+    ap.add_argument("--chain", type=int, default=0, help="time wa's twin on a chain of this many blocks instead")
     args = ap.parse_args()
-    print(f"{'blocks':>6} {'classes':>7} {'queue':>10} {'cycle ns/blk':>13} {'x native':>9} {'remove ns/blk':>14} {'x native':>9}")
+    if args.chain:
+        res = bench_chain(args.pool, args.chain, args.repeat)
+        print(f"wa's twin, a chain of {args.chain} blocks in a pool of {args.pool}, ns/block "
+              "(evict: per block of the pool):")
+        print("  ".join(f"{name} {ns:.1f}" for name, ns in res.items()))
+        return
+    print(f"{'blocks':>6} {'classes':>7} {'queue':>10} {'cycle ns/blk':>13} {'x native':>9} {'remove ns/blk':>14} "
+          f"{'x native':>9}")
     for k in args.classes:
         for n in args.sizes:
             res = bench(n, k, args.repeat)
