@@ -20,6 +20,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kvprof.core import wa as core
+from kvprof.core.policies import keeps_touches
 from kvprof.core.wa import policy_type
 
 
@@ -163,3 +164,24 @@ def size(address):
 @njit(cache=True)
 def contains(address, block):
     return core.policy_contains(policy_at(address), block)
+
+
+# -- what a driver reads back rather than keep it too (kvprof.vllm.block_pool) -------------------
+@njit(cache=True)
+def keeps_touches_of(address):
+    """Whether the policy's main core keeps each block's last touch and depth, which :func:`touches`
+    reads (:func:`~kvprof.core.policies.keeps_touches`)."""
+    return keeps_touches(policy_at(address).main)
+
+
+@njit(cache=True)
+def touches(address, blocks, stamps, depths):
+    """When each of ``blocks`` was last accessed or freed and the depth of its last access, into
+    ``stamps`` and ``depths`` (-inf and 0 for a block past the tables: never accessed)."""
+    main = policy_at(address).main
+    for i in range(len(blocks)):
+        block = blocks[i]
+        if 0 <= block < len(main.stamp):
+            stamps[i], depths[i] = main.stamp[block], main.depth[block]
+        else:
+            stamps[i], depths[i] = -np.inf, 0

@@ -281,3 +281,11 @@ def core_size(core):
 
 
 register_pool_protocol(CoreType, core_access, core_free, core_remove, core_evict_n, core_contains, core_size)
+
+
+# -- what a driver may read back of a block rather than keep it too (kvprof.vllm.block_pool) ----
+@njit(cache=True)
+def keeps_touches(core):
+    """Whether ``stamp[b]`` is the ``now`` of block ``b``'s last access or free and ``depth[b]`` the depth of
+    its last access: a classed core that stamps both (``wa``; not ``wa-paper``, which stamps neither)."""
+    return core.kind == CLASSED and core.stamps_free and (core.wa or core.stamps_allocation)

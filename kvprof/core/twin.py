@@ -44,10 +44,12 @@ class CompiledTwin(EvictionPolicy):
     ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
     because every change of it passes through this class; ``_block_content[b]`` is the content
     number block ``b`` was last accessed with (what :meth:`remembered` gives for a hit, so a
-    prefix hit costs no key lookup per block). ``shadow_feed``, once :meth:`feed_shadows_in_background`
-    was called, takes every admission and finish (:class:`~kvprof.core.shadow_feed.ShadowFeed`),
-    and every eviction and reading of the shadows goes through it first (its thread lives until
-    :meth:`close`, which whoever drops such a twin calls).
+    prefix hit costs no key lookup per block). ``keeps_touches``: the core keeps when each block
+    was last accessed or freed and at what depth (:meth:`touches`), so a driver need not keep
+    them too. ``shadow_feed``, once :meth:`feed_shadows_in_background` was called, takes every
+    admission and finish (:class:`~kvprof.core.shadow_feed.ShadowFeed`), and every eviction and
+    reading of the shadows goes through it first (its thread lives until :meth:`close`, which
+    whoever drops such a twin calls, and which ends it for good).
 
     Parameters
     ----------
@@ -75,9 +77,10 @@ class CompiledTwin(EvictionPolicy):
         #: not evictable raises KeyError at that next call. Bound to the list, so no Python frame.
         self.take = self._taken.append
         self._out = np.empty(16, dtype=np.int64)  # victims of one call: grown to the most asked for
-        self._block_content = np.full(max(n_blocks, 16), -1, dtype=np.int32)  # content numbers < 2**31
         self.shadow_feed: ShadowFeed | None = None
         self._build()
+        self.keeps_touches = handle.keeps_touches_of(self._address)
+        self._block_content = np.full(max(n_blocks, 16), -1, dtype=np.int32)  # content numbers < 2**31
 
     def _build(self) -> None:
         self.handle = compile_policy(self.reference, self._n_blocks)
@@ -98,6 +101,7 @@ class CompiledTwin(EvictionPolicy):
         """Stop the shadows' thread, if any (the policy is dropped)."""
         if self.shadow_feed is not None:
             self.shadow_feed.close()
+            self.shadow_feed = None  # a later clear() starts none
 
     def _apply_taken(self) -> None:
         taken = np.array(self._taken, dtype=np.int64)
@@ -179,6 +183,15 @@ class CompiledTwin(EvictionPolicy):
             grown[: len(self._block_content)] = self._block_content
             self._block_content = grown
         self._block_content[blocks] = numbers
+
+    def touches(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """When each of ``blocks`` (int64) was last accessed or freed (the ``now`` of that call) and the
+        depth of its last access, as the core keeps them (only where :attr:`keeps_touches`)."""
+        if not self.keeps_touches:
+            raise TypeError(f"{self.name}'s core does not keep its blocks' last touches")
+        stamps, depths = np.empty(len(blocks)), np.empty(len(blocks), dtype=np.int64)
+        handle.touches(self._address, blocks, stamps, depths)
+        return stamps, depths
 
     def admit(self, request: Hashable, contents: Sequence[Hashable], now: float, workload: int = 0, *,
               n_lookup: int | None = None, n_blocks: int | None = None) -> None:
