@@ -168,3 +168,23 @@ def test_a_shadow_raised_before_it_is_fed_numbers_its_slots_as_an_eager_one():
         cache.set_limit(5, 0.0)
     assert (shadow.empty, shadow.n_live, shadow.limit) == (eager.empty, eager.n_live, eager.limit) == ([2, 1, 0, 3, 4], 5, 5)
     shadow.check()
+
+
+@pytest.mark.parametrize("name", ["lru", "s3fifo", "arc", "wa"])
+def test_a_twin_keeps_its_blocks_contents_only_where_its_core_does_not(name):
+    """A prefix hit passes the content a block was cached with (``remembered``): a twin whose core keeps
+    it (the kinds with ghosts) reads the core's and keeps no table of its own (4 bytes a block less)."""
+    import numpy as np
+
+    from kvprof.core.twin import CompiledTwin
+    from tests.test_policies import LAM, P, build, wa_policy
+
+    twin = CompiledTwin(wa_policy(P, LAM) if name == "wa" else build(name), N)
+    assert twin._block_content.nbytes == (4 * N if name == "lru" else 0)
+    twin.access(2, 0.0, content="a")
+    twin.access(2, 1.0, hit=True, content="a")
+    assert twin.remembered(np.array([2], dtype=np.int64)).tolist() == twin.numbers(["a"]).tolist()
+    assert twin.remembered(np.array([2, 3], dtype=np.int64)) is None  # 3 was never cached
+    assert twin.remembered(np.array([100 * N], dtype=np.int64)) is None  # past the tables
+    twin.clear()
+    assert twin.remembered(np.array([2], dtype=np.int64)) is None

@@ -20,7 +20,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kvprof.core import wa as core
-from kvprof.core.policies import keeps_touches
+from kvprof.core.policies import keeps_contents, keeps_touches
 from kvprof.core.wa import policy_type
 
 
@@ -185,3 +185,23 @@ def touches(address, blocks, stamps, depths):
             stamps[i], depths[i] = main.stamp[block], main.depth[block]
         else:
             stamps[i], depths[i] = -np.inf, 0
+
+
+@njit(cache=True)
+def keeps_contents_of(address):
+    """Whether the policy's main core keeps the content each block was cached with, which
+    :func:`contents_of` reads (:func:`~kvprof.core.policies.keeps_contents`)."""
+    return keeps_contents(policy_at(address).main)
+
+
+@njit(cache=True)
+def contents_of(address, blocks, out):
+    """The content each of ``blocks`` was cached with, into ``out`` (-1: none); whether all have one."""
+    table = policy_at(address).main.content
+    known = True
+    for i in range(len(blocks)):
+        block = blocks[i]
+        out[i] = table[block] if 0 <= block < len(table) else -1
+        if out[i] < 0:
+            known = False
+    return known

@@ -44,7 +44,9 @@ class CompiledTwin(EvictionPolicy):
     ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
     because every change of it passes through this class; ``_block_content[b]`` is the content
     number block ``b`` was last accessed with (what :meth:`remembered` gives for a hit, so a
-    prefix hit costs no key lookup per block). ``keeps_touches``: the core keeps when each block
+    prefix hit costs no key lookup per block), kept only where the core does not keep a cached
+    block's content itself (``_contents_in_core``: then it is empty and :meth:`remembered`
+    reads the core's). ``keeps_touches``: the core keeps when each block
     was last accessed or freed and at what depth (:meth:`touches`), so a driver need not keep
     them too. ``shadow_feed``, once :meth:`feed_shadows_in_background` was called, takes every
     admission and finish (:class:`~kvprof.core.shadow_feed.ShadowFeed`), and every eviction and
@@ -80,7 +82,9 @@ class CompiledTwin(EvictionPolicy):
         self.shadow_feed: ShadowFeed | None = None
         self._build()
         self.keeps_touches = handle.keeps_touches_of(self._address)
-        self._block_content = np.full(max(n_blocks, 16), -1, dtype=np.int32)  # content numbers < 2**31
+        self._contents_in_core = handle.keeps_contents_of(self._address)
+        # content numbers < 2**31; empty where the core keeps them (an access then notes nothing here)
+        self._block_content = np.full(0 if self._contents_in_core else max(n_blocks, 16), -1, dtype=np.int32)
 
     def _build(self) -> None:
         self.handle = compile_policy(self.reference, self._n_blocks)
@@ -169,14 +173,20 @@ class CompiledTwin(EvictionPolicy):
             handle.access_n(self._address, blocks, depths, numbers, n, float(now), workload, hit)
 
     def remembered(self, blocks: np.ndarray) -> np.ndarray | None:
-        """The content numbers ``blocks`` (int64) were last accessed with, or None if one of them never
-        was: what a prefix hit passes (a cached block's content has not changed since it was cached)."""
+        """The content numbers ``blocks`` (int64) were cached with (last accessed with, where the core
+        keeps none), or None if one of them has none: what a prefix hit passes (a cached block's
+        content has not changed since it was cached)."""
+        if self._contents_in_core:
+            numbers = np.empty(len(blocks), dtype=np.int64)
+            return numbers if handle.contents_of(self._address, blocks, numbers) else None
         if len(blocks) and int(blocks.max()) >= len(self._block_content):
             return None
         numbers = self._block_content[blocks].astype(np.int64)
         return None if len(numbers) and numbers.min() < 0 else numbers
 
     def _remember_contents(self, blocks: np.ndarray, numbers: np.ndarray) -> None:
+        if self._contents_in_core:
+            return
         top = int(blocks.max()) + 1
         if top > len(self._block_content):
             grown = np.full(max(top, 2 * len(self._block_content)), -1, dtype=np.int32)
