@@ -2,6 +2,7 @@
 
     python benchmarks/bench_switching.py [-j N] [--traces weka,mooncake,...] [--capacities 1000,6000] [-o switching.json]
     python benchmarks/bench_switching.py --sweep m=0.002,m=0.01,w=64,m=0.01/w=64,p=4 [--traces ...] [-o sweep.json]
+    python benchmarks/bench_switching.py --starts [-j N] [--traces ...] [-o starts.json]
 
 For each trace and capacity of benchmarks/bench_quality.py, fit and tune on the fit window as the
 suite does, then replay the evaluation window:
@@ -25,6 +26,12 @@ the switching constants of :mod:`kvprof.policy.wa` (``m`` SWITCH_MARGIN, ``w`` W
 ``p`` FOLLOW_PERIOD_SHARE; ``/`` joins several), each against the best baseline of the
 ``--baseline`` table (bench_quality.py's JSON). The constants are module state, so the sweep runs in
 this process, one replay at a time.
+
+With ``--starts``, instead: what the candidate wa starts on is worth. Per trace and capacity, the
+tuned start (the shadows' best over the last third of the fit window, :mod:`kvprof.sim.tune`),
+the shadows' best over the whole fit window (one more replay of it under wa at the tuned horizon),
+and on the evaluation window wa (compiled) started on each candidate, and each candidate followed
+throughout (wa restricted to it: what a rule that never switches would get from that start).
 """
 
 from __future__ import annotations
@@ -145,6 +152,47 @@ def sweep(specs: list[str], cases, baseline: dict) -> list[dict]:
     return rows
 
 
+def starts(case, trace, jobs: int) -> list[dict]:
+    """wa on the evaluation window from each start and restricted to each candidate, and the fit window's choices."""
+    config = SimConfig(engine_block_size=case.engine_block)
+    fitted = trace.time_window(*case.fit)
+    hp = tune(fit_trace(fitted), fitted, case.capacities, config, n_jobs=jobs)
+    whole = prepare_workload(fitted, hp, case.engine_block)
+    evaluated = prepare_workload(trace.time_window(*case.evaluate), hp, case.engine_block)
+
+    def one(kind, capacity, name):
+        if kind == "whole":
+            policy = make_policy("wa", hp, capacity)
+            simulate(whole, policy, capacity, config)
+            return policy.shadow_hits()
+        orders = (name,) if kind == "only" else (name, *(other for other in DEFAULT_ORDERS if other != name))
+        return simulate(evaluated, make_policy("wa", hp, capacity, orders=orders), capacity, config).token_hit_ratio
+
+    tasks = ([("whole", c, None) for c in case.capacities]
+             + [(kind, c, name) for kind in ("start", "only") for c in case.capacities for name in DEFAULT_ORDERS])
+    done = dict(zip(tasks, Parallel(n_jobs=jobs)(delayed(one)(*task) for task in tasks)))
+    rows = []
+    for entry in hp.to_dict()["tuning"]:
+        capacity = entry["capacity"]
+        hits = done["whole", capacity, None]
+        rows.append({"trace": case.name, "capacity": capacity, "tuned_start": entry["start"],
+                     "whole_window_start": max(hits, key=hits.get), "whole_window_shadow_hits": hits,
+                     "last_third_shadow_hits": entry["measured"]["shadow_hits"],
+                     "wa_from": {name: done["start", capacity, name] for name in DEFAULT_ORDERS},
+                     "only": {name: done["only", capacity, name] for name in DEFAULT_ORDERS}})
+    return rows
+
+
+def print_starts(rows: list[dict]) -> None:
+    print("| trace | capacity | tuned start | whole-window start | wa from " + " / ".join(DEFAULT_ORDERS)
+          + " | followed throughout: " + " / ".join(DEFAULT_ORDERS) + " |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['trace']} | {row['capacity']:,} | {row['tuned_start']} | {row['whole_window_start']} | "
+              + " / ".join(f"{row['wa_from'][name]:.4f}" for name in DEFAULT_ORDERS) + " | "
+              + " / ".join(f"{row['only'][name]:.4f}" for name in DEFAULT_ORDERS) + " |")
+
+
 def best_baselines(path: Path) -> dict:
     """``(trace, capacity) -> the best baseline's token hit ratio`` of a bench_quality.py JSON file."""
     document = json.loads(path.read_text())
@@ -173,6 +221,7 @@ def main() -> int:
     parser.add_argument("--traces", help="comma-separated case names to run (default: all)")
     parser.add_argument("--capacities", help="comma-separated capacities to run (default: each case's four)")
     parser.add_argument("--sweep", help="comma-separated settings of the switching constants (see the docstring)")
+    parser.add_argument("--starts", action="store_true", help="wa from each start candidate (see the docstring)")
     parser.add_argument("--baseline", type=Path, default=REPO / "benchmarks" / "quality.json",
                         help="bench_quality.py's JSON: the best baselines the sweep is compared with")
     parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "switching.json")
@@ -183,6 +232,13 @@ def main() -> int:
                      best_baselines(args.baseline) if args.baseline.exists() else {})
         print_sweep(rows)
         atomic_write_text(args.output, json.dumps({"sweep": rows, "wall_s": time.perf_counter() - started}, indent=1)
+                          + "\n")
+        return 0
+    if args.starts:
+        started = time.perf_counter()
+        rows = [row for case, trace in chosen_traces(args.traces) for row in starts(case, trace, args.jobs)]
+        print_starts(rows)
+        atomic_write_text(args.output, json.dumps({"starts": rows, "wall_s": time.perf_counter() - started}, indent=1)
                           + "\n")
         return 0
     wanted = {int(c) for c in args.capacities.split(",")} if args.capacities else None
@@ -202,7 +258,8 @@ def main() -> int:
         s3 = row["alone"]["s3fifo"]
         print(f"| {row['trace']} | {row['capacity']:,} | {row['wa']:.4f} | {row['switches']} | "
               f"{most} {row['led_share'][most]:.0%} | {best} {row['fixed'][best]:.4f} | "
-              f"{row['transition_cost']:+.4f} | {row['choice_cost']:+.4f} | {s3['policy']:.4f} / {s3['wa_restricted']:.4f} |")
+              f"{row['transition_cost']:+.4f} | {row['choice_cost']:+.4f} | "
+              f"{s3['policy']:.4f} / {s3['wa_restricted']:.4f} |")
     atomic_write_text(args.output, json.dumps({"rows": rows, "wall_s": time.perf_counter() - started}, indent=1) + "\n")
     return 0
 

@@ -73,9 +73,37 @@ def test_lru_holds_twelve_bytes_a_block():
     assert per_block == 12
 
 
-def test_a_simulated_tier_holds_three_int32_tables_a_slot():
+def test_a_simulated_tier_holds_two_int32_tables_a_slot():
+    """``slot_block`` and ``refs``; its never-used slots are a range on the empty stack (no table)."""
     gpu = tiers.new_device(compile_policy(make_policy("lru"), N), N, 64)
-    assert _pool_tables(gpu) == ((N, 4),) * 3
+    assert _pool_tables(gpu) == ((N, 4), (N, 4), (16, 4))
+
+
+@njit
+def _n_empty(pool):
+    return pool.n_empty
+
+
+def test_the_empty_slots_are_a_stack():
+    """Slots taken and put back come out as from a list of every slot, top slot 0 (what the simulated
+    tier, wa's shadows and the Python ``PrefixCache`` hand out): the never-used ones as a range."""
+    import random
+
+    from kvprof.core.prefix_cache import pop_empty, push_empty
+
+    n = 64  # small: the never-used range runs out on the way
+    gpu = tiers.new_device(compile_policy(make_policy("lru"), n), n, 64)
+    model, taken, rng = list(range(n - 1, -1, -1)), [], random.Random(0)
+    for _ in range(4000):
+        if model and (not taken or rng.random() < 0.55):
+            taken.append(pop_empty(gpu))
+            assert taken[-1] == model.pop()
+        else:
+            slot = taken.pop(rng.randrange(len(taken)))
+            push_empty(gpu, slot)
+            model.append(slot)
+        assert _n_empty(gpu) == len(model)
+    assert sorted(taken + model) == list(range(n))
 
 
 def test_more_ids_than_int32_holds_is_refused():
@@ -168,3 +196,23 @@ def test_a_shadow_raised_before_it_is_fed_numbers_its_slots_as_an_eager_one():
         cache.set_limit(5, 0.0)
     assert (shadow.empty, shadow.n_live, shadow.limit) == (eager.empty, eager.n_live, eager.limit) == ([2, 1, 0, 3, 4], 5, 5)
     shadow.check()
+
+
+@pytest.mark.parametrize("name", ["lru", "s3fifo", "arc", "wa"])
+def test_a_twin_keeps_its_blocks_contents_only_where_its_core_does_not(name):
+    """A prefix hit passes the content a block was cached with (``remembered``): a twin whose core keeps
+    it (the kinds with ghosts) reads the core's and keeps no table of its own (4 bytes a block less)."""
+    import numpy as np
+
+    from kvprof.core.twin import CompiledTwin
+    from tests.test_policies import LAM, P, build, wa_policy
+
+    twin = CompiledTwin(wa_policy(P, LAM) if name == "wa" else build(name), N)
+    assert twin._block_content.nbytes == (4 * N if name == "lru" else 0)
+    twin.access(2, 0.0, content="a")
+    twin.access(2, 1.0, hit=True, content="a")
+    assert twin.remembered(np.array([2], dtype=np.int64)).tolist() == twin.numbers(["a"]).tolist()
+    assert twin.remembered(np.array([2, 3], dtype=np.int64)) is None  # 3 was never cached
+    assert twin.remembered(np.array([100 * N], dtype=np.int64)) is None  # past the tables
+    twin.clear()
+    assert twin.remembered(np.array([2], dtype=np.int64)) is None

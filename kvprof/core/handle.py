@@ -20,6 +20,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kvprof.core import wa as core
+from kvprof.core.policies import keeps_contents, keeps_touches
 from kvprof.core.wa import policy_type
 
 
@@ -157,3 +158,44 @@ def size(address):
 @njit(cache=True)
 def contains(address, block):
     return core.policy_contains(policy_at(address), block)
+
+
+# -- what a driver reads back rather than keep it too (kvprof.vllm.block_pool) -------------------
+@njit(cache=True)
+def keeps_touches_of(address):
+    """Whether the policy's main core keeps each block's last touch and depth, which :func:`touches`
+    reads (:func:`~kvprof.core.policies.keeps_touches`)."""
+    return keeps_touches(policy_at(address).main)
+
+
+@njit(cache=True)
+def touches(address, blocks, stamps, depths):
+    """When each of ``blocks`` was last accessed or freed and the depth of its last access, into
+    ``stamps`` and ``depths`` (-inf and 0 for a block past the tables: never accessed)."""
+    main = policy_at(address).main
+    for i in range(len(blocks)):
+        block = blocks[i]
+        if 0 <= block < len(main.stamp):
+            stamps[i], depths[i] = main.stamp[block], main.depth[block]
+        else:
+            stamps[i], depths[i] = -np.inf, 0
+
+
+@njit(cache=True)
+def keeps_contents_of(address):
+    """Whether the policy's main core keeps the content each block was cached with, which
+    :func:`contents_of` reads (:func:`~kvprof.core.policies.keeps_contents`)."""
+    return keeps_contents(policy_at(address).main)
+
+
+@njit(cache=True)
+def contents_of(address, blocks, out):
+    """The content each of ``blocks`` was cached with, into ``out`` (-1: none); whether all have one."""
+    table = policy_at(address).main.content
+    known = True
+    for i in range(len(blocks)):
+        block = blocks[i]
+        out[i] = table[block] if 0 <= block < len(table) else -1
+        if out[i] < 0:
+            known = False
+    return known

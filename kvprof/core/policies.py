@@ -316,3 +316,18 @@ def core_size(core):
 
 register_pool_protocol(CoreType, core_access, core_access_n, core_free, core_remove, core_remove_held_n, core_evict_n,
                        core_contains, core_size)
+
+
+# -- what a driver may read back of a block rather than keep it too (kvprof.vllm.block_pool) ----
+@njit(cache=True)
+def keeps_touches(core):
+    """Whether ``stamp[b]`` is the ``now`` of block ``b``'s last access or free and ``depth[b]`` the depth of
+    its last access: a classed core that stamps both (``wa``; not ``wa-paper``, which stamps neither)."""
+    return core.kind == CLASSED and core.stamps_free and (core.wa or core.stamps_allocation)
+
+
+@njit(cache=True)
+def keeps_contents(core):
+    """Whether ``content[b]`` is the content block ``b`` was cached with (its last access that was not a hit
+    gave one) until it is evicted: the kinds with ghosts, save ``wa-paper``'s classed core (no ghost)."""
+    return core.kind == S3FIFO or core.kind == ARC or (core.kind == CLASSED and core.wa)

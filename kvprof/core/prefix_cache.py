@@ -69,7 +69,8 @@ def pool_fields(policy_type) -> list:
         ("limit", types.int64), ("n_live", types.int64), ("n_slots", types.int64),
         # per slot and per content int32: slots and content numbers are ids (kvprof.core.structs.MAX_ID)
         ("slot_block", types.int32[:]), ("refs", types.int32[:]),
-        ("empty", types.int32[:]), ("n_empty", types.int64),
+        # the stack of empty slots: the never-used ones as a range, those made empty again above them
+        ("empty", types.int32[:]), ("n_empty", types.int64), ("fresh", types.int64), ("fresh_end", types.int64),
         ("retired", types.int32[:]), ("n_retired", types.int64),
         ("block_slot", types.int32[:]),
         ("evictions", types.int64), ("dropped", types.int64),
@@ -83,7 +84,9 @@ def init_pool(pool, policy, capacity, n_contents):
     the stack's top slot 0, for contents ``0 .. n_contents - 1`` (:func:`reserve_contents` grows it).
 
     Invariant (:func:`check_pool`): every slot is in exactly one place: empty, retired, pinned
-    (``refs > 0``) or evictable in the policy (cached content, ``refs == 0``).
+    (``refs > 0``) or evictable in the policy (cached content, ``refs == 0``). The ``n_empty`` empty
+    slots are a stack, top last: ``fresh_end - 1, ..., fresh`` (never used: no memory per slot),
+    then ``empty[:n_empty - (fresh_end - fresh)]`` (made empty again, :func:`push_empty`).
     """
     pool.policy = policy
     pool.limit = capacity
@@ -92,8 +95,10 @@ def init_pool(pool, policy, capacity, n_contents):
     check_ids(max(capacity, n_contents))
     pool.slot_block = np.full(capacity, NONE, np.int32)
     pool.refs = np.zeros(capacity, np.int32)
-    pool.empty = np.arange(capacity - 1, -1, -1).astype(np.int32)
+    pool.empty = np.zeros(16, np.int32)
     pool.n_empty = capacity
+    pool.fresh = 0
+    pool.fresh_end = capacity
     pool.retired = np.zeros(16, np.int32)
     pool.n_retired = 0
     pool.block_slot = np.full(n_contents, NONE, np.int32)
@@ -164,8 +169,7 @@ def allocate(pool, blocks, next_use, start, first, n_cacheable, n_total, now, wo
     n_new = n_total - first
     n_empty = min(pool.n_empty, n_new)
     for i in range(n_empty):  # the stack's top first
-        pool.n_empty -= 1
-        out[first + i] = pool.empty[pool.n_empty]
+        out[first + i] = pop_empty(pool)
     if n_new > n_empty:
         at = first + n_empty
         pool.policy.evict_n(n_new - n_empty, now, out, at)
@@ -218,10 +222,23 @@ def release(pool, slots, n, now):
 
 @njit(cache=True)
 def push_empty(pool, slot):
-    if pool.n_empty == len(pool.empty):
-        pool.empty = grown(pool.empty, pool.n_empty + 1, 0)
-    pool.empty[pool.n_empty] = slot
+    pushed = pool.n_empty - (pool.fresh_end - pool.fresh)
+    if pushed == len(pool.empty):
+        pool.empty = grown(pool.empty, pushed + 1, 0)
+    pool.empty[pushed] = slot
     pool.n_empty += 1
+
+
+@njit(cache=True, inline="always")
+def pop_empty(pool):
+    """The empty slot on the stack's top, taken (there is one)."""
+    pool.n_empty -= 1
+    pushed = pool.n_empty - (pool.fresh_end - pool.fresh)
+    if pushed >= 0:
+        return np.int64(pool.empty[pushed])
+    slot = pool.fresh
+    pool.fresh += 1
+    return slot
 
 
 @njit(cache=True)
@@ -257,8 +274,7 @@ def _shrink(pool, now):
     victim = np.zeros(1, np.int64)
     while pool.n_live > pool.limit and (pool.n_empty or pool.policy.n_evictable()):
         if pool.n_empty:
-            pool.n_empty -= 1
-            slot = pool.empty[pool.n_empty]
+            slot = pop_empty(pool)
         else:
             pool.policy.evict_n(1, now, victim, 0)
             slot = victim[0]
@@ -285,9 +301,10 @@ def mark_pool(pool, live):
 def check_pool(pool):
     """Raise if the pool's invariant does not hold (tests; O(slots))."""
     place = np.zeros(pool.n_slots, np.int64)
-    for i in range(pool.n_empty):
-        place[pool.empty[i]] += 1
-        if pool.slot_block[pool.empty[i]] != NONE:
+    pushed = pool.empty[:pool.n_empty - (pool.fresh_end - pool.fresh)].astype(np.int64)
+    for slot in np.concatenate((np.arange(pool.fresh, pool.fresh_end), pushed)):
+        place[slot] += 1
+        if pool.slot_block[slot] != NONE:
             raise AssertionError("an empty slot holds content")
     for i in range(pool.n_retired):
         place[pool.retired[i]] += 1

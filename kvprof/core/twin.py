@@ -44,10 +44,14 @@ class CompiledTwin(EvictionPolicy):
     ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
     because every change of it passes through this class; ``_block_content[b]`` is the content
     number block ``b`` was last accessed with (what :meth:`remembered` gives for a hit, so a
-    prefix hit costs no key lookup per block). ``shadow_feed``, once :meth:`feed_shadows_in_background`
-    was called, takes every admission and finish (:class:`~kvprof.core.shadow_feed.ShadowFeed`),
-    and every eviction and reading of the shadows goes through it first (its thread lives until
-    :meth:`close`, which whoever drops such a twin calls).
+    prefix hit costs no key lookup per block), kept only where the core does not keep a cached
+    block's content itself (``_contents_in_core``: then it is empty and :meth:`remembered`
+    reads the core's). ``keeps_touches``: the core keeps when each block
+    was last accessed or freed and at what depth (:meth:`touches`), so a driver need not keep
+    them too. ``shadow_feed``, once :meth:`feed_shadows_in_background` was called, takes every
+    admission and finish (:class:`~kvprof.core.shadow_feed.ShadowFeed`), and every eviction and
+    reading of the shadows goes through it first (its thread lives until :meth:`close`, which
+    whoever drops such a twin calls, and which ends it for good).
 
     Parameters
     ----------
@@ -75,9 +79,12 @@ class CompiledTwin(EvictionPolicy):
         #: not evictable raises KeyError at that next call. Bound to the list, so no Python frame.
         self.take = self._taken.append
         self._out = np.empty(16, dtype=np.int64)  # victims of one call: grown to the most asked for
-        self._block_content = np.full(max(n_blocks, 16), -1, dtype=np.int32)  # content numbers < 2**31
         self.shadow_feed: ShadowFeed | None = None
         self._build()
+        self.keeps_touches = handle.keeps_touches_of(self._address)
+        self._contents_in_core = handle.keeps_contents_of(self._address)
+        # content numbers < 2**31; empty where the core keeps them (an access then notes nothing here)
+        self._block_content = np.full(0 if self._contents_in_core else max(n_blocks, 16), -1, dtype=np.int32)
 
     def _build(self) -> None:
         self.handle = compile_policy(self.reference, self._n_blocks)
@@ -98,6 +105,7 @@ class CompiledTwin(EvictionPolicy):
         """Stop the shadows' thread, if any (the policy is dropped)."""
         if self.shadow_feed is not None:
             self.shadow_feed.close()
+            self.shadow_feed = None  # a later clear() starts none
 
     def _apply_taken(self) -> None:
         taken = np.fromiter(self._taken, np.int64, len(self._taken))  # (a third faster than np.array of a list)
@@ -165,20 +173,35 @@ class CompiledTwin(EvictionPolicy):
             handle.access_n(self._address, blocks, depths, numbers, n, float(now), workload, hit)
 
     def remembered(self, blocks: np.ndarray) -> np.ndarray | None:
-        """The content numbers ``blocks`` (int64) were last accessed with, or None if one of them never
-        was: what a prefix hit passes (a cached block's content has not changed since it was cached)."""
+        """The content numbers ``blocks`` (int64) were cached with (last accessed with, where the core
+        keeps none), or None if one of them has none: what a prefix hit passes (a cached block's
+        content has not changed since it was cached)."""
+        if self._contents_in_core:
+            numbers = np.empty(len(blocks), dtype=np.int64)
+            return numbers if handle.contents_of(self._address, blocks, numbers) else None
         if len(blocks) and int(blocks.max()) >= len(self._block_content):
             return None
         numbers = self._block_content[blocks].astype(np.int64)
         return None if len(numbers) and numbers.min() < 0 else numbers
 
     def _remember_contents(self, blocks: np.ndarray, numbers: np.ndarray) -> None:
+        if self._contents_in_core:
+            return
         top = int(blocks.max()) + 1
         if top > len(self._block_content):
             grown = np.full(max(top, 2 * len(self._block_content)), -1, dtype=np.int32)
             grown[: len(self._block_content)] = self._block_content
             self._block_content = grown
         self._block_content[blocks] = numbers
+
+    def touches(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """When each of ``blocks`` (int64) was last accessed or freed (the ``now`` of that call) and the
+        depth of its last access, as the core keeps them (only where :attr:`keeps_touches`)."""
+        if not self.keeps_touches:
+            raise TypeError(f"{self.name}'s core does not keep its blocks' last touches")
+        stamps, depths = np.empty(len(blocks)), np.empty(len(blocks), dtype=np.int64)
+        handle.touches(self._address, blocks, stamps, depths)
+        return stamps, depths
 
     def admit(self, request: Hashable, contents: Sequence[Hashable], now: float, workload: int = 0, *,
               n_lookup: int | None = None, n_blocks: int | None = None) -> None:

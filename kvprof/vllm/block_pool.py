@@ -180,17 +180,27 @@ class PolicyFreeQueue:
         self._blocks = blocks
         #: Cached blocks the policy evicted so far.
         self.evictions = 0
-        #: When each block was last accessed or freed (the policy's clock), for a reload.
-        self.last_touch = np.zeros(len(blocks))
+        #: When each block was last accessed or freed (the policy's clock), for a reload; None while
+        #: the policy's core keeps it (:attr:`~kvprof.core.twin.CompiledTwin.keeps_touches`).
+        self.last_touch: np.ndarray | None = None
         # The same blocks as an object array: victims come back as an id array, and one gather
         # turns it into blocks three times faster than a list comprehension would.
         self._block_array = np.empty(len(blocks), dtype=object)
         self._block_array[:] = blocks
-        self.policy = policy
-        self._take = policy.take
+        self.use(policy)
         self._clock = clock
         self._front = FrontBlocks(blocks)
         self._back: deque[KVCacheBlock] = deque()
+
+    def use(self, policy) -> None:
+        """Order the cached blocks by ``policy`` from now on (it holds them already); ``last_touch`` is
+        kept here only for a policy whose core does not keep it (a new table's entries are 0)."""
+        self.policy = policy
+        self._take = policy.take
+        if policy.keeps_touches:
+            self.last_touch = None
+        elif self.last_touch is None:
+            self.last_touch = np.zeros(len(self._blocks))
 
     # -- size ------------------------------------------------------------------------------
     @property
@@ -260,7 +270,8 @@ class PolicyFreeQueue:
             now = self._clock()
             if len(cached) > 1:
                 cached = np.array(cached, dtype=np.int64)
-            self.last_touch[cached] = now
+            if self.last_touch is not None:
+                self.last_touch[cached] = now
             self.policy.free(cached, now)
 
     def prepend_n(self, blocks) -> None:
@@ -352,37 +363,51 @@ class KvprofBlockPool(BlockPool):
     wrapper around ``KVCacheManager.allocate_slots`` so that hits know their class.
 
     For a reload (:meth:`replace_policy`) the pool remembers of every cached block what the new
-    policy is told again: its depth, how often it was hit since it was cached (up to where the
-    reuse tiers end), and the tags and prompt length of the request that last accessed it
-    (``_depth``, ``_hits``, ``_owner``); when it was last accessed or freed is the queue's
-    ``last_touch``.
+    policy is told again: how often it was hit since it was cached (up to where the reuse tiers
+    end), the tags and prompt length of the request that last accessed it (``_hits``,
+    ``_owner``), and, unless the policy's core keeps them
+    (:attr:`~kvprof.core.twin.CompiledTwin.keeps_touches`, ``wa``: then ``_depth`` is None),
+    its depth (``_depth``) and when it was last accessed or freed (the queue's ``last_touch``).
     """
 
     def __init__(self, *args, kvprof_spec: PolicySpec, clock=time.monotonic, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.kvprof_spec = kvprof_spec
-        self.policy = kvprof_spec.make_policy(capacity=self.num_gpu_blocks, n_blocks=self.num_gpu_blocks)
-        #: Whether the policy has shadows (``wa``): the only policies whose ``admit``/``finish`` do
-        #: anything, so for the others the pool neither tells them nor keeps requests' chains.
-        #: Their shadows are fed on a thread of their own, off the scheduler thread.
-        self._shadowed = policy_has_shadows(self.policy)
-        if shadow_thread():
-            self.policy.feed_shadows_in_background()
+        policy = kvprof_spec.make_policy(capacity=self.num_gpu_blocks, n_blocks=self.num_gpu_blocks)
         self.current_request = None
         self._clock = clock
         n = len(self.blocks)
-        self._depth = np.zeros(n, dtype=np.int32)
+        self._depth: np.ndarray | None = None
         self._hits = np.zeros(n, dtype=np.int8)  # capped at _HITS_KEPT
         self._owner = np.empty(n, dtype=object)  # (extra_args, prompt tokens) of the last request to access it
         #: The content numbers every chain reaches the policy with (compiled lookups, the twin's rule).
-        self.contents = ContentNumbers(self.policy.max_contents)
+        self.contents = ContentNumbers(policy.max_contents)
         #: Request id -> (content numbers of its chain, how many from the start are known): what
         #: its blocks were cached or hit with, so that admission and finish look up only the rest.
         self._chain_numbers: dict[str, tuple[np.ndarray, int]] = {}
         # vLLM's queue has popped the null block already; keep its order for the rest.
         free = self.free_block_queue.get_all_free_blocks()
-        self.free_block_queue = PolicyFreeQueue(self.blocks, self.policy, clock)
+        self.free_block_queue = PolicyFreeQueue(self.blocks, policy, clock)
         self.free_block_queue._front = front_of(self.blocks, free)
+        self._install(policy)
+
+    def _install(self, policy) -> None:
+        """Serve with compiled twin ``policy`` (which holds the cached blocks already) from now on.
+
+        ``_shadowed``: whether it has shadows (``wa``), the only policies whose ``admit``/``finish``
+        do anything, so for the others the pool neither tells them nor keeps requests' chains; the
+        shadows are fed on a thread of their own, off the scheduler thread (unless turned off).
+        ``_depth`` (and the queue's ``last_touch``) kept only where its core does not keep them.
+        """
+        self.policy = policy
+        self._shadowed = policy_has_shadows(policy)
+        if shadow_thread():
+            policy.feed_shadows_in_background()
+        self.free_block_queue.use(policy)
+        if policy.keeps_touches:
+            self._depth = None
+        elif self._depth is None:
+            self._depth = np.zeros(len(self.blocks), dtype=np.int32)
 
     def touch(self, blocks, *args, **kwargs) -> None:
         super().touch(blocks, *args, **kwargs)  # takes free hit blocks out of the queue (policy.remove)
@@ -421,10 +446,11 @@ class KvprofBlockPool(BlockPool):
             owner = (request_extra_args(request), request.num_prompt_tokens)
             cls = spec.class_index(*owner)
         now = self._clock()
-        self._depth[ids] = depths
+        if self._depth is not None:  # else the policy's core keeps both
+            self._depth[ids] = depths
+            self.free_block_queue.last_touch[ids] = now
         self._hits[ids] = np.minimum(self._hits[ids] + 1, _HITS_KEPT) if hit else 0
         self._owner[ids] = _one(owner)
-        self.free_block_queue.last_touch[ids] = now
         self.policy.access_numbered(ids, depths, numbers, now, cls, hit=hit)
 
     def _note_chain(self, request, depths: np.ndarray, numbers: np.ndarray, first_key) -> None:
@@ -493,15 +519,17 @@ class KvprofBlockPool(BlockPool):
         The cached blocks carry over by :func:`kvprof.vllm.carry.carry_over`'s rule, each with its
         depth, classified by the new hp file from the tags of the request that accessed it last.
         """
-        queue = self.free_block_queue
-        last_touch = queue.last_touch
+        cached = [block for block in self.blocks if block._block_hash is not None and not block.is_null]
+        ids = np.array([block.block_id for block in cached], dtype=np.int64)
+        if self._depth is None:
+            stamps, depths = self.policy.touches(ids)
+        else:
+            stamps, depths = self.free_block_queue.last_touch[ids], self._depth[ids]
         held = []
-        for block in self.blocks:
-            if block._block_hash is None or block.is_null:
-                continue
+        for block, stamp, depth in zip(cached, stamps.tolist(), depths.tolist()):
             i = block.block_id
             owner = self._owner[i]
-            held.append(Held(i, int(self._depth[i]), block.block_hash, float(last_touch[i]),
+            held.append(Held(i, depth, block.block_hash, stamp,
                              spec.default_index if owner is None else spec.class_index(*owner),
                              int(self._hits[i]), block.ref_cnt == 0))
         number = self.contents.numbers
@@ -511,12 +539,10 @@ class KvprofBlockPool(BlockPool):
                    lambda item: policy.free([item.id], item.stamp))
         self.policy.close()
         self.kvprof_spec = spec
-        self.policy = policy
-        self._shadowed = policy_has_shadows(policy)
-        if shadow_thread():
-            policy.feed_shadows_in_background()
-        queue.policy = policy
-        queue._take = policy.take
+        self._install(policy)
+        if self._depth is not None:  # the new policy's were told as the old one kept them
+            self._depth[ids] = depths
+            self.free_block_queue.last_touch[ids] = stamps
 
     def close(self) -> None:
         """Stop the policy's thread, if any (the scheduler shuts down)."""

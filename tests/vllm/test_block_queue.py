@@ -86,7 +86,8 @@ def test_lru_pool_matches_vllm_block_pool(seed, in_vllm):
             ours.free_blocks(reversed(b))
         if step % 50 == 0:
             assert _ids(native.free_block_queue.get_all_free_blocks()) == _ids(ours.free_block_queue.get_all_free_blocks())
-            assert _ids(native.free_block_queue.iter_blocks_after(None)) == _ids(ours.free_block_queue.iter_blocks_after(None))
+            assert (_ids(native.free_block_queue.iter_blocks_after(None))
+                    == _ids(ours.free_block_queue.iter_blocks_after(None)))
     while running:
         a, b = running.pop()
         native.free_blocks(reversed(a))
@@ -264,3 +265,128 @@ def test_front_blocks_keep_a_deques_order(in_vllm):
     check()
     scattered = [SimpleNamespace(block_id=i) for i in range(4)]
     assert list(front_of(scattered, [scattered[3], scattered[1]])) == [scattered[3], scattered[1]]
+
+
+class _Traffic:
+    """Random vLLM-like traffic on a pool, and what a reload must tell a new policy of each cached block.
+
+    Requests hit the cached prefix of one of a few chains, cache their new full blocks and are freed
+    tail-first, under a clock that advances once per operation. Invariant: ``touched[b]`` is the
+    clock reading of block ``b``'s last access or free and its depth then, ``hits[b]`` its hits since
+    it was cached, ``owner[b]`` the (tags, prompt tokens) of its last accessor.
+    """
+
+    TAGS = ({"type": "hot", "turn": 1}, {"workload": "cold_1"}, None)
+
+    def __init__(self, pool, seed: int) -> None:
+        self.pool, self.rng, self.now = pool, random.Random(seed), [0.0]
+        self.chains = [[bytes([c, k]) * 16 for k in range(8)] for c in range(10)]  # more than the pool holds
+        self.running: list[list] = []
+        self.touched: dict[int, tuple[float, int]] = {}
+        self.hits: dict[int, int] = {}
+        self.owner: dict[int, tuple] = {}
+        self.served = 0
+
+    def run(self, steps: int) -> None:
+        from types import SimpleNamespace
+
+        pool, rng = self.pool, self.rng
+        for _ in range(steps):
+            self.now[0] += rng.choice([0.5, 1.0, 7.0])
+            t = self.now[0]
+            if rng.random() < 0.5 and len(self.running) < 4 and pool.get_num_free_blocks() > 8:
+                k = rng.randint(1, 8)
+                hashes = rng.choice(self.chains)[:k]
+                self.served += 1
+                request = SimpleNamespace(request_id=f"r{self.served}", num_prompt_tokens=16 * k, block_hashes=hashes,
+                                          sampling_params=SimpleNamespace(extra_args=rng.choice(self.TAGS)))
+                owner = (request.sampling_params.extra_args, request.num_prompt_tokens)
+                hit = []
+                for h in hashes:
+                    found = pool.get_cached_block(h, [0])
+                    if found is None:
+                        break
+                    hit.append(found[0])
+                pool.current_request = request
+                pool.touch(hit)
+                new = pool.get_new_blocks(k - len(hit))
+                n_full = k - rng.randint(0, 1)  # the last block may stay partial (uncached)
+                pool.cache_full_blocks(request, hit + new, len(hit), n_full, 16, 0)
+                for depth, block in enumerate(hit + new[:max(n_full - len(hit), 0)]):
+                    i = block.block_id
+                    self.touched[i] = (t, depth)
+                    self.hits[i] = min(self.hits.get(i, 0) + 1, 4) if depth < len(hit) else 0
+                    self.owner[i] = owner
+                self.running.append(hit + new)
+            elif self.running:
+                blocks = self.running.pop(rng.randrange(len(self.running)))
+                pool.free_blocks(reversed(blocks))
+                for block in blocks:
+                    if block.ref_cnt == 0 and block.block_hash is not None:
+                        self.touched[block.block_id] = (t, self.touched[block.block_id][1])
+
+    def cached(self) -> list:
+        return [block for block in self.pool.blocks if block.block_hash is not None and not block.is_null]
+
+    def carried_into(self, spec, policy) -> None:
+        """What a reload under ``spec`` tells ``policy`` of the cached blocks, from this record (carry_over's rule)."""
+        from kvprof.vllm.carry import Held, carry_over
+
+        held = []
+        for block in self.cached():
+            i = block.block_id
+            owner = self.owner[i]
+            held.append(Held(i, self.touched[i][1], block.block_hash, self.touched[i][0],
+                             spec.default_index if owner is None else spec.class_index(*owner),
+                             self.hits[i], block.ref_cnt == 0))
+        carry_over(held,
+                   lambda item, hit: policy.access_chain([item.id], [item.depth], [item.content], item.stamp,
+                                                         item.workload, hit=hit),
+                   lambda item: policy.free([item.id], item.stamp))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_wa_core_keeps_each_blocks_last_touch_and_depth(seed, in_vllm):
+    """Under ``wa`` the twin's core stamps a block with the clock reading of its last access or free and
+    keeps the depth of its last access: exactly what a reload tells a new policy of it."""
+    if not in_vllm:
+        return
+    import numpy as np
+
+    pool, _ = _wa_pool(48)
+    assert pool.policy.keeps_touches
+    traffic = _Traffic(pool, seed)
+    pool._clock = pool.free_block_queue._clock = lambda: traffic.now[0]
+    traffic.run(300)
+    ids = np.array([block.block_id for block in traffic.cached()], dtype=np.int64)
+    assert len(ids) > 10
+    stamps, depths = pool.policy.touches(ids)
+    assert list(zip(stamps.tolist(), depths.tolist())) == [traffic.touched[i] for i in ids.tolist()]
+    pool.close()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_reload_tells_the_new_policy_what_the_pool_served(seed, in_vllm):
+    """A reload (``replace_policy``) in the middle of random traffic, ``wa`` -> ``lru`` -> ``wa`` -> ``wa``:
+    each new policy orders the free cached blocks as one told the traffic's record by carry_over's rule,
+    and the pool serves on (its last touches and depths kept by the pool or by the core, as the policy has them)."""
+    if not in_vllm:
+        return
+    pool, wa_spec = _wa_pool(48)
+    lru_spec = _pools(4)[1].kvprof_spec
+    traffic = _Traffic(pool, seed)
+    pool._clock = pool.free_block_queue._clock = lambda: traffic.now[0]
+    traffic.run(200)
+    for spec in (lru_spec, wa_spec, wa_spec):
+        policy, expected = (spec.make_policy(capacity=pool.num_gpu_blocks, n_blocks=pool.num_gpu_blocks)
+                            for _ in range(2))
+        pool.replace_policy(spec, policy)
+        traffic.carried_into(spec, expected)
+        now = traffic.now[0]
+        assert len(policy) == len(expected) > 5
+        assert policy.order(now) == expected.order(now)
+        expected.close()
+        evicted = pool.free_block_queue.evictions
+        traffic.run(200)
+        assert pool.free_block_queue.evictions > evicted
+    pool.close()
