@@ -3,8 +3,9 @@
 numba's compiled code has no symbols ``perf`` can see, so ``run`` writes them to
 ``/tmp/perf-PID.map`` (perf's format for JIT code) from the object code numba loads, then
 ``report`` reads the samples back: time per compiled function, and for the samples in numba's
-reference counting (``NRT_incref``/``NRT_decref``) the compiled function that called it (the
-first return address on the sampled stack that falls in a known function)::
+reference counting (``NRT_incref``/``NRT_decref``), and those of any function named with
+``--callers``, the compiled function that called it (the first return address on the sampled
+stack that falls in another known function)::
 
     perf record -F 499 --call-graph dwarf,64 -o wa.perf python benchmarks/profile_jit.py run --policy wa
     perf script -i wa.perf -D > wa.dump
@@ -117,15 +118,15 @@ def report(args) -> None:
     own = collections.Counter(function(ip) for ip, _ in samples)
     counting = collections.Counter()
     for ip, stack in samples:
-        if own_name := function(ip):
-            if own_name.startswith("NRT_"):
-                callers = [name for name in map(function, stack) if name and not name.startswith("NRT_")]
-                counting[callers[0] if callers else "?"] += 1
+        if (own_name := function(ip)) and (own_name.startswith("NRT_") or own_name in args.callers):
+            callers = [name for name in map(function, stack) if name and name != own_name and not name.startswith("NRT_")]
+            counting[callers[0] if callers else "?"] += 1
     print(f"{len(samples)} samples; per compiled function (own time):")
     for name, n in own.most_common(args.top):
         print(f"  {100 * n / len(samples):5.1f}%  {name or '(not compiled code, or not named)'}")
     total = sum(counting.values())
-    print(f"{total} samples in reference counting, by the compiled function that called it:")
+    print(f"{total} samples in reference counting{''.join(f' or {name}' for name in args.callers)}, "
+          "by the compiled function that called it:")
     for name, n in counting.most_common(args.top):
         print(f"  {100 * n / max(total, 1):5.1f}%  {name}")
 
@@ -141,6 +142,8 @@ def main(argv=None) -> None:
     read.add_argument("dump")
     read.add_argument("map")
     read.add_argument("--top", type=int, default=25)
+    read.add_argument("--callers", nargs="*", default=[],
+                      help="compiled functions whose samples are counted with reference counting's, by caller")
     args = parser.parse_args(argv)
     run(args) if args.verb == "run" else report(args)
 

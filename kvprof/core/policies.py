@@ -291,13 +291,15 @@ def core_evict_n(core, n, now, out, at):
     if kind == CLASSED:  # the rows are merged: one pass for all n
         classed.evict_n(core, n, now, out, at)
         return
+    if kind == S3FIFO:
+        s3fifo.evict_n(core, n, out, at)
+        core.size -= n
+        return
     for i in range(at, at + n):
         if kind == LRU:
             out[i] = lru.evict(core)
         elif kind == LFU:
             out[i] = lfu.evict(core)
-        elif kind == S3FIFO:
-            out[i] = s3fifo.evict(core)
         elif kind == ARC:
             out[i] = arc.evict(core)
         elif kind == LEARNED:

@@ -74,10 +74,15 @@ def new_table(size):
 
 
 @njit(cache=True)
-def _make_room(table):
-    """Double the table if one more key would fill more than 3/4 of it."""
-    if 4 * (table.n + 1) <= 3 * len(table.keys):
-        return
+def _has_room(n, size):
+    """Whether a table of ``size`` entries holding ``n`` keys takes one more within 3/4 of it
+    (scalars: a call per key that took the table would count a reference to it)."""
+    return 4 * (n + 1) <= 3 * size
+
+
+@njit(cache=True)
+def _double(table):
+    """Double the table."""
     keys, values = table.keys, table.values
     table.keys = np.zeros(2 * len(keys), np.int64)
     table.values = np.full(2 * len(keys), -1, np.int32)
@@ -114,7 +119,8 @@ def number(table, hashes, out):
     freed (:func:`forget_unmarked`), else the next never used; returns how many numbers were ever
     handed out (every number is below it)."""
     for j in range(len(hashes)):
-        _make_room(table)
+        if not _has_room(table.n, len(table.keys)):
+            _double(table)
         i = _find(table, hashes[j])
         if table.values[i] < 0:
             table.keys[i] = hashes[j]
@@ -177,7 +183,8 @@ def _next_uses_of_chunk(table, hashes, lengths, first, arrival, out):
             i = _find(table, hashes[j])
             out[j] = arrival[table.values[i]] if table.values[i] >= 0 else math.inf
         for j in range(start, stop):
-            _make_room(table)
+            if not _has_room(table.n, len(table.keys)):
+                _double(table)
             i = _find(table, hashes[j])
             if table.values[i] < 0:
                 table.keys[i] = hashes[j]

@@ -196,6 +196,81 @@ def unlink_held_n(lists, xs, n):
     return n
 
 
+@njit(cache=True)
+def unlink_n(lists, xs, n, was_held):
+    """For ``i < n`` in order: ``was_held[i] = holds(lists, xs[i])``, then ``unlink(lists, xs[i])`` if it was."""
+    nxt, prv, where, head, tail, count = lists.nxt, lists.prv, lists.where, lists.head, lists.tail, lists.count
+    for i in range(n):
+        x = xs[i]
+        held = 0 <= x < len(where) and where[x] != NONE
+        was_held[i] = held
+        if not held:
+            continue
+        which = where[x]
+        before, after = prv[x], nxt[x]
+        if before == NONE:
+            head[which] = after
+        else:
+            nxt[before] = after
+        if after == NONE:
+            tail[which] = before
+        else:
+            prv[after] = before
+        where[x] = NONE
+        count[which] -= 1
+
+
+@njit(cache=True)
+def move_to_back_n(lists, xs, n, which, was_held):
+    """For ``i < n`` in order (ids within the lists): ``unlink(lists, xs[i])`` if it is in a list
+    (``was_held[i]``: whether it was), then ``push_back(lists, which, xs[i])``."""
+    nxt, prv, where, head, tail, count = lists.nxt, lists.prv, lists.where, lists.head, lists.tail, lists.count
+    for i in range(n):
+        x = xs[i]
+        held = where[x] != NONE
+        was_held[i] = held
+        if held:
+            old = where[x]
+            before, after = prv[x], nxt[x]
+            if before == NONE:
+                head[old] = after
+            else:
+                nxt[before] = after
+            if after == NONE:
+                tail[old] = before
+            else:
+                prv[after] = before
+            count[old] -= 1
+        last = tail[which]
+        prv[x] = last
+        nxt[x] = NONE
+        if last == NONE:
+            head[which] = x
+        else:
+            nxt[last] = x
+        tail[which] = x
+        where[x] = which
+        count[which] += 1
+
+
+@njit(cache=True)
+def pop_front_n(lists, which, n, out):
+    """``out[i] = pop_front(lists, which)`` for ``i < n`` (the list holds at least ``n``)."""
+    nxt, prv, where, head, tail, count = lists.nxt, lists.prv, lists.where, lists.head, lists.tail, lists.count
+    x = head[which]
+    for i in range(n):
+        out[i] = x
+        where[x] = NONE
+        prv[x] = NONE  # (as the one-id pops leave it: each was the head)
+        x = nxt[x]
+    head[which] = x
+    if x == NONE:
+        tail[which] = NONE
+    else:
+        prv[x] = NONE
+    count[which] -= n
+
+
 @njit(cache=True, inline="always")
 def pop_front(lists, which):
     """Take and return the front of list ``which`` (not empty)."""

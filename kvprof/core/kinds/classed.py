@@ -22,7 +22,9 @@ import math
 import numpy as np
 from numba import njit, types
 
-from kvprof.core.structs import NONE, grown, holds, pop_front, push_back, push_back_n, unlink
+from kvprof.core.structs import (
+    NONE, grown, holds, move_to_back_n, pop_front_n, push_back_n, unlink, unlink_held_n, unlink_n,
+)
 from kvprof.policy import orders
 
 #: Row orders of a core with rows (:mod:`kvprof.policy.orders`, and wa-paper's published score).
@@ -228,8 +230,12 @@ def access_n(core, blocks, depths, contents, n, now, workload, hit):
         workload = core.n_cells - 1
     wa_hits, row, stamp, depth, pinned, content_of = (
         core.wa_hits, core.row, core.stamp, core.depth, core.wa_pinned, core.content)
-    in_ghost = core.g.where  # (covers every content here: core_access_n reserved them)
     tier_of_hits = tiers_by_hits(core)
+    if not hit:  # _recall's rule, the ghost's unlinks first in one batch (nothing below reads the ghost's lists)
+        recalled = np.empty(n, np.bool_)
+        unlink_n(core.g, contents, n, recalled)
+        ghost_value, by_tier = core.ghost_value, core.ghosts_by_tier
+        learning = core.learns and core.order == ORDER_FREQUENCY and core.adaptive
     cell_row = workload * core.n_tiers
     pinned_now = 0
     for i in range(n):
@@ -238,7 +244,13 @@ def access_n(core, blocks, depths, contents, n, now, workload, hit):
             hits = min(np.int64(wa_hits[block]) + 1, HITS_CAP)
         else:
             content = contents[i]
-            hits = _recall(core, content) if content >= 0 and in_ghost[content] != NONE else 0  # (no call if not)
+            hits = 0
+            if recalled[i]:
+                evicted = ghost_value[content]
+                by_tier[tier_of_hits[evicted]] -= 1
+                if learning:
+                    _ghost_hit(core, tier_of_hits[evicted])
+                hits = min(np.int64(evicted) + 1, HITS_CAP)
             if content >= 0:
                 content_of[block] = content
         wa_hits[block] = hits
@@ -282,24 +294,33 @@ def _ghost_hit(core, t):
 @njit(cache=True)
 def remember(core, victims, at, n):
     """Put the victims' contents in wa's ghost with their hit counts, oldest forgotten first."""
-    g, by_tier = core.g, core.ghosts_by_tier
     content_of, wa_hits, ghost_value = core.content, core.wa_hits, core.ghost_value  # (read once: no count per victim)
-    tier_of_hits = tiers_by_hits(core)
+    contents = np.empty(n, np.int64)
+    counts = np.empty(n, np.int8)
+    k = 0
     for i in range(at, at + n):
         block = victims[i]
         content = content_of[block]
         if content < 0:
             continue
         content_of[block] = NONE
-        count = wa_hits[block]
-        if holds(g, content):
+        contents[k], counts[k] = content, wa_hits[block]
+        k += 1
+    g, by_tier = core.g, core.ghosts_by_tier
+    was_held = np.empty(k, np.bool_)
+    move_to_back_n(g, contents, k, 0, was_held)
+    tier_of_hits = tiers_by_hits(core)
+    for i in range(k):
+        content, count = contents[i], counts[i]
+        if was_held[i]:
             by_tier[tier_of_hits[ghost_value[content]]] -= 1
-            unlink(g, content)
-        push_back(g, 0, content)
         ghost_value[content] = count
         by_tier[tier_of_hits[count]] += 1
-    while g.count[0] > core.most:
-        by_tier[tier_of_hits[ghost_value[pop_front(g, 0)]]] -= 1
+    n_forgotten = max(g.count[0] - core.most, 0)
+    forgotten = np.empty(n_forgotten, np.int64)
+    pop_front_n(g, 0, n_forgotten, forgotten)
+    for content in forgotten:
+        by_tier[tier_of_hits[ghost_value[content]]] -= 1
 
 
 # -- classed: the merge of the row lists --------------------------------------------------------
@@ -346,29 +367,13 @@ def _score(core, row, stamp, now):
 
 
 @njit(cache=True)
-def _set_key(core, row, block, score):
-    core.key0[row] = score
-    if core.order == ORDER_PAPER:  # (score, row): blocks freed together leave together
-        core.key1[row] = 0.0
-        core.key2[row] = 0.0
-    elif core.order == ORDER_SEGMENTED:  # (segment, stamp, -depth, row)
-        core.key1[row] = core.stamp[block]
-        core.key2[row] = -float(core.depth[block])
-    else:  # (score, -depth, stamp, row): the deeper block, then the older access
-        core.key1[row] = -float(core.depth[block])
-        core.key2[row] = core.stamp[block]
-
-
-@njit(cache=True)
-def _before(core, r, s):
-    """Head of row ``r`` sorts before head of row ``s`` (keys end with the row)."""
-    if core.key0[r] != core.key0[s]:
-        return core.key0[r] < core.key0[s]
-    if core.key1[r] != core.key1[s]:
-        return core.key1[r] < core.key1[s]
-    if core.key2[r] != core.key2[s]:
-        return core.key2[r] < core.key2[s]
-    return r < s
+def _key(order, score, stamp, depth):
+    """The sort key after ``score`` of a head accessed or freed at ``stamp``, at ``depth`` (the row last)."""
+    if order == ORDER_PAPER:  # (score, row): blocks freed together leave together
+        return score, 0.0, 0.0
+    if order == ORDER_SEGMENTED:  # (segment, stamp, -depth, row)
+        return score, stamp, -float(depth)
+    return score, -float(depth), stamp  # (score, -depth, stamp, row): the deeper block, then the older access
 
 
 @njit(cache=True)
@@ -376,37 +381,44 @@ def _merge(core, n, now, out, at):
     """The greedy merge of the rows (``ClassFifos.merge``): ``n`` times the head with the lowest key.
 
     Keys are computed once per head; a run of blocks pushed with one stamp shares its score, so
-    only a new stamp is scored again.
+    only a new stamp is scored again. The rows are walked from their heads, then the victims
+    unlinked in one batch (the same lists as popping each; arrays read once: no count per victim).
     """
-    q = core.q
-    for r in range(core.n_rows):
-        if q.count[r]:
-            head = q.head[r]
-            _set_key(core, r, head, _score(core, r, core.stamp[head], now))
-    need = n
+    q, order, n_rows = core.q, core.order, core.n_rows
+    nxt, stamp, depth = q.nxt, core.stamp, core.depth
+    key0, key1, key2 = core.key0, core.key1, core.key2
+    front, left = q.head.copy(), q.count.copy()  # each row's head and length, as if popped
+    for r in range(n_rows):
+        if left[r]:
+            head = front[r]
+            key0[r], key1[r], key2[r] = _key(order, _score(core, r, stamp[head], now), stamp[head], depth[head])
+    first, need = at, n
     while need:
         best = second = NONE
-        for r in range(core.n_rows):
-            if not q.count[r]:
+        for r in range(n_rows):
+            if not left[r]:
                 continue
-            if best == NONE or _before(core, r, best):
+            if best == NONE or (key0[r], key1[r], key2[r], r) < (key0[best], key1[best], key2[best], best):
                 best, second = r, best
-            elif second == NONE or _before(core, r, second):
+            elif second == NONE or (key0[r], key1[r], key2[r], r) < (key0[second], key1[second], key2[second], second):
                 second = r
         while True:
-            block = pop_front(q, best)
+            block = front[best]
             out[at] = block
             at += 1
             need -= 1
-            core.size -= 1
-            if not need or not q.count[best]:
+            front[best] = nxt[block]
+            left[best] -= 1
+            if not need or not left[best]:
                 break
-            head = q.head[best]
-            stamp = core.stamp[head]
-            score = core.key0[best] if stamp == core.stamp[block] else _score(core, best, stamp, now)
-            _set_key(core, best, head, score)
-            if second != NONE and not _before(core, best, second):
+            head = front[best]
+            score = key0[best] if stamp[head] == stamp[block] else _score(core, best, stamp[head], now)
+            key0[best], key1[best], key2[best] = _key(order, score, stamp[head], depth[head])
+            if second != NONE and not ((key0[best], key1[best], key2[best], best)
+                                       < (key0[second], key1[second], key2[second], second)):
                 break
+    unlink_held_n(q, out[first:first + n], n)
+    core.size -= n
 
 
 @njit(cache=True)

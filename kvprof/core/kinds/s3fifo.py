@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, types
 
-from kvprof.core.structs import grown, holds, pop_front, push_back, push_back_n, unlink
+from kvprof.core.structs import NONE, grown, holds, push_back_n, unlink, unlink_n
 from kvprof.policy.s3fifo import MAX_FREQ
 
 #: The highest frequency cap the int8 per-block counts hold.
@@ -68,15 +68,23 @@ def access(core, block, hit, content):
 
 @njit(cache=True)
 def access_n(core, blocks, contents, n, hit):
-    """``access`` of ``blocks[i]`` with ``contents[i]`` for ``i < n``, in order (a hit's count: arrays read once)."""
-    if not hit:
+    """``access`` of ``blocks[i]`` with ``contents[i]`` for ``i < n``, in order (arrays read once; the
+    misses' ghost lookups in one batch first: nothing else here reads the ghost)."""
+    freq = core.s3fifo_freq
+    if hit:
+        cap = core.s3fifo_max_freq
         for i in range(n):
-            access(core, blocks[i], False, contents[i])
+            block = blocks[i]
+            freq[block] = min(freq[block] + 1, cap)
         return
-    freq, cap = core.s3fifo_freq, core.s3fifo_max_freq
+    recomputed = np.empty(n, np.bool_)
+    unlink_n(core.g, contents, n, recomputed)  # (a content < 0 is in no list)
+    content_of, in_main = core.content, core.s3fifo_in_main
     for i in range(n):
         block = blocks[i]
-        freq[block] = min(freq[block] + 1, cap)
+        freq[block] = 0
+        content_of[block] = contents[i]
+        in_main[block] = recomputed[i]
 
 
 @njit(cache=True)
@@ -86,27 +94,70 @@ def free_n(core, blocks, n):
 
 
 @njit(cache=True)
-def evict(core):
-    q, count = core.q, core.s3fifo_freq
-    while True:  # each pass evicts or moves a block; moves are bounded by the frequency cap
-        small, main = q.count[0], q.count[1]
-        if small and (small > core.s3fifo_small_ratio * (small + main) or not main):
-            block = pop_front(q, 0)
-            if count[block] > 0:
-                count[block] = 0
-                core.s3fifo_in_main[block] = True
-                push_back(q, 1, block)
-                continue
-            content = core.content[block]
-            if content >= 0:
-                if not holds(core.g, content):
-                    push_back(core.g, 0, content)
-                while core.g.count[0] > core.s3fifo_ghost_ratio * core.most_evictable:
-                    pop_front(core.g, 0)
-            return block
-        block = pop_front(q, 1)
-        if count[block] > 0:
-            count[block] -= 1
-            push_back(q, 1, block)
+def evict_n(core, n, out, at):
+    """``n`` victims into ``out[at:at + n]``: each pass takes the front of small or main and evicts
+    it or moves it to main's back (moves are bounded by the frequency cap); a victim from small
+    leaves its content in the ghost, oldest forgotten first.
+
+    The lists' pops and pushes are written out over their arrays, read once (a call of
+    ``pop_front``/``push_back`` per pass would count a reference to each array it reads)."""
+    q, g = core.q, core.g
+    nxt, prv, where, head, tail, count = q.nxt, q.prv, q.where, q.head, q.tail, q.count
+    g_nxt, g_prv, g_where, g_head, g_tail, g_count = g.nxt, g.prv, g.where, g.head, g.tail, g.count
+    freq, in_main, content_of = core.s3fifo_freq, core.s3fifo_in_main, core.content
+    small_ratio, ghost_limit = core.s3fifo_small_ratio, core.s3fifo_ghost_ratio * core.most_evictable
+    i = at
+    while i < at + n:
+        small, main = count[0], count[1]
+        which = 0 if small and (small > small_ratio * (small + main) or not main) else 1
+        block = head[which]  # pop the front of `which`
+        after = nxt[block]
+        head[which] = after
+        if after == NONE:
+            tail[which] = NONE
+        else:
+            prv[after] = NONE
+        where[block] = NONE
+        count[which] -= 1
+        if freq[block] > 0:  # to main's back
+            if which == 0:
+                freq[block] = 0
+                in_main[block] = True
+            else:
+                freq[block] -= 1
+            last = tail[1]
+            prv[block] = last
+            nxt[block] = NONE
+            if last == NONE:
+                head[1] = block
+            else:
+                nxt[last] = block
+            tail[1] = block
+            where[block] = 1
+            count[1] += 1
             continue
-        return block
+        content = content_of[block]
+        if which == 0 and content >= 0:
+            if not (content < len(g_where) and g_where[content] != NONE):  # to the ghost's back
+                last = g_tail[0]
+                g_prv[content] = last
+                g_nxt[content] = NONE
+                if last == NONE:
+                    g_head[0] = content
+                else:
+                    g_nxt[last] = content
+                g_tail[0] = content
+                g_where[content] = 0
+                g_count[0] += 1
+            while g_count[0] > ghost_limit:  # the ghost's front forgotten
+                forgotten = g_head[0]
+                after = g_nxt[forgotten]
+                g_head[0] = after
+                if after == NONE:
+                    g_tail[0] = NONE
+                else:
+                    g_prv[after] = NONE
+                g_where[forgotten] = NONE
+                g_count[0] -= 1
+        out[i] = block
+        i += 1
