@@ -22,9 +22,11 @@ _FREE = 0
 _GONE = -1
 #: ``_older``/``_newer``/``_state`` of no number.
 _EMPTY = -1
-#: Old slots moved per call at least while a grown table fills (and 2 per content looked up): each lands on
-#: a page of the new table touched for the first time, ~0.3 us.
-MOVE_MIN = 1024
+#: Old slots moved per call while a grown table fills: 2 per content looked up (so the old table is empty
+#: before the new one is half full) and this many more. Few: each entry moved costs ~0.1 us of cache
+#: misses (more on a page of the new table touched for the first time), and a call of one block each
+#: step should not pay for a thousand.
+MOVE_MIN = 64
 
 
 class ContentNumbers:
@@ -43,10 +45,12 @@ class ContentNumbers:
 
     The table doubles as contents come, without stopping a call for a rehash (60 ms at 1M slots):
     the entries of the table it outgrew (``_old_fp``/``_old_number``, empty when none) move over
-    a thousand slots or more per call (``_moved``: how many of its slots were done), and one found
+    two slots per content looked up (``_moved``: how many of its slots were done), and one found
     there first moves at once; every numbered fingerprint is in exactly one of the two tables,
     and a slot of the old one that gave up its entry is :data:`_GONE`, so the old table's probe
-    runs stay whole. The old table is empty again before the new one is half full. Memory grows
+    runs stay whole. The old table is empty again before the new one is half full. (What a growth
+    still costs is the kernel zeroing the new table's pages as they are first written, in 2 MB huge
+    pages where numpy asks for them: a few ms from 1M slots on.) Memory grows
     with the contents seen, to at most ``max_contents`` x 32-56 bytes (the table's 12-byte slots,
     a power of two at most half full, and the 8-byte reverse map), and half as much again while
     a grown table fills.
