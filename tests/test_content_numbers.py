@@ -128,7 +128,7 @@ def test_a_grown_table_fills_over_many_calls_and_the_old_one_goes(recent):
         want = model.renumber(chain)[0] if recent else model.numbers(chain)
         assert got == want
         calls_mid_move += len(compiled._old_number) > 0
-    assert calls_mid_move > 10
+    assert calls_mid_move >= 5
     assert len(compiled._slot_fp) <= 4096
     for _ in range(200):  # lookups alone finish the move
         compiled.numbers([b"k0"])

@@ -22,11 +22,12 @@ _FREE = 0
 _GONE = -1
 #: ``_older``/``_newer``/``_state`` of no number.
 _EMPTY = -1
-#: Old slots moved per call while a grown table fills: 2 per content looked up (so the old table is empty
-#: before the new one is half full) and this many more. Few: each entry moved costs ~0.1 us of cache
-#: misses (more on a page of the new table touched for the first time), and a call of one block each
-#: step should not pay for a thousand.
+#: Old slots moved per call while a grown table fills: this many, plus 8 per content looked up up to
+#: :data:`MOVE_CAP` (so the old table, which every new content is also looked up in, goes soon) and never
+#: fewer than 2 per content (so it is empty before the new table is half full). Each entry moved costs
+#: ~0.1 us of cache misses: a one-block call each step should not pay for a thousand.
 MOVE_MIN = 64
+MOVE_CAP = 4096
 
 
 class ContentNumbers:
@@ -45,7 +46,7 @@ class ContentNumbers:
 
     The table doubles as contents come, without stopping a call for a rehash (60 ms at 1M slots):
     the entries of the table it outgrew (``_old_fp``/``_old_number``, empty when none) move over
-    two slots per content looked up (``_moved``: how many of its slots were done), and one found
+    2-8 slots per content looked up (``_moved``: how many of its slots were done), and one found
     there first moves at once; every numbered fingerprint is in exactly one of the two tables,
     and a slot of the old one that gave up its entry is :data:`_GONE`, so the old table's probe
     runs stay whole. The old table is empty again before the new one is half full. (What a growth
@@ -93,7 +94,7 @@ class ContentNumbers:
         """Room for ``n`` more contents: the table at most half full, the reverse map long enough; and the
         next slots of an outgrown table moved over."""
         if len(self._old_number):
-            self._move(2 * n + self.move_min)
+            self._move(max(2 * n, min(8 * n, MOVE_CAP)) + self.move_min)
         live = min(int(self._seen[0]) + n, self.max_contents)
         if len(self._number_fp) < live:
             grown = np.zeros(min(max(live, 2 * len(self._number_fp)), self.max_contents), dtype=np.int64)
