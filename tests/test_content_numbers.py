@@ -2,6 +2,7 @@
 
 from collections import OrderedDict
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,3 +97,39 @@ def test_recent_numbers_keep_what_is_looked_up_and_stay_bounded():
     assert len(compiled._slot_fp) <= 4096 and len(compiled._older) <= 1000
     compiled.clear()
     assert compiled.numbers([b"b", b"a", b"b"]).tolist() == [0, 1, 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 2), st.lists(st.lists(keys, max_size=40), max_size=40))
+def test_numbers_are_the_same_while_a_grown_table_fills(max_contents, move_min, chains):
+    """With the outgrown table's slots moved a few per call, both rules still number as their models."""
+    for compiled, model in ((ContentNumbers(max_contents), DictNumbers(max_contents)),
+                            (RecentContentNumbers(max_contents), RecentDictNumbers(max_contents))):
+        compiled.move_min = move_min
+        for chain in chains:
+            got = compiled.renumber(chain) if isinstance(compiled, RecentContentNumbers) else compiled.numbers(chain)
+            want = model.renumber(chain) if isinstance(model, RecentDictNumbers) else model.numbers(chain)
+            assert (tuple(x.tolist() for x in got) if isinstance(got, tuple) else got.tolist()) == \
+                (tuple(want) if isinstance(want, tuple) else want)
+        assert len(compiled) == len(model.ids)
+
+
+@pytest.mark.parametrize("recent", [False, True])
+def test_a_grown_table_fills_over_many_calls_and_the_old_one_goes(recent):
+    """A table that doubles moves its old entries over several calls (never one rehash), recycles from either
+    table meanwhile, and drops the old one once all moved."""
+    compiled, model = (RecentContentNumbers(1500), RecentDictNumbers(1500)) if recent else \
+        (ContentNumbers(1500), DictNumbers(1500))
+    compiled.move_min = 16
+    calls_mid_move = 0
+    for start in range(0, 12000, 97):
+        chain = [b"k%d" % i for i in range(start, start + 120)] + [b"k%d" % (start // 3)]
+        got = compiled.numbers(chain).tolist()
+        want = model.renumber(chain)[0] if recent else model.numbers(chain)
+        assert got == want
+        calls_mid_move += len(compiled._old_number) > 0
+    assert calls_mid_move >= 5
+    assert len(compiled._slot_fp) <= 4096
+    for _ in range(200):  # lookups alone finish the move
+        compiled.numbers([b"k0"])
+    assert len(compiled._old_number) == 0

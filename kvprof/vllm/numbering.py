@@ -14,8 +14,20 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 from numba import njit
 
-#: ``_slot_number`` of a slot that holds no fingerprint.
+#: ``_slot_number`` of a slot that holds no fingerprint (a slot holds its number + 1), so a new table is
+#: ``np.zeros``: memory the kernel hands out zeroed as it is first touched, where filling it would cost
+#: a pass over the table (~2 ms for 2M slots).
+_FREE = 0
+#: ``_old_number`` of a slot whose entry moved to the new table or was forgotten (lookups go on past it).
+_GONE = -1
+#: ``_older``/``_newer``/``_state`` of no number.
 _EMPTY = -1
+#: Old slots moved per call while a grown table fills: this many, plus 8 per content looked up up to
+#: :data:`MOVE_CAP` (so the old table, which every new content is also looked up in, goes soon) and never
+#: fewer than 2 per content (so it is empty before the new table is half full). Each entry moved costs
+#: ~0.1 us of cache misses: a one-block call each step should not pay for a thousand.
+MOVE_MIN = 64
+MOVE_CAP = 4096
 
 
 class ContentNumbers:
@@ -29,22 +41,37 @@ class ContentNumbers:
     the same fingerprint share a number: with ``m`` contents numbered, a new one does with
     probability ``m / 2**64``, and like a recycled number it only shifts ``wa``'s ghost and shadow
     statistics, never what the pool caches. ``_slot_fp``/``_slot_number`` is a linear-probing
-    table of the numbered fingerprints, at most half full; ``_number_fp[n]`` is number ``n``'s
-    fingerprint, so recycling ``n`` deletes its entry. Memory grows with the contents seen, to at
-    most ``max_contents`` x 32-56 bytes (the table's 12-byte slots, a power of two at most half full,
-    and the 8-byte reverse map).
+    table of the numbered fingerprints (a slot holds number + 1, :data:`_FREE` none), at most
+    half full; ``_number_fp[n]`` is number ``n``'s fingerprint, so recycling ``n`` deletes its entry.
+
+    The table doubles as contents come, without stopping a call for a rehash (60 ms at 1M slots):
+    the entries of the table it outgrew (``_old_fp``/``_old_number``, empty when none) move over
+    2-8 slots per content looked up (``_moved``: how many of its slots were done), and one found
+    there first moves at once; every numbered fingerprint is in exactly one of the two tables,
+    and a slot of the old one that gave up its entry is :data:`_GONE`, so the old table's probe
+    runs stay whole. The old table is empty again before the new one is half full. (What a growth
+    still costs is the kernel zeroing the new table's pages as they are first written, in 2 MB huge
+    pages where numpy asks for them: a few ms from 1M slots on.) Memory grows
+    with the contents seen, to at most ``max_contents`` x 32-56 bytes (the table's 12-byte slots,
+    a power of two at most half full, and the 8-byte reverse map), and half as much again while
+    a grown table fills.
     """
 
     def __init__(self, max_contents: int) -> None:
         if max_contents < 1:
             raise ValueError(f"max_contents must be positive, got {max_contents}")
         self.max_contents = max_contents
+        #: Old slots moved per call at least (a test sets it low to see the tables mid-move).
+        self.move_min = MOVE_MIN
         self.clear()
 
     def clear(self) -> None:
         """Forget every content (numbering restarts at 0)."""
         self._slot_fp = np.zeros(64, dtype=np.int64)
-        self._slot_number = np.full(64, _EMPTY, dtype=np.int32)
+        self._slot_number = np.zeros(64, dtype=np.int32)
+        self._old_fp = np.zeros(0, dtype=np.int64)
+        self._old_number = np.zeros(0, dtype=np.int32)
+        self._moved = 0
         self._number_fp = np.zeros(min(32, self.max_contents), dtype=np.int64)
         self._seen = np.zeros(1, dtype=np.int64)  # distinct contents numbered so far (in the compiled call)
 
@@ -59,22 +86,35 @@ class ContentNumbers:
         out = np.empty(n, dtype=np.int64)
         if n:
             self._reserve(n)
-            _number_all(self._slot_fp, self._slot_number, self._number_fp, self._seen, self.max_contents,
-                        fingerprints, out)
+            _number_all(self._slot_fp, self._slot_number, self._old_fp, self._old_number, self._number_fp, self._seen,
+                        self.max_contents, fingerprints, out)
         return out
 
     def _reserve(self, n: int) -> None:
-        """Room for ``n`` more contents: the table at most half full, the reverse map long enough."""
+        """Room for ``n`` more contents: the table at most half full, the reverse map long enough; and the
+        next slots of an outgrown table moved over."""
+        if len(self._old_number):
+            self._move(max(2 * n, min(8 * n, MOVE_CAP)) + self.move_min)
         live = min(int(self._seen[0]) + n, self.max_contents)
         if len(self._number_fp) < live:
             grown = np.zeros(min(max(live, 2 * len(self._number_fp)), self.max_contents), dtype=np.int64)
             grown[: len(self._number_fp)] = self._number_fp
             self._number_fp = grown
         if 2 * live > len(self._slot_fp):
+            if len(self._old_number):  # (only a call of more contents than the table held comes here)
+                self._move(len(self._old_number))
             size = len(self._slot_fp)
             while 2 * live > size:
                 size *= 2
-            self._slot_fp, self._slot_number = _rehashed(self._slot_fp, self._slot_number, size)
+            self._old_fp, self._old_number = self._slot_fp, self._slot_number
+            self._slot_fp, self._slot_number = np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int32)
+            self._moved = 0
+
+    def _move(self, budget: int) -> None:
+        """Move the outgrown table's next ``budget`` slots over; drop it when all are."""
+        self._moved = _move(self._slot_fp, self._slot_number, self._old_fp, self._old_number, self._moved, budget)
+        if self._moved >= len(self._old_number):
+            self._old_fp, self._old_number = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
 
 
 class RecentContentNumbers(ContentNumbers):
@@ -85,7 +125,7 @@ class RecentContentNumbers(ContentNumbers):
     after that it gets the number of the content seen (numbered or looked up) least recently, which
     is forgotten. ``_older``/``_newer`` link the numbers in use from the least to the most recently
     seen (``_state``: how many numbers were handed out, the oldest, the newest; -1 for none), so a
-    content costs the base table's 32-56 bytes plus 8. Fingerprints as in :class:`ContentNumbers`.
+    content costs the base table's 32-56 bytes plus 8. Fingerprints and tables as in :class:`ContentNumbers`.
     """
 
     def clear(self) -> None:
@@ -105,8 +145,9 @@ class RecentContentNumbers(ContentNumbers):
         n_recycled = 0
         if n:
             self._reserve(n)
-            n_recycled = _number_all_recent(self._slot_fp, self._slot_number, self._number_fp, self._older,
-                                            self._newer, self._state, self.max_contents, fingerprints, out, recycled)
+            n_recycled = _number_all_recent(self._slot_fp, self._slot_number, self._old_fp, self._old_number,
+                                            self._number_fp, self._older, self._newer, self._state, self.max_contents,
+                                            fingerprints, out, recycled)
         return out, recycled[:n_recycled]
 
     def numbers(self, contents: Sequence[Hashable]) -> np.ndarray:
@@ -127,32 +168,34 @@ def _home(fingerprint, mask):
 
 
 @njit(cache=True)
-def _rehashed(slot_fp, slot_number, size):
-    new_fp = np.zeros(size, dtype=np.int64)
-    new_number = np.full(size, _EMPTY, dtype=np.int32)
-    mask = size - 1
-    for i in range(len(slot_fp)):
-        if slot_number[i] != _EMPTY:
-            j = _home(slot_fp[i], mask)
-            while new_number[j] != _EMPTY:
-                j = (j + 1) & mask
-            new_fp[j] = slot_fp[i]
-            new_number[j] = slot_number[i]
-    return new_fp, new_number
+def _move(slot_fp, slot_number, old_fp, old_number, moved, budget):
+    """Move the entries of old slots ``moved`` .. ``moved + budget`` into the table; returns the slots done."""
+    mask = len(slot_fp) - 1
+    end = min(moved + budget, len(old_number))
+    for k in range(moved, end):
+        if old_number[k] > _FREE:
+            i = _home(old_fp[k], mask)
+            while slot_number[i] != _FREE:
+                i = (i + 1) & mask
+            slot_fp[i] = old_fp[k]
+            slot_number[i] = old_number[k]
+            old_number[k] = _GONE
+    return end
 
 
 @njit(cache=True)
 def _delete(slot_fp, slot_number, fingerprint, number, mask):
-    """Remove ``fingerprint``'s entry (holding ``number``), shifting its run back (no tombstones)."""
+    """Remove ``fingerprint``'s entry (holding ``number``), shifting its run back (no tombstones);
+    False if the table has none."""
     i = _home(fingerprint, mask)
-    while not (slot_number[i] == number and slot_fp[i] == fingerprint):
-        if slot_number[i] == _EMPTY:
-            return
+    while not (slot_number[i] == number + 1 and slot_fp[i] == fingerprint):
+        if slot_number[i] == _FREE:
+            return False
         i = (i + 1) & mask
     j = i
     while True:
         j = (j + 1) & mask
-        if slot_number[j] == _EMPTY:
+        if slot_number[j] == _FREE:
             break
         home = _home(slot_fp[j], mask)
         # the entry at j may fill the hole at i when its home is not cyclically in (i, j]
@@ -160,21 +203,50 @@ def _delete(slot_fp, slot_number, fingerprint, number, mask):
             slot_fp[i] = slot_fp[j]
             slot_number[i] = slot_number[j]
             i = j
-    slot_number[i] = _EMPTY
+    slot_number[i] = _FREE
+    return True
 
 
 @njit(cache=True)
-def _number_all(slot_fp, slot_number, number_fp, seen, max_contents, fingerprints, out):
+def _find_old(old_fp, old_number, fingerprint, number):
+    """The outgrown table's slot holding ``fingerprint`` (with ``number`` + 1 unless ``number`` < 0), or -1."""
+    if len(old_number) == 0:
+        return -1
+    mask = len(old_number) - 1
+    i = _home(fingerprint, mask)
+    while old_number[i] != _FREE:
+        if old_number[i] > _FREE and old_fp[i] == fingerprint and (number < 0 or old_number[i] == number + 1):
+            return i
+        i = (i + 1) & mask
+    return -1
+
+
+@njit(cache=True)
+def _look_up(slot_fp, slot_number, old_fp, old_number, fingerprint, mask):
+    """The slot holding ``fingerprint``, or the free slot that ends its run; one still in the outgrown table
+    moves over first."""
+    i = _find(slot_fp, slot_number, fingerprint, mask)
+    if slot_number[i] == _FREE:
+        j = _find_old(old_fp, old_number, fingerprint, -1)
+        if j >= 0:
+            slot_fp[i] = fingerprint
+            slot_number[i] = old_number[j]
+            old_number[j] = _GONE
+    return i
+
+
+@njit(cache=True)
+def _number_all(slot_fp, slot_number, old_fp, old_number, number_fp, seen, max_contents, fingerprints, out):
     mask = len(slot_fp) - 1
     for k in range(len(fingerprints)):
         fingerprint = fingerprints[k]
-        i = _find(slot_fp, slot_number, fingerprint, mask)
-        if slot_number[i] != _EMPTY:
-            out[k] = slot_number[i]
+        i = _look_up(slot_fp, slot_number, old_fp, old_number, fingerprint, mask)
+        if slot_number[i] != _FREE:
+            out[k] = slot_number[i] - 1
             continue
         number = seen[0] % max_contents
         if seen[0] >= max_contents:  # the number's old content is forgotten first
-            i = _renumber(slot_fp, slot_number, number_fp, number, fingerprint, mask)
+            i = _renumber(slot_fp, slot_number, old_fp, old_number, number_fp, number, fingerprint, mask)
         _enter(slot_fp, slot_number, number_fp, i, number, fingerprint)
         seen[0] += 1
         out[k] = number
@@ -182,38 +254,42 @@ def _number_all(slot_fp, slot_number, number_fp, seen, max_contents, fingerprint
 
 @njit(cache=True)
 def _find(slot_fp, slot_number, fingerprint, mask):
-    """The slot holding ``fingerprint``, or the empty slot that ends its run."""
+    """The slot holding ``fingerprint``, or the free slot that ends its run."""
     i = _home(fingerprint, mask)
-    while slot_number[i] != _EMPTY and slot_fp[i] != fingerprint:
+    while slot_number[i] != _FREE and slot_fp[i] != fingerprint:
         i = (i + 1) & mask
     return i
 
 
 @njit(cache=True)
-def _renumber(slot_fp, slot_number, number_fp, number, fingerprint, mask):
-    """Forget ``number``'s content; returns the empty slot where ``fingerprint`` goes."""
-    _delete(slot_fp, slot_number, number_fp[number], number, mask)
+def _renumber(slot_fp, slot_number, old_fp, old_number, number_fp, number, fingerprint, mask):
+    """Forget ``number``'s content (in whichever table holds it); returns the free slot where ``fingerprint`` goes."""
+    forgotten = number_fp[number]
+    if not _delete(slot_fp, slot_number, forgotten, number, mask):
+        j = _find_old(old_fp, old_number, forgotten, number)
+        if j >= 0:
+            old_number[j] = _GONE
     return _find(slot_fp, slot_number, fingerprint, mask)
 
 
 @njit(cache=True)
 def _enter(slot_fp, slot_number, number_fp, i, number, fingerprint):
     slot_fp[i] = fingerprint
-    slot_number[i] = number
+    slot_number[i] = number + 1
     number_fp[number] = fingerprint
 
 
 @njit(cache=True)
-def _number_all_recent(slot_fp, slot_number, number_fp, older, newer, state, max_contents, fingerprints, out,
-                       recycled):
+def _number_all_recent(slot_fp, slot_number, old_fp, old_number, number_fp, older, newer, state, max_contents,
+                       fingerprints, out, recycled):
     """:class:`RecentContentNumbers`'s rule; returns how many numbers it wrote to ``recycled``."""
     mask = len(slot_fp) - 1
     n_recycled = 0
     for k in range(len(fingerprints)):
         fingerprint = fingerprints[k]
-        i = _find(slot_fp, slot_number, fingerprint, mask)
-        if slot_number[i] != _EMPTY:
-            number = np.int64(slot_number[i])
+        i = _look_up(slot_fp, slot_number, old_fp, old_number, fingerprint, mask)
+        if slot_number[i] != _FREE:
+            number = np.int64(slot_number[i] - 1)
             _unlink(older, newer, state, number)
         else:
             if state[0] < max_contents:
@@ -222,7 +298,7 @@ def _number_all_recent(slot_fp, slot_number, number_fp, older, newer, state, max
             else:  # the least recently used content gives up its number
                 number = state[1]
                 _unlink(older, newer, state, number)
-                i = _renumber(slot_fp, slot_number, number_fp, number, fingerprint, mask)
+                i = _renumber(slot_fp, slot_number, old_fp, old_number, number_fp, number, fingerprint, mask)
                 recycled[n_recycled] = number
                 n_recycled += 1
             _enter(slot_fp, slot_number, number_fp, i, number, fingerprint)

@@ -115,6 +115,40 @@ def test_lru_queue_matches_vllm_queue_and_reset(in_vllm):
     assert 0 not in _ids(ours.get_new_blocks(31))
 
 
+def test_touch_does_vllms_work_in_its_own_loop_or_leaves_it_to_vllm(in_vllm):
+    """On this vLLM the pool's touch does ``BlockPool.touch``'s work itself (no call per block); with a
+    metrics collector, which vLLM's own touch tells of every block, it leaves the work to vLLM. Either
+    way the blocks end as vLLM's do: reference counts up, the free ones out of the queue."""
+    if not in_vllm:
+        return
+    from kvprof.vllm import block_pool
+
+    assert block_pool._PLAIN_TOUCH  # else the test above compares vLLM's touch with itself
+
+    class Collector:
+        def __init__(self):
+            self.accessed = []
+
+        def on_block_accessed(self, block):
+            self.accessed.append(block.block_id)
+
+    for collector in (None, Collector()):
+        native, ours = _pools(16)
+        a, b = native.get_new_blocks(6), ours.get_new_blocks(6)
+        for i, (x, y) in enumerate(zip(a, b)):
+            _cache(native, x, bytes([i + 1]))
+            _cache(ours, y, bytes([i + 1]))
+        native.free_blocks(reversed(a[:4]))  # four free cached blocks, two still held
+        ours.free_blocks(reversed(b[:4]))
+        ours.metrics_collector = collector
+        hit = [1, 2, 5, 6, 3]
+        native.touch([native.blocks[i] for i in hit])
+        ours.touch([ours.blocks[i] for i in hit])
+        assert [blk.ref_cnt for blk in native.blocks] == [blk.ref_cnt for blk in ours.blocks]
+        assert _ids(native.free_block_queue.get_all_free_blocks()) == _ids(ours.free_block_queue.get_all_free_blocks())
+        if collector is not None:
+            assert collector.accessed == hit
+
 def test_wa_pool_prefers_cold_class(in_vllm):
     """With ``wa`` the pool evicts the cold request's blocks before the older hot ones."""
     if not in_vllm:
