@@ -14,13 +14,18 @@ by ``exp(-learning_rate * discount ** age)`` (age in block accesses since the ev
 every expert would have chosen goes in no ghost (LeCaR's rule: nobody is to blame).
 
 The experts are ``wa``'s candidate orders (:mod:`kvprof.policy.orders`: ``lru``, ``model``,
-``segmented``, ``frequency``, ``strict-frequency``, over wa's row lists, and ``s3fifo`` kept in step),
-so the prototype is :class:`RegretMixture`, a ``wa`` without shadows whose leader is chosen again
-at every victim. Each trace is fitted as bench_quality fits it, with the tuning (horizon per
-capacity) read from a bench_quality JSON (``--quality``), and the evaluation window is replayed on
-the Python engine. The table gives each variant's token hit ratio beside lru, the best baseline,
-wa and Belady from that JSON, and its share of the best-baseline-to-Belady gap closed; the first
-column, ``lru (python)``, must equal the suite's lru (the replay is the suite's).
+``segmented``, ``frequency``, ``strict-frequency``, over wa's row lists, and ``s3fifo`` kept in step)
+and ``arc`` (kept in step the same way), so the prototype is :class:`RegretMixture`, a ``wa``
+without shadows whose leader is chosen again at every victim. Variants are named
+``<experts>-<choice>-<rate>[-full]`` (:data:`EXPERT_SETS`, :class:`RegretMixture`'s ``choice``,
+:data:`RATES`, full feedback).
+
+Each trace is fitted as bench_quality fits it, with the tuning (horizon per capacity) read from a
+bench_quality JSON (``--quality``), and the evaluation window is replayed on the Python engine. The
+table gives each variant's token hit ratio (its gain over the best baseline, its share of the
+best-baseline-to-Belady gap closed) beside lru, the best baseline, wa and Belady from that JSON;
+the lru column also says whether this script's Python replay of lru equals the suite's (``=``),
+which makes the comparison fair.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from bench_quality import REPO, chosen_traces  # noqa: E402
 
 from kvprof.atomic import atomic_write_text  # noqa: E402
 from kvprof.models.hp import HpFile  # noqa: E402
+from kvprof.policy.arc import ARCPolicy  # noqa: E402
+from kvprof.policy.base import EvictionPolicy  # noqa: E402
 from kvprof.policy.lru import LRUPolicy  # noqa: E402
 from kvprof.policy.wa import WorkloadAwarePolicy  # noqa: E402
 from kvprof.profiler.fit import fit_trace  # noqa: E402
@@ -50,6 +57,8 @@ from kvprof.sim.config import SimConfig  # noqa: E402
 from kvprof.sim.engine import simulate  # noqa: E402
 from kvprof.sim.workload import prepare_workload  # noqa: E402
 
+#: Experts that are not wa candidates, kept in step with wa's lists by the mixture itself.
+OUTSIDE_EXPERTS: dict[str, type[EvictionPolicy]] = {"arc": ARCPolicy}
 #: LeCaR's constants: initial learning rate, the weight floor, the discount reaching this after one capacity of accesses.
 LEARNING_RATE = 0.45
 WEIGHT_FLOOR = 0.01
@@ -61,9 +70,11 @@ UNLEARN_WINDOWS = 10
 
 class RegretMixture(WorkloadAwarePolicy):
     """``wa``'s row lists (and its followed S3-FIFO) with every victim chosen by one candidate order,
-    picked by regret weights instead of by shadows.
+    picked by regret weights instead of by shadows; ARC (``arc``, not a wa candidate) can be an
+    expert too, kept in step with the lists as wa keeps S3-FIFO.
 
-    Invariants (on top of :class:`WorkloadAwarePolicy`'s, without shadows): ``expert_weight`` is a
+    Invariants (on top of :class:`WorkloadAwarePolicy`'s, without shadows): every policy of
+    ``_outside`` holds exactly the evictable blocks the lists hold; ``expert_weight`` is a
     probability vector with every entry >= ``WEIGHT_FLOOR`` / (1 + k * WEIGHT_FLOOR); ``_ghosts[i]``
     maps at most ``capacity`` contents, each evicted while order ``i`` would have chosen it, to the
     access count at that eviction, oldest first; ``_clock`` counts block accesses.
@@ -92,8 +103,16 @@ class RegretMixture(WorkloadAwarePolicy):
             raise ValueError(f"feedback must be bandit or full, got {feedback!r}")
         if not capacity or capacity <= 0:
             raise ValueError(f"the mixture needs the cache's capacity in blocks, got {capacity}")
-        super().__init__(p, weights, rates, horizon, orders=orders, safety_net=False, capacity=capacity, **kwargs)
-        k = len(self.order_names)
+        self.expert_names = tuple(orders)
+        inside = tuple(name for name in orders if name not in OUTSIDE_EXPERTS)
+        if not inside:
+            raise ValueError(f"the mixture needs at least one of wa's candidates among its experts, got {orders}")
+        super().__init__(p, weights, rates, horizon, orders=inside, safety_net=False, capacity=capacity, **kwargs)
+        # expert -> its index among wa's candidates, or the outside policy it is
+        self._expert: list[int | EvictionPolicy] = [OUTSIDE_EXPERTS[name]() if name in OUTSIDE_EXPERTS
+                                                    else inside.index(name) for name in orders]
+        self._outside = [expert for expert in self._expert if isinstance(expert, EvictionPolicy)]
+        k = len(orders)
         self.choice = choice
         self.feedback = feedback
         self.expert_weight = np.full(k, 1.0 / k)
@@ -120,6 +139,8 @@ class RegretMixture(WorkloadAwarePolicy):
         if content is not None and (self.feedback == "full" or not hit):
             self._regret(content)
         super().access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
+        for policy in self._outside:
+            policy.access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
         if self.adaptive and self._clock % self.capacity == 0:
             self._adapt_rate()
 
@@ -158,9 +179,28 @@ class RegretMixture(WorkloadAwarePolicy):
                 self._previous_rate = self.learning_rate
                 self.learning_rate = float(self._rng.uniform(low, high))
 
+    def free(self, blocks, now: float) -> None:
+        blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+        super().free(blocks, now)
+        for policy in self._outside:
+            policy.free(blocks, now)
+
+    def remove(self, block: int) -> None:
+        super().remove(block)
+        for policy in self._outside:
+            policy.remove(block)
+
+    def clear(self) -> None:
+        super().clear()
+        for policy in self._outside:
+            policy.clear()
+
     # -- eviction -------------------------------------------------------------------------
-    def _first_choice(self, index: int, now: float) -> int | None:
-        """The block order ``index`` would evict now, or None where no cheap look is possible (S3-FIFO)."""
+    def _first_choice(self, expert: int, now: float) -> int | None:
+        """The block ``expert`` would evict now, or None where no cheap look is possible (S3-FIFO)."""
+        index = self._expert[expert]
+        if isinstance(index, EvictionPolicy):
+            return index.order(now, 1)[0]
         order = self._orders[index]
         if order is None:
             return None
@@ -196,13 +236,24 @@ class RegretMixture(WorkloadAwarePolicy):
         return self._evict_one(now)
 
     def _evict_one(self, now: float) -> int:
-        firsts = [self._first_choice(i, now) for i in range(len(self.order_names))]
+        firsts = [self._first_choice(i, now) for i in range(len(self._expert))]
         expert = self._pick(firsts)
         self.chosen[expert] += 1
-        self._lead(expert)
         # Each expert's first choice, by content, before the eviction forgets the victim's.
         wanted = [None if block is None else self._content.get(block) for block in firsts]
-        victim = super().evict_n(1, now)[0]
+        chosen = self._expert[expert]
+        if isinstance(chosen, EvictionPolicy):  # as wa evicts for a followed policy
+            victim = chosen.evict(now)
+            self._fifos.remove(victim)
+            for policy in self._followed.values():
+                policy.remove(victim)
+            self._remember([victim])
+        else:
+            self._lead(chosen)
+            victim = super().evict_n(1, now)[0]
+        for policy in self._outside:
+            if policy is not chosen:
+                policy.remove(victim)
         wanted[expert] = self._victim_contents[0]
         if self.feedback == "bandit":  # LeCaR: only the victim, in the ghost of each expert that chose it
             wanted = [content if i == expert or firsts[i] == victim else None for i, content in enumerate(wanted)]
@@ -226,6 +277,8 @@ EXPERT_SETS = {
     "mix3": ("lru", "strict-frequency", "model"),
     "s3lru": ("s3fifo", "lru"),
     "mix6": ("model", "lru", "segmented", "frequency", "strict-frequency", "s3fifo"),
+    "arc3": ("lru", "arc", "s3fifo"),
+    "mix7": ("model", "lru", "segmented", "frequency", "strict-frequency", "s3fifo", "arc"),
 }
 #: Learning rates by name: LeCaR's, two smaller (a KV miss comes as a whole chain of block misses), CACHEUS' search.
 RATES = {"lr0.45": LEARNING_RATE, "lr0.05": 0.05, "lr0.005": 0.005, "adaptive": None}
@@ -271,9 +324,9 @@ def run_case(case, trace, quality_case: dict, capacities: list[int], variants: l
             out["variants"][name] = {
                 "token_hit_ratio": value, "gain_over_best": (value - best) / best if best else None,
                 "gap_closed": (value - best) / gap if gap > 0 else None,
-                "weights": dict(zip(policy.order_names, policy.expert_weight.round(3).tolist())),
-                "chosen": dict(zip(policy.order_names, policy.chosen)),
-                "regrets": dict(zip(policy.order_names, policy.regrets)),
+                "weights": dict(zip(policy.expert_names, policy.expert_weight.round(3).tolist())),
+                "chosen": dict(zip(policy.expert_names, policy.chosen)),
+                "regrets": dict(zip(policy.expert_names, policy.regrets)),
                 "learning_rate": policy.learning_rate, "wall_s": time.perf_counter() - tick}
             print(f"{case.name} {capacity} {name}: {value:.4f} (best {best_name} {best:.4f}, wa {ratio['wa']:.4f}, "
                   f"belady {belady:.4f}) {out['variants'][name]['wall_s']:.0f} s", file=sys.stderr, flush=True)

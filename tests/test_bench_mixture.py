@@ -37,7 +37,7 @@ def test_a_mixture_of_one_expert_evicts_as_that_expert(ops, num_blocks, expert):
 
 
 @pytest.mark.parametrize("variant", ["lecar-random-lr0.45", "mix6-vote-lr0.005-full", "s3lru-argmax-adaptive",
-                                     "mix3-random-adaptive-full"])
+                                     "mix3-random-adaptive-full", "arc3-random-lr0.45-full", "mix7-vote-adaptive"])
 @settings(max_examples=40, deadline=None)
 @given(ops=OPS, num_blocks=st.integers(4, 24))
 def test_the_mixture_keeps_its_invariants(variant, ops, num_blocks):
@@ -49,6 +49,8 @@ def test_the_mixture_keeps_its_invariants(variant, ops, num_blocks):
         scenario.step(*op)
         evictable = pool.evictable()
         assert len(policy) == len(evictable) and all(block in policy for block in evictable)
+        for outside in policy._outside:  # ARC, kept in step
+            assert sorted(b for b in range(num_blocks) if b in outside) == sorted(evictable)
         assert abs(policy.expert_weight.sum() - 1.0) < 1e-9
         assert policy.expert_weight.min() >= WEIGHT_FLOOR / (1 + len(orders) * WEIGHT_FLOOR) - 1e-12
         assert all(len(ghost) <= num_blocks for ghost in policy._ghosts)
