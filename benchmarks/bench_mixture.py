@@ -360,8 +360,8 @@ def main() -> int:
     parser.add_argument("--variants", default="*", help="comma-separated names or shell patterns of VARIANTS "
                                                         "(<experts>-<choice>-<rate>; default: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random variants' draws")
-    parser.add_argument("--quality", type=Path, default=Path("/work/quality-main.json"),
-                        help="the bench_quality JSON giving the tuning and the suite's ratios")
+    parser.add_argument("--quality", type=Path, default=REPO / "benchmarks" / "quality.json",
+                        help="bench_quality.py's JSON (its default output) giving the tuning and the suite's ratios")
     parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "mixture.json")
     args = parser.parse_args()
     patterns = args.variants.split(",")
@@ -369,6 +369,8 @@ def main() -> int:
     if unknown:
         parser.error(f"no variant matches {unknown}; known: {', '.join(VARIANTS)}")
     variants = [name for name in VARIANTS if any(fnmatch.fnmatch(name, pattern) for pattern in patterns)]
+    if not args.quality.is_file():
+        parser.error(f"--quality {args.quality}: no such file (bench_quality.py writes it)")
     quality = {case["trace"]: case for case in json.loads(args.quality.read_text())["cases"]}
     started = time.perf_counter()
     done = []
