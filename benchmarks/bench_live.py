@@ -2,14 +2,22 @@
 
     python benchmarks/bench_live.py [--requests 20000]                 # in process (the test venv is enough)
     .venv-vllm/bin/python benchmarks/bench_live.py --serve --startup    # also: real vllm serve
+    python benchmarks/bench_live.py --stall 8000                        # also: a busy scheduler's GIL waits
 
-In process, side by side in one run: a scheduler thread that alternates Python scheduling work (0.5 ms a step) and waiting for the model
-(20 ms, the GIL free), 4 requests scheduled and 4 finished a step (200 requests/s), prompts of 2,048
-tokens in 16-token blocks (128 block hashes, Bailian trace A's mean). Each step is timed with the
-plugin's hooks (:meth:`LiveLoop.scheduled`, :meth:`LiveLoop.finished`, with ``--kv-record`` on, so the
-recorder's ``submit`` too) and again right after without them; the difference per request is what
-the live loop costs the scheduler: its calls, and the GIL its background threads (the
-counterfactual, the writer) hold when the scheduler wants it.
+In process, side by side in one run: a scheduler thread that alternates Python scheduling work
+(0.5 ms a step) and waiting for the model (20 ms, the GIL free), 4 requests scheduled and 4
+finished a step (200 requests/s), prompts of 2,048 tokens in 16-token blocks (128 block hashes,
+Bailian trace A's mean). Each step is timed with the plugin's hooks (:meth:`LiveLoop.scheduled`,
+:meth:`LiveLoop.finished`, with ``--kv-record`` on, so the recorder's ``submit`` too) and again
+right after without them; the difference per request is what the live loop costs the scheduler:
+its calls, and the GIL its background threads (the counterfactual, the writer) hold when the
+scheduler wants it.
+
+With ``--stall BLOCKS``: a scheduler thread that runs Python without pause (a busy step, which
+gives up the GIL only when Python's switch interval, 5 ms, forces it) timed in pieces of ~2 us,
+first alone, then while the recorder writes 20 requests of ``BLOCKS`` blocks. The longest piece is
+the longest the writer made the scheduler wait: a 128k-token prompt's ids, JSON and compression
+take the writer ~8 ms, which it does in slices with the GIL handed over between them.
 
 With ``--startup``: ``vllm serve --kv-policy-config`` started twice on one empty numba cache
 (``NUMBA_CACHE_DIR``): an install's first start, then a later one; time to ready, kvprof's warm-up,
@@ -37,20 +45,21 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kvprof.vllm.live import LiveLoop  # noqa: E402
+from kvprof.vllm.record import Recorder  # noqa: E402
 from kvprof.vllm.spec import PolicySpec  # noqa: E402
 
 BLOCK = 16
 PROMPT_BLOCKS = 128
 
 
-def requests(n: int):
+def requests(n: int, prompt_blocks: int = PROMPT_BLOCKS):
     """Stand-ins for vLLM's Request: 8 shared system prompts, then a distinct tail."""
     out = []
     for i in range(n):
-        shared = [f"s{i % 8}-{k}".encode() for k in range(PROMPT_BLOCKS // 2)]
-        own = [f"r{i}-{k}".encode() for k in range(PROMPT_BLOCKS // 2)]
+        shared = [f"s{i % 8}-{k}".encode() for k in range(prompt_blocks // 2)]
+        own = [f"r{i}-{k}".encode() for k in range(prompt_blocks - prompt_blocks // 2)]
         out.append(SimpleNamespace(request_id=f"req-{i}", arrival_time=time.time(),
-                                   num_prompt_tokens=BLOCK * PROMPT_BLOCKS + 3, num_output_tokens=40,
+                                   num_prompt_tokens=BLOCK * prompt_blocks + 3, num_output_tokens=40,
                                    block_hashes=shared + own,
                                    sampling_params=SimpleNamespace(extra_args={"type": "text", "turn": 1 + i % 3}),
                                    get_finished_reason=lambda: "stop"))
@@ -120,6 +129,33 @@ def in_process(n: int, per_step: int = 4, step_python_s: float = 5e-4, model_s: 
                 "hooks_us": 1e6 * statistics.median(direct), "step_python_ms": 1e3 * step_python_s,
                 "per_step": per_step, "model_ms": 1e3 * model_s, "written": loop.recorder.written,
                 "dropped": loop.recorder.dropped, "events_dropped": loop.metrics.get("kvprof_events_dropped_total")}
+
+
+def stall(prompt_blocks: int, n: int = 20, per_request_s: float = 0.05) -> dict:
+    """The longest the recorder's writer keeps a busy scheduler thread from running Python: pieces of
+    Python timed one by one, ``per_request_s`` after each of ``n`` submitted requests, and as long
+    again with no recorder (the machine's own noise)."""
+    def pieces(seconds: float) -> list[float]:
+        out, end = [], time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            _busy(20)
+            out.append(time.perf_counter() - t)
+        return out
+
+    alone = pieces(n * per_request_s)
+    with tempfile.TemporaryDirectory() as tmp:
+        recorder = Recorder(f"{tmp}/rec", block_size=BLOCK, guard=False,
+                            start={"pid": os.getpid(), "model": "bench", "vllm": "-", "kvprof": "-",
+                                   "policy": "vllm-lru", "num_gpu_blocks": 8192}).begin()
+        recording = []
+        for r in requests(n, prompt_blocks):
+            recorder.submit(r, r.arrival_time, 0, time.time())
+            recording += pieces(per_request_s)
+        recorder.close()
+    return {"prompt_blocks": prompt_blocks, "requests": n, "written": recorder.written,
+            "longest_alone_ms": 1e3 * max(alone), "longest_recording_ms": 1e3 * max(recording),
+            "over_1ms_alone": sum(p > 1e-3 for p in alone), "over_1ms_recording": sum(p > 1e-3 for p in recording)}
 
 
 def serve(n_runs: int = 2) -> dict:
@@ -195,6 +231,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--serve", action="store_true", help="also measure vllm serve with and without --kv-record")
     parser.add_argument("--startup", action="store_true", help="also measure start-up with an empty numba cache")
+    parser.add_argument("--stall", type=int, metavar="BLOCKS",
+                        help="also measure the writer's longest hold of the GIL on prompts of BLOCKS blocks")
     args = parser.parse_args()
     result = in_process(args.requests)
     print(f"scheduler thread ({result['requests']:,} requests of {PROMPT_BLOCKS} blocks, {result['per_step']} scheduled "
@@ -205,6 +243,13 @@ def main() -> None:
           f"(hooks + waiting for the GIL the background threads hold)")
     print(f"  recorder wrote {result['written']:,}, dropped {result['dropped']}; events dropped "
           f"{result['events_dropped']:.0f}")
+    if args.stall:
+        result = stall(args.stall)
+        print(f"  a busy scheduler's longest piece, {result['requests']} requests of {result['prompt_blocks']:,} blocks "
+              f"recorded ({result['written']} written): {result['longest_recording_ms']:.2f} ms "
+              f"({result['over_1ms_recording']} over 1 ms), with no recorder {result['longest_alone_ms']:.2f} ms "
+              f"({result['over_1ms_alone']} over 1 ms) [target: no wait over 1 ms: "
+              f"{'met' if result['longest_recording_ms'] <= 1.0 else 'MISSED'}]")
     if args.serve:
         rows = serve()
         for name, runs in rows.items():

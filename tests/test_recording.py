@@ -20,6 +20,7 @@ import pytest
 from kvprof.errors import TraceError
 from kvprof.profiler.reader import read_trace
 from kvprof.recording import CHAT_IDS_PER_START, RecordingError, load_recording, trace_files
+from kvprof.vllm import record as record_module
 from kvprof.vllm.record import Recorder
 
 START = {"pid": 1, "model": "tiny", "vllm": "0.32.0", "kvprof": "0.1.0", "num_gpu_blocks": 64, "policy": "lru"}
@@ -88,6 +89,28 @@ def test_ids_reveal_no_hash_and_change_with_every_start(tmp_path):
     assert b"h(1," not in text
 
 
+def test_a_long_prompt_is_written_in_slices_and_keeps_every_id(tmp_path):
+    """The writer computes ids and compresses a slice at a time (the GIL handed over between slices):
+    a 2,000-block prompt takes several of each, and the line is whole."""
+    n = 2000
+    assert n > 4 * record_module._IDS_PER_SLICE and 20 * n > 1.2 * record_module._BYTES_PER_SLICE
+    hashes = [os.urandom(32) for _ in range(n)]
+
+    def long_request(arrival, count):
+        return SimpleNamespace(arrival_time=arrival, num_prompt_tokens=BS * count + 1, num_output_tokens=1,
+                               get_finished_reason=lambda: "stop", sampling_params=None,
+                               block_hashes=hashes[:count])
+
+    t0 = 1_000_000.0
+    record(tmp_path / "l", [(long_request(t0 + 1, n), t0 + 1, t0 + 2), (long_request(t0 + 3, 700), t0 + 3, t0 + 4)],
+           clock=Clock(t0))
+    trace, report = read_trace(tmp_path / "l")
+    assert report.truncated == 0 and trace.n_requests == 2
+    full, part = trace.blocks_of(0).tolist(), trace.blocks_of(1).tolist()
+    assert len(full) == n + 1 and len(set(full)) == n + 1  # every block an id of its own, the partial one fresh
+    assert len(part) == 701 and part[:700] == full[:700] and part[700] not in full
+
+
 def test_files_rotate_and_parents_cross_them(tmp_path):
     clock = Clock()
     recorder = Recorder(tmp_path / "r", block_size=BS, start=START, clock=clock, rotate_s=10, flush_s=0.05).begin()
@@ -118,6 +141,7 @@ def test_a_killed_servers_open_file_reads_up_to_its_last_frame(tmp_path):
 import sys, time
 sys.path.insert(0, {str(Path(__file__).parents[1])!r})
 from tests.test_recording import request, START, BS
+from kvprof.vllm import record as record_module
 from kvprof.vllm.record import Recorder
 rec = Recorder({str(tmp_path / 'k')!r}, block_size=BS, start=START, flush_s=0.05, guard=False).begin()
 t0 = time.time()
@@ -170,6 +194,7 @@ import resource, signal, sys, time
 sys.path.insert(0, {str(Path(__file__).parents[1])!r})
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 from tests.test_recording import request, START, BS
+from kvprof.vllm import record as record_module
 from kvprof.vllm.record import Recorder
 rec = Recorder({str(tmp_path / 'f')!r}, block_size=BS, start=START, flush_s=0.01).begin()
 resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
@@ -274,6 +299,7 @@ def _script(directory, *, guard, n=100000, rank=0, flush_s=0.05):
 import sys, time
 sys.path.insert(0, {str(Path(__file__).parents[1])!r})
 from tests.test_recording import request, START, BS
+from kvprof.vllm import record as record_module
 from kvprof.vllm.record import Recorder
 rec = Recorder({str(directory)!r}, block_size=BS, start={{**START, "rank": {rank}}}, flush_s={flush_s},
                guard={guard}).begin()
