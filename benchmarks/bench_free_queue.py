@@ -24,6 +24,11 @@ ns/block: a pool of ``--pool`` blocks (the rest freed in chains of 64), a chain 
 random order freed tail first, each block taken back (``take``), the takes applied (the next call:
 ``remove_n``), and accessed again as hits; every third round the whole pool is evicted (``evict``)
 and the chain allocated again (``access_miss``: ghost recalls). Min over ``--repeat`` rounds (x3).
+
+``--caching`` instead times the pool's ``cache_full_blocks`` of one block, as each decode step calls
+it for every request that filled a block: vLLM's ``BlockPool`` against kvprof's pool under ``lru``
+and ``wa`` (64 requests of 64 blocks in a pool of ``--pool`` blocks, each caching its next block in
+turn; median us per call over ``--repeat`` rounds, and what kvprof adds to it).
 """
 
 from __future__ import annotations
@@ -216,6 +221,51 @@ def bench_chain(pool, k, repeat):
     return {name: min(times) for name, times in phases.items()}
 
 
+def bench_caching(pool: int, repeat: int) -> dict[str, float]:
+    """Median us per ``cache_full_blocks`` call of one block, by pool (see the module's docstring)."""
+    import tempfile
+
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    from kvprof.vllm.block_pool import KvprofBlockPool
+    from kvprof.vllm.spec import PolicySpec
+
+    init_none_hash(sha256_cbor)
+    hasher = get_request_block_hasher(16, sha256_cbor)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        _hp(4, np.random.default_rng(0)).save(fh.name)
+
+    def make(kind):
+        if kind == "native":
+            return BlockPool(num_gpu_blocks=pool, enable_caching=True, hash_block_size=16)
+        entry = {"policy": kind, **({"config": fh.name} if kind == "wa" else {})}
+        return KvprofBlockPool(num_gpu_blocks=pool, enable_caching=True, hash_block_size=16,
+                               kvprof_spec=PolicySpec.from_additional_config({"kv_policy": entry}))
+
+    medians: dict[str, list[float]] = {"native": [], "lru": [], "wa": []}
+    for r in range(repeat):
+        for kind in medians:  # alternating, each round on fresh pools and prompts
+            blocks_pool, rng = make(kind), np.random.default_rng(r)
+            requests = [Request(f"r{i}", rng.integers(100, 30000, 16 * 64).tolist(),
+                                SamplingParams(max_tokens=1, extra_args={"type": "c0", "turn": 1}), None,
+                                block_hasher=hasher) for i in range(64)]
+            held = [blocks_pool.get_new_blocks(64) for _ in requests]
+            times = []
+            for k in range(64):
+                for request, blocks in zip(requests, held):
+                    start = time.perf_counter_ns()
+                    blocks_pool.cache_full_blocks(request, blocks, k, k + 1, 16, 0)
+                    times.append(time.perf_counter_ns() - start)
+            medians[kind].append(float(np.median(times)) / 1e3)
+            if kind != "native":
+                blocks_pool.close()
+    return {kind: min(values) for kind, values in medians.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
@@ -224,7 +274,13 @@ def main():
     ap.add_argument("--pool", type=int, default=8192, help="pool size of the per-call part")
     ap.add_argument("--calls", type=int, nargs="+", default=[1, 16, 64, 256], help="n of the per-call part")
     ap.add_argument("--chain", type=int, default=0, help="time wa's twin on a chain of this many blocks instead")
+    ap.add_argument("--caching", action="store_true", help="time cache_full_blocks of one block instead")
     args = ap.parse_args()
+    if args.caching:
+        res = bench_caching(max(args.pool, 4096 + 1), args.repeat)
+        print("cache_full_blocks of one block (decode), us per call (median; the best of --repeat rounds):")
+        print("  ".join(f"{name} {us:.2f} (adds {us - res['native']:.2f})" for name, us in res.items()))
+        return
     if args.chain:
         res = bench_chain(args.pool, args.chain, args.repeat)
         print(f"wa's twin, a chain of {args.chain} blocks in a pool of {args.pool}, ns/block "

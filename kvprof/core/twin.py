@@ -187,12 +187,14 @@ class CompiledTwin(EvictionPolicy):
     def _remember_contents(self, blocks: np.ndarray, numbers: np.ndarray) -> None:
         if self._contents_in_core:
             return
-        top = int(blocks.max()) + 1
-        if top > len(self._block_content):
+        try:  # the table is as long as the pool: a block beyond it only where the pool grows (a simulator's)
+            self._block_content[blocks] = numbers
+        except IndexError:
+            top = int(blocks.max()) + 1
             grown = np.full(max(top, 2 * len(self._block_content)), -1, dtype=np.int32)
             grown[: len(self._block_content)] = self._block_content
             self._block_content = grown
-        self._block_content[blocks] = numbers
+            self._block_content[blocks] = numbers
 
     def touches(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """When each of ``blocks`` (int64) was last accessed or freed (the ``now`` of that call) and the

@@ -336,6 +336,9 @@ def _one(value) -> np.ndarray:
     return out
 
 
+_NO_OWNER = _one(None)  # the owner of a block accessed outside any request
+
+
 def policy_has_shadows(policy) -> bool:
     """Whether compiled twin ``policy`` keeps shadows (``wa``'s safety net), which requests' chains feed."""
     return policy.safety_net() is not None
@@ -405,6 +408,9 @@ class KvprofBlockPool(BlockPool):
         #: Request id -> (content numbers of its chain, how many from the start are known): what
         #: its blocks were cached or hit with, so that admission and finish look up only the rest.
         self._chain_numbers: dict[str, tuple[np.ndarray, int]] = {}
+        #: Request id -> (its owner, as :attr:`_owner` holds it, and its class index under the spec
+        #: served): neither changes while it runs, and each cached or hit block would look them up.
+        self._request_classes: dict[str, tuple[np.ndarray, int]] = {}
         # vLLM's queue has popped the null block already; keep its order for the rest.
         free = self.free_block_queue.get_all_free_blocks()
         self.free_block_queue = PolicyFreeQueue(self.blocks, policy, clock)
@@ -462,10 +468,13 @@ class KvprofBlockPool(BlockPool):
         if num_cached_blocks >= num_full_blocks:
             return
         new = blocks[num_cached_blocks:num_full_blocks]
-        ids = int64s([block.block_id for block in new])
+        block_ids = [block.block_id for block in new]
+        ids = int64s(block_ids)
         keys = [block._block_hash for block in new]
         depths = np.arange(num_cached_blocks, num_full_blocks, dtype=np.int64)
-        if not ids.all() or None in keys:  # rare: null blocks (id 0, a sliding window's) or blocks left uncached
+        # rare: null blocks (id 0, a sliding window's) or blocks left uncached; a short list is searched in
+        # Python (decode caches one block a call), a long one in numpy
+        if (0 in block_ids if len(block_ids) < _FEW else not ids.all()) or None in keys:
             kept = [i for i, (block, key) in enumerate(zip(new, keys)) if not block.is_null and key is not None]
             ids, depths, keys = ids[kept], depths[kept], [keys[i] for i in kept]
         if len(keys):
@@ -476,18 +485,20 @@ class KvprofBlockPool(BlockPool):
     def _access_numbered(self, ids: np.ndarray, depths: np.ndarray, numbers: np.ndarray, request, hit: bool) -> None:
         """The policy accesses blocks ``ids`` at ``depths`` with contents ``numbers`` for ``request``
         (one compiled call), and the pool notes what a reload would tell a new policy of them."""
-        spec = self.kvprof_spec
         if request is None:
-            owner, cls = None, spec.default_index
+            owner, cls = _NO_OWNER, self.kvprof_spec.default_index
         else:
-            owner = (request_extra_args(request), request.num_prompt_tokens)
-            cls = spec.class_index(*owner)
+            known = self._request_classes.get(request.request_id)
+            if known is None:
+                tags = (request_extra_args(request), request.num_prompt_tokens)
+                known = self._request_classes[request.request_id] = (_one(tags), self.kvprof_spec.class_index(*tags))
+            owner, cls = known
         now = self._clock()
         if self._depth is not None:  # else the policy's core keeps both
             self._depth[ids] = depths
             self.free_block_queue.last_touch[ids] = now
         self._hits[ids] = np.minimum(self._hits[ids] + 1, _HITS_KEPT) if hit else 0
-        self._owner[ids] = _one(owner)
+        self._owner[ids] = owner
         self.policy.access_numbered(ids, depths, numbers, now, cls, hit=hit)
 
     def _note_chain(self, request, depths: np.ndarray, numbers: np.ndarray, first_key) -> None:
@@ -527,6 +538,7 @@ class KvprofBlockPool(BlockPool):
     def finish_request(self, request, n_blocks: int) -> None:
         """``request``, holding ``n_blocks`` blocks, is about to be freed: its whole chain of computed
         full blocks (the output's too) reaches the policy, which caches what the output filled."""
+        self._request_classes.pop(request.request_id, None)
         if not self._shadowed:
             self._chain_numbers.pop(request.request_id, None)  # kept under a policy served before a reload
             return
@@ -576,6 +588,7 @@ class KvprofBlockPool(BlockPool):
                    lambda item: policy.free([item.id], item.stamp))
         self.policy.close()
         self.kvprof_spec = spec
+        self._request_classes.clear()  # classes under the old hp file
         self._install(policy)
         if self._depth is not None:  # the new policy's were told as the old one kept them
             self._depth[ids] = depths

@@ -424,3 +424,50 @@ def test_a_reload_tells_the_new_policy_what_the_pool_served(seed, in_vllm):
         traffic.run(200)
         assert pool.free_block_queue.evictions > evicted
     pool.close()
+
+
+def test_a_running_requests_class_follows_a_reload(in_vllm):
+    """The pool keeps each running request's class rather than look it up per cached block; a reload to an
+    hp file that numbers the classes otherwise reaches the blocks the request caches after it."""
+    if not in_vllm:
+        return
+    import json
+    import tempfile
+    from types import SimpleNamespace
+
+    from vllm_support import HP_TEST
+
+    from kvprof.vllm.spec import PolicySpec
+
+    pool, old_spec = _wa_pool(32)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:  # one class more: hot_1's index moves
+        json.dump({**HP_TEST, "classes": {**HP_TEST["classes"], "api_1": {"p": 0.5, "lambda": 0.1}}}, fh)
+    new_spec = PolicySpec.from_additional_config({"kv_policy": {"config": fh.name}})
+    tags = {"type": "hot", "turn": 1}
+    assert old_spec.class_index(tags) != new_spec.class_index(tags)
+    told = []
+
+    def record(policy):
+        access = policy.access_numbered
+
+        def recorded(ids, depths, numbers, now, workload, *, hit):
+            told.append(workload)
+            return access(ids, depths, numbers, now, workload, hit=hit)
+
+        policy.access_numbered = recorded
+
+    request = SimpleNamespace(request_id="r", num_prompt_tokens=4 * 16, num_computed_tokens=4 * 16,
+                              block_hashes=[bytes([k]) * 16 for k in range(4)],
+                              sampling_params=SimpleNamespace(extra_args=tags))
+    blocks = pool.get_new_blocks(4)
+    record(pool.policy)
+    pool.cache_full_blocks(request, blocks, 0, 2, 16, 0)
+    pool.cache_full_blocks(request, blocks, 2, 3, 16, 0)
+    policy = new_spec.make_policy(capacity=pool.num_gpu_blocks, n_blocks=pool.num_gpu_blocks)
+    pool.replace_policy(new_spec, policy)
+    record(pool.policy)
+    pool.cache_full_blocks(request, blocks, 3, 4, 16, 0)
+    assert told == [old_spec.class_index(tags)] * 2 + [new_spec.class_index(tags)]
+    pool.finish_request(request, n_blocks=4)
+    assert not pool._request_classes  # forgotten with the request
+    pool.close()
