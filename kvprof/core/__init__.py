@@ -16,8 +16,8 @@ Compiled code is cached on disk beside these modules (numba's ``cache=True``): t
 after installing compiles it once (about a minute on two cores), later processes load it.
 numba checks a cached function against its own file only, while these functions share struct
 types across files, so importing this package drops every cached function older than the
-newest of its sources and of the registry that numbers the kinds (:func:`drop_stale_caches`). This module imports no numba, so asking
-:func:`has_twin` costs nothing.
+newest of its sources and of the registry that numbers the kinds (:func:`drop_stale_caches`).
+This module imports no numba, so asking :func:`has_twin` costs nothing.
 """
 
 from __future__ import annotations
