@@ -80,6 +80,14 @@ _SLICE_PAUSE_S = 5e-5
 _SESSIONS_KEPT = 1 << 20
 
 
+def _in_slices(sequence, size: int):
+    """``sequence`` a slice of ``size`` at a time, with a pause (:data:`_SLICE_PAUSE_S`) between slices."""
+    for start in range(0, len(sequence), size):
+        if start:
+            time.sleep(_SLICE_PAUSE_S)
+        yield sequence[start:start + size]
+
+
 class Recorder:
     """Writes finished requests to ``directory`` from one background thread.
 
@@ -249,12 +257,7 @@ class Recorder:
 
     def _id_texts(self, hashes) -> list[str]:
         """The ids of full blocks' hashes as JSON numbers, computed a slice at a time."""
-        texts = []
-        for start in range(0, len(hashes), _IDS_PER_SLICE):
-            if start:
-                time.sleep(_SLICE_PAUSE_S)
-            texts.append(",".join([str(self._id(h)) for h in hashes[start:start + _IDS_PER_SLICE]]))
-        return texts
+        return [",".join([str(self._id(h)) for h in part]) for part in _in_slices(hashes, _IDS_PER_SLICE)]
 
     def _tag(self, record: dict, tags: dict) -> None:
         """The client's scalar tags as fields; ``type``, ``turn`` and the session set the Bailian fields."""
@@ -295,11 +298,8 @@ class Recorder:
         elif abs(now - self._file_started) >= self.rotate_s:  # a clock stepped back rotates too
             self._close_file()
             self._open_file(now, self._next_chat_id - 1)
-        view = memoryview(line)
-        for start in range(0, len(view), _BYTES_PER_SLICE):  # compressing holds the GIL too
-            if start:
-                time.sleep(_SLICE_PAUSE_S)
-            self._writer.write(view[start:start + _BYTES_PER_SLICE])
+        for part in _in_slices(memoryview(line), _BYTES_PER_SLICE):  # compressing holds the GIL too
+            self._writer.write(part)
         self._unflushed += 1
 
     def _maybe_flush(self) -> None:
