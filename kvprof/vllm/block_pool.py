@@ -59,6 +59,10 @@ _FEW = 64
 #: From this many ints on, :func:`int64s` converts a list through ``array('q')``.
 _LONG = 128
 
+#: Below this many blocks, ``cache_full_blocks`` looks for the null block (id 0) in the Python list of ids
+#: (decode caches one block a call); from it on, ``all()`` of the id array is faster.
+_SEARCHED = 64
+
 #: Whether vLLM's blocks keep the token count their hash covers (0.32 on; :func:`chain_depths`).
 _HAS_TOKEN_COUNT = hasattr(KVCacheBlock, "_block_hash_num_tokens")
 
@@ -472,9 +476,8 @@ class KvprofBlockPool(BlockPool):
         ids = int64s(block_ids)
         keys = [block._block_hash for block in new]
         depths = np.arange(num_cached_blocks, num_full_blocks, dtype=np.int64)
-        # rare: null blocks (id 0, a sliding window's) or blocks left uncached; a short list is searched in
-        # Python (decode caches one block a call), a long one in numpy
-        if (0 in block_ids if len(block_ids) < _FEW else not ids.all()) or None in keys:
+        # rare: null blocks (id 0, a sliding window's) or blocks left uncached
+        if (0 in block_ids if len(block_ids) < _SEARCHED else not ids.all()) or None in keys:
             kept = [i for i, (block, key) in enumerate(zip(new, keys)) if not block.is_null and key is not None]
             ids, depths, keys = ids[kept], depths[kept], [keys[i] for i in kept]
         if len(keys):
