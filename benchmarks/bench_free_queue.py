@@ -236,15 +236,16 @@ def bench_caching(pool: int, repeat: int) -> dict[str, float]:
 
     init_none_hash(sha256_cbor)
     hasher = get_request_block_hasher(16, sha256_cbor)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        _hp(4, np.random.default_rng(0)).save(fh.name)
+    with tempfile.TemporaryDirectory() as tmp:  # the hp file is read when a spec is made, here
+        hp_path = f"{tmp}/hp.json"
+        _hp(4, np.random.default_rng(0)).save(hp_path)
+        specs = {kind: PolicySpec.from_additional_config({"kv_policy": {"policy": kind, **(
+            {"config": hp_path} if kind == "wa" else {})}}) for kind in ("lru", "wa")}
 
     def make(kind):
         if kind == "native":
             return BlockPool(num_gpu_blocks=pool, enable_caching=True, hash_block_size=16)
-        entry = {"policy": kind, **({"config": fh.name} if kind == "wa" else {})}
-        return KvprofBlockPool(num_gpu_blocks=pool, enable_caching=True, hash_block_size=16,
-                               kvprof_spec=PolicySpec.from_additional_config({"kv_policy": entry}))
+        return KvprofBlockPool(num_gpu_blocks=pool, enable_caching=True, hash_block_size=16, kvprof_spec=specs[kind])
 
     medians: dict[str, list[float]] = {"native": [], "lru": [], "wa": []}
     for r in range(repeat):

@@ -39,7 +39,9 @@ from kvprof.parallel import run_tasks  # noqa: E402
 from kvprof.policy import make_policy  # noqa: E402
 from kvprof.profiler.fit import fit_trace  # noqa: E402
 from kvprof.sim.config import SimConfig  # noqa: E402
-from kvprof.sim.oracles import AccessIndexed, Future, ToldPolicy, make_oracle, reference, replay, sessions_of  # noqa: E402
+from kvprof.sim.oracles import (  # noqa: E402
+    AccessIndexed, Future, ToldPolicy, make_oracle, reference_task, replay, sessions_of,
+)
 from kvprof.sim.workload import prepare_workload  # noqa: E402
 
 ROOT_SEEN = (1, 2)
@@ -83,10 +85,10 @@ def roots_seen_before(workload) -> np.ndarray:
 
 def rule_task(shared: tuple, rule: str, base: str, capacity: int) -> float:
     """The token hit ratio of ``rule`` (``continues``, ``root<k>``, ``out<q>``) over ``base`` at ``capacity``."""
-    indexed, future, hp, config, seen, output, limits = shared
+    indexed, future, hp, config, seen, output, limits, references = shared
     policy = make_policy(base, hp, capacity)
     if rule == "continues":
-        told = make_oracle("continues", policy, future, reference(indexed, future, capacity, config))
+        told = make_oracle("continues", policy, future, references[capacity])
     elif rule.startswith("root"):
         told = RootSeen(policy, seen, int(rule[4:]))
     else:
@@ -110,8 +112,11 @@ def run_case(case, trace, quality: dict, jobs: int) -> dict:
     rules = ["continues", *(f"root{k}" for k in ROOT_SEEN), *limits]
     indexed = AccessIndexed.of(workload)
     future = Future.of(workload, sessions_of(window, workload))
-    shared = (indexed, future, hp, config, seen, workload.output_tokens.tolist(), limits)
     rows = quality["rows"]
+    capacities = [row["capacity"] for row in rows]  # the continuation oracle's horizon, once per capacity
+    references = dict(zip(capacities, run_tasks(reference_task, (indexed, future, hp, config),
+                                                 [(c,) for c in capacities], n_jobs=jobs)))
+    shared = (indexed, future, hp, config, seen, workload.output_tokens.tolist(), limits, references)
     tasks = list(dict.fromkeys((rule, base, row["capacity"]) for row in rows for rule in rules
                                for base in ("lru", row["best_baseline"])))
     ratios = dict(zip(tasks, run_tasks(rule_task, shared, tasks, n_jobs=jobs)))
