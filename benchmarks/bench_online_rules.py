@@ -153,25 +153,33 @@ def print_table(cases: list[dict]) -> None:
         print(f"\n{case['trace']}: {limits} (the fit window's percentiles); {case['wall_s']:.0f} s", file=sys.stderr)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def suite_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of the benchmarks that read the quality suite's JSON: jobs, traces and that JSON."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=1, help="joblib workers (-1: all cores)")
     parser.add_argument("--traces", default="weka,mooncake", help="comma-separated case names (default: the real traces)")
     parser.add_argument("--quality", type=Path, default=REPO / "benchmarks" / "quality.json",
-                        help="bench_quality.py's JSON (its default output) giving the suite's ratios")
-    args = parser.parse_args()
+                        help="bench_quality.py's JSON (its default output): the suite's ratios and tuning")
+    return parser
+
+
+def suite_cases(parser: argparse.ArgumentParser, args):
+    """``(case, trace, the suite's JSON for it)`` for each chosen case that ``--quality`` holds."""
     if not args.quality.is_file():
         parser.error(f"--quality {args.quality}: no such file (bench_quality.py writes it)")
     quality = {case["trace"]: case for case in json.loads(args.quality.read_text())["cases"]}
-    cases = []
     for case, trace in chosen_traces(args.traces):
         if case.name not in quality:
             print(f"skipped {case.name}: not in {args.quality}", file=sys.stderr)
             continue
-        cases.append(run_case(case, trace, quality[case.name], args.jobs))
-    print_table(cases)
-    return 0
+        yield case, trace, quality[case.name]
 
+
+def main() -> int:
+    parser = suite_parser(__doc__)
+    args = parser.parse_args()
+    print_table([run_case(case, trace, quality, args.jobs) for case, trace, quality in suite_cases(parser, args)])
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,6 @@ real cache followed at the end.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -33,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_quality import REPO, chosen_traces  # noqa: E402
+from bench_online_rules import suite_cases, suite_parser  # noqa: E402
 
 import kvprof.policy.wa as wa_module  # noqa: E402
 from kvprof.models.hp import HpFile  # noqa: E402
@@ -188,27 +187,14 @@ def print_table(cases: list[dict]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-j", "--jobs", type=int, default=1, help="joblib workers (-1: all cores)")
-    parser.add_argument("--traces", default="weka,mooncake", help="comma-separated case names (default: the real traces)")
-    parser.add_argument("--quality", type=Path, default=REPO / "benchmarks" / "quality.json",
-                        help="bench_quality.py's JSON (its default output): the suite's tuning and ratios")
+    parser = suite_parser(__doc__)
     parser.add_argument("-o", "--output", type=Path, help="also write the table as JSON here")
     args = parser.parse_args()
-    if not args.quality.is_file():
-        parser.error(f"--quality {args.quality}: no such file (bench_quality.py writes it)")
-    quality = {case["trace"]: case for case in json.loads(args.quality.read_text())["cases"]}
-    cases = []
-    for case, trace in chosen_traces(args.traces):
-        if case.name not in quality:
-            print(f"skipped {case.name}: not in {args.quality}", file=sys.stderr)
-            continue
-        cases.append(run_case(case, trace, quality[case.name], args.jobs))
+    cases = [run_case(case, trace, quality, args.jobs) for case, trace, quality in suite_cases(parser, args)]
     print_table(cases)
     if args.output:
         args.output.write_text(json.dumps(cases, indent=1) + "\n")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
