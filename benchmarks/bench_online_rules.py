@@ -181,5 +181,6 @@ def main() -> int:
     print_table([run_case(case, trace, quality, args.jobs) for case, trace, quality in suite_cases(parser, args)])
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

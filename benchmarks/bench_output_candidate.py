@@ -99,29 +99,33 @@ class DemotedLRU(EvictionPolicy):
 
 
 class WithOutputRule(WorkloadAwarePolicy):
-    """``wa`` whose ``out<q>`` candidates demote the blocks of requests with outputs over ``limits[name]``."""
+    """``wa`` whose ``out<q>`` candidates demote the blocks of requests with outputs over ``limits[name]``.
+
+    The rule candidates join the orders given (``from_hp``'s tuned ones, else the default) after them.
+    """
 
     def __init__(self, *args, output: list[int], limits: dict[str, float], **kwargs) -> None:
         _register(limits)  # here, not at import: a joblib worker gets this module's functions by value
-        self.output, self.limits = output, limits
-        super().__init__(*args, **kwargs)
-
-    def _new_followed(self, name: str) -> EvictionPolicy:
-        return DemotedLRU() if name in self.limits else super()._new_followed(name)
+        orders = tuple(kwargs.pop("orders", DEFAULT_ORDERS))
+        orders += tuple(name for name in limits if name not in orders)
+        super().__init__(*args, orders=orders, **kwargs)
+        self.output = output
+        self._rules = [(limits[name], i) for i, name in enumerate(orders) if name in limits]
 
     def finish(self, request, now, contents=None, *, n_blocks=None) -> None:
-        rules = [(self.limits[name], i) for i, name in enumerate(self.order_names) if name in self.limits]
-        for limit, i in rules:  # the real cache's free comes next
-            self._followed[i].demote_next = self.output[request] > limit
-        for limit, i in rules if self._shadows else ():
-            self._shadows[i].policy.demote_next = self.output[request] > limit
+        output, shadows = self.output[request], self._shadows
+        for limit, i in self._rules:  # the real cache's free comes next
+            self._followed[i].demote_next = demote = output > limit
+            if shadows:
+                shadows[i].policy.demote_next = demote
         super().finish(request, now, contents, n_blocks=n_blocks)
-        for _, i in rules if self._shadows else ():  # a request outside the shadows' sample frees nothing there
-            self._shadows[i].policy.demote_next = False
+        for _, i in self._rules if shadows else ():  # a request outside the shadows' sample frees nothing there
+            shadows[i].policy.demote_next = False
 
 
 def _register(names: Iterable[str]) -> None:
-    """Make ``wa`` accept the rule candidates as followed policies (its module checks names against these)."""
+    """Make ``wa`` accept the rule candidates as followed policies, each a :class:`DemotedLRU` (its module
+    checks names against these and builds followed policies from them)."""
     for name in names:
         wa_module.FOLLOWED_POLICIES.setdefault(name, DemotedLRU)
     wa_module.ORDER_NAMES = wa_module.ROW_ORDERS + tuple(wa_module.FOLLOWED_POLICIES)
@@ -131,13 +135,8 @@ def variant_task(shared: tuple, variant: str, capacity: int) -> tuple[float, str
     """``variant``'s token hit ratio at ``capacity``, the candidate followed at the end, and seconds."""
     workload, hp, config, limits = shared
     started = time.perf_counter()
-    rules = VARIANTS[variant]
-    learned = hp.tuned(capacity).get("learned")
-    base = DEFAULT_ORDERS + (("learned",) if learned is not None else ())
-    start = hp.tuned(capacity).get("start", base[0])
-    orders = (start, *(name for name in base if name != start), *rules)
-    policy = WithOutputRule.from_hp(hp, capacity=capacity, orders=orders, output=workload.output_tokens.tolist(),
-                                    limits={name: limits[name] for name in rules})
+    policy = WithOutputRule.from_hp(hp, capacity=capacity, output=workload.output_tokens.tolist(),
+                                    limits={name: limits[name] for name in VARIANTS[variant]})
     ratio = simulate(workload, policy, capacity, config, engine="python").token_hit_ratio
     return ratio, policy.order_name, time.perf_counter() - started
 
@@ -195,6 +194,7 @@ def main() -> int:
     if args.output:
         args.output.write_text(json.dumps(cases, indent=1) + "\n")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
