@@ -64,6 +64,9 @@ REGISTERED: tuple[Registration, ...] = (
                  candidate=True),
     Registration("sieve", "sieve:SIEVEPolicy", "sieve",
                  "SIEVE (NSDI '24): one FIFO, a visited bit, a hand that sweeps from the oldest"),
+    Registration("long-output", "long_output:LongOutputLRU", "long_output",
+                 "LRU, the blocks of requests with outputs over a tuned limit first (wa's long-output candidate)",
+                 by_name=False, candidate=True),
 )
 
 

@@ -11,6 +11,7 @@ from kvprof.core.twin import CompiledTwin
 from kvprof.models.learned import N_LOG_BINS, LearnedModel
 from kvprof.policy import POLICIES, make_policy
 from kvprof.policy.learned import LearnedPolicy
+from kvprof.policy.long_output import LongOutputLRU
 from kvprof.policy.wa import DEFAULT_ORDERS, ORDER_NAMES
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
@@ -25,6 +26,9 @@ LEARNED = LearnedModel(0.1, cell=(0.8, -0.6, 0.3, -0.2), tier=(-1.0, 0.4, 1.1, 2
                        turn=tuple(np.linspace(-0.8, 1.2, N_LOG_BINS)), gap=tuple(np.linspace(0.9, -0.9, N_LOG_BINS)),
                        fanout=tuple(np.linspace(-0.5, 1.5, N_LOG_BINS)), edges=(0.3, 0.5, 0.7), credit_s=2.5)
 
+#: The long-output candidate's limit: about half the scenarios' finishes pass it (their outputs are 0-99 tokens).
+OUTPUT_LIMIT = 50.0
+
 #: wa in each configuration the twin must follow: every candidate order alone (adaptive
 #: frequency learning from its own ghost), the followed S3-FIFO or learned candidate leading, and
 #: the safety net (with the learned candidate too).
@@ -38,11 +42,13 @@ WA_VARIANTS = {
     "wa+shadows": lambda: build("wa+shadows"),
     "wa default orders": lambda: wa_policy(P, LAM, safety_net=True, orders=DEFAULT_ORDERS),
     "wa learned leads": lambda: wa_policy(P, LAM, orders=("learned", "model"), learned=LEARNED),
-    "wa every order": lambda: wa_policy(P, LAM, safety_net=True, orders=ORDER_NAMES, learned=LEARNED),
+    "wa long-output leads": lambda: wa_policy(P, LAM, orders=("long-output", "model"), output_limit=OUTPUT_LIMIT),
+    "wa every order": lambda: wa_policy(P, LAM, safety_net=True, orders=ORDER_NAMES, learned=LEARNED,
+                                        output_limit=OUTPUT_LIMIT),
     "wa sampled shadows": lambda: wa_policy(P, LAM, safety_net=True, orders=DEFAULT_ORDERS, shadow_sample=0.5),
 }
 BUILDERS = {**{name: (lambda name=name: build(name)) for name in sorted(POLICIES) if name != "wa"}, **WA_VARIANTS,
-            "learned": lambda: LearnedPolicy(LEARNED)}
+            "learned": lambda: LearnedPolicy(LEARNED), "long-output": lambda: LongOutputLRU(OUTPUT_LIMIT)}
 
 
 def run_side_by_side(reference, twin, ops, num_blocks, n_classes=4):

@@ -15,7 +15,7 @@ from kvprof.sim.engine import simulate
 from kvprof.sim.workload import prepare_workload
 
 from tests.helpers import make_trace
-from tests.test_policies import build
+from tests.test_policies import LAM, WA_ORDERS, P, build, wa_policy
 
 
 def recorded(rows, scheduled, finished, output=None, block_size=16, short=None):
@@ -116,7 +116,8 @@ def recorded_requests(workload):
     timing = workload.timing
     return RecordedRequests(blocks=timing.block, offsets=timing.offsets, n_full=timing.n_full,
                             n_prompt=timing.n_prompt, n_lookup=workload.n_lookup, n_new=timing.n_new,
-                            classes=workload.workload.astype(np.int64), next_use=timing.next_use)
+                            classes=workload.workload.astype(np.int64), next_use=timing.next_use,
+                            n_output=workload.output_tokens)
 
 
 @settings(max_examples=60, deadline=None)
@@ -151,12 +152,15 @@ def test_wa_shadows_agree_in_both_replays(case):
     trace, capacity, _ = case
     config = SimConfig(engine_block_size=trace.block_size, timing="auto")
     workload = prepare_workload(trace, engine_block_size=trace.block_size)
-    python, compiled = build("wa+shadows"), build("wa+shadows")
-    metrics = [simulate(workload, policy, capacity, config, engine=engine)
-               for policy, engine in ((python, "python"), (compiled, "compiled"))]
-    assert metrics[0].to_dict() == pytest.approx(metrics[1].to_dict(), nan_ok=True)
-    assert compiled.shadow_hits() == python.shadow_hits()
-    assert compiled.order_name == python.order_name
+    # with the long-output candidate too, led from the start: each finish tells it the recorded output
+    for make in (lambda: build("wa+shadows"), lambda: wa_policy(P, LAM, orders=("long-output", *WA_ORDERS),
+                                                                 safety_net=True, output_limit=20.0)):
+        python, compiled = make(), make()
+        metrics = [simulate(workload, policy, capacity, config, engine=engine)
+                   for policy, engine in ((python, "python"), (compiled, "compiled"))]
+        assert metrics[0].to_dict() == pytest.approx(metrics[1].to_dict(), nan_ok=True)
+        assert compiled.shadow_hits() == python.shadow_hits()
+        assert compiled.order_name == python.order_name
 
 
 def test_bad_recorded_times_matter_only_where_recorded_timing_runs():

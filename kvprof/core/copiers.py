@@ -100,6 +100,8 @@ def copy_core(s):
     c.learned_credit = s.learned_credit
     c.sieve_visited = s.sieve_visited.copy()
     c.sieve_hand = s.sieve_hand
+    c.long_output_limit = s.long_output_limit
+    c.long_output_freeing = s.long_output_freeing
     return c
 
 

@@ -106,7 +106,7 @@ def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, ne
             next_change += 1
         while decoding.n and decoding.a[0] <= now:
             r = structs.heap_pop(decoding)
-            _release(gpu, host, has_host, seats, seat_of[r], n_total[r], now, check)
+            _release(gpu, host, has_host, seats, seat_of[r], n_total[r], output[r], now, check)
             free_seats, n_free_seats = give_seat(free_seats, n_free_seats, seat_of[r])
             n_running -= 1
         while next_arrival < n and arrival[next_arrival] <= now:
@@ -189,7 +189,7 @@ def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, ne
             if decode:
                 structs.heap_push(decoding, now + output[r] * time_per_token, 0.0, r, r)
             else:
-                _release(gpu, host, has_host, seats, seat_of[r], n_total[r], now, check)
+                _release(gpu, host, has_host, seats, seat_of[r], n_total[r], output[r], now, check)
                 free_seats, n_free_seats = give_seat(free_seats, n_free_seats, seat_of[r])
                 n_running -= 1
     st.lookup, st.free_seats, st.n_free_seats = lookup, free_seats, n_free_seats
@@ -200,8 +200,8 @@ def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, ne
 
 
 @njit(cache=True)
-def _release(gpu, host, has_host, seats, seat, n, now, check):
-    policy_finish(gpu.policy, seat, now, seats[seat][:0], 0)  # no contents: admit had them all
+def _release(gpu, host, has_host, seats, seat, n, n_output, now, check):
+    policy_finish(gpu.policy, seat, now, seats[seat][:0], 0, n_output)  # no contents: admit had them all
     tiers.release(gpu, seats[seat], n, now)
     if check:
         _check(gpu, host, has_host)

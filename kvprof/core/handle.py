@@ -70,8 +70,14 @@ def admit(address, seat, contents, n_lookup, n_blocks, now, workload):
 
 
 @njit(cache=True)
-def finish(address, seat, now, contents, n_blocks):
-    core.policy_finish(policy_at(address), seat, now, contents, n_blocks)
+def finish(address, seat, now, contents, n_blocks, n_output):
+    core.policy_finish(policy_at(address), seat, now, contents, n_blocks, n_output)
+
+
+@njit(cache=True)
+def count_finish(address, n_output):
+    """``wa.count_finish``: the real cache's cores hear the output length."""
+    core.count_finish(policy_at(address), n_output)
 
 
 # -- wa's shadows fed on a thread of their own (kvprof.core.shadow_feed) --------------------------
@@ -89,7 +95,7 @@ def count_admit(address, n_lookup, workload):
 @njit(cache=True, nogil=True)
 def feed_n(address, numbers, nows, starts, contents, first, at):
     """The shadows' part of the admissions and finishes ``first`` on, in order: item ``i`` is
-    ``numbers[i]`` (kind, seat, n_lookup, n_blocks, workload, size, lookups, real hits; see
+    ``numbers[i]`` (kind, seat, n_lookup or a finish's n_output, n_blocks, workload, size, lookups, real hits; see
     :meth:`kvprof.core.shadow_feed.ShadowFeed.admit`), ``nows[i]`` and the chain
     ``contents[starts[i]:starts[i + 1]]``. ``at[0]`` is the item being done (where an error stopped)."""
     policy = policy_at(address)
@@ -101,7 +107,7 @@ def feed_n(address, numbers, nows, starts, contents, first, at):
             if item[6]:
                 core._weigh(policy, item[6], item[5], item[7])
         else:
-            core.policy_finish(policy, item[1], nows[i], chain, item[3])
+            core.feed_finish(policy, item[1], nows[i], chain, item[3], item[2])
 
 
 @njit(cache=True)

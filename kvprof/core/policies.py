@@ -28,15 +28,15 @@ from numba import njit, types
 from numba.experimental import structref
 
 from kvprof.core import structs
-from kvprof.core.kinds import KIND, NAMES, arc, belady, classed, learned, lfu, lru, module, s3fifo, sieve
+from kvprof.core.kinds import KIND, NAMES, arc, belady, classed, learned, lfu, long_output, lru, module, s3fifo, sieve
 from kvprof.core.kinds.classed import (  # noqa: F401 (wa's composite and the builders read them here)
     ORDER_FREQUENCY, ORDER_MODEL, ORDER_PAPER, ORDER_RECENCY, ORDER_SEGMENTED, remember,
 )
 from kvprof.core.prefix_cache import register_pool_protocol
 from kvprof.core.structs import NONE, grown, holds, unlink, unlink_held_n
 
-LRU, LFU, S3FIFO, ARC, BELADY, CLASSED, LEARNED, SIEVE = (
-    KIND[name] for name in ("lru", "lfu", "s3fifo", "arc", "belady", "classed", "learned", "sieve"))
+LRU, LFU, S3FIFO, ARC, BELADY, CLASSED, LEARNED, SIEVE, LONG_OUTPUT = (
+    KIND[name] for name in ("lru", "lfu", "s3fifo", "arc", "belady", "classed", "learned", "sieve", "long_output"))
 
 
 class CoreType(structs.StructType):
@@ -89,6 +89,7 @@ def new_core(kind, n_blocks, n_lists, n_ghost_lists):
     classed.init(core)
     learned.init(core)
     sieve.init(core)
+    long_output.init(core)
     _reserve_own(core, n_blocks)
     return core
 
@@ -233,6 +234,8 @@ def core_free(core, blocks, n, now):
         s3fifo.free_n(core, blocks, n)
     elif kind == LRU:
         lru.free_n(core, blocks, n)
+    elif kind == LONG_OUTPUT:
+        long_output.free_n(core, blocks, n)
     else:
         for i in range(n):
             block = blocks[i]
@@ -246,6 +249,14 @@ def core_free(core, blocks, n, now):
                 sieve.free(core, block)
     if kind == S3FIFO or kind == ARC:
         core.most_evictable = max(core.most_evictable, core.size)
+
+
+@njit(cache=True)
+def core_finish(core, n_output):
+    """``EvictionPolicy.finish`` as a core hears it: how many tokens the request whose free comes next
+    generated (-1: unknown); only ``long-output`` listens."""
+    if core.kind == LONG_OUTPUT:
+        long_output.finish(core, n_output)
 
 
 @njit(cache=True)
@@ -308,6 +319,8 @@ def core_evict_n(core, n, now, out, at):
             out[i] = belady.evict(core)
         elif kind == SIEVE:
             out[i] = sieve.evict(core)
+        elif kind == LONG_OUTPUT:
+            out[i] = long_output.evict(core)
         core.size -= 1
 
 

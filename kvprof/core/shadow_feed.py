@@ -73,9 +73,10 @@ class ShadowFeed:
         if lookups:
             self._checkpoint = self.put
 
-    def finish(self, seat: int, now: float, contents: np.ndarray, n_blocks: int) -> None:
-        """:func:`~kvprof.core.wa.policy_finish`, queued."""
-        self._put((FINISH, seat, 0, n_blocks, 0, 0, 0, 0), now, contents)
+    def finish(self, seat: int, now: float, contents: np.ndarray, n_blocks: int, n_output: int) -> None:
+        """:func:`~kvprof.core.wa.policy_finish`: the real cache's cores told now, the shadows' part queued."""
+        handle.count_finish(self._address, n_output)
+        self._put((FINISH, seat, n_output, n_blocks, 0, 0, 0, 0), now, contents)
 
     def _put(self, numbers: tuple, now: float, contents: np.ndarray) -> None:
         if len(self._items) >= self.limit:

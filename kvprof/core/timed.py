@@ -61,7 +61,7 @@ class RecordedRequests(NamedTuple):
     Its blocks, by depth, are ``blocks[offsets[r]:offsets[r + 1]]`` (``next_use``: each one's next
     access); the first ``n_full[r]`` are full (cacheable), ``n_prompt[r]`` are taken at its
     admission, of which the first ``n_lookup[r]`` may be prefix hits, and ``n_new[r]`` more at its
-    finish. ``classes[r]`` is its workload class (int64).
+    finish. ``classes[r]`` is its workload class (int64), ``n_output[r]`` the tokens it generated.
     """
 
     blocks: np.ndarray
@@ -72,6 +72,7 @@ class RecordedRequests(NamedTuple):
     n_new: np.ndarray
     classes: np.ndarray
     next_use: np.ndarray
+    n_output: np.ndarray
 
 
 def replay(gpu, requests: RecordedRequests, events: tuple[np.ndarray, np.ndarray, np.ndarray], *,
@@ -99,7 +100,7 @@ def replay(gpu, requests: RecordedRequests, events: tuple[np.ndarray, np.ndarray
 
 
 @njit(cache=True)
-def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, event_request, event_admits,
+def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, n_output, event_request, event_admits,
           event_time, check, start, stop, hits, held, seats, seat_of, free_seats, n_free_seats):
     """Events ``start .. stop - 1`` of :func:`replay` (``blocks .. next_use``: its
     :class:`RecordedRequests`); its state in ``hits .. n_free_seats``.
@@ -117,7 +118,8 @@ def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next
                          event_time[e], classes[r])
         else:
             seat = seat_of[r]
-            policy_finish(gpu.policy, seat, event_time[e], blocks[offsets[r]:offsets[r + 1]], n_prompt[r] + n_new[r])
+            policy_finish(gpu.policy, seat, event_time[e], blocks[offsets[r]:offsets[r + 1]], n_prompt[r] + n_new[r],
+                          n_output[r])
             held[r] = finish(gpu, blocks, next_use, offsets[r], held[r], offsets[r + 1] - offsets[r], n_new[r],
                              event_time[e], classes[r], local[seat])
             free_seats, n_free_seats = give_seat(free_seats, n_free_seats, seat)

@@ -21,6 +21,9 @@ from kvprof.core.shadow_feed import ShadowFeed
 from kvprof.core.wa import outcome
 from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 
+#: The chain of a request that holds no seat: nothing to number.
+NO_NUMBERS = np.zeros(0, np.int64)
+
 #: Content numbers kept per block of the pool (and at least :data:`MIN_CONTENTS`); see :class:`CompiledTwin`.
 CONTENTS_PER_BLOCK = 16
 MIN_CONTENTS = 1 << 16
@@ -225,21 +228,24 @@ class CompiledTwin(EvictionPolicy):
             self.shadow_feed.admit(seat, numbers, n_lookup, n_blocks, float(now), workload)
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
-               n_blocks: int | None = None) -> None:
+               n_blocks: int | None = None, n_output: int | None = None) -> None:
         n_blocks = finished_size(contents, n_blocks)
-        if request in self._seats:
-            self.finish_numbered(request, now, self.numbers(() if contents is None else contents), n_blocks=n_blocks)
+        numbers = self.numbers(() if contents is None else contents) if request in self._seats else NO_NUMBERS
+        self.finish_numbered(request, now, numbers, n_blocks=n_blocks, n_output=n_output)
 
-    def finish_numbered(self, request: Hashable, now: float, numbers: np.ndarray, *, n_blocks: int) -> None:
+    def finish_numbered(self, request: Hashable, now: float, numbers: np.ndarray, *, n_blocks: int,
+                        n_output: int | None = None) -> None:
         """:meth:`finish` with the chain as :meth:`numbers` and the size given (``numbers``: as
-        :meth:`admit_numbered`'s)."""
+        :meth:`admit_numbered`'s). The cores hear ``n_output`` (tokens generated) even for a
+        request never admitted, as the reference's followed policies do; its shadows know none."""
+        n_output = -1 if n_output is None else int(n_output)
         seat = self._seats.give(request)
         if seat < 0:
-            return
-        if self.shadow_feed is None:
-            handle.finish(self._address, seat, float(now), numbers, n_blocks)
+            handle.count_finish(self._address, n_output)
+        elif self.shadow_feed is None:
+            handle.finish(self._address, seat, float(now), numbers, n_blocks, n_output)
         else:
-            self.shadow_feed.finish(seat, float(now), numbers, n_blocks)
+            self.shadow_feed.finish(seat, float(now), numbers, n_blocks, n_output)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
         if self._taken:

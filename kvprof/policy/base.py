@@ -38,8 +38,9 @@ none of them (the default ignores them), ``wa``'s shadows live on them:
   blocks it was given then: its id, the contents of its full prompt blocks shallowest first
   (vLLM's ``request.block_hashes``), how many of them a prefix hit may cover and how many blocks
   it holds.
-* ``finish(request, now, contents=, n_blocks=)`` when it finishes or is preempted, before the
-  ``free`` of its blocks; with its chain then (output blocks included) if it grew since.
+* ``finish(request, now, contents=, n_blocks=, n_output=)`` when it finishes or is preempted,
+  before the ``free`` of its blocks; with its chain then (output blocks included) if it grew
+  since, and how many tokens it generated (``wa``'s long-output candidate reads it).
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ class EvictionPolicy(ABC):
         """
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
-               n_blocks: int | None = None) -> None:
+               n_blocks: int | None = None, n_output: int | None = None) -> None:
         """The request admitted as ``request`` finished or was preempted; the default ignores it.
 
         Parameters
@@ -207,6 +208,9 @@ class EvictionPolicy(ABC):
         n_blocks : int, optional
             Blocks it holds now, at least ``len(contents)`` (the default: as many as it held,
             or ``len(contents)`` if more).
+        n_output : int, optional
+            Tokens it generated so far (vLLM's ``num_output_tokens``); None when the driver does
+            not know.
         """
 
     @abstractmethod

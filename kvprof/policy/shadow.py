@@ -208,8 +208,10 @@ class ShadowCache(PrefixCache):
         self.hits += n_hits
         return n_hits
 
-    def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] = (), n_blocks: int = 0) -> None:
-        """``request`` finished: its slots are freed tail-first (unknown requests are ignored).
+    def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] = (), n_blocks: int = 0,
+               n_output: int | None = None) -> None:
+        """``request`` finished: its policy is told (``n_output``: the tokens it generated), then its
+        slots are freed tail-first (unknown requests are ignored).
 
         With ``contents`` (its whole chain now), the blocks it filled since admission are cached
         first, as vLLM caches each block once full: a held slot without content takes its
@@ -221,6 +223,7 @@ class ShadowCache(PrefixCache):
         if slots is None:
             return
         workload = self.workload.pop(request)
+        self.policy.finish(request, now, n_output=n_output)
         held = len(slots)
         for depth in range(min(held, len(contents))):
             slot, content = slots[depth], contents[depth]

@@ -16,6 +16,7 @@ from kvprof.models.learned import LearnedModel
 from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 from kvprof.policy.classed import ClassedLRUPolicy, _as_list
 from kvprof.policy.learned import LearnedPolicy
+from kvprof.policy.long_output import LongOutputLRU
 from kvprof.policy.orders import FrequencyOrder, ModelOrder, Order, RecencyOrder, SegmentedOrder, tier_of
 from kvprof.policy.s3fifo import S3FIFOPolicy
 from kvprof.policy.shadow import ChainSample, ShadowCache, scaled_size
@@ -23,13 +24,14 @@ from kvprof.policy.shadow import ChainSample, ShadowCache, scaled_size
 #: Candidate orders over the row lists (see :mod:`kvprof.policy.orders`).
 ROW_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency")
 #: Candidate policies with a structure of their own, kept in step with the real cache's blocks.
-FOLLOWED_POLICIES: dict[str, type[EvictionPolicy]] = {"s3fifo": S3FIFOPolicy, "learned": LearnedPolicy}
+FOLLOWED_POLICIES: dict[str, type[EvictionPolicy]] = {"s3fifo": S3FIFOPolicy, "learned": LearnedPolicy,
+                                                      "long-output": LongOutputLRU}
 ORDER_NAMES = ROW_ORDERS + tuple(FOLLOWED_POLICIES)
 if set(ORDER_NAMES) != set(CANDIDATES):  # the hp loader checks tuned start orders against CANDIDATES
     raise ImportError(f"wa's candidate orders {ORDER_NAMES} differ from kvprof.models.hp.CANDIDATES {CANDIDATES}")
 #: The candidates by default, the fitted model first: followed until a shadow beats it (a file
 #: tuned for the capacity names the order to start on instead). ``learned`` joins them where the
-#: hp file has a predictor for the capacity.
+#: hp file has a predictor for the capacity, ``long-output`` where it has an output limit.
 DEFAULT_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency", "s3fifo")
 #: Shadows compare their hits over about this many capacities' worth of accesses (a half-life).
 WINDOW_CAPACITIES = 16.0
@@ -71,7 +73,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     cure-fraction mixture of exponentials; ties go to the deeper block, then the older access.
     The other candidates (:data:`ORDER_NAMES`) are LRU, segmented LRU (never-hit blocks first),
     frequency tiers with an ARC-like adaptive weight and strict frequency tiers, all over the
-    same lists, and S3-FIFO, whose queues are kept in step with the real cache's blocks.
+    same lists, S3-FIFO, whose queues are kept in step with the real cache's blocks, and
+    LRU that evicts the blocks of requests with long outputs first
+    (:class:`~kvprof.policy.long_output.LongOutputLRU`, told each output length at :meth:`finish`).
 
     With the safety net on, a :class:`~kvprof.policy.shadow.ShadowCache` per candidate is fed
     every request the real cache admits (:meth:`admit`: its whole chain of block contents) and
@@ -129,6 +133,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         is off then (a sampled shadow misses the real hits by the sample's error as well).
     learned : LearnedModel, optional
         The ``learned`` candidate's predictor (required when ``orders`` names it).
+    output_limit : float, optional
+        The ``long-output`` candidate's limit in output tokens (required when ``orders`` names it).
     """
 
     name = "wa"
@@ -140,7 +146,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
 
     def __init__(self, p, weights, rates, horizon: float, *, orders=DEFAULT_ORDERS, safety_net: bool = True,
                  capacity: int | None = None, switch_margin: float | None = None, calibrated: bool = True,
-                 shadow_sample: float | None = None, learned: LearnedModel | None = None) -> None:
+                 shadow_sample: float | None = None, learned: LearnedModel | None = None,
+                 output_limit: float | None = None) -> None:
         p = np.asarray(p, dtype=np.float64)
         weights = np.asarray(weights, dtype=np.float64)
         rates = np.asarray(rates, dtype=np.float64)
@@ -156,6 +163,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             raise ValueError(f"horizon must be > 0 seconds, got {horizon}")
         if "learned" in orders and (learned is None or len(learned.cell) != p.shape[0]):
             raise ValueError(f"the learned candidate needs a predictor with one weight per cell ({p.shape[0]})")
+        if "long-output" in orders and output_limit is None:
+            raise ValueError("the long-output candidate needs an output_limit (tokens)")
         if capacity is not None and capacity < 0:
             raise ValueError(f"capacity must be >= 0 blocks, got {capacity}")
         if switch_margin is None:  # read when built, as the window and period are
@@ -171,6 +180,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         self.switch_margin = float(switch_margin)
         self.calibrated = bool(calibrated)
         self.learned = learned
+        self.output_limit = output_limit
         self._sample = ChainSample(default_sample(capacity) if shadow_sample is None else shadow_sample)
         self._orders: list[Order | None] = [self._row_order(name) for name in orders]
         self._followed = {i: self._new_followed(name) for i, name in enumerate(orders) if name in FOLLOWED_POLICIES}
@@ -214,7 +224,11 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         return None  # a followed policy
 
     def _new_followed(self, name: str) -> EvictionPolicy:
-        return LearnedPolicy(self.learned) if name == "learned" else FOLLOWED_POLICIES[name]()
+        if name == "learned":
+            return LearnedPolicy(self.learned)
+        if name == "long-output":
+            return LongOutputLRU(self.output_limit)
+        return FOLLOWED_POLICIES[name]()
 
     def _lead(self, index: int) -> None:
         self.leader = index
@@ -226,7 +240,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         """Build from a :class:`kvprof.models.hp.HpFile`: its cells, tiers, models and horizon.
 
         With ``capacity`` (blocks: the real cache's size, also the shadows'), the file's tuning for
-        the nearest tuned capacity sets the horizon and the candidate to start on
+        the nearest tuned capacity sets the horizon, the candidate to start on and the candidates
+        it adds: ``learned`` where it has a predictor, ``long-output`` where it has an output limit
         (:meth:`~kvprof.models.hp.HpFile.tuned`).
         ``horizon`` (seconds) overrides both, e.g. for a sweep over H; other keywords go to the
         constructor.
@@ -234,11 +249,14 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         tuned = hp.tuned(capacity)
         if horizon is None:
             horizon = tuned.get("horizon_s", hp.horizon)
-        learned = tuned.get("learned")
+        learned, output_limit = tuned.get("learned"), tuned.get("long_output_tokens")
         if learned is not None:
             kwargs.setdefault("learned", learned)
+        if output_limit is not None:
+            kwargs.setdefault("output_limit", output_limit)
         if "orders" not in kwargs:
-            orders = DEFAULT_ORDERS + (("learned",) if learned is not None else ())
+            orders = (DEFAULT_ORDERS + (("learned",) if learned is not None else ())
+                      + (("long-output",) if output_limit is not None else ()))
             start = tuned.get("start", orders[0])
             if start in orders:
                 kwargs["orders"] = (start, *(name for name in orders if name != start))
@@ -391,11 +409,14 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             self._unweighed = 0
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
-               n_blocks: int | None = None) -> None:
-        """Free the request's slots in every shadow (after caching what it filled since admission)."""
+               n_blocks: int | None = None, n_output: int | None = None) -> None:
+        """Tell the followed policies (the real cache's free comes next); free the request's slots in
+        every shadow (after caching what it filled since admission)."""
         n_blocks = finished_size(contents, n_blocks)
+        for policy in self._followed.values():
+            policy.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output)
         for shadow in self._shadows:
-            shadow.finish(request, now, () if contents is None else contents, n_blocks)
+            shadow.finish(request, now, () if contents is None else contents, n_blocks, n_output)
 
     def _size(self) -> int:
         """The real cache's size in blocks: as given, else the most blocks it has held at once (now included)."""

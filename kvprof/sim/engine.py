@@ -142,6 +142,7 @@ class Replay:
         self.classes = workload.codes_for(gpu.policy).tolist()
         self.host_classes = workload.codes_for(host.policy).tolist() if host else None
         self.prompt = workload.prompt_tokens.tolist()
+        self.output = workload.output_tokens.tolist()
         self.held: dict[int, list[int]] = {}
 
     def over(self, gpu: PrefixCache) -> Replay:
@@ -186,7 +187,7 @@ class Replay:
             self.host.store(self.blocks, self.next_use, start, range(stop - start), now, self.host_classes[r])
 
     def release(self, r: int, now: float) -> None:
-        self.gpu.policy.finish(r, now)
+        self.gpu.policy.finish(r, now, n_output=self.output[r])
         self.gpu.release(self.held.pop(r), now)
         if self.observer:
             self.observer(self.gpu, self.host)
@@ -204,7 +205,7 @@ class Replay:
         w, gpu, cost, ebs = self.w, self.gpu, self.cost, self.ebs
         n = w.n_requests
         arrival = arrivals.arrival
-        output = w.output_tokens.tolist()
+        output = self.output
         prompt = self.prompt
         schedule = self.schedule
         qttft = np.full(n, math.nan)

@@ -35,7 +35,7 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu) -> 
     next_use = timing.next_use.tolist()
     offsets = timing.offsets.tolist()
     n_full, n_prompt, n_new = timing.n_full.tolist(), timing.n_prompt.tolist(), timing.n_new.tolist()
-    n_lookup = workload.n_lookup.tolist()
+    n_lookup, n_output = workload.n_lookup.tolist(), workload.output_tokens.tolist()
     n = len(n_prompt)
     hits, held, slots = [0] * n, [0] * n, [[] for _ in range(n)]
     for r, admits, now in zip(*(a.tolist() for a in timing.events())):
@@ -49,7 +49,8 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu) -> 
             gpu.policy.admit(r, blocks[start:start + n_full[r]], now, classes[r], n_lookup=n_lookup[r],
                              n_blocks=n_prompt[r])
         else:
-            gpu.policy.finish(r, now, blocks[start:offsets[r + 1]], n_blocks=n_prompt[r] + n_new[r])
+            gpu.policy.finish(r, now, blocks[start:offsets[r + 1]], n_blocks=n_prompt[r] + n_new[r],
+                              n_output=n_output[r])
             more = min(n_new[r], gpu.n_free)
             gpu.allocate(blocks, next_use, start, held[r], offsets[r + 1] - start, held[r] + more, now, classes[r],
                          mine)
@@ -80,7 +81,7 @@ def simulate_recorded(workload, policy, capacity: int, config, engine: str):
         gpu = tiers.new_device(compiled, capacity, timing.n_contents)
         requests = RecordedRequests(blocks=timing.block, offsets=timing.offsets, n_full=timing.n_full,
                                     n_prompt=timing.n_prompt, n_lookup=workload.n_lookup, n_new=timing.n_new,
-                                    classes=classes, next_use=timing.next_use)
+                                    classes=classes, next_use=timing.next_use, n_output=workload.output_tokens)
         hits, held = replay(gpu, requests, timing.events())
         write_back(policy, compiled)
         evictions, dropped = tiers.counts(gpu)

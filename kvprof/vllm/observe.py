@@ -147,7 +147,7 @@ class Counterfactual:
             # the layout of RecordedTiming: the prompt's blocks (a full tier may give some only now), the output's
             blocks = np.concatenate([prompt, output])
             slots = np.concatenate([slots, np.zeros(n_new, np.int64)])
-            policy_finish(tier.compiled, seat, now, blocks, n_prompt + n_new)
+            policy_finish(tier.compiled, seat, now, blocks, n_prompt + n_new, output_tokens)
             finish(tier.gpu, blocks, next_use, 0, held, len(blocks), n_new, now, workload, slots)
         return n_lookup
 
@@ -158,7 +158,7 @@ class Counterfactual:
         for tier in self.tiers.values():
             entry = tier.running.pop(key, None)
             if entry is not None:
-                policy_finish(tier.compiled, seat, now, entry[3][:0], 0)
+                policy_finish(tier.compiled, seat, now, entry[3][:0], 0, -1)
                 tiers.release(tier.gpu, entry[0], entry[1], now)
 
     # -- contents --------------------------------------------------------------------------
