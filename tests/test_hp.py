@@ -109,8 +109,8 @@ TEXT_SESSION = "sessions.text"
 
 # (case, edit of the valid file's dict, JSON location the error must name, words the message must contain)
 LOADER_ERRORS = [
-    ("schema v4", lambda d: _set(d, "schema", "kvprof.hp/4"), "schema",
-     "schema 'kvprof.hp/4' is not supported; this kvprof reads kvprof.hp/1, kvprof.hp/2 and kvprof.hp/3"),
+    ("schema v5", lambda d: _set(d, "schema", "kvprof.hp/5"), "schema",
+     "schema 'kvprof.hp/5' is not supported; this kvprof reads kvprof.hp/1, kvprof.hp/2, kvprof.hp/3 and kvprof.hp/4"),
     ("schema missing", lambda d: _delete(d, "schema"), "schema", "missing"),
     ("schema a number", lambda d: _set(d, "schema", 1), "schema", "schema 1 is not supported"),
     ("p NaN", lambda d: _set(d, "classes.text_1.p", math.nan), "classes.text_1.p", "NaN is not a JSON number"),
@@ -531,8 +531,8 @@ def test_show_names_the_schema_it_read_and_says_when_there_is_no_provenance(hp, 
 
 
 @pytest.mark.parametrize("schema, words", [
-    ("kvprof.result/1", "show reads hp files (kvprof.hp/1, kvprof.hp/2, kvprof.hp/3, or the published format) and results files "
-                        "(kvprof.results/1)"),
+    ("kvprof.result/1", "show reads hp files (kvprof.hp/1, kvprof.hp/2, kvprof.hp/3, kvprof.hp/4, or the published format) "
+                        "and results files (kvprof.results/1)"),
     ("kvprof.results/2", 'results schema "kvprof.results/2" is not supported; this kvprof reads kvprof.results/1'),
 ])
 def test_show_of_a_file_of_another_schema_says_what_show_reads(tmp_path, schema, words):
@@ -624,8 +624,56 @@ def _learned_data(fitted_v2) -> dict:
 def test_a_bad_predictor_is_a_located_error(fitted_v2, tmp_path, edit, where, words):
     data = _learned_data(fitted_v2)
     edit(data)
+    _assert_located_error(data, tmp_path, where, words)
+
+
+def _assert_located_error(data: dict, tmp_path, where: str, words: str) -> None:
+    """Loading ``data`` fails at JSON location ``where`` with a message holding ``words``."""
     path = tmp_path / "hp.json"
     path.write_text(json.dumps(data))
     with pytest.raises(HpFileError) as caught:
         load_hp(path)
     assert caught.value.where == where and words in str(caught.value)
+
+
+# --- version 4: the long-output candidate's limit in a tuning entry --------------------------------
+
+
+def _long_output_data(hp: HpFile) -> dict:
+    """``hp`` tuned for one capacity with a long-output limit, started on that candidate, as JSON."""
+    import dataclasses
+
+    tuned = {"capacity": 512, "horizon_s": 15.0, "start": "long-output", "long_output_tokens": 225.0,
+             "measured": {"hit_ratio_by_output_limit": {"145": 0.30, "225": 0.31}, "lru_hit_ratio": 0.29}}
+    return dataclasses.replace(hp, tuning=(tuned,)).to_dict()
+
+
+def test_a_version_4_file_with_an_output_limit_round_trips_and_adds_the_candidate(fitted_v2, tmp_path):
+    from kvprof.policy import make_policy
+
+    data = _long_output_data(fitted_v2)
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(data))
+    loaded = load_hp(path)
+    assert loaded.schema == SCHEMA == "kvprof.hp/4" and loaded.to_dict() == data
+    policy = make_policy("wa", loaded, capacity=500)
+    assert policy.order_names[0] == "long-output" and policy.output_limit == 225.0
+    assert policy._followed[0].limit == 225.0
+    # Without a limit for the capacity the candidate is absent, as in older files.
+    assert "long-output" not in make_policy("wa", fitted_v2, capacity=500).order_names
+
+
+@pytest.mark.parametrize("edit, where, words", [
+    (lambda d: d.update(schema="kvprof.hp/3"), "tuning[0].long_output_tokens", "unknown key"),
+    (lambda d: d["tuning"][0].update(long_output_tokens=-1), "tuning[0].long_output_tokens", "from 0 to"),
+    (lambda d: d["tuning"][0].update(long_output_tokens="many"), "tuning[0].long_output_tokens", "finite number"),
+    (lambda d: d["tuning"][0].update(long_output_tokens=1e300), "tuning[0].long_output_tokens", "from 0 to"),
+    (lambda d: d["tuning"][0].pop("long_output_tokens"), "tuning[0].start", "no long_output_tokens"),
+    (lambda d: d["tuning"][0]["measured"]["hit_ratio_by_output_limit"].update({"300": 1.5}),
+     "tuning[0].measured.hit_ratio_by_output_limit.300", "from 0 to 1"),
+    (lambda d: d["tuning"][0]["measured"].update(lru_hit_ratio=None), "tuning[0].measured.lru_hit_ratio", "finite number"),
+])
+def test_a_bad_output_limit_is_a_located_error(fitted_v2, tmp_path, edit, where, words):
+    data = _long_output_data(fitted_v2)
+    edit(data)
+    _assert_located_error(data, tmp_path, where, words)

@@ -19,7 +19,7 @@ from kvprof.errors import KvprofError
 def show(
     paths: Annotated[
         list[Path],
-        typer.Argument(help="A hyperparameter file (kvprof.hp/3, /2 or /1, or the published format), or one or more "
+        typer.Argument(help="A hyperparameter file (kvprof.hp/4, /3, /2 or /1, or the published format), or one or more "
                             "results.json files of compare, demo or replay to tabulate and plot together."),
     ],
     output: Annotated[

@@ -1,11 +1,12 @@
-"""The hyperparameter file: per-cell reuse models and per-class parameters, schema ``kvprof.hp/3``.
+"""The hyperparameter file: per-cell reuse models and per-class parameters, schema ``kvprof.hp/4``.
 
 The profiler writes it; the simulator and the vLLM plugin read it. Version 2 adds, for the
 ``wa`` policy, workload *cells* (the classes, or cells a learned :class:`~kvprof.cells.CellRule`
 draws), each with one cure-fraction mixture of exponentials per reuse tier, and the choices a
 profile-driven tuning made; ``kvprof.hp/1`` files still load (each class becomes a cell with
 one-component rows). Version 3 adds to a tuning entry the ``learned`` candidate's predictor
-(:class:`~kvprof.models.learned.LearnedModel`); version 2 files still load. The loader is strict (unknown
+(:class:`~kvprof.models.learned.LearnedModel`), version 4 the ``long-output`` candidate's limit
+(``long_output_tokens``); files of versions 2 and 3 still load. The loader is strict (unknown
 keys, NaN, out-of-range values are errors naming the file and the JSON location) because a typo
 in a hand-edited file would otherwise silently fall back to defaults in production. It also reads
 the published profiler's ``{"a": {class: lambda}, "p": {class: p}}`` files unchanged. The layout
@@ -43,13 +44,16 @@ from kvprof.models.hp_loader import (  # noqa: F401 - LOG_ODDS, OPEN_PROBABILITY
     read_classes,
     read_sessions,
     read_tuning,
+    TUNED_CANDIDATE_KEYS,
 )
 from kvprof.models.hp_params import DEFAULT_CLASS, REUSED_SUFFIX, SOURCES, ClassParams, ReuseRow  # noqa: F401 - imported from here
 from kvprof.models.learned import LearnedModel
 
-SCHEMA = "kvprof.hp/3"
+SCHEMA = "kvprof.hp/4"
 #: Versions this kvprof reads.
-SCHEMAS = ("kvprof.hp/1", "kvprof.hp/2", SCHEMA)
+SCHEMAS = ("kvprof.hp/1", "kvprof.hp/2", "kvprof.hp/3", SCHEMA)
+#: The candidates' own keys a tuning entry may hold, by version (:func:`~kvprof.models.hp_loader.read_tuning`).
+TUNING_EXTRAS = {"kvprof.hp/2": (), "kvprof.hp/3": ("learned",), SCHEMA: TUNED_CANDIDATE_KEYS}
 #: :attr:`HpFile.schema` of a file in the published profiler's format (which has no schema).
 PUBLISHED_FORMAT = "published"
 #: Keys of a published-format file: ``{"a": {class: lambda}, "p": {class: p}}``.
@@ -286,7 +290,7 @@ class HpFile:
 
 
 def load_hp(path) -> HpFile:
-    """Read and validate a hyperparameter file (``kvprof.hp/3``, ``/2``, ``/1`` or the published format).
+    """Read and validate a hyperparameter file (``kvprof.hp/4``, ``/3``, ``/2``, ``/1`` or the published format).
 
     Raises
     ------
@@ -309,8 +313,8 @@ _V2_KEYS = ("tier_edges", "cells", "default_cell", "cell_rule", "tuning")
 
 
 def _read_schema(checks: JsonChecks, data) -> HpFile:
-    """A ``kvprof.hp/1``, ``/2`` or ``/3`` document (version 2: version 1 plus cells and tuning; version 3:
-    tuning entries may hold a ``learned`` predictor)."""
+    """A ``kvprof.hp/1`` to ``/4`` document (version 2: version 1 plus cells and tuning; version 3:
+    tuning entries may hold a ``learned`` predictor; version 4: a ``long_output_tokens`` limit too)."""
     version = _check_schema(checks, data)  # before the keys: a newer file's new keys are not typos
     checks.fields(data, None, required=("schema", "horizon_s", "class_rule", "classes", "default"),
                   optional=("provenance", "min_gap_s", "block_size", "sessions",
@@ -328,7 +332,7 @@ def _read_schema(checks: JsonChecks, data) -> HpFile:
         sessions=read_sessions(checks, data.get("sessions", {}), "sessions"),
         **cells,
         tuning=read_tuning(checks, data.get("tuning", []), "tuning", candidates=CANDIDATES,
-                           learned=version == SCHEMA),
+                           extras=TUNING_EXTRAS.get(version, ())),
         schema=version,
     )
     n_cells = len(hp.cell_names())

@@ -3,7 +3,7 @@
 Each is given the :class:`~kvprof.jsonfile.JsonChecks` of the file being read and the block's JSON
 location, and refuses unknown keys, wrong types, NaN and out-of-range values with an error naming
 the file and that location (``classes.text_1.p``). :mod:`kvprof.models.hp` reads a whole document
-(``kvprof.hp/3``, ``/2``, ``/1`` or the published format) with them.
+(``kvprof.hp/4`` to ``/1`` or the published format) with them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import reprlib
 from kvprof.cells import CLASS_FEATURE, PROMPT_FEATURE, TIER_EDGES, TURN_FEATURE, CellRule, field_name_problem
 from kvprof.classes import CLASS_KEYS, MAX_TURN_CAP, ClassRule, is_name_text
 from kvprof.jsonfile import JsonChecks, member
-from kvprof.limits import POSITIVE_SECONDS, SECONDS, Bound
+from kvprof.limits import INT32_MAX, POSITIVE_SECONDS, SECONDS, Bound
 from kvprof.models.hp_params import DEFAULT_CLASS, REUSED_SUFFIX, SOURCES, ClassParams, ReuseRow
 from kvprof.models.learned import LOG_BINNED, N_LOG_BINS, LearnedModel
 from kvprof.models.sessions import MAX_TURNS
@@ -127,15 +127,22 @@ def _feature(checks: JsonChecks, name, where: str, fields: list[str]) -> str:
     return name
 
 
-def read_tuning(checks: JsonChecks, data, where: str, *, candidates: tuple[str, ...], learned: bool = True) -> tuple[dict, ...]:
+#: The keys of a tuning entry that hold a candidate's own parameters (:func:`read_tuning`).
+TUNED_CANDIDATE_KEYS = ("learned", "long_output_tokens")
+#: Bound of the long-output candidate's limit: output tokens, any number a request may generate.
+OUTPUT_LIMIT = Bound(0.0, float(INT32_MAX))
+
+
+def read_tuning(checks: JsonChecks, data, where: str, *, candidates: tuple[str, ...],
+                extras: tuple[str, ...] = TUNED_CANDIDATE_KEYS) -> tuple[dict, ...]:
     """Entries of ``capacity`` (blocks, each tuned once), ``horizon_s`` and ``start`` (one of ``candidates``,
-    the orders ``wa`` may start on), plus what tuning ``measured`` and (with ``learned``: version 3) the
-    ``learned`` predictor."""
+    the orders ``wa`` may start on), plus what tuning ``measured`` and those of the candidates' own
+    keys the file's version has (``extras``: ``learned``, the predictor, since version 3;
+    ``long_output_tokens``, the long-output candidate's limit, since version 4)."""
     entries = []
     for i, entry in enumerate(checks.sequence(data, where)):
         at = f"{where}[{i}]"
-        checks.fields(entry, at, required=("capacity", "horizon_s", "start"),
-                      optional=("measured", "learned") if learned else ("measured",))
+        checks.fields(entry, at, required=("capacity", "horizon_s", "start"), optional=("measured", *extras))
         checks.integer(entry["capacity"], member(at, "capacity"), low=1)
         earlier = next((j for j, other in enumerate(entries) if other["capacity"] == entry["capacity"]), None)
         if earlier is not None:
@@ -148,6 +155,11 @@ def read_tuning(checks: JsonChecks, data, where: str, *, candidates: tuple[str, 
             entry = {**entry, "learned": _read_learned(checks, entry["learned"], member(at, "learned"))}
         elif entry["start"] == "learned":
             checks.fail(member(at, "start"), "is 'learned' but the entry has no learned predictor")
+        if "long_output_tokens" in entry:
+            limit = checks.bounded(entry["long_output_tokens"], member(at, "long_output_tokens"), OUTPUT_LIMIT)
+            entry = {**entry, "long_output_tokens": float(limit)}
+        elif entry["start"] == "long-output":
+            checks.fail(member(at, "start"), "is 'long-output' but the entry has no long_output_tokens")
         entries.append(entry)
     return tuple(entries)
 
@@ -188,12 +200,17 @@ def _read_learned(checks: JsonChecks, data, where: str) -> LearnedModel:
 
 
 def _check_measured(checks: JsonChecks, data, where: str, candidates: tuple[str, ...]) -> None:
-    """What tuning measured: ``hit_ratio_by_horizon_s`` (horizon -> hit ratio in [0, 1]) and
-    ``shadow_hits`` (one of ``candidates`` -> hits), either optional."""
-    checks.fields(data, where, optional=("hit_ratio_by_horizon_s", "shadow_hits"))
-    ratios = member(where, "hit_ratio_by_horizon_s")
-    for horizon, ratio in checks.mapping(data.get("hit_ratio_by_horizon_s", {}), ratios).items():
-        checks.number(ratio, member(ratios, horizon), high=1.0)
+    """What tuning measured: ``hit_ratio_by_horizon_s`` (horizon -> hit ratio in [0, 1]),
+    ``shadow_hits`` (one of ``candidates`` -> hits), ``hit_ratio_by_output_limit`` (the long-output
+    candidate's limit in tokens -> its hit ratio alone) and ``lru_hit_ratio``, each optional."""
+    checks.fields(data, where, optional=("hit_ratio_by_horizon_s", "shadow_hits", "hit_ratio_by_output_limit",
+                                         "lru_hit_ratio"))
+    for key in ("hit_ratio_by_horizon_s", "hit_ratio_by_output_limit"):
+        ratios = member(where, key)
+        for name, ratio in checks.mapping(data.get(key, {}), ratios).items():
+            checks.number(ratio, member(ratios, name), high=1.0)
+    if "lru_hit_ratio" in data:
+        checks.number(data["lru_hit_ratio"], member(where, "lru_hit_ratio"), high=1.0)
     hits = member(where, "shadow_hits")
     for order, count in checks.mapping(data.get("shadow_hits", {}), hits).items():
         checks.one_of(order, member(hits, order), candidates)

@@ -5,9 +5,14 @@ For each capacity the user will run at, :func:`tune` replays the last part of th
 cost of the whole window) through the simulator under ``wa`` at a few horizons around the
 fitted one and keeps the horizon with the highest token hit ratio, and, as the candidate order
 to start on, the one whose shadow cache hit most in that replay (so the policy starts where the
-safety net would have ended). Before those replays, with ``learn``, the same part of the window
-is replayed under Belady at each capacity to train the ``learned`` candidate's predictor
-(:mod:`kvprof.sim.learn`), which then takes part in the replays as a candidate. The
+safety net would have ended). Before those replays, the same part is replayed under the
+``long-output`` candidate alone (:class:`~kvprof.policy.long_output.LongOutputLRU`) at each of
+:data:`OUTPUT_PERCENTILES` of the window's output lengths and under LRU: the median's limit, or a
+quartile's that hit clearly more (:data:`LIMIT_LEAD_ERRORS`), becomes the candidate's where it
+hit more than LRU, and the candidate takes part in ``wa``'s replays (its shadow decides, there and
+in serving, whether ``wa`` follows it). With
+``learn``, the same part is replayed under Belady at each capacity to train the ``learned``
+candidate's predictor (:mod:`kvprof.sim.learn`), which then takes part as a candidate too. The
 choices go into the hp file's ``tuning`` block; a policy built for a capacity takes the entry of
 the nearest tuned one (:meth:`kvprof.models.hp.HpFile.tuned`).
 """
@@ -15,13 +20,18 @@ the nearest tuned one (:meth:`kvprof.models.hp.HpFile.tuned`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from kvprof.cells import TIER_EDGES
 from kvprof.models.hp import HpFile
 from kvprof.models.learned import LearnedModel
 from kvprof.parallel import run_tasks
 from kvprof.policy import make_policy
+from kvprof.policy.long_output import LongOutputLRU
+from kvprof.policy.lru import LRUPolicy
 from kvprof.policy.wa import DEFAULT_ORDERS
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig
@@ -34,6 +44,13 @@ from kvprof.sim.workload import Workload, prepare_workload
 HORIZON_FACTORS = (0.25, 1.0, 4.0)
 #: The share of the fit window, its end, that the tuning replays.
 REPLAYED_SHARE = 1 / 3
+#: The long-output candidate's limits tried: these percentiles of the fit window's output lengths
+#: (the rule benchmark's best differed by trace: the lower quartile on weka, the median on Mooncake).
+OUTPUT_PERCENTILES = (25, 50, 75)
+#: A quartile's limit is chosen over the median's only if it hit more by this many standard errors
+#: of the median's hit count (``1 / sqrt(hits)``, relative): the replayed third of a short window
+#: holds few hits, and a lead within their noise did not carry over to the traffic after it.
+LIMIT_LEAD_ERRORS = 2.0
 
 
 def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig = SimConfig(), *,
@@ -72,8 +89,9 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     -------
     HpFile
         With ``tuning``: per capacity ``capacity``, ``horizon_s``, ``start`` and what was
-        ``measured`` (hit ratio per horizon tried, shadow hits per candidate at the best one), and
-        with ``learn`` the ``learned`` predictor where its labels held both classes.
+        ``measured`` (hit ratio per horizon tried, shadow hits per candidate at the best one, the
+        long-output candidate's hit ratio alone per limit and LRU's), ``long_output_tokens`` where a
+        limit beat LRU, and with ``learn`` the ``learned`` predictor where its labels held both classes.
     """
     end = trace.censor_time
     replayed = trace.time_window(end - (end - trace.first_arrival) * REPLAYED_SHARE, None)
@@ -92,9 +110,16 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     learned = dict(zip(capacities, run_tasks(
         _learn, workload, [(miniature.capacity(capacity), miniature.config(config), n_cells, later)
                            for capacity in capacities], n_jobs=n_jobs, ray=ray))) if learn else {}
+    limits = [float(np.percentile(trace.output_length, q)) for q in OUTPUT_PERCENTILES] if trace.n_requests else []
+    simple = [(capacity, limit) for capacity in capacities for limit in [None, *limits]]
+    alone = dict(zip(simple, run_tasks(_replay_simple, workload, [(miniature.capacity(capacity), limit,
+                                                                   miniature.config(config)) for capacity, limit in simple],
+                                       n_jobs=n_jobs, ray=ray)))
+    output_limit = {capacity: _best_limit(alone, capacity, limits) for capacity in capacities}
     tasks = [(capacity, horizon) for capacity in capacities for horizon in horizons]
     replays = run_tasks(_replay, workload, [(hp, miniature.capacity(capacity), horizon, miniature.config(config),
-                                             learned.get(capacity)) for capacity, horizon in tasks],
+                                             learned.get(capacity), output_limit[capacity])
+                                            for capacity, horizon in tasks],
                         n_jobs=n_jobs, ray=ray, progress=progress)
     entries = []
     for capacity in capacities:
@@ -106,7 +131,10 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
             "horizon_s": float(best),
             "start": max(shadow_hits, key=shadow_hits.get),
             "measured": {"hit_ratio_by_horizon_s": {f"{h:g}": ratio for h, (ratio, _) in tried.items()},
-                         "shadow_hits": shadow_hits},
+                         "shadow_hits": shadow_hits,
+                         **({"hit_ratio_by_output_limit": {f"{limit:g}": alone[(capacity, limit)][0] for limit in limits},
+                             "lru_hit_ratio": alone[(capacity, None)][0]} if limits else {})},
+            **({"long_output_tokens": output_limit[capacity]} if output_limit[capacity] is not None else {}),
             **({"learned": learned[capacity]} if learned.get(capacity) is not None else {}),
         })
     return dataclasses.replace(hp, tuning=tuple(entries))
@@ -120,10 +148,34 @@ def _learn(workload: Workload, capacity: int, config: SimConfig, n_cells: int,
     return fit_learned(rows, labels, n_cells, len(TIER_EDGES), gaps, held)
 
 
+def _best_limit(alone: dict, capacity: int, limits: list[float]) -> float | None:
+    """The limit of ``limits`` (ascending, the median's in the middle) the long-output candidate takes at
+    ``capacity``, from ``alone[(capacity, limit)]`` = (token hit ratio, hit blocks) of its replays (limit
+    None: LRU's): the median's, or the limit that hit most if it led the median's by more than
+    :data:`LIMIT_LEAD_ERRORS` standard errors; None unless that hit more than LRU."""
+    if not limits:
+        return None
+    median = limits[len(limits) // 2]
+    best = max(limits, key=lambda limit: alone[(capacity, limit)][0])
+    median_ratio, median_hits = alone[(capacity, median)]
+    if alone[(capacity, best)][0] <= median_ratio * (1 + LIMIT_LEAD_ERRORS / math.sqrt(max(median_hits, 1))):
+        best = median
+    return best if alone[(capacity, best)][0] > alone[(capacity, None)][0] else None
+
+
+def _replay_simple(workload: Workload, capacity: int, output_limit: float | None, config: SimConfig) -> tuple[float, int]:
+    """Token hit ratio and hit blocks of the long-output candidate alone at ``output_limit`` (None: of LRU)."""
+    policy = LRUPolicy() if output_limit is None else LongOutputLRU(output_limit)
+    metrics = simulate(workload, policy, capacity, config)
+    return metrics.token_hit_ratio, metrics.hits_device
+
+
 def _replay(workload: Workload, hp: HpFile, capacity: int, horizon: float, config: SimConfig,
-            learned: LearnedModel | None = None) -> tuple[float, dict]:
-    """Token hit ratio of ``wa`` at ``horizon`` (with the ``learned`` candidate if given) and its shadows' hits by candidate."""
-    extra = {"learned": learned, "orders": DEFAULT_ORDERS + ("learned",)} if learned is not None else {}
-    policy = make_policy("wa", hp, horizon=horizon, **extra)
+            learned: LearnedModel | None = None, output_limit: float | None = None) -> tuple[float, dict]:
+    """Token hit ratio of ``wa`` at ``horizon`` (with the ``learned`` and ``long-output`` candidates where
+    given) and its shadows' hits by candidate."""
+    orders = (DEFAULT_ORDERS + (("learned",) if learned is not None else ())
+              + (("long-output",) if output_limit is not None else ()))
+    policy = make_policy("wa", hp, horizon=horizon, orders=orders, learned=learned, output_limit=output_limit)
     metrics = simulate(workload, policy, capacity, config)
     return metrics.token_hit_ratio, policy.shadow_hits()
