@@ -540,7 +540,8 @@ class KvprofBlockPool(BlockPool):
 
     def finish_request(self, request, n_blocks: int) -> None:
         """``request``, holding ``n_blocks`` blocks, is about to be freed: its whole chain of computed
-        full blocks (the output's too) reaches the policy, which caches what the output filled."""
+        full blocks (the output's too) reaches the policy, which caches what the output filled, and
+        how many tokens it generated (``wa``'s long-output candidate sorts its blocks by that)."""
         self._request_classes.pop(request.request_id, None)
         if not self._shadowed:
             self._chain_numbers.pop(request.request_id, None)  # kept under a policy served before a reload
@@ -548,7 +549,7 @@ class KvprofBlockPool(BlockPool):
         numbers = self._chain_of(request, request.num_computed_tokens)
         self._chain_numbers.pop(request.request_id, None)
         self.policy.finish_numbered(request.request_id, self._clock(), numbers,
-                                    n_blocks=max(n_blocks, len(numbers)))
+                                    n_blocks=max(n_blocks, len(numbers)), n_output=request.num_output_tokens)
 
     def _chain_of(self, request, n_tokens: int) -> np.ndarray:
         """The content numbers of the full blocks among ``request``'s first ``n_tokens`` tokens (their

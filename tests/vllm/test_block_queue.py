@@ -187,7 +187,7 @@ def test_wa_pool_tells_its_shadows_whole_requests(in_vllm):
 
     def request(rid):
         return SimpleNamespace(request_id=rid, num_prompt_tokens=3 * 16 + 5, num_tokens=3 * 16 + 5,
-                               num_computed_tokens=4 * 16 + 2, block_hashes=chain,
+                               num_computed_tokens=4 * 16 + 2, num_output_tokens=20, block_hashes=chain,
                                sampling_params=SimpleNamespace(extra_args={"type": "hot", "turn": 1}))
 
     first, second = request("a"), request("b")
@@ -196,6 +196,47 @@ def test_wa_pool_tells_its_shadows_whole_requests(in_vllm):
     pool.admit_request(second)
     _, hits = pool.policy.safety_net()
     assert len(hits) > 1 and list(hits) == [3] * len(hits)
+
+
+def test_wa_pool_tells_the_long_output_candidate_each_requests_output(in_vllm):
+    """A file tuned to start ``wa`` on its long-output candidate (limit 10 tokens): the pool tells it each
+    finishing request's ``num_output_tokens``, so the blocks of the request that generated 50 tokens
+    go before the older ones of the request that generated 5 (LRU would take those first)."""
+    if not in_vllm:
+        return
+    import json
+    import tempfile
+    from types import SimpleNamespace
+
+    from vllm_support import HP_TEST
+
+    from kvprof.vllm.block_pool import KvprofBlockPool
+    from kvprof.vllm.spec import PolicySpec
+
+    tuned = {**HP_TEST, "schema": "kvprof.hp/4",
+             "tuning": [{"capacity": 8, "horizon_s": 60.0, "start": "long-output", "long_output_tokens": 10}]}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(tuned, fh)
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": fh.name}})
+    pool = KvprofBlockPool(num_gpu_blocks=9, enable_caching=True, hash_block_size=16, kvprof_spec=spec)
+    assert pool.policy.reference.order_names[pool.policy.safety_net()[0]] == "long-output"
+    held = {}
+    for rid, output, base in (("short", 5, 0), ("long", 50, 10)):
+        chain = [bytes([base + k + 1]) * 32 for k in range(3)]
+        request = SimpleNamespace(request_id=rid, num_prompt_tokens=3 * 16, num_tokens=3 * 16 + output,
+                                  num_computed_tokens=3 * 16, num_output_tokens=output, block_hashes=chain,
+                                  sampling_params=SimpleNamespace(extra_args={"type": "hot", "turn": 1}))
+        blocks = pool.get_new_blocks(3)
+        pool.cache_full_blocks(request, blocks, 0, 3, 16, 0)
+        pool.admit_request(request)
+        held[rid] = (request, blocks)
+    for rid in ("short", "long"):  # the short one is freed first: LRU's first victims
+        request, blocks = held[rid]
+        pool.finish_request(request, n_blocks=3)
+        pool.free_blocks(reversed(blocks))
+    taken = _ids(pool.get_new_blocks(5))  # the two blocks never cached first, then the victims
+    assert taken[2:] == _ids(reversed(held["long"][1]))
+    pool.close()
 
 
 def test_a_policy_without_shadows_is_told_no_requests(in_vllm):
@@ -207,7 +248,7 @@ def test_a_policy_without_shadows_is_told_no_requests(in_vllm):
 
     chain = [bytes([k]) * 32 for k in range(1, 5)]
     request = SimpleNamespace(request_id="a", num_prompt_tokens=3 * 16 + 5, num_tokens=3 * 16 + 5,
-                              num_computed_tokens=4 * 16 + 2, block_hashes=chain,
+                              num_computed_tokens=4 * 16 + 2, num_output_tokens=20, block_hashes=chain,
                               sampling_params=SimpleNamespace(extra_args={"type": "hot", "turn": 1}))
     _, lru = _pools(9)
     wa, _ = _wa_pool(9)
@@ -234,7 +275,7 @@ def test_shadow_thread_can_be_turned_off(in_vllm, monkeypatch):
         pool, _ = _wa_pool(9)
         for rid in ("a", "b"):
             request = SimpleNamespace(request_id=rid, num_prompt_tokens=3 * 16 + 5, num_tokens=3 * 16 + 5,
-                                      num_computed_tokens=4 * 16 + 2, block_hashes=chain,
+                                      num_computed_tokens=4 * 16 + 2, num_output_tokens=20, block_hashes=chain,
                                       sampling_params=SimpleNamespace(extra_args={"type": "hot", "turn": 1}))
             pool.admit_request(request)
             pool.finish_request(request, n_blocks=5)
@@ -457,7 +498,7 @@ def test_a_running_requests_class_follows_a_reload(in_vllm):
         policy.access_numbered = recorded
 
     request = SimpleNamespace(request_id="r", num_prompt_tokens=4 * 16, num_computed_tokens=4 * 16,
-                              block_hashes=[bytes([k]) * 16 for k in range(4)],
+                              num_output_tokens=1, block_hashes=[bytes([k]) * 16 for k in range(4)],
                               sampling_params=SimpleNamespace(extra_args=tags))
     blocks = pool.get_new_blocks(4)
     record(pool.policy)
