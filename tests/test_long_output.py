@@ -136,6 +136,7 @@ def test_tuning_measures_each_limit_and_writes_the_one_that_wins(tmp_path):
     limits = {f"{np.percentile(trace.output_length, q):g}" for q in OUTPUT_PERCENTILES}
     for entry in hp.tuning:
         measured = entry["measured"]
+        assert entry["start"] != "long-output"  # (tune.NEVER_START)
         assert set(measured["hit_ratio_by_output_limit"]) == limits
         if "long_output_tokens" in entry:
             chosen = measured["hit_ratio_by_output_limit"][f"{entry['long_output_tokens']:g}"]
