@@ -238,11 +238,12 @@ class CompiledTwin(EvictionPolicy):
         """:meth:`finish` with the chain as :meth:`numbers` and the size given (``numbers``: as
         :meth:`admit_numbered`'s). The cores hear ``n_output`` (tokens generated) even for a
         request never admitted, as the reference's followed policies do; its shadows know none."""
-        n_output = -1 if n_output is None else int(n_output)
         seat = self._seats.give(request)
         if seat < 0:
-            handle.count_finish(self._address, n_output)
-        elif self.shadow_feed is None:
+            self.tell_output(n_output)
+            return
+        n_output = -1 if n_output is None else int(n_output)
+        if self.shadow_feed is None:
             handle.finish(self._address, seat, float(now), numbers, n_blocks, n_output)
         else:
             self.shadow_feed.finish(seat, float(now), numbers, n_blocks, n_output)
@@ -299,6 +300,11 @@ class CompiledTwin(EvictionPolicy):
                 self.shadow_feed.before_eviction()
             handle.order(self._address, n, float(now), out)
         return out.tolist()
+
+    def tell_output(self, n_output: int | None) -> None:
+        """Tell the cores how many tokens the request whose blocks are freed next generated (None: the
+        frees to come are no finished request's, e.g. a preempted one's): ``finish``'s part for them."""
+        handle.count_finish(self._address, -1 if n_output is None else int(n_output))
 
     def safety_net(self) -> tuple[int, np.ndarray] | None:
         """``wa``'s leading candidate (its index in ``reference.order_names``) and each shadow's

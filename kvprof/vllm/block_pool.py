@@ -551,6 +551,12 @@ class KvprofBlockPool(BlockPool):
         self.policy.finish_numbered(request.request_id, self._clock(), numbers,
                                     n_blocks=max(n_blocks, len(numbers)), n_output=request.num_output_tokens)
 
+    def request_freed(self) -> None:
+        """vLLM freed the finished request's blocks: what it frees until the next finish (a preempted
+        request's blocks, a sliding window's) is no finished request's, so the policy hears of no output."""
+        if self._shadowed:
+            self.policy.tell_output(None)
+
     def _chain_of(self, request, n_tokens: int) -> np.ndarray:
         """The content numbers of the full blocks among ``request``'s first ``n_tokens`` tokens (their
         group-0 keys): those its accesses told the policy, the rest looked up (and kept)."""

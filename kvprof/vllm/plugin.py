@@ -475,6 +475,8 @@ def track_requests(scheduler, manager, pool, live) -> None:
         try:
             return original_free(request, *args, **kwargs)
         finally:
+            if pool is not None:
+                _never_raise(pool.request_freed)
             scheduled, hit_tokens = first_scheduled.pop(request.request_id, (None, 0))
             live.finished(request, scheduled, hit_tokens, clock())
 

@@ -201,7 +201,8 @@ def test_wa_pool_tells_its_shadows_whole_requests(in_vllm):
 def test_wa_pool_tells_the_long_output_candidate_each_requests_output(in_vllm):
     """A file tuned to start ``wa`` on its long-output candidate (limit 10 tokens): the pool tells it each
     finishing request's ``num_output_tokens``, so the blocks of the request that generated 50 tokens
-    go before the older ones of the request that generated 5 (LRU would take those first)."""
+    go before the older ones of the request that generated 5 (LRU would take those first); blocks freed
+    after the finished request's frees (a preempted request's, 80 tokens so far) are kept as LRU keeps them."""
     if not in_vllm:
         return
     import json
@@ -221,21 +222,23 @@ def test_wa_pool_tells_the_long_output_candidate_each_requests_output(in_vllm):
     pool = KvprofBlockPool(num_gpu_blocks=9, enable_caching=True, hash_block_size=16, kvprof_spec=spec)
     assert pool.policy.reference.order_names[pool.policy.safety_net()[0]] == "long-output"
     held = {}
-    for rid, output, base in (("short", 5, 0), ("long", 50, 10)):
-        chain = [bytes([base + k + 1]) * 32 for k in range(3)]
-        request = SimpleNamespace(request_id=rid, num_prompt_tokens=3 * 16, num_tokens=3 * 16 + output,
-                                  num_computed_tokens=3 * 16, num_output_tokens=output, block_hashes=chain,
+    for rid, output, base in (("short", 5, 0), ("long", 50, 10), ("preempted", 80, 20)):
+        chain = [bytes([base + k + 1]) * 32 for k in range(2)]
+        request = SimpleNamespace(request_id=rid, num_prompt_tokens=2 * 16, num_tokens=2 * 16 + output,
+                                  num_computed_tokens=2 * 16, num_output_tokens=output, block_hashes=chain,
                                   sampling_params=SimpleNamespace(extra_args={"type": "hot", "turn": 1}))
-        blocks = pool.get_new_blocks(3)
-        pool.cache_full_blocks(request, blocks, 0, 3, 16, 0)
+        blocks = pool.get_new_blocks(2)
+        pool.cache_full_blocks(request, blocks, 0, 2, 16, 0)
         pool.admit_request(request)
         held[rid] = (request, blocks)
     for rid in ("short", "long"):  # the short one is freed first: LRU's first victims
         request, blocks = held[rid]
-        pool.finish_request(request, n_blocks=3)
+        pool.finish_request(request, n_blocks=2)
         pool.free_blocks(reversed(blocks))
-    taken = _ids(pool.get_new_blocks(5))  # the two blocks never cached first, then the victims
-    assert taken[2:] == _ids(reversed(held["long"][1]))
+        pool.request_freed()
+    pool.free_blocks(reversed(held["preempted"][1]))  # vLLM's preemption frees without a finish
+    taken = _ids(pool.get_new_blocks(6))  # the two blocks never cached first, then the victims
+    assert taken[2:] == _ids(reversed(held["long"][1])) + _ids(reversed(held["short"][1]))
     pool.close()
 
 
