@@ -6,7 +6,8 @@ Run with the vLLM venv's python (one process, no model, no server)::
 
 For each pool size and each configuration (``native``: vLLM's own pool; ``lru``, ``s3fifo``,
 ``arc``, ``wa``: kvprof's plugin enforcing that policy; ``wa+record``: ``wa`` with ``--kv-record``
-on, the live counterfactual beside it as always) it builds vLLM's scheduler the way ``vllm serve``
+on, the live counterfactual beside it as always; ``wa+long-output``: ``wa`` from a file tuned with a
+long-output limit, so with that candidate too) it builds vLLM's scheduler the way ``vllm serve``
 does (the class from ``scheduler_config.get_scheduler_cls()``, so the plugin installs itself), feeds
 it the same traffic, and after each ``schedule()`` hands it a model output with one sampled token
 per scheduled request that is past its prompt, as the engine core would. It reports per step the
@@ -49,8 +50,11 @@ os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
 
 import numpy as np  # noqa: E402
 
-CONFIGS = ("native", "lru", "s3fifo", "arc", "wa", "wa+record")
+CONFIGS = ("native", "lru", "s3fifo", "arc", "wa", "wa+record", "wa+long-output")
 BLOCK = 16
+#: ``wa+long-output``'s limit: the middle of the traffic's outputs (16-128 tokens), so about half the
+#: requests' blocks are freed to its first list.
+LONG_OUTPUT_TOKENS = 64.0
 VOCAB = 30000
 
 
@@ -102,16 +106,20 @@ class Traffic:
 
 
 # -- vLLM ------------------------------------------------------------------------------------------
-def hp_file(path: Path) -> str:
-    """A small valid hp file (classes of the traffic's tags) for ``wa``."""
-    from kvprof.models.hp import HpFile
+def hp_file(path: Path, long_output_tokens: float | None = None) -> str:
+    """A small valid hp file (classes of the traffic's tags) for ``wa``; with ``long_output_tokens``, tuned
+    (for every size: one entry) with that limit for the long-output candidate."""
+    from kvprof.models.hp import SCHEMA, HpFile
 
     classes = {f"{kind}_{turn}": {"p": p, "lambda": lam}
                for kind, p, lam in (("text", 0.3, 0.05), ("agent", 0.8, 0.01)) for turn in range(1, 6)}
-    hp = HpFile.from_dict({"schema": "kvprof.hp/1", "horizon_s": 60.0, "min_gap_s": 0.3,
-                           "class_rule": {"key": "type_turn", "turn_cap": 5}, "classes": classes,
-                           "default": {"p": 0.2, "lambda": 0.05}})
-    hp.save(path)
+    document = {"schema": "kvprof.hp/1", "horizon_s": 60.0, "min_gap_s": 0.3,
+                "class_rule": {"key": "type_turn", "turn_cap": 5}, "classes": classes,
+                "default": {"p": 0.2, "lambda": 0.05}}
+    if long_output_tokens is not None:
+        document.update(schema=SCHEMA, tuning=[{"capacity": 1, "horizon_s": 60.0, "start": "model",
+                                                "long_output_tokens": long_output_tokens}])
+    HpFile.from_dict(document).save(path)
     return str(path)
 
 
@@ -126,7 +134,7 @@ def build_scheduler(config: str, args, work: Path):
         policy = config.split("+")[0]
         entry = {"policy": policy, "reload_interval_s": 0, "log_interval_s": 0}
         if policy == "wa":
-            entry["config"] = args.hp
+            entry["config"] = args.hp_long_output if config == "wa+long-output" else args.hp
         if config.endswith("+record"):
             entry["record"] = str(work / f"record-{time.monotonic_ns()}")
         additional = {"kv_policy": entry}
@@ -363,6 +371,7 @@ def main() -> None:
             args.model = str(work / "tiny")
             tiny_model.build(args.model)
         args.hp = hp_file(work / "hp.json")
+        args.hp_long_output = hp_file(work / "hp-long-output.json", LONG_OUTPUT_TOKENS)
         if args.profile:
             import cProfile
             import pstats

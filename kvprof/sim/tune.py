@@ -5,16 +5,17 @@ For each capacity the user will run at, :func:`tune` replays the last part of th
 cost of the whole window) through the simulator under ``wa`` at a few horizons around the
 fitted one and keeps the horizon with the highest token hit ratio, and, as the candidate order
 to start on, the one whose shadow cache hit most in that replay (so the policy starts where the
-safety net would have ended; never :data:`NEVER_START`). Before those replays, the same part is replayed under the
-``long-output`` candidate alone (:class:`~kvprof.policy.long_output.LongOutputLRU`) at each of
-:data:`OUTPUT_PERCENTILES` of the window's output lengths and under LRU: the median's limit, or a
-quartile's that hit clearly more (:data:`LIMIT_LEAD_ERRORS`), becomes the candidate's where it
-hit more than LRU, and the candidate takes part in ``wa``'s replays (its shadow decides, there and
-in serving, whether ``wa`` follows it). With
-``learn``, the same part is replayed under Belady at each capacity to train the ``learned``
-candidate's predictor (:mod:`kvprof.sim.learn`), which then takes part as a candidate too. The
-choices go into the hp file's ``tuning`` block; a policy built for a capacity takes the entry of
-the nearest tuned one (:meth:`kvprof.models.hp.HpFile.tuned`).
+safety net would have ended; never one of :data:`NEVER_START`).
+
+Before those replays, the same part is replayed under the ``long-output`` candidate alone
+(:class:`~kvprof.policy.long_output.LongOutputLRU`) at each of :data:`OUTPUT_PERCENTILES` of the
+window's output lengths, and under LRU: the median's limit, or a quartile's that hit clearly more
+(:data:`LIMIT_LEAD_ERRORS`), becomes the candidate's where it hit more than LRU, and the candidate
+takes part in ``wa``'s replays (its shadow decides, there and in serving, whether ``wa`` follows
+it). With ``learn``, the same part is replayed under Belady at each capacity to train the
+``learned`` candidate's predictor (:mod:`kvprof.sim.learn`), which then takes part as a candidate
+too. The choices go into the hp file's ``tuning`` block; a policy built for a capacity takes the
+entry of the nearest tuned one (:meth:`kvprof.models.hp.HpFile.tuned`).
 """
 
 from __future__ import annotations
