@@ -163,11 +163,21 @@ def _with_learned(document: dict) -> dict:
     return {**document, "schema": "kvprof.hp/3", "tuning": tuning}
 
 
+def _with_long_output(document: dict) -> dict:
+    """A version 4 ``document``: its first tuning entry starts on the long-output candidate, with its limit
+    and the tuning's measurements of it."""
+    entry = {**document["tuning"][0], "start": "long-output", "long_output_tokens": 225.0}
+    entry["measured"] = {**entry.get("measured", {}), "hit_ratio_by_output_limit": {"145": 0.25, "225": 0.27},
+                         "lru_hit_ratio": 0.18}
+    return {**document, "schema": "kvprof.hp/4", "tuning": [entry, *document["tuning"][1:]]}
+
+
 #: Valid documents to mutate: fitted files of every schema version and a published-format one (configs/README.md).
 HP_DOCUMENTS = (
     _trimmed(json.loads((CONFIGS / "bailian-a-hp.json").read_text()), ("text_1", "text_1@reused", "text_5+"),
              ("text", "image")),
     _with_learned(_trimmed(json.loads((CONFIGS / "bailian-a-hp.json").read_text()), ("text_1",), ())),
+    _with_long_output(_trimmed(json.loads((CONFIGS / "bailian-a-hp.json").read_text()), ("text_1",), ())),
     _trimmed(json.loads((CONFIGS / "bailian-a-hp-v1.json").read_text()), ("text_1", "text_1@reused", "text_5+"),
              ("text", "image")),
     _trimmed(json.loads((CONFIGS / "bailian-a-published-format.json").read_text()), ("text_1", "text_2", "file_5+")),
