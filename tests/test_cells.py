@@ -175,6 +175,10 @@ def test_fit_cli_reports_cells_holdout_and_tuning(small_bailian, tmp_path):
     data = json.loads(out.read_text())
     assert data["schema"] == "kvprof.hp/4" and data["tuning"][0]["capacity"] == 128
     assert "learned" not in data["tuning"][0]  # opt-in: --learned
+    # the long-output candidate's tuning, on or off, with what it measured
+    limit = data["tuning"][0].get("long_output_tokens")
+    shown = " ".join(result.stdout.split())
+    assert ("off (" if limit is None else f"{limit:g} tokens (") in shown
     result = invoke("fit", path, "-o", out, "--window", "0:360", "--capacity", "128", "--max-cells", "4", "-j", "1",
                     "--learned")
     assert result.exit_code == 0, result.output

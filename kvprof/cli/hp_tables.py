@@ -65,15 +65,29 @@ def cells_table(hp, title: str):
 def tuning_table(hp, learn_asked: bool = False):
     entries, more = first_rows(list(hp.tuning), "capacities")
     out = table("tuned on the fit window (wa's token hit ratio per horizon H; wa's horizon: the one a server runs "
-                "at that size; start: best shadow; learned: accesses whose block Belady kept to its next use, and the predictor's held-out "
-                "log-loss vs the base rate's, accuracy)",
+                "at that size; start: best shadow; long-output: the candidate's limit in output tokens, and its hit ratio "
+                "alone per limit tried vs LRU's; learned: accesses whose block Belady kept to its next use, and the "
+                "predictor's held-out log-loss vs the base rate's, accuracy)",
                 {"capacity": "right", "hit ratio by H": "left", "wa's horizon (s)": "right", "start": "left",
-                 "learned": "left"}, caption=more)
+                 "long-output": "left", "learned": "left"}, caption=more)
     for entry in entries:
         tried = entry.get("measured", {}).get("hit_ratio_by_horizon_s", {})
         out.add_row(f"{entry['capacity']:,}", ", ".join(f"{h} s: {r:.4f}" for h, r in tried.items()),
-                    f"{entry['horizon_s']:g}", entry["start"], _learned_text(entry.get("learned"), learn_asked))
+                    f"{entry['horizon_s']:g}", entry["start"], _long_output_text(entry),
+                    _learned_text(entry.get("learned"), learn_asked))
     return out
+
+
+def _long_output_text(entry: dict) -> str:
+    """The long-output candidate's limit (or "off") and what the tuning measured of it ("-": not tuned)."""
+    measured = entry.get("measured", {})
+    by_limit = measured.get("hit_ratio_by_output_limit")
+    limit = entry.get("long_output_tokens")
+    if by_limit is None:
+        return "-" if limit is None else f"{limit:g} tokens"
+    tried = ", ".join(f"{name}: {ratio:.4f}" for name, ratio in by_limit.items())
+    lru = measured.get("lru_hit_ratio")
+    return (f"{limit:g} tokens" if limit is not None else "off") + f" ({tried}; lru {fmt(lru, '.4f')})"
 
 
 #: Why ``fit --learned`` learned nothing at a capacity (:func:`kvprof.sim.learn.fit_learned`).
