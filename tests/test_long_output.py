@@ -147,3 +147,38 @@ def test_tuning_measures_each_limit_and_writes_the_one_that_wins(tmp_path):
             assert median <= measured["lru_hit_ratio"]  # (a quartile that led it would have hit no more than LRU)
     hp.save(tmp_path / "hp.json")
     assert load_hp(tmp_path / "hp.json").to_dict() == hp.to_dict()
+
+
+class LoggedWa(WorkloadAwarePolicy):
+    """``wa`` that logs each eviction: (now, victims)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple[float, list[int]]] = []
+
+    def evict_n(self, n: int, now: float) -> list[int]:
+        victims = super().evict_n(n, now)
+        self.log.append((now, victims))
+        return victims
+
+
+@settings(max_examples=60, deadline=None)
+@given(replays_with_outputs(), LIMITS, st.floats(0.0, 1.0))
+def test_decisions_never_read_the_future(case, limit, cut):
+    """Online features only: with the requests arriving from ``T`` on removed, ``wa`` with the candidate
+    evicts the same blocks before ``T`` (the outputs it reads are of requests that finished, and the
+    next uses the driver passes, which it must ignore, change with the cut)."""
+    trace, capacity, config = case
+    config = dataclasses.replace(config, cpu_capacity=0)
+    cut_at = float(trace.timestamp[0] + cut * (trace.timestamp[-1] - trace.timestamp[0]))
+
+    def evictions(part):
+        policy = LoggedWa(*ONE_ROW, 60.0, orders=("long-output", "lru", "segmented"), output_limit=limit,
+                          capacity=capacity)
+        simulate(prepare_workload(part, engine_block_size=config.engine_block_size), policy, capacity, config,
+                 engine="python")
+        return [entry for entry in policy.log if entry[0] < cut_at]
+
+    earlier = trace.time_window(None, cut_at)
+    if earlier.n_requests:
+        assert evictions(earlier) == evictions(trace)
