@@ -24,6 +24,11 @@ from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 #: The chain of a request that holds no seat: nothing to number.
 NO_NUMBERS = np.zeros(0, np.int64)
 
+
+def output_code(n_output: int | None) -> int:
+    """A request's output length as the compiled core takes it: -1 for unknown."""
+    return -1 if n_output is None else int(n_output)
+
 #: Content numbers kept per block of the pool (and at least :data:`MIN_CONTENTS`); see :class:`CompiledTwin`.
 CONTENTS_PER_BLOCK = 16
 MIN_CONTENTS = 1 << 16
@@ -239,11 +244,10 @@ class CompiledTwin(EvictionPolicy):
         :meth:`admit_numbered`'s). The cores hear ``n_output`` (tokens generated) even for a
         request never admitted, as the reference's followed policies do; its shadows know none."""
         seat = self._seats.give(request)
+        n_output = output_code(n_output)
         if seat < 0:
-            self.tell_output(n_output)
-            return
-        n_output = -1 if n_output is None else int(n_output)
-        if self.shadow_feed is None:
+            handle.count_finish(self._address, n_output)
+        elif self.shadow_feed is None:
             handle.finish(self._address, seat, float(now), numbers, n_blocks, n_output)
         else:
             self.shadow_feed.finish(seat, float(now), numbers, n_blocks, n_output)
@@ -304,7 +308,7 @@ class CompiledTwin(EvictionPolicy):
     def tell_output(self, n_output: int | None) -> None:
         """Tell the cores how many tokens the request whose blocks are freed next generated (None: the
         frees to come are no finished request's, e.g. a preempted one's): ``finish``'s part for them."""
-        handle.count_finish(self._address, -1 if n_output is None else int(n_output))
+        handle.count_finish(self._address, output_code(n_output))
 
     def safety_net(self) -> tuple[int, np.ndarray] | None:
         """``wa``'s leading candidate (its index in ``reference.order_names``) and each shadow's
