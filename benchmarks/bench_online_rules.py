@@ -40,7 +40,7 @@ from kvprof.policy import make_policy  # noqa: E402
 from kvprof.profiler.fit import fit_trace  # noqa: E402
 from kvprof.sim.config import SimConfig  # noqa: E402
 from kvprof.sim.oracles import (  # noqa: E402
-    AccessIndexed, Future, ToldPolicy, make_oracle, reference_task, replay, sessions_of,
+    AccessIndexed, Future, ToldPolicy, infer_sessions, make_oracle, reference_task, replay, sessions_of,
 )
 from kvprof.sim.workload import prepare_workload  # noqa: E402
 
@@ -70,6 +70,22 @@ class ShortOutput(ToldPolicy):
         return None if self.output[request] <= self.limit else self._freed
 
 
+class FirstTurn(ToldPolicy):
+    """Demotes the blocks of a request that began its session."""
+
+    def __init__(self, base, began: list[bool]):
+        super().__init__(base, f"turn1+{base.name}")
+        self.began = began
+
+    def verdict(self, access, request, now):
+        return self._freed if self.began[request] else None
+
+
+def began_session(workload) -> np.ndarray:
+    """Per request, whether it began its session (bool): no earlier request's whole chain is a prefix of its own."""
+    return infer_sessions(workload) == np.arange(workload.n_requests)
+
+
 def roots_seen_before(workload) -> np.ndarray:
     """Per request, how many earlier requests' chains began with its chain's first block (0 without blocks)."""
     counts: dict[int, int] = {}
@@ -84,13 +100,15 @@ def roots_seen_before(workload) -> np.ndarray:
 
 
 def rule_task(shared: tuple, rule: str, base: str, capacity: int) -> float:
-    """The token hit ratio of ``rule`` (``continues``, ``root<k>``, ``out<q>``) over ``base`` at ``capacity``."""
-    indexed, future, hp, config, seen, output, limits, references = shared
+    """The token hit ratio of ``rule`` (``continues``, ``root<k>``, ``turn1``, ``out<q>``) over ``base`` at ``capacity``."""
+    indexed, future, hp, config, seen, began, output, limits, references = shared
     policy = make_policy(base, hp, capacity)
     if rule == "continues":
         told = make_oracle("continues", policy, future, references[capacity])
     elif rule.startswith("root"):
         told = RootSeen(policy, seen, int(rule[4:]))
+    elif rule == "turn1":
+        told = FirstTurn(policy, began)
     else:
         told = ShortOutput(policy, output, limits[rule], rule)
     return replay(indexed, told, capacity, config).token_hit_ratio
@@ -108,15 +126,16 @@ def run_case(case, trace, quality: dict, jobs: int) -> dict:
     if first < 0 or not np.array_equal(np.diff(whole.offsets)[first:], np.diff(workload.offsets)):
         raise SystemExit(f"{case.name}: the evaluation window is not the trace's suffix")
     seen = roots_seen_before(whole)[first:].tolist()
+    began = began_session(whole)[first:].tolist()
     limits = {f"out{q}": float(np.percentile(fitted.output_length, q)) for q in OUTPUT_PERCENTILES}
-    rules = ["continues", *(f"root{k}" for k in ROOT_SEEN), *limits]
+    rules = ["continues", *(f"root{k}" for k in ROOT_SEEN), "turn1", *limits]
     indexed = AccessIndexed.of(workload)
     future = Future.of(workload, sessions_of(window, workload))
     rows = quality["rows"]
     capacities = [row["capacity"] for row in rows]  # the continuation oracle's horizon, once per capacity
     references = dict(zip(capacities, run_tasks(reference_task, (indexed, future, hp, config),
                                                  [(c,) for c in capacities], n_jobs=jobs)))
-    shared = (indexed, future, hp, config, seen, workload.output_tokens.tolist(), limits, references)
+    shared = (indexed, future, hp, config, seen, began, workload.output_tokens.tolist(), limits, references)
     tasks = list(dict.fromkeys((rule, base, row["capacity"]) for row in rows for rule in rules
                                for base in ("lru", row["best_baseline"])))
     ratios = dict(zip(tasks, run_tasks(rule_task, shared, tasks, n_jobs=jobs)))

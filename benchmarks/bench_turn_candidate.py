@@ -1,0 +1,213 @@
+"""What a request's turn in its session is worth as a candidate under ``wa``'s safety net (a measurement, not a policy).
+
+    python benchmarks/bench_turn_candidate.py [-j N] [--traces weka,mooncake] [--quality quality.json]
+
+The oracle table (benchmarks/bench_oracles.py) puts a quarter to a half of Mooncake's
+best-baseline-to-Belady gap in knowing whether a freed chain's session continues. A server can infer
+one fact that predicts it from the block hashes alone: whether the request *continued* a session (an
+earlier request's whole chain is a prefix of its own) or began one. On Mooncake a request that began
+its session sends a next turn within 30 s 5 % of the time, one that continued 19-58 % (the later, the
+likelier). bench_online_rules.py's ``turn1`` demotes the first turns' blocks, told each request's turn
+from the whole trace. Here the same rule is a policy that infers turns online, from the chains it sees
+freed, and a candidate ``wa`` must find by itself:
+
+* ``first-turn``: :class:`FirstTurnLRU` alone on the evaluation window.
+* the gate: ``first-turn`` and LRU on the tuning replay (the last third of the fit window, as
+  :mod:`kvprof.sim.tune` replays ``long-output``); the candidate is offered to ``wa`` only where it hit
+  more than LRU there.
+* ``wa``: the suite's tuned ``wa`` on the Python engine (it must equal the suite's compiled ratio),
+  and ``wa+first-turn``: the same with the candidate added where the gate lets it in (elsewhere it is
+  ``wa`` by construction and not replayed).
+
+Prints one markdown table: token hit ratios, each over the best baseline and as a share of the gap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
+from itertools import chain, islice
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_online_rules import suite_cases, suite_parser  # noqa: E402
+
+import kvprof.policy.wa as wa_module  # noqa: E402
+from kvprof.models.hp import HpFile  # noqa: E402
+from kvprof.parallel import run_tasks  # noqa: E402
+from kvprof.policy import make_policy  # noqa: E402
+from kvprof.policy.base import EvictionPolicy  # noqa: E402
+from kvprof.policy.wa import WorkloadAwarePolicy  # noqa: E402
+from kvprof.profiler.fit import fit_trace  # noqa: E402
+from kvprof.sim.config import SimConfig  # noqa: E402
+from kvprof.sim.engine import simulate  # noqa: E402
+from kvprof.sim.tune import REPLAYED_SHARE  # noqa: E402
+from kvprof.sim.workload import prepare_workload  # noqa: E402
+
+#: Open tails remembered at most (contents; the oldest is forgotten first).
+TAIL_MEMORY = 65536
+
+
+class FirstTurnLRU(EvictionPolicy):
+    """Two LRU lists: the blocks freed by a request that began its session are evicted first,
+    oldest-freed first, then the others in free order.
+
+    A freed request *continued* a session when one of its blocks holds an *open tail*: the content
+    of the deepest block of an earlier freed request that no request has continued since (the
+    deepest such, which it closes). Each free then opens the deepest freed block's content as a
+    tail. Contents are compared, not blocks, so a session is followed across the eviction of its
+    previous turn's tail. Only the past is read: on requests that run one at a time this is
+    :func:`kvprof.sim.oracles.infer_sessions`' session start.
+
+    Invariant: every evictable block is in exactly one of ``_first`` and ``_kept``, each in free
+    order; at most ``memory`` open tails are remembered, the oldest forgotten first.
+    """
+
+    name = "first-turn"
+
+    def __init__(self, memory: int = TAIL_MEMORY) -> None:
+        self.memory = memory
+        self._first: OrderedDict[int, None] = OrderedDict()
+        self._kept: OrderedDict[int, None] = OrderedDict()
+        self._depth: dict[int, int] = {}
+        self._content: dict[int, Hashable] = {}
+        self._open: OrderedDict[Hashable, None] = OrderedDict()
+
+    def access(self, block: int, now: float, workload: int = 0, depth: int = 0, *, hit: bool = False,
+               next_use: float = math.inf, content: Hashable | None = None) -> None:
+        self._depth[block] = depth
+        if content is not None:
+            self._content[block] = content
+
+    def free(self, blocks: Iterable[int], now: float) -> None:
+        blocks = list(blocks)
+        if not blocks:
+            return
+        deepest_first = sorted(blocks, key=lambda block: -self._depth.get(block, 0))
+        contents = [self._content.get(block) for block in deepest_first]
+        continued = next((content for content in contents if content is not None and content in self._open), None)
+        if continued is not None:  # the session's previous turn: no other request continues it now
+            del self._open[continued]
+        if contents[0] is not None:
+            self._open[contents[0]] = None
+            if len(self._open) > self.memory:
+                self._open.popitem(last=False)
+        into = self._first if continued is None else self._kept
+        for block in blocks:
+            into[block] = None
+
+    def remove(self, block: int) -> None:
+        if block in self._first:
+            del self._first[block]
+        else:
+            del self._kept[block]
+
+    def evict(self, now: float) -> int:
+        queue = self._first or self._kept
+        if not queue:
+            raise IndexError("no evictable block")
+        return queue.popitem(last=False)[0]
+
+    def order(self, now: float, limit: int | None = None) -> list[int]:
+        return list(islice(chain(self._first, self._kept), limit))
+
+    def clear(self) -> None:
+        for table in (self._first, self._kept, self._depth, self._content, self._open):
+            table.clear()
+
+    def __len__(self) -> int:
+        return len(self._first) + len(self._kept)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._first or block in self._kept
+
+
+class WithFirstTurn(WorkloadAwarePolicy):
+    """``wa`` with ``first-turn`` among its candidates, after the tuned ones (never its start)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        # Registered here, not at import: a joblib worker gets this module's functions by value.
+        wa_module.FOLLOWED_POLICIES.setdefault(FirstTurnLRU.name, FirstTurnLRU)
+        wa_module.ORDER_NAMES = wa_module.ROW_ORDERS + tuple(wa_module.FOLLOWED_POLICIES)
+        super().__init__(*args, orders=(*kwargs.pop("orders"), FirstTurnLRU.name), **kwargs)
+
+
+def replay_task(shared: tuple, variant: str, window: str, capacity: int) -> tuple[float, str]:
+    """``variant``'s token hit ratio on ``window`` (``tuning`` or ``evaluation``) and the order it ends on."""
+    workloads, hp, config = shared
+    policy = {"lru": lambda: make_policy("lru", hp, capacity),
+              "first-turn": FirstTurnLRU,
+              "wa": lambda: WorkloadAwarePolicy.from_hp(hp, capacity=capacity),
+              "wa+first-turn": lambda: WithFirstTurn.from_hp(hp, capacity=capacity)}[variant]()
+    ratio = simulate(workloads[window], policy, capacity, config, engine="python").token_hit_ratio
+    return ratio, getattr(policy, "order_name", variant)
+
+
+def run_case(case, trace, quality: dict, jobs: int) -> dict:
+    started = time.perf_counter()
+    hp_dict = fit_trace(trace.time_window(*case.fit)).to_dict()
+    hp_dict["tuning"] = quality["tuning"]  # the suite's tuning, so that wa here is the suite's wa
+    hp = HpFile.from_dict(hp_dict)
+    config = SimConfig(engine_block_size=case.engine_block)
+    first, last = case.fit
+    workloads = {"tuning": prepare_workload(trace.time_window(last - (last - first) * REPLAYED_SHARE, last), hp,
+                                            case.engine_block),
+                 "evaluation": prepare_workload(trace.time_window(*case.evaluate), hp, case.engine_block)}
+    shared = (workloads, hp, config)
+    capacities = [row["capacity"] for row in quality["rows"]]
+    tasks = [(variant, window, capacity) for capacity in capacities
+             for variant, window in (("lru", "tuning"), ("first-turn", "tuning"), ("first-turn", "evaluation"),
+                                     ("wa", "evaluation"))]
+    done = dict(zip(tasks, run_tasks(replay_task, shared, tasks, n_jobs=jobs)))
+    gated = [c for c in capacities if done[("first-turn", "tuning", c)][0] > done[("lru", "tuning", c)][0]]
+    added = [("wa+first-turn", "evaluation", c) for c in gated]
+    done.update(zip(added, run_tasks(replay_task, shared, added, n_jobs=jobs)))
+    out = []
+    for row in quality["rows"]:
+        c, ratio, best_name = row["capacity"], row["token_hit_ratio"], row["best_baseline"]
+        out.append({"capacity": c, "best_baseline": best_name, "best": ratio[best_name], "belady": ratio["belady"],
+                    "wa_suite": ratio["wa"], "tuning_lru": done[("lru", "tuning", c)][0],
+                    "tuning_first_turn": done[("first-turn", "tuning", c)][0],
+                    "first_turn": done[("first-turn", "evaluation", c)][0], "wa": done[("wa", "evaluation", c)],
+                    "wa_first_turn": done.get(("wa+first-turn", "evaluation", c))})
+    return {"trace": case.name, "rows": out, "wall_s": time.perf_counter() - started}
+
+
+def print_table(cases: list[dict]) -> None:
+    print("\n| trace | capacity | best baseline | belady | first-turn alone | tuning: lru / first-turn | wa "
+          "| wa+first-turn |")
+    print("|" + "---|" * 8)
+    for case in cases:
+        for row in case["rows"]:
+            best, gap = row["best"], row["belady"] - row["best"]
+
+            def cell(value: float, followed: str | None = None) -> str:
+                closed = f"{(value - best) / gap:+.0%}" if gap > 0 else "-"
+                return f"{value:.4f} ({value / best - 1:+.1%}, {closed}{f'; {followed}' if followed else ''})"
+
+            added = row["wa_first_turn"]
+            print(f"| {case['trace']} | {row['capacity']:,} | {row['best_baseline']} {best:.4f} | {row['belady']:.4f} | "
+                  f"{cell(row['first_turn'])} | {row['tuning_lru']:.4f} / {row['tuning_first_turn']:.4f} | "
+                  f"{cell(*row['wa'])} | {cell(*added) if added else 'off (gate)'} |")
+    for case in cases:
+        print(f"{case['trace']}: {case['wall_s']:.0f} s", file=sys.stderr)
+
+
+def main() -> int:
+    parser = suite_parser(__doc__)
+    parser.add_argument("-o", "--output", type=Path, help="also write the table as JSON here")
+    args = parser.parse_args()
+    cases = [run_case(case, trace, quality, args.jobs) for case, trace, quality in suite_cases(parser, args)]
+    print_table(cases)
+    if args.output:
+        args.output.write_text(json.dumps(cases, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
