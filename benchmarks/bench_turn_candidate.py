@@ -1,6 +1,6 @@
 """What a request's turn in its session is worth as a candidate under ``wa``'s safety net (a measurement, not a policy).
 
-    python benchmarks/bench_turn_candidate.py [-j N] [--traces weka,mooncake] [--quality quality.json]
+    python benchmarks/bench_turn_candidate.py [-j N] [--traces weka,mooncake] [--quality quality.json | --windows]
 
 The oracle table (benchmarks/bench_oracles.py) puts a quarter to a half of Mooncake's
 best-baseline-to-Belady gap in knowing whether a freed chain's session continues. A server can infer
@@ -19,29 +19,33 @@ freed, and a candidate ``wa`` must find by itself:
   and ``wa+first-turn``: the same with the candidate added where the gate lets it in (elsewhere it is
   ``wa`` by construction and not replayed).
 
-Prints one markdown table: token hit ratios, each over the best baseline and as a share of the gap.
+With ``--windows`` the suite's JSON is not read: each real trace is fitted, tuned and swept as
+bench_windows.py does on its two other splits (bench_quality.py's workflow), and the candidate is measured on
+each. Prints one markdown table: token hit ratios, each over the best baseline and as a share of the gap.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
-from itertools import chain, islice
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_quality  # noqa: E402
 from bench_online_rules import suite_cases, suite_parser  # noqa: E402
+from bench_windows import splits  # noqa: E402
 
 import kvprof.policy.wa as wa_module  # noqa: E402
 from kvprof.models.hp import HpFile  # noqa: E402
 from kvprof.parallel import run_tasks  # noqa: E402
 from kvprof.policy import make_policy  # noqa: E402
-from kvprof.policy.base import EvictionPolicy  # noqa: E402
+from kvprof.policy.long_output import LongOutputLRU  # noqa: E402
 from kvprof.policy.wa import WorkloadAwarePolicy  # noqa: E402
 from kvprof.profiler.fit import fit_trace  # noqa: E402
 from kvprof.sim.config import SimConfig  # noqa: E402
@@ -53,9 +57,9 @@ from kvprof.sim.workload import prepare_workload  # noqa: E402
 TAIL_MEMORY = 65536
 
 
-class FirstTurnLRU(EvictionPolicy):
-    """Two LRU lists: the blocks freed by a request that began its session are evicted first,
-    oldest-freed first, then the others in free order.
+class FirstTurnLRU(LongOutputLRU):
+    """``long-output``'s two LRU lists, but what sends a request's blocks to the front list is that the
+    request began its session: those go first, oldest-freed first, then the others in free order.
 
     A freed request *continued* a session when one of its blocks holds an *open tail*: the content
     of the deepest block of an earlier freed request that no request has continued since (the
@@ -64,16 +68,16 @@ class FirstTurnLRU(EvictionPolicy):
     previous turn's tail. Only the past is read: on requests that run one at a time this is
     :func:`kvprof.sim.oracles.infer_sessions`' session start.
 
-    Invariant: every evictable block is in exactly one of ``_first`` and ``_kept``, each in free
-    order; at most ``memory`` open tails are remembered, the oldest forgotten first.
+    Invariant: :class:`~kvprof.policy.long_output.LongOutputLRU`'s (each evictable block in one of
+    its lists, ``_long`` here the first turns'); at most ``memory`` open tails are remembered, the
+    oldest forgotten first.
     """
 
     name = "first-turn"
 
     def __init__(self, memory: int = TAIL_MEMORY) -> None:
+        super().__init__(limit=0.0)  # the output limit is not read: finish decides nothing here
         self.memory = memory
-        self._first: OrderedDict[int, None] = OrderedDict()
-        self._kept: OrderedDict[int, None] = OrderedDict()
         self._depth: dict[int, int] = {}
         self._content: dict[int, Hashable] = {}
         self._open: OrderedDict[Hashable, None] = OrderedDict()
@@ -83,6 +87,9 @@ class FirstTurnLRU(EvictionPolicy):
         self._depth[block] = depth
         if content is not None:
             self._content[block] = content
+
+    def finish(self, request: Hashable, now: float, contents=None, *, n_blocks=None, n_output=None) -> None:
+        """Nothing to decide: the free finds the request's turn from its blocks."""
 
     def free(self, blocks: Iterable[int], now: float) -> None:
         blocks = list(blocks)
@@ -97,34 +104,13 @@ class FirstTurnLRU(EvictionPolicy):
             self._open[contents[0]] = None
             if len(self._open) > self.memory:
                 self._open.popitem(last=False)
-        into = self._first if continued is None else self._kept
-        for block in blocks:
-            into[block] = None
-
-    def remove(self, block: int) -> None:
-        if block in self._first:
-            del self._first[block]
-        else:
-            del self._kept[block]
-
-    def evict(self, now: float) -> int:
-        queue = self._first or self._kept
-        if not queue:
-            raise IndexError("no evictable block")
-        return queue.popitem(last=False)[0]
-
-    def order(self, now: float, limit: int | None = None) -> list[int]:
-        return list(islice(chain(self._first, self._kept), limit))
+        self._freeing_long = continued is None
+        super().free(blocks, now)
 
     def clear(self) -> None:
-        for table in (self._first, self._kept, self._depth, self._content, self._open):
+        super().clear()
+        for table in (self._depth, self._content, self._open):
             table.clear()
-
-    def __len__(self) -> int:
-        return len(self._first) + len(self._kept)
-
-    def __contains__(self, block: int) -> bool:
-        return block in self._first or block in self._kept
 
 
 class WithFirstTurn(WorkloadAwarePolicy):
@@ -178,6 +164,16 @@ def run_case(case, trace, quality: dict, jobs: int) -> dict:
     return {"trace": case.name, "rows": out, "wall_s": time.perf_counter() - started}
 
 
+def split_cases(traces: str, jobs: int):
+    """``(case, trace, bench_quality's case dict)`` for each real trace's two other splits (bench_windows.py's)."""
+    for case, trace in bench_quality.chosen_traces(traces):
+        if case.source.startswith("synth:"):
+            continue
+        for fit, evaluate in splits(case):
+            split = dataclasses.replace(case, name=f"{case.name} {fit[0]:g}-{fit[1]:g}", fit=fit, evaluate=evaluate)
+            yield split, trace, bench_quality.run_case(split, trace, jobs)
+
+
 def print_table(cases: list[dict]) -> None:
     print("\n| trace | capacity | best baseline | belady | first-turn alone | tuning: lru / first-turn | wa "
           "| wa+first-turn |")
@@ -200,9 +196,12 @@ def print_table(cases: list[dict]) -> None:
 
 def main() -> int:
     parser = suite_parser(__doc__)
+    parser.add_argument("--windows", action="store_true", help="the real traces' other two splits (bench_windows.py's), "
+                        "fitted and tuned here, instead of the suite's JSON")
     parser.add_argument("-o", "--output", type=Path, help="also write the table as JSON here")
     args = parser.parse_args()
-    cases = [run_case(case, trace, quality, args.jobs) for case, trace, quality in suite_cases(parser, args)]
+    chosen = split_cases(args.traces, args.jobs) if args.windows else suite_cases(parser, args)
+    cases = [run_case(case, trace, quality, args.jobs) for case, trace, quality in chosen]
     print_table(cases)
     if args.output:
         args.output.write_text(json.dumps(cases, indent=1) + "\n")

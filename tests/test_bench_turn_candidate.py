@@ -39,9 +39,9 @@ def test_requests_one_at_a_time_are_demoted_exactly_when_they_begin_a_session(ch
         for depth, (b, content) in enumerate(zip(blocks, chain)):
             policy.access(b, 0.0, depth=depth, content=content)
         policy.free(reversed(blocks), 0.0)
-        lists.append([b in policy._first for b in blocks])
+        lists.append([b in policy._long for b in blocks])
         assert all(b in policy for b in blocks) and len(policy) == block
-        assert not set(policy._first) & set(policy._kept)  # each block in one list
+        assert not set(policy._long) & set(policy._kept)  # each block in one list
     offsets = np.cumsum([0] + [len(c) for c in chains])
     workload = SimpleNamespace(n_requests=len(chains), offsets=offsets, block=np.array(sum(chains, []), dtype=np.int64))
     expected = began_session(workload).tolist()
