@@ -1,6 +1,7 @@
 """What a request's turn in its session is worth as a candidate under ``wa``'s safety net (a measurement, not a policy).
 
     python benchmarks/bench_turn_candidate.py [-j N] [--traces weka,mooncake] [--quality quality.json | --windows]
+    python benchmarks/bench_turn_candidate.py --profile [--traces weka,mooncake,bailian]
 
 The oracle table (benchmarks/bench_oracles.py) puts a quarter to a half of Mooncake's
 best-baseline-to-Belady gap in knowing whether a freed chain's session continues. A server can infer
@@ -22,6 +23,10 @@ freed, and a candidate ``wa`` must find by itself:
 With ``--windows`` the suite's JSON is not read: each real trace is fitted, tuned and swept as
 bench_windows.py does on its two other splits (bench_quality.py's workflow), and the candidate is measured on
 each. Prints one markdown table: token hit ratios, each over the best baseline and as a share of the gap.
+
+``--profile`` replays nothing: it prints, for each trace's fit window (and, for the real traces, the other
+splits' fit windows), what a profiler could fit to tell where the rule belongs: how often a request that began
+its session and one that continued it are followed by their session's next request within 30 s and 120 s.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -50,11 +57,14 @@ from kvprof.policy.wa import WorkloadAwarePolicy  # noqa: E402
 from kvprof.profiler.fit import fit_trace  # noqa: E402
 from kvprof.sim.config import SimConfig  # noqa: E402
 from kvprof.sim.engine import simulate  # noqa: E402
+from kvprof.sim.oracles import Future, infer_sessions  # noqa: E402
 from kvprof.sim.tune import REPLAYED_SHARE  # noqa: E402
 from kvprof.sim.workload import prepare_workload  # noqa: E402
 
 #: Open tails remembered at most (contents; the oldest is forgotten first).
 TAIL_MEMORY = 65536
+#: Horizons (seconds) of ``--profile``'s continuation rates.
+PROFILE_HORIZONS = (30.0, 120.0)
 
 
 class FirstTurnLRU(LongOutputLRU):
@@ -174,6 +184,37 @@ def split_cases(traces: str, jobs: int):
             yield split, trace, bench_quality.run_case(split, trace, jobs)
 
 
+def continuation_by_turn(workload, horizons=PROFILE_HORIZONS) -> dict:
+    """On one window: the share of requests that began their session (sessions inferred from the chains), and per
+    horizon the share of those, and of the requests that continued one, whose session sends its next request
+    within it. Requests closer than the horizon to the window's last arrival are left out (not known yet)."""
+    session = infer_sessions(workload)
+    began = session == np.arange(workload.n_requests)
+    wait = Future.of(workload, session).next_arrival - workload.arrival
+    rates = {}
+    for horizon in horizons:
+        known = workload.arrival <= workload.arrival.max() - horizon
+        rates[horizon] = [float(np.mean(wait[known & first] <= horizon)) for first in (began, ~began)]
+    return {"requests": workload.n_requests, "began": float(began.mean()), "rates": rates}
+
+
+def print_profiles(traces: str) -> None:
+    """``--profile``'s table, for each chosen trace's fit window and (real traces) the other splits'."""
+    horizons = " | ".join(f"next turn within {h:g} s: began / continued" for h in PROFILE_HORIZONS)
+    print(f"| trace | fit window (s) | requests | began a session | {horizons} | ratio at {PROFILE_HORIZONS[0]:g} s |")
+    print("|" + "---|" * (5 + len(PROFILE_HORIZONS)))
+    for case, trace in bench_quality.chosen_traces(traces):
+        windows = [case.fit] + ([] if case.source.startswith("synth:") else [fit for fit, _ in splits(case)])
+        for fit in windows:
+            window = trace.time_window(*fit)
+            got = continuation_by_turn(prepare_workload(window, fit_trace(window), case.engine_block))
+            rates = [got["rates"][h] for h in PROFILE_HORIZONS]
+            first, later = rates[0]
+            print(f"| {case.name} | {fit[0]:g}-{fit[1]:g} | {got['requests']:,} | {got['began']:.0%} | "
+                  + " | ".join(f"{a:.3f} / {b:.3f}" for a, b in rates)
+                  + f" | {later / first if first else math.inf:.1f} |", flush=True)
+
+
 def print_table(cases: list[dict]) -> None:
     print("\n| trace | capacity | best baseline | belady | first-turn alone | tuning: lru / first-turn | wa "
           "| wa+first-turn |")
@@ -198,8 +239,12 @@ def main() -> int:
     parser = suite_parser(__doc__)
     parser.add_argument("--windows", action="store_true", help="the real traces' other two splits (bench_windows.py's), "
                         "fitted and tuned here, instead of the suite's JSON")
+    parser.add_argument("--profile", action="store_true", help="only the fit windows' continuation rates by turn")
     parser.add_argument("-o", "--output", type=Path, help="also write the table as JSON here")
     args = parser.parse_args()
+    if args.profile:
+        print_profiles(args.traces)
+        return 0
     chosen = split_cases(args.traces, args.jobs) if args.windows else suite_cases(parser, args)
     cases = [run_case(case, trace, quality, args.jobs) for case, trace, quality in chosen]
     print_table(cases)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from bench_online_rules import began_session  # noqa: E402
-from bench_turn_candidate import FirstTurnLRU  # noqa: E402
+from bench_turn_candidate import FirstTurnLRU, continuation_by_turn  # noqa: E402
 
 
 @st.composite
@@ -60,3 +60,15 @@ def test_first_turns_are_evicted_first_and_open_tails_are_bounded():
     assert policy.order(0.0) == [0, 20, 10, 11]
     assert list(policy._open) == ["c"]  # one open tail remembered: "b" was forgotten
     assert [policy.evict(0.0) for _ in range(4)] == [0, 20, 10, 11] and len(policy) == 0
+
+
+def test_the_profile_counts_next_turns_within_the_horizon_by_how_the_request_stood():
+    # sessions: 0 -> 1 -> 3 (10 s, then 50 s later); 2 begins and is never continued; 4 is too close to the end
+    chains = [[1], [1, 2], [7], [1, 2, 3], [9]]
+    offsets = np.cumsum([0] + [len(c) for c in chains])
+    workload = SimpleNamespace(n_requests=len(chains), offsets=offsets, block=np.array(sum(chains, []), dtype=np.int64),
+                               arrival=np.array([0.0, 10.0, 20.0, 60.0, 100.0]))
+    got = continuation_by_turn(workload, horizons=(30.0,))
+    assert got["requests"] == 5 and got["began"] == 3 / 5
+    # known (arrival <= 70): began 0 (next in 10 s), 2 (never); continued 1 (next in 50 s), 3 (none)
+    assert got["rates"][30.0] == [0.5, 0.0]
