@@ -1,6 +1,7 @@
 """What a request's turn in its session is worth as a candidate under ``wa``'s safety net (a measurement, not a policy).
 
     python benchmarks/bench_turn_candidate.py [-j N] [--traces weka,mooncake] [--quality quality.json | --windows]
+                                              [--only first-turn,lru]
     python benchmarks/bench_turn_candidate.py --profile [--traces weka,mooncake,bailian]
 
 The oracle table (benchmarks/bench_oracles.py) puts a quarter to a half of Mooncake's
@@ -24,6 +25,7 @@ With ``--windows`` the suite's JSON is not read: each real trace is fitted, tune
 bench_windows.py does on its two other splits (bench_quality.py's workflow), and the candidate is measured on
 each. Prints one markdown table: token hit ratios, each over the best baseline and as a share of the gap.
 
+``--only first-turn,lru`` adds ``wa`` over just those candidates (the first its start) at every point.
 ``--profile`` replays nothing: it prints, for each trace's fit window (and, for the real traces, the other
 splits' fit windows), what a profiler could fit to tell where the rule belongs: how often a request that began
 its session and one that continued it are followed by their session's next request within 30 s and 120 s.
@@ -123,28 +125,45 @@ class FirstTurnLRU(LongOutputLRU):
             table.clear()
 
 
+def register() -> None:
+    """Make ``wa`` accept ``first-turn`` as a followed candidate (its module checks names against these).
+    Called where a policy is built, not at import: a joblib worker gets this module's functions by value."""
+    wa_module.FOLLOWED_POLICIES.setdefault(FirstTurnLRU.name, FirstTurnLRU)
+    wa_module.ORDER_NAMES = wa_module.ROW_ORDERS + tuple(wa_module.FOLLOWED_POLICIES)
+
+
 class WithFirstTurn(WorkloadAwarePolicy):
     """``wa`` with ``first-turn`` among its candidates, after the tuned ones (never its start)."""
 
     def __init__(self, *args, **kwargs) -> None:
-        # Registered here, not at import: a joblib worker gets this module's functions by value.
-        wa_module.FOLLOWED_POLICIES.setdefault(FirstTurnLRU.name, FirstTurnLRU)
-        wa_module.ORDER_NAMES = wa_module.ROW_ORDERS + tuple(wa_module.FOLLOWED_POLICIES)
+        register()
         super().__init__(*args, orders=(*kwargs.pop("orders"), FirstTurnLRU.name), **kwargs)
+
+
+def only(orders: str):
+    """``--only``'s variant: ``wa`` over just ``orders`` (comma-separated), the first its start."""
+    def build(hp, capacity):
+        register()
+        return WorkloadAwarePolicy.from_hp(hp, capacity=capacity, orders=tuple(orders.split(",")))
+    return build
 
 
 def replay_task(shared: tuple, variant: str, window: str, capacity: int) -> tuple[float, str]:
     """``variant``'s token hit ratio on ``window`` (``tuning`` or ``evaluation``) and the order it ends on."""
     workloads, hp, config = shared
-    policy = {"lru": lambda: make_policy("lru", hp, capacity),
-              "first-turn": FirstTurnLRU,
-              "wa": lambda: WorkloadAwarePolicy.from_hp(hp, capacity=capacity),
-              "wa+first-turn": lambda: WithFirstTurn.from_hp(hp, capacity=capacity)}[variant]()
+    if variant.startswith("wa over "):
+        policy = only(variant.removeprefix("wa over "))(hp, capacity)
+    else:
+        policy = {"lru": lambda: make_policy("lru", hp, capacity),
+                  "first-turn": FirstTurnLRU,
+                  "wa": lambda: WorkloadAwarePolicy.from_hp(hp, capacity=capacity),
+                  "wa+first-turn": lambda: WithFirstTurn.from_hp(hp, capacity=capacity)}[variant]()
     ratio = simulate(workloads[window], policy, capacity, config, engine="python").token_hit_ratio
     return ratio, getattr(policy, "order_name", variant)
 
 
-def run_case(case, trace, quality: dict, jobs: int) -> dict:
+def run_case(case, trace, quality: dict, jobs: int, orders: str | None = None) -> dict:
+    """The table's rows for one trace; with ``orders``, also ``wa`` over just those at every point."""
     started = time.perf_counter()
     hp_dict = fit_trace(trace.time_window(*case.fit)).to_dict()
     hp_dict["tuning"] = quality["tuning"]  # the suite's tuning, so that wa here is the suite's wa
@@ -162,6 +181,7 @@ def run_case(case, trace, quality: dict, jobs: int) -> dict:
     done = dict(zip(tasks, run_tasks(replay_task, shared, tasks, n_jobs=jobs)))
     gated = [c for c in capacities if done[("first-turn", "tuning", c)][0] > done[("lru", "tuning", c)][0]]
     added = [("wa+first-turn", "evaluation", c) for c in gated]
+    added += [(f"wa over {orders}", "evaluation", c) for c in capacities] if orders else []
     done.update(zip(added, run_tasks(replay_task, shared, added, n_jobs=jobs)))
     out = []
     for row in quality["rows"]:
@@ -170,8 +190,9 @@ def run_case(case, trace, quality: dict, jobs: int) -> dict:
                     "wa_suite": ratio["wa"], "tuning_lru": done[("lru", "tuning", c)][0],
                     "tuning_first_turn": done[("first-turn", "tuning", c)][0],
                     "first_turn": done[("first-turn", "evaluation", c)][0], "wa": done[("wa", "evaluation", c)],
-                    "wa_first_turn": done.get(("wa+first-turn", "evaluation", c))})
-    return {"trace": case.name, "rows": out, "wall_s": time.perf_counter() - started}
+                    "wa_first_turn": done.get(("wa+first-turn", "evaluation", c)),
+                    "wa_only": done.get((f"wa over {orders}", "evaluation", c))})
+    return {"trace": case.name, "only": orders, "rows": out, "wall_s": time.perf_counter() - started}
 
 
 def split_cases(traces: str, jobs: int):
@@ -216,9 +237,10 @@ def print_profiles(traces: str) -> None:
 
 
 def print_table(cases: list[dict]) -> None:
+    orders = cases[0]["only"] if cases else None
     print("\n| trace | capacity | best baseline | belady | first-turn alone | tuning: lru / first-turn | wa "
-          "| wa+first-turn |")
-    print("|" + "---|" * 8)
+          "| wa+first-turn |" + (f" wa over {orders} |" if orders else ""))
+    print("|" + "---|" * (9 if orders else 8))
     for case in cases:
         for row in case["rows"]:
             best, gap = row["best"], row["belady"] - row["best"]
@@ -230,7 +252,8 @@ def print_table(cases: list[dict]) -> None:
             added = row["wa_first_turn"]
             print(f"| {case['trace']} | {row['capacity']:,} | {row['best_baseline']} {best:.4f} | {row['belady']:.4f} | "
                   f"{cell(row['first_turn'])} | {row['tuning_lru']:.4f} / {row['tuning_first_turn']:.4f} | "
-                  f"{cell(*row['wa'])} | {cell(*added) if added else 'off (gate)'} |")
+                  f"{cell(*row['wa'])} | {cell(*added) if added else 'off (gate)'} |"
+                  + (f" {cell(*row['wa_only'])} |" if orders else ""))
     for case in cases:
         print(f"{case['trace']}: {case['wall_s']:.0f} s", file=sys.stderr)
 
@@ -239,6 +262,8 @@ def main() -> int:
     parser = suite_parser(__doc__)
     parser.add_argument("--windows", action="store_true", help="the real traces' other two splits (bench_windows.py's), "
                         "fitted and tuned here, instead of the suite's JSON")
+    parser.add_argument("--only", metavar="ORDERS", help="also replay wa over just these candidates (comma-separated, "
+                        "the first its start; e.g. first-turn,lru) at every point")
     parser.add_argument("--profile", action="store_true", help="only the fit windows' continuation rates by turn")
     parser.add_argument("-o", "--output", type=Path, help="also write the table as JSON here")
     args = parser.parse_args()
@@ -246,7 +271,7 @@ def main() -> int:
         print_profiles(args.traces)
         return 0
     chosen = split_cases(args.traces, args.jobs) if args.windows else suite_cases(parser, args)
-    cases = [run_case(case, trace, quality, args.jobs) for case, trace, quality in chosen]
+    cases = [run_case(case, trace, quality, args.jobs, args.only) for case, trace, quality in chosen]
     print_table(cases)
     if args.output:
         args.output.write_text(json.dumps(cases, indent=1) + "\n")
