@@ -140,19 +140,17 @@ class WithFirstTurn(WorkloadAwarePolicy):
         super().__init__(*args, orders=(*kwargs.pop("orders"), FirstTurnLRU.name), **kwargs)
 
 
-def only(orders: str):
+def wa_over(orders: str, hp, capacity: int) -> WorkloadAwarePolicy:
     """``--only``'s variant: ``wa`` over just ``orders`` (comma-separated), the first its start."""
-    def build(hp, capacity):
-        register()
-        return WorkloadAwarePolicy.from_hp(hp, capacity=capacity, orders=tuple(orders.split(",")))
-    return build
+    register()
+    return WorkloadAwarePolicy.from_hp(hp, capacity=capacity, orders=tuple(orders.split(",")))
 
 
 def replay_task(shared: tuple, variant: str, window: str, capacity: int) -> tuple[float, str]:
     """``variant``'s token hit ratio on ``window`` (``tuning`` or ``evaluation``) and the order it ends on."""
     workloads, hp, config = shared
     if variant.startswith("wa over "):
-        policy = only(variant.removeprefix("wa over "))(hp, capacity)
+        policy = wa_over(variant.removeprefix("wa over "), hp, capacity)
     else:
         policy = {"lru": lambda: make_policy("lru", hp, capacity),
                   "first-turn": FirstTurnLRU,
