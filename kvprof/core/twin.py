@@ -29,6 +29,7 @@ def output_code(n_output: int | None) -> int:
     """A request's output length as the compiled core takes it: -1 for unknown."""
     return -1 if n_output is None else int(n_output)
 
+
 #: Content numbers kept per block of the pool (and at least :data:`MIN_CONTENTS`); see :class:`CompiledTwin`.
 CONTENTS_PER_BLOCK = 16
 MIN_CONTENTS = 1 << 16
