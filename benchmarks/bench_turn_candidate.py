@@ -163,9 +163,11 @@ def replay_task(shared: tuple, variant: str, window: str, capacity: int) -> tupl
 def run_case(case, trace, quality: dict, jobs: int, orders: str | None = None) -> dict:
     """The table's rows for one trace; with ``orders``, also ``wa`` over just those at every point."""
     started = time.perf_counter()
-    hp_dict = fit_trace(trace.time_window(*case.fit)).to_dict()
-    hp_dict["tuning"] = quality["tuning"]  # the suite's tuning, so that wa here is the suite's wa
-    hp = HpFile.from_dict(hp_dict)
+    hp = quality.get("hp")  # bench_quality.run_case's tuned file (--windows); from the suite's JSON, refitted
+    if hp is None:
+        hp_dict = fit_trace(trace.time_window(*case.fit)).to_dict()
+        hp_dict["tuning"] = quality["tuning"]  # the suite's tuning, so that wa here is the suite's wa
+        hp = HpFile.from_dict(hp_dict)
     config = SimConfig(engine_block_size=case.engine_block)
     first, last = case.fit
     workloads = {"tuning": prepare_workload(trace.time_window(last - (last - first) * REPLAYED_SHARE, last), hp,
