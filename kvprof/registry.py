@@ -67,6 +67,8 @@ REGISTERED: tuple[Registration, ...] = (
     Registration("long-output", "long_output:LongOutputLRU", "long_output",
                  "LRU, the blocks of requests with outputs over a tuned limit first (wa's long-output candidate)",
                  by_name=False, candidate=True),
+    Registration("first-turn", "first_turn:FirstTurnLRU", "first_turn",
+                 "LRU, the blocks of requests that began a session (inferred from the chains) first", candidate=True),
 )
 
 

@@ -102,6 +102,7 @@ def copy_core(s):
     c.sieve_hand = s.sieve_hand
     c.long_output_limit = s.long_output_limit
     c.long_output_freeing = s.long_output_freeing
+    c.first_turn_memory = s.first_turn_memory
     return c
 
 

@@ -28,15 +28,18 @@ from numba import njit, types
 from numba.experimental import structref
 
 from kvprof.core import structs
-from kvprof.core.kinds import KIND, NAMES, arc, belady, classed, learned, lfu, long_output, lru, module, s3fifo, sieve
+from kvprof.core.kinds import (
+    KIND, NAMES, arc, belady, classed, first_turn, learned, lfu, long_output, lru, module, s3fifo, sieve,
+)
 from kvprof.core.kinds.classed import (  # noqa: F401 (wa's composite and the builders read them here)
     ORDER_FREQUENCY, ORDER_MODEL, ORDER_PAPER, ORDER_RECENCY, ORDER_SEGMENTED, remember,
 )
 from kvprof.core.prefix_cache import register_pool_protocol
 from kvprof.core.structs import NONE, grown, holds, unlink, unlink_held_n
 
-LRU, LFU, S3FIFO, ARC, BELADY, CLASSED, LEARNED, SIEVE, LONG_OUTPUT = (
-    KIND[name] for name in ("lru", "lfu", "s3fifo", "arc", "belady", "classed", "learned", "sieve", "long_output"))
+LRU, LFU, S3FIFO, ARC, BELADY, CLASSED, LEARNED, SIEVE, LONG_OUTPUT, FIRST_TURN = (
+    KIND[name] for name in ("lru", "lfu", "s3fifo", "arc", "belady", "classed", "learned", "sieve", "long_output",
+                            "first_turn"))
 
 
 class CoreType(structs.StructType):
@@ -90,6 +93,7 @@ def new_core(kind, n_blocks, n_lists, n_ghost_lists):
     learned.init(core)
     sieve.init(core)
     long_output.init(core)
+    first_turn.init(core)
     _reserve_own(core, n_blocks)
     return core
 
@@ -102,7 +106,7 @@ def uses_queue(kind):
 
 @njit(cache=True, inline="always")
 def uses_content(kind):
-    return kind == S3FIFO or kind == ARC or kind == CLASSED  # the kinds with ghosts
+    return kind == S3FIFO or kind == ARC or kind == CLASSED or kind == FIRST_TURN  # the kinds with ghosts
 
 
 @njit(cache=True, inline="always")
@@ -112,7 +116,7 @@ def uses_stamp(kind):
 
 @njit(cache=True, inline="always")
 def uses_depth(kind):
-    return kind == BELADY or kind == CLASSED or kind == LEARNED
+    return kind == BELADY or kind == CLASSED or kind == LEARNED or kind == FIRST_TURN
 
 
 @njit(cache=True, inline="always")
@@ -193,6 +197,8 @@ def core_access(core, block, now, workload, depth, hit, next_use, content):
         learned.access(core, block, workload, depth, hit)
     elif kind == SIEVE:
         sieve.access(core, block, hit)
+    elif kind == FIRST_TURN:
+        first_turn.access(core, block, depth, content)
 
 
 @njit(cache=True)
@@ -236,6 +242,8 @@ def core_free(core, blocks, n, now):
         lru.free_n(core, blocks, n)
     elif kind == LONG_OUTPUT:
         long_output.free_n(core, blocks, n)
+    elif kind == FIRST_TURN:
+        first_turn.free_n(core, blocks, n)
     else:
         for i in range(n):
             block = blocks[i]
@@ -321,6 +329,8 @@ def core_evict_n(core, n, now, out, at):
             out[i] = sieve.evict(core)
         elif kind == LONG_OUTPUT:
             out[i] = long_output.evict(core)
+        elif kind == FIRST_TURN:
+            out[i] = first_turn.evict(core)
         core.size -= 1
 
 

@@ -13,6 +13,7 @@ from kvprof import registry
 from kvprof.policy.arc import ARCPolicy
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.belady import BeladyPolicy
+from kvprof.policy.first_turn import FirstTurnLRU
 from kvprof.policy.lfu import LFUPolicy
 from kvprof.policy.lru import LRUPolicy
 from kvprof.policy.s3fifo import S3FIFOPolicy
@@ -75,6 +76,7 @@ __all__ = [
     "ARCPolicy",
     "BeladyPolicy",
     "EvictionPolicy",
+    "FirstTurnLRU",
     "LFUPolicy",
     "LRUPolicy",
     "PublishedWorkloadAwarePolicy",

@@ -15,6 +15,7 @@ from kvprof.models.hp import CANDIDATES
 from kvprof.models.learned import LearnedModel
 from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 from kvprof.policy.classed import ClassedLRUPolicy, _as_list
+from kvprof.policy.first_turn import FirstTurnLRU
 from kvprof.policy.learned import LearnedPolicy
 from kvprof.policy.long_output import LongOutputLRU
 from kvprof.policy.orders import FrequencyOrder, ModelOrder, Order, RecencyOrder, SegmentedOrder, tier_of
@@ -25,7 +26,7 @@ from kvprof.policy.shadow import ChainSample, ShadowCache, scaled_size
 ROW_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency")
 #: Candidate policies with a structure of their own, kept in step with the real cache's blocks.
 FOLLOWED_POLICIES: dict[str, type[EvictionPolicy]] = {"s3fifo": S3FIFOPolicy, "learned": LearnedPolicy,
-                                                      "long-output": LongOutputLRU}
+                                                      "long-output": LongOutputLRU, "first-turn": FirstTurnLRU}
 ORDER_NAMES = ROW_ORDERS + tuple(FOLLOWED_POLICIES)
 if set(ORDER_NAMES) != set(CANDIDATES):  # the hp loader checks tuned start orders against CANDIDATES
     raise ImportError(f"wa's candidate orders {ORDER_NAMES} differ from kvprof.models.hp.CANDIDATES {CANDIDATES}")
