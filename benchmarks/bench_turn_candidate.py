@@ -7,9 +7,9 @@
 The oracle table (benchmarks/bench_oracles.py) puts a quarter to a half of Mooncake's
 best-baseline-to-Belady gap in knowing whether a freed chain's session continues. A server can infer
 one fact that predicts it from the block hashes alone: whether the request *continued* a session (an
-earlier request's whole chain is a prefix of its own) or began one. On Mooncake a request that began
-its session sends a next turn within 30 s 5 % of the time, one that continued 19-58 % (the later, the
-likelier). bench_online_rules.py's ``turn1`` demotes the first turns' blocks, told each request's turn
+earlier request's whole chain is a prefix of its own) or began one. On Mooncake's fit windows a request that
+continued its session is followed by the session's next request within 30 s 5-17 times as often as one that
+began it. bench_online_rules.py's ``turn1`` demotes the first turns' blocks, told each request's turn
 from the whole trace. Here the same rule is a policy that infers turns online, from the chains it sees
 freed, and a candidate ``wa`` must find by itself:
 
@@ -17,9 +17,9 @@ freed, and a candidate ``wa`` must find by itself:
 * the gate: ``first-turn`` and LRU on the tuning replay (the last third of the fit window, as
   :mod:`kvprof.sim.tune` replays ``long-output``); the candidate is offered to ``wa`` only where it hit
   more than LRU there.
-* ``wa``: the suite's tuned ``wa`` on the Python engine (it must equal the suite's compiled ratio),
-  and ``wa+first-turn``: the same with the candidate added where the gate lets it in (elsewhere it is
-  ``wa`` by construction and not replayed).
+* ``wa``: the suite's tuned ``wa`` with its default candidates on the Python engine (it equals the suite's
+  compiled ratio where the fit window's next-turn counts keep those), and ``wa+first-turn``: the same with the
+  candidate added where the gate lets it in (elsewhere it is ``wa`` by construction and not replayed).
 
 With ``--windows`` the suite's JSON is not read: each real trace is fitted, tuned and swept as
 bench_windows.py does on its two other splits (bench_quality.py's workflow), and the candidate is measured on
@@ -27,22 +27,21 @@ each. Prints one markdown table: token hit ratios, each over the best baseline a
 
 ``--only first-turn,lru`` adds ``wa`` over just those candidates (the first its start) at every point.
 ``--profile`` replays nothing: it prints, for each trace's fit window (and, for the real traces, the other
-splits' fit windows), what a profiler could fit to tell where the rule belongs: how often a request that began
-its session and one that continued it are followed by their session's next request within 30 s and 120 s.
+splits' fit windows), the counts ``kvprof fit`` writes as ``next_turn``
+(:func:`kvprof.profiler.turns.next_turn_rates`): how often a request that began its session and one that
+continued it are followed by their session's next request within 30 s and 120 s, and whether ``wa`` then runs
+over ``first-turn`` and LRU (the suite's ``wa`` does so where it does; ``wa`` here, built with explicit
+candidates or over the suite's tuning, is the candidate set without that switch).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import sys
 import time
-from collections import OrderedDict
-from collections.abc import Hashable, Iterable
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -50,112 +49,45 @@ import bench_quality  # noqa: E402
 from bench_online_rules import suite_cases, suite_parser  # noqa: E402
 from bench_windows import splits  # noqa: E402
 
-import kvprof.policy.wa as wa_module  # noqa: E402
 from kvprof.models.hp import HpFile  # noqa: E402
 from kvprof.parallel import run_tasks  # noqa: E402
 from kvprof.policy import make_policy  # noqa: E402
-from kvprof.policy.long_output import LongOutputLRU  # noqa: E402
+from kvprof.policy.first_turn import FirstTurnLRU  # noqa: E402
 from kvprof.policy.wa import WorkloadAwarePolicy  # noqa: E402
 from kvprof.profiler.fit import fit_trace  # noqa: E402
+from kvprof.profiler.turns import next_turn_rates  # noqa: E402
 from kvprof.sim.config import SimConfig  # noqa: E402
 from kvprof.sim.engine import simulate  # noqa: E402
-from kvprof.sim.oracles import Future, infer_sessions  # noqa: E402
 from kvprof.sim.tune import REPLAYED_SHARE  # noqa: E402
 from kvprof.sim.workload import prepare_workload  # noqa: E402
 
-#: Open tails remembered at most (contents; the oldest is forgotten first).
-TAIL_MEMORY = 65536
 #: Horizons (seconds) of ``--profile``'s continuation rates.
 PROFILE_HORIZONS = (30.0, 120.0)
-
-
-class FirstTurnLRU(LongOutputLRU):
-    """``long-output``'s two LRU lists, but what sends a request's blocks to the front list is that the
-    request began its session: those go first, oldest-freed first, then the others in free order.
-
-    A freed request *continued* a session when one of its blocks holds an *open tail*: the content
-    of the deepest block of an earlier freed request that no request has continued since (the
-    deepest such, which it closes). Each free then opens the deepest freed block's content as a
-    tail. Contents are compared, not blocks, so a session is followed across the eviction of its
-    previous turn's tail. Only the past is read: on requests that run one at a time this is
-    :func:`kvprof.sim.oracles.infer_sessions`' session start.
-
-    Invariant: :class:`~kvprof.policy.long_output.LongOutputLRU`'s (each evictable block in one of
-    its lists, ``_long`` here the first turns'); at most ``memory`` open tails are remembered, the
-    oldest forgotten first.
-    """
-
-    name = "first-turn"
-
-    def __init__(self, memory: int = TAIL_MEMORY) -> None:
-        super().__init__(limit=0.0)  # the output limit is not read: finish decides nothing here
-        self.memory = memory
-        self._depth: dict[int, int] = {}
-        self._content: dict[int, Hashable] = {}
-        self._open: OrderedDict[Hashable, None] = OrderedDict()
-
-    def access(self, block: int, now: float, workload: int = 0, depth: int = 0, *, hit: bool = False,
-               next_use: float = math.inf, content: Hashable | None = None) -> None:
-        self._depth[block] = depth
-        if content is not None:
-            self._content[block] = content
-
-    def finish(self, request: Hashable, now: float, contents=None, *, n_blocks=None, n_output=None) -> None:
-        """Nothing to decide: the free finds the request's turn from its blocks."""
-
-    def free(self, blocks: Iterable[int], now: float) -> None:
-        blocks = list(blocks)
-        if not blocks:
-            return
-        deepest_first = sorted(blocks, key=lambda block: -self._depth.get(block, 0))
-        contents = [self._content.get(block) for block in deepest_first]
-        continued = next((content for content in contents if content is not None and content in self._open), None)
-        if continued is not None:  # the session's previous turn: no other request continues it now
-            del self._open[continued]
-        if contents[0] is not None:
-            self._open[contents[0]] = None
-            if len(self._open) > self.memory:
-                self._open.popitem(last=False)
-        self._freeing_long = continued is None
-        super().free(blocks, now)
-
-    def clear(self) -> None:
-        super().clear()
-        for table in (self._depth, self._content, self._open):
-            table.clear()
-
-
-def register() -> None:
-    """Make ``wa`` accept ``first-turn`` as a followed candidate (its module checks names against these).
-    Called where a policy is built, not at import: a joblib worker gets this module's functions by value."""
-    wa_module.FOLLOWED_POLICIES.setdefault(FirstTurnLRU.name, FirstTurnLRU)
-    wa_module.ORDER_NAMES = wa_module.ROW_ORDERS + tuple(wa_module.FOLLOWED_POLICIES)
 
 
 class WithFirstTurn(WorkloadAwarePolicy):
     """``wa`` with ``first-turn`` among its candidates, after the tuned ones (never its start)."""
 
     def __init__(self, *args, **kwargs) -> None:
-        register()
         super().__init__(*args, orders=(*kwargs.pop("orders"), FirstTurnLRU.name), **kwargs)
 
 
 def wa_over(orders: str, hp, capacity: int) -> WorkloadAwarePolicy:
     """``--only``'s variant: ``wa`` over just ``orders`` (comma-separated), the first its start."""
-    register()
     return WorkloadAwarePolicy.from_hp(hp, capacity=capacity, orders=tuple(orders.split(",")))
 
 
 def replay_task(shared: tuple, variant: str, window: str, capacity: int) -> tuple[float, str]:
     """``variant``'s token hit ratio on ``window`` (``tuning`` or ``evaluation``) and the order it ends on."""
     workloads, hp, config = shared
+    default = dataclasses.replace(hp, next_turn=None)  # wa with its default candidates, whatever next_turn says
     if variant.startswith("wa over "):
         policy = wa_over(variant.removeprefix("wa over "), hp, capacity)
     else:
         policy = {"lru": lambda: make_policy("lru", hp, capacity),
                   "first-turn": FirstTurnLRU,
-                  "wa": lambda: WorkloadAwarePolicy.from_hp(hp, capacity=capacity),
-                  "wa+first-turn": lambda: WithFirstTurn.from_hp(hp, capacity=capacity)}[variant]()
+                  "wa": lambda: WorkloadAwarePolicy.from_hp(default, capacity=capacity),
+                  "wa+first-turn": lambda: WithFirstTurn.from_hp(default, capacity=capacity)}[variant]()
     ratio = simulate(workloads[window], policy, capacity, config, engine="python").token_hit_ratio
     return ratio, getattr(policy, "order_name", variant)
 
@@ -205,35 +137,23 @@ def split_cases(traces: str, jobs: int):
             yield split, trace, bench_quality.run_case(split, trace, jobs)
 
 
-def continuation_by_turn(workload, horizons=PROFILE_HORIZONS) -> dict:
-    """On one window: the share of requests that began their session (sessions inferred from the chains), and per
-    horizon the share of those, and of the requests that continued one, whose session sends its next request
-    within it. Requests closer than the horizon to the window's last arrival are left out (not known yet)."""
-    session = infer_sessions(workload)
-    began = session == np.arange(workload.n_requests)
-    wait = Future.of(workload, session).next_arrival - workload.arrival
-    rates = {}
-    for horizon in horizons:
-        known = workload.arrival <= workload.arrival.max() - horizon
-        rates[horizon] = [float(np.mean(wait[known & first] <= horizon)) for first in (began, ~began)]
-    return {"requests": workload.n_requests, "began": float(began.mean()), "rates": rates}
-
-
 def print_profiles(traces: str) -> None:
-    """``--profile``'s table, for each chosen trace's fit window and (real traces) the other splits'."""
+    """``--profile``'s table, for each chosen trace's fit window and (real traces) the other splits':
+    :func:`kvprof.profiler.turns.next_turn_rates` at each horizon, as ``kvprof fit`` counts it at the first."""
     horizons = " | ".join(f"next turn within {h:g} s: began / continued" for h in PROFILE_HORIZONS)
-    print(f"| trace | fit window (s) | requests | began a session | {horizons} | ratio at {PROFILE_HORIZONS[0]:g} s |")
-    print("|" + "---|" * (5 + len(PROFILE_HORIZONS)))
+    print(f"| trace | fit window (s) | requests known | began a session | {horizons} | ratio at {PROFILE_HORIZONS[0]:g} s "
+          "| wa over first-turn, lru |")
+    print("|" + "---|" * (6 + len(PROFILE_HORIZONS)))
     for case, trace in bench_quality.chosen_traces(traces):
         windows = [case.fit] + ([] if case.source.startswith("synth:") else [fit for fit, _ in splits(case)])
         for fit in windows:
             window = trace.time_window(*fit)
-            got = continuation_by_turn(prepare_workload(window, fit_trace(window), case.engine_block))
-            rates = [got["rates"][h] for h in PROFILE_HORIZONS]
-            first, later = rates[0]
-            print(f"| {case.name} | {fit[0]:g}-{fit[1]:g} | {got['requests']:,} | {got['began']:.0%} | "
-                  + " | ".join(f"{a:.3f} / {b:.3f}" for a, b in rates)
-                  + f" | {later / first if first else math.inf:.1f} |", flush=True)
+            rates = [next_turn_rates(window, horizon) for horizon in PROFILE_HORIZONS]
+            known = rates[0].began + rates[0].continued
+            print(f"| {case.name} | {fit[0]:g}-{fit[1]:g} | {known:,} | {rates[0].began / max(known, 1):.0%} | "
+                  + " | ".join(f"{r.began_followed / max(r.began, 1):.3f} / {r.continued_followed / max(r.continued, 1):.3f}"
+                               for r in rates)
+                  + f" | {rates[0].ratio:.1f} | {'yes' if rates[0].favours_first_turn() else 'no'} |", flush=True)
 
 
 def print_table(cases: list[dict]) -> None:

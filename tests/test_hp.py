@@ -106,11 +106,21 @@ def _delete(data, dotted):
 
 HUGE = 10**400  # a JSON integer no float holds
 TEXT_SESSION = "sessions.text"
+NEXT_TURN = {"horizon_s": 30.0, "began": 100, "began_followed": 5, "continued": 40, "continued_followed": 12}
 
 # (case, edit of the valid file's dict, JSON location the error must name, words the message must contain)
 LOADER_ERRORS = [
-    ("schema v5", lambda d: _set(d, "schema", "kvprof.hp/5"), "schema",
-     "schema 'kvprof.hp/5' is not supported; this kvprof reads kvprof.hp/1, kvprof.hp/2, kvprof.hp/3 and kvprof.hp/4"),
+    ("schema v6", lambda d: _set(d, "schema", "kvprof.hp/6"), "schema",
+     "schema 'kvprof.hp/6' is not supported; this kvprof reads kvprof.hp/1, kvprof.hp/2, kvprof.hp/3, kvprof.hp/4 and "
+     "kvprof.hp/5"),
+    ("next_turn in a v4 file", lambda d: (_set(d, "schema", "kvprof.hp/4"), _set(d, "next_turn", NEXT_TURN)), "next_turn",
+     "unknown key 'next_turn'"),
+    ("next_turn followed above its requests", lambda d: _set(d, "next_turn", {**NEXT_TURN, "began_followed": 101}),
+     "next_turn.began_followed", "at most began (100), got 101"),
+    ("next_turn count negative", lambda d: _set(d, "next_turn", {**NEXT_TURN, "continued": -1}),
+     "next_turn.continued", "an integer from 0"),
+    ("next_turn key unknown", lambda d: _set(d, "next_turn", {**NEXT_TURN, "ratio": 3.0}), "next_turn.ratio",
+     "unknown key 'ratio'"),
     ("schema missing", lambda d: _delete(d, "schema"), "schema", "missing"),
     ("schema a number", lambda d: _set(d, "schema", 1), "schema", "schema 1 is not supported"),
     ("p NaN", lambda d: _set(d, "classes.text_1.p", math.nan), "classes.text_1.p", "NaN is not a JSON number"),
@@ -531,7 +541,8 @@ def test_show_names_the_schema_it_read_and_says_when_there_is_no_provenance(hp, 
 
 
 @pytest.mark.parametrize("schema, words", [
-    ("kvprof.result/1", "show reads hp files (kvprof.hp/1, kvprof.hp/2, kvprof.hp/3, kvprof.hp/4, or the published format) "
+    ("kvprof.result/1", "show reads hp files (kvprof.hp/1, kvprof.hp/2, kvprof.hp/3, kvprof.hp/4, kvprof.hp/5, or the "
+                        "published format) "
                         "and results files (kvprof.results/1)"),
     ("kvprof.results/2", 'results schema "kvprof.results/2" is not supported; this kvprof reads kvprof.results/1'),
 ])
@@ -609,7 +620,7 @@ def _learned_data(fitted_v2) -> dict:
 
 
 @pytest.mark.parametrize("edit, where, words", [
-    (lambda d: d.update(schema="kvprof.hp/2"), "tuning[0].learned", "unknown key"),
+    (lambda d: (d.pop("next_turn", None), d.update(schema="kvprof.hp/2")), "tuning[0].learned", "unknown key"),
     (lambda d: d["tuning"][0]["learned"]["cell"].append(0.0), "tuning[0].learned.cell", "the file has"),
     (lambda d: d["tuning"][0]["learned"]["depth"].pop(), "tuning[0].learned.depth", "must hold 12 weights"),
     (lambda d: d["tuning"][0]["learned"]["tier"].__setitem__(1, "x"), "tuning[0].learned.tier[1]", "finite number"),
@@ -655,7 +666,7 @@ def test_a_version_4_file_with_an_output_limit_round_trips_and_adds_the_candidat
     path = tmp_path / "hp.json"
     path.write_text(json.dumps(data))
     loaded = load_hp(path)
-    assert loaded.schema == SCHEMA == "kvprof.hp/4" and loaded.to_dict() == data
+    assert loaded.schema == SCHEMA == "kvprof.hp/5" and loaded.to_dict() == data
     policy = make_policy("wa", loaded, capacity=500)
     assert policy.order_names[0] == "long-output" and policy.output_limit == 225.0
     assert policy._followed[0].limit == 225.0
@@ -664,7 +675,8 @@ def test_a_version_4_file_with_an_output_limit_round_trips_and_adds_the_candidat
 
 
 @pytest.mark.parametrize("edit, where, words", [
-    (lambda d: d.update(schema="kvprof.hp/3"), "tuning[0].long_output_tokens", "unknown key"),
+    (lambda d: (d.pop("next_turn", None), d.update(schema="kvprof.hp/3")), "tuning[0].long_output_tokens",
+     "unknown key"),
     (lambda d: d["tuning"][0].update(long_output_tokens=-1), "tuning[0].long_output_tokens", "from 0 to"),
     (lambda d: d["tuning"][0].update(long_output_tokens="many"), "tuning[0].long_output_tokens", "finite number"),
     (lambda d: d["tuning"][0].update(long_output_tokens=1e300), "tuning[0].long_output_tokens", "from 0 to"),

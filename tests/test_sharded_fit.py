@@ -16,9 +16,14 @@ from tests.helpers import synthetic
 
 
 def _document(hp) -> str:
+    """``hp`` as JSON but its creation time and its next-turn counts: a sharded fit does not hold the
+    chains whole, so it does not count them (``next_turn`` absent; see test_a_sharded_fit_counts_no_next_turns)."""
     data = hp.to_dict()
     data["provenance"].pop("created")
+    data.pop("next_turn", None)
     return json.dumps(data, sort_keys=True)
+
+
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +63,13 @@ def test_sorted_runs_merge_in_bounded_chunks_into_their_sorted_union():
 @pytest.fixture(scope="module")
 def trace_file(tmp_path_factory):
     return synthetic(tmp_path_factory.mktemp("files"), hours=0.3, seed=6)[0]
+
+
+def test_a_sharded_fit_counts_no_next_turns(trace_file):
+    from kvprof.profiler.shards import fit_sharded
+
+    assert fit_sharded([trace_file], window=(0, 700)).next_turn is None
+    assert fit_trace(read_trace(trace_file)[0].time_window(0, 700)).next_turn is not None
 
 
 def test_a_file_fitted_in_shards_on_disk_writes_fit_traces_file_held_out_scores_included(trace_file):

@@ -29,7 +29,7 @@ from kvprof.cli.common import (
 )
 from kvprof.cli.fleet_cmd import (LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, fleet_recordings, joined_trace,
                                  recorded_capacity)
-from kvprof.cli.hp_tables import cells_table, horizons, tuning_table
+from kvprof.cli.hp_tables import cells_table, horizons, next_turn_line, tuning_table
 from kvprof.cli.output import print_json, say, show as show_table, status
 from kvprof.errors import KvprofError
 from kvprof.limits import BLOCK_TOKENS, COUNT, POSITIVE_SECONDS, SECONDS, Bound
@@ -416,6 +416,8 @@ def _report_fit(hp, output: Path, json_out: bool, title: str, learned: bool = Fa
     show_table(cells_table(hp, title=title))
     if hp.tuning:
         show_table(tuning_table(hp, learn_asked=learned))
+    if next_turn_line(hp):
+        say(next_turn_line(hp))
     say(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, {horizons(hp)})")
 
 

@@ -18,6 +18,25 @@ def horizons(hp) -> str:
     return text
 
 
+def next_turn_line(hp) -> str | None:
+    """What the fit window's next-turn counts say and which candidates ``wa`` takes from them (None: not counted)."""
+    from kvprof.models.next_turn import FIRST_TURN_RATIO, MIN_REQUESTS
+
+    counts = hp.next_turn
+    if counts is None:
+        return None
+    rates = [f"{followed / requests:.1%} of {requests:,} that {kind}" if requests else f"none {kind}"
+             for kind, requests, followed in (("began a session", counts.began, counts.began_followed),
+                                              ("continued one", counts.continued, counts.continued_followed))]
+    if counts.favours_first_turn():
+        verdict = f"ratio {counts.ratio:.1f} >= {FIRST_TURN_RATIO:g}: wa runs over first-turn and lru"
+    elif min(counts.began, counts.continued) < MIN_REQUESTS:
+        verdict = f"fewer than {MIN_REQUESTS} of one kind: wa keeps its default candidates"
+    else:
+        verdict = f"ratio {counts.ratio:.1f} < {FIRST_TURN_RATIO:g}: wa keeps its default candidates"
+    return f"next request of the session within {counts.horizon_s:g} s: {rates[0]}, {rates[1]} ({verdict})"
+
+
 def fmt(value, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from kvprof.cli.common import guarded, output_dir
 from kvprof.cli.fit_cmd import JsonOpt
-from kvprof.cli.hp_tables import cells_table, classes_table, fmt, horizons, tuning_table
+from kvprof.cli.hp_tables import cells_table, classes_table, fmt, horizons, next_turn_line, tuning_table
 from kvprof.cli.output import first_rows, plain, print_json, printable, show as show_table, table
 from kvprof.errors import KvprofError
 
@@ -19,7 +19,7 @@ from kvprof.errors import KvprofError
 def show(
     paths: Annotated[
         list[Path],
-        typer.Argument(help="A hyperparameter file (kvprof.hp/4, /3, /2 or /1, or the published format), or one or more "
+        typer.Argument(help="A hyperparameter file (kvprof.hp/5 to /1, or the published format), or one or more "
                             "results.json files of compare, demo or replay to tabulate and plot together."),
     ],
     output: Annotated[
@@ -100,6 +100,8 @@ def _show_hp(hp_path: Path, json_out: bool) -> None:
     show_table(cells_table(hp, title="cells" if hp.cells else "cells (the classes, from a kvprof.hp/1 file)"))
     if hp.tuning:
         show_table(tuning_table(hp))
+    if next_turn_line(hp):
+        show_table(plain(next_turn_line(hp)))
     if hp.sessions:
         types, more = first_rows(list(hp.sessions.items()), "types")
         sessions = table("sessions per type", {column: "left" if column == "type" else "right" for column in (

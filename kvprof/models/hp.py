@@ -1,4 +1,4 @@
-"""The hyperparameter file: per-cell reuse models and per-class parameters, schema ``kvprof.hp/4``.
+"""The hyperparameter file: per-cell reuse models and per-class parameters, schema ``kvprof.hp/5``.
 
 The profiler writes it; the simulator and the vLLM plugin read it. Version 2 adds, for the
 ``wa`` policy, workload *cells* (the classes, or cells a learned :class:`~kvprof.cells.CellRule`
@@ -6,7 +6,9 @@ draws), each with one cure-fraction mixture of exponentials per reuse tier, and 
 profile-driven tuning made; ``kvprof.hp/1`` files still load (each class becomes a cell with
 one-component rows). Version 3 adds to a tuning entry the ``learned`` candidate's predictor
 (:class:`~kvprof.models.learned.LearnedModel`), version 4 the ``long-output`` candidate's limit
-(``long_output_tokens``); files of versions 2 and 3 still load. The loader is strict (unknown
+(``long_output_tokens``), version 5 the fit window's next-turn counts (``next_turn``, a
+:class:`~kvprof.models.next_turn.NextTurnRates`: where they favour it, ``wa`` runs over the
+``first-turn`` candidate and LRU); files of versions 2 to 4 still load. The loader is strict (unknown
 keys, NaN, out-of-range values are errors naming the file and the JSON location) because a typo
 in a hand-edited file would otherwise silently fall back to defaults in production. It also reads
 the published profiler's ``{"a": {class: lambda}, "p": {class: p}}`` files unchanged. The layout
@@ -48,12 +50,14 @@ from kvprof.models.hp_loader import (  # noqa: F401 - LOG_ODDS, OPEN_PROBABILITY
 )
 from kvprof.models.hp_params import DEFAULT_CLASS, REUSED_SUFFIX, SOURCES, ClassParams, ReuseRow  # noqa: F401 - imported from here
 from kvprof.models.learned import LearnedModel
+from kvprof.models.next_turn import NextTurnRates
 
-SCHEMA = "kvprof.hp/4"
+SCHEMA = "kvprof.hp/5"
 #: Versions this kvprof reads.
-SCHEMAS = ("kvprof.hp/1", "kvprof.hp/2", "kvprof.hp/3", SCHEMA)
+SCHEMAS = ("kvprof.hp/1", "kvprof.hp/2", "kvprof.hp/3", "kvprof.hp/4", SCHEMA)
 #: The candidates' own keys a tuning entry may hold, by version (:func:`~kvprof.models.hp_loader.read_tuning`).
-TUNING_EXTRAS = {"kvprof.hp/2": (), "kvprof.hp/3": ("learned",), SCHEMA: TUNED_CANDIDATE_KEYS}
+TUNING_EXTRAS = {"kvprof.hp/2": (), "kvprof.hp/3": ("learned",), "kvprof.hp/4": TUNED_CANDIDATE_KEYS,
+                 SCHEMA: TUNED_CANDIDATE_KEYS}
 #: :attr:`HpFile.schema` of a file in the published profiler's format (which has no schema).
 PUBLISHED_FORMAT = "published"
 #: Keys of a published-format file: ``{"a": {class: lambda}, "p": {class: p}}``.
@@ -112,6 +116,9 @@ class HpFile:
         Choices of ``kvprof fit --capacity``: per capacity (blocks), ``horizon_s`` and the
         candidate order to ``start`` on, and optionally the ``learned`` candidate's predictor
         (a :class:`~kvprof.models.learned.LearnedModel`); a policy takes the entry nearest its capacity.
+    next_turn : NextTurnRates or None
+        How often the fit window's sessions came back within 30 s after a request that began them and
+        after one that continued them (None: not measured, e.g. a file before version 5 or a sharded fit).
     """
 
     classes: dict[str, ClassParams]
@@ -126,6 +133,7 @@ class HpFile:
     default_cell: tuple[ReuseRow, ...] | None = None
     cell_rule: CellRule | None = None
     tuning: tuple[dict, ...] = ()
+    next_turn: NextTurnRates | None = None
     #: The schema of the file this was read from (what ``to_dict`` writes is always :data:`SCHEMA`);
     #: not part of equality, so a v1 file saved again as v2 still equals what was read.
     schema: str = field(default=SCHEMA, compare=False)
@@ -260,6 +268,8 @@ class HpFile:
                 out["default_cell"] = [row.to_dict() for row in self.default_cell]
             if self.cell_rule is not None:
                 out["cell_rule"] = self.cell_rule.to_dict()
+        if self.next_turn is not None:
+            out["next_turn"] = self.next_turn.to_dict()
         if self.tuning:
             out["tuning"] = [{key: value.to_dict() if isinstance(value, LearnedModel) else value
                               for key, value in entry.items()} for entry in self.tuning]
@@ -290,7 +300,7 @@ class HpFile:
 
 
 def load_hp(path) -> HpFile:
-    """Read and validate a hyperparameter file (``kvprof.hp/4``, ``/3``, ``/2``, ``/1`` or the published format).
+    """Read and validate a hyperparameter file (``kvprof.hp/5`` to ``/1`` or the published format).
 
     Raises
     ------
@@ -310,15 +320,18 @@ def load_hp(path) -> HpFile:
 
 
 _V2_KEYS = ("tier_edges", "cells", "default_cell", "cell_rule", "tuning")
+#: Keys version 5 adds.
+_V5_KEYS = ("next_turn",)
 
 
 def _read_schema(checks: JsonChecks, data) -> HpFile:
-    """A ``kvprof.hp/1`` to ``/4`` document (version 2: version 1 plus cells and tuning; version 3:
-    tuning entries may hold a ``learned`` predictor; version 4: a ``long_output_tokens`` limit too)."""
+    """A ``kvprof.hp/1`` to ``/5`` document (version 2: version 1 plus cells and tuning; version 3:
+    tuning entries may hold a ``learned`` predictor; version 4: a ``long_output_tokens`` limit too;
+    version 5: ``next_turn``)."""
     version = _check_schema(checks, data)  # before the keys: a newer file's new keys are not typos
     checks.fields(data, None, required=("schema", "horizon_s", "class_rule", "classes", "default"),
                   optional=("provenance", "min_gap_s", "block_size", "sessions",
-                            *(_V2_KEYS if version != "kvprof.hp/1" else ())))
+                            *(_V2_KEYS if version != "kvprof.hp/1" else ()), *(_V5_KEYS if version == SCHEMA else ())))
     horizon = float(checks.bounded(data["horizon_s"], "horizon_s", POSITIVE_SECONDS))
     cells = read_cells(checks, data)
     hp = HpFile(
@@ -333,6 +346,7 @@ def _read_schema(checks: JsonChecks, data) -> HpFile:
         **cells,
         tuning=read_tuning(checks, data.get("tuning", []), "tuning", candidates=CANDIDATES,
                            extras=TUNING_EXTRAS.get(version, ())),
+        next_turn=NextTurnRates.read(checks, data["next_turn"], "next_turn") if "next_turn" in data else None,
         schema=version,
     )
     n_cells = len(hp.cell_names())

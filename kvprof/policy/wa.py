@@ -34,6 +34,11 @@ if set(ORDER_NAMES) != set(CANDIDATES):  # the hp loader checks tuned start orde
 #: tuned for the capacity names the order to start on instead). ``learned`` joins them where the
 #: hp file has a predictor for the capacity, ``long-output`` where it has an output limit.
 DEFAULT_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency", "s3fifo")
+#: The candidates where the fit window's sessions come back soon after a continued request far more often
+#: than after a first one: on Mooncake's three fit windows ``wa`` over these beat its default candidates at
+#: 11 of 12 points (docs/results.md, 2026-12-03); with the default ones too its shadows could not tell the
+#: first-turn order's few percent from noise on windows that short.
+FIRST_TURN_ORDERS = ("first-turn", "lru")
 #: Shadows compare their hits over about this many capacities' worth of accesses (a half-life).
 WINDOW_CAPACITIES = 16.0
 #: A shadow must beat the leader's hits by this share before ``wa`` switches to its order.
@@ -243,7 +248,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         With ``capacity`` (blocks: the real cache's size, also the shadows'), the file's tuning for
         the nearest tuned capacity sets the horizon, the candidate to start on and the candidates
         it adds: ``learned`` where it has a predictor, ``long-output`` where it has an output limit
-        (:meth:`~kvprof.models.hp.HpFile.tuned`).
+        (:meth:`~kvprof.models.hp.HpFile.tuned`). Where the file's next-turn counts favour it
+        (:meth:`~kvprof.models.next_turn.NextTurnRates.favours_first_turn`), the candidates are
+        :data:`FIRST_TURN_ORDERS` instead, at any capacity.
         ``horizon`` (seconds) overrides both, e.g. for a sweep over H; other keywords go to the
         constructor.
         """
@@ -255,6 +262,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             kwargs.setdefault("learned", learned)
         if output_limit is not None:
             kwargs.setdefault("output_limit", output_limit)
+        if "orders" not in kwargs and hp.next_turn is not None and hp.next_turn.favours_first_turn():
+            kwargs["orders"] = FIRST_TURN_ORDERS
         if "orders" not in kwargs:
             orders = (DEFAULT_ORDERS + (("learned",) if learned is not None else ())
                       + (("long-output",) if output_limit is not None else ()))

@@ -32,6 +32,7 @@ from kvprof.models.data import ReuseData
 from kvprof.models.exponential import fit_classes_of
 from kvprof.models.hp import REUSED_SUFFIX, HpFile, ReuseRow
 from kvprof.models.mixture import CureMixture, diagnose_mixture_of
+from kvprof.models.next_turn import NextTurnRates
 from kvprof.models.sessions import session_stats
 from kvprof.profiler.cells import cells_of_trace, fit_cell_rule, tree_sample
 from kvprof.profiler.classes import classify_trace
@@ -39,6 +40,7 @@ from kvprof.profiler.quality import question_counts, score_counts
 from kvprof.profiler.reuse import extract_reuse
 from kvprof.profiler.summary import N_TIERS, RowKeys, ShardList, ShardReuse, Shards, WindowReuse, tier_codes
 from kvprof.profiler.trace import Trace
+from kvprof.profiler.turns import next_turn_rates
 
 #: Default horizon H in seconds: "reused within the next minute". It sits inside the range of
 #: cache turnover times of the published capacities (tens of seconds to a few minutes at 6 QPS).
@@ -100,7 +102,7 @@ def fit_trace(
             return holdout_counts(holdout, rule, cell_rule, cell_names, horizon, min_gap)
     return fit_window(trace, codes, names, shards, rule, n_accesses=trace.n_blocks, horizon=horizon, min_gap=min_gap,
                       min_samples=min_samples, max_cells=max_cells, cell_fields=cell_fields,
-                      max_components=max_components, holdout_counts=scored)
+                      max_components=max_components, holdout_counts=scored, next_turn=next_turn_rates(trace))
 
 
 def check_window(trace: Trace, horizon: float) -> None:
@@ -121,7 +123,7 @@ def classes_of(trace: Trace, rule: ClassRule) -> tuple[np.ndarray, tuple[str, ..
 
 def fit_window(requests: Trace, codes: np.ndarray, names, shards: Shards, rule: ClassRule, *, n_accesses: int,
                horizon: float, min_gap: float, min_samples: int, max_cells: int, cell_fields=(),
-               max_components: int, holdout_counts=None) -> HpFile:
+               max_components: int, holdout_counts=None, next_turn: NextTurnRates | None = None) -> HpFile:
     """:func:`fit_trace` of a window given as its requests and the shards of its blocks' reuse.
 
     Parameters
@@ -137,6 +139,9 @@ def fit_window(requests: Trace, codes: np.ndarray, names, shards: Shards, rule: 
     holdout_counts : callable or None
         ``holdout_counts(cell_rule, cell_names)``: the held-out window's
         :func:`~kvprof.profiler.quality.question_counts` per cell and tier.
+    next_turn : NextTurnRates or None
+        The window's :func:`~kvprof.profiler.turns.next_turn_rates` (None where its chains are not held
+        whole: a sharded fit).
 
     Other parameters are :func:`fit_trace`'s.
     """
@@ -186,6 +191,7 @@ def fit_window(requests: Trace, codes: np.ndarray, names, shards: Shards, rule: 
         cells=dict(zip(cell_names, cells)),
         default_cell=default_cell,
         cell_rule=cell_rule,
+        next_turn=next_turn,
     )
 
 

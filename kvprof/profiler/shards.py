@@ -18,7 +18,9 @@ steps, each bounded by one shard (or one trace file) in memory:
 On one machine the shards run in turn; given a Ray cluster (``ray``), steps 3 and 4 run as its
 tasks, the request columns put once into its object store (the spill directory must then be one
 the cluster's nodes share). Either way the hp file is :func:`~kvprof.profiler.fit.fit_trace`'s
-on the same window, to the bit (tested).
+on the same window, to the bit (tested), save the next-turn counts (``next_turn``): they need each
+request's chain beside the earlier ones', which a fit in shards of blocks does not hold, so a sharded
+fit leaves them out and ``wa`` keeps its default candidates.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from kvprof.policy import make_policy
 from kvprof.policy.base import EvictionPolicy
 from kvprof.policy.belady import BeladyPolicy
 from kvprof.policy.lru import LRUPolicy
+from kvprof.profiler import turns
 from kvprof.profiler.reuse import next_access
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig
@@ -70,27 +71,9 @@ class AccessIndexed(Workload):
 
 
 def infer_sessions(workload: Workload) -> np.ndarray:
-    """Sessions of a trace without a session field, from its block chains (int64, (n,)).
-
-    A request continues the latest earlier request whose whole chain is a prefix of its own (the
-    deepest such prefix) and that no other request continues yet: a session is a linear chain of
-    requests, each extending the one before. A request with no such predecessor (or no full
-    block) starts a session; its id is the request's index.
-    """
-    blocks = workload.block.tolist()
-    offsets = workload.offsets.tolist()
-    session = np.arange(workload.n_requests, dtype=np.int64)
-    open_tail: dict[int, int] = {}  # last block of a chain not continued yet -> its request
-    for r in range(workload.n_requests):
-        chain = blocks[offsets[r]:offsets[r + 1]]
-        for block in reversed(chain):
-            parent = open_tail.pop(block, None)
-            if parent is not None:
-                session[r] = session[parent]
-                break
-        if chain:
-            open_tail[chain[-1]] = r
-    return session
+    """Sessions of a trace without a session field, from its block chains (int64, (n,)):
+    :func:`kvprof.profiler.turns.infer_sessions` of the workload's chains."""
+    return turns.infer_sessions(workload.offsets, workload.block)
 
 
 def sessions_of(trace: Trace, workload: Workload) -> np.ndarray:

@@ -242,6 +242,47 @@ def test_wa_pool_tells_the_long_output_candidate_each_requests_output(in_vllm):
     pool.close()
 
 
+def test_wa_pool_runs_over_first_turn_where_the_next_turn_counts_favour_it(in_vllm):
+    """A file whose fit window's continued sessions came back soon six times as often as new ones: ``wa``
+    runs over ``first-turn`` and LRU and follows the first. Request "c" continues "a" (its chain holds a's
+    whole chain, here on blocks of its own), "b" begins a session: a's and b's blocks go first, c's last,
+    though LRU would take c's before b's."""
+    if not in_vllm:
+        return
+    import json
+    import tempfile
+    from types import SimpleNamespace
+
+    from vllm_support import HP_TEST
+
+    from kvprof.vllm.block_pool import KvprofBlockPool
+    from kvprof.vllm.spec import PolicySpec
+
+    favouring = {**HP_TEST, "schema": "kvprof.hp/5", "next_turn": {
+        "horizon_s": 30.0, "began": 1000, "began_followed": 50, "continued": 100, "continued_followed": 30}}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(favouring, fh)
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": fh.name}})
+    pool = KvprofBlockPool(num_gpu_blocks=9, enable_caching=True, hash_block_size=16, kvprof_spec=spec)
+    assert pool.policy.reference.order_names == ("first-turn", "lru")
+    held = {}
+    for rid, contents in (("a", (1, 2)), ("c", (1, 2, 3)), ("b", (7, 8))):
+        chain = [bytes([k]) * 32 for k in contents]
+        request = SimpleNamespace(request_id=rid, num_prompt_tokens=len(chain) * 16, num_tokens=len(chain) * 16 + 4,
+                                  num_computed_tokens=len(chain) * 16, num_output_tokens=4, block_hashes=chain,
+                                  sampling_params=SimpleNamespace(extra_args={"type": "hot", "turn": 1}))
+        blocks = pool.get_new_blocks(len(chain))
+        pool.cache_full_blocks(request, blocks, 0, len(chain), 16, 0)
+        pool.admit_request(request)
+        pool.finish_request(request, n_blocks=len(chain))
+        pool.free_blocks(reversed(blocks))
+        pool.request_freed()
+        held[rid] = blocks
+    taken = _ids(pool.get_new_blocks(8))  # the one block never cached first, then the victims
+    assert taken[1:] == _ids(reversed(held["a"])) + _ids(reversed(held["b"])) + _ids(reversed(held["c"]))
+    pool.close()
+
+
 def test_a_policy_without_shadows_is_told_no_requests(in_vllm):
     """Under ``lru`` (no shadows: its admit/finish do nothing) the pool numbers no request's chain
     and keeps none, while ``wa``'s pool keeps a running request's chain until it finishes."""

@@ -1,0 +1,89 @@
+"""The fit window's next-turn counts (:func:`kvprof.profiler.turns.next_turn_rates`), how the hp file keeps
+them, and the one decision they make: ``wa`` over ``first-turn`` and LRU where a continued session comes
+back soon far more often than a new one."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from kvprof.models.hp import load_hp
+from kvprof.models.next_turn import FIRST_TURN_RATIO, MIN_REQUESTS, NextTurnRates
+from kvprof.policy import make_policy
+from kvprof.policy.wa import DEFAULT_ORDERS, FIRST_TURN_ORDERS
+from kvprof.profiler.fit import fit_trace
+from kvprof.profiler.reader import read_trace
+from kvprof.profiler.turns import next_turn_rates
+from tests.helpers import make_trace, synthetic
+
+
+def test_next_turns_are_counted_within_the_horizon_by_how_the_request_stood():
+    # sessions: 0 -> 1 -> 3 (10 s, then 50 s later); 2 begins and is never continued; 4 is too close to the end
+    trace = make_trace([(t, "text", 1, chain) for t, chain in
+                        zip([0.0, 10.0, 20.0, 60.0, 100.0], [[1], [1, 2], [7], [1, 2, 3], [9]])])
+    # known (arrival <= 70): began 0 (next in 10 s) and 2 (never); continued 1 (next in 50 s) and 3 (none)
+    assert next_turn_rates(trace, horizon_s=30.0) == NextTurnRates(30.0, 2, 1, 2, 0)
+    assert next_turn_rates(trace, horizon_s=60.0) == NextTurnRates(60.0, 2, 1, 1, 1)
+
+
+def test_only_full_blocks_make_a_chain_as_a_server_caches_them():
+    # request 0's second block is partial: the next turn's block 2 differs from it, yet it continues request 0
+    rows = [(0.0, "text", 1, [1, 2]), (5.0, "text", 1, [1, 3, 4]), (100.0, "text", 1, [8])]
+    trace = make_trace(rows, block_size=16)
+    assert next_turn_rates(trace).continued == 0  # all blocks full: [1, 2] is no prefix of [1, 3, 4]
+    partial = dataclasses.replace(trace, input_length=np.array([24, 48, 16]))
+    assert next_turn_rates(partial) == NextTurnRates(30.0, 1, 1, 1, 0)
+
+
+@pytest.mark.parametrize("rates, ratio, favours", [
+    (NextTurnRates(30.0, 100, 5, 40, 12), 6.0, True),
+    (NextTurnRates(30.0, 100, 10, 40, 12), 3.0, True),  # at the ratio
+    (NextTurnRates(30.0, 100, 11, 40, 12), 0.3 / 0.11, False),
+    (NextTurnRates(30.0, 100, 5, MIN_REQUESTS - 1, 12), 0.05 ** -1 * 12 / (MIN_REQUESTS - 1), False),  # too few
+    (NextTurnRates(30.0, 100, 0, 40, 12), math.inf, True),
+    (NextTurnRates(30.0, 100, 0, 40, 0), math.nan, False),
+    (NextTurnRates(30.0, 0, 0, 40, 12), math.nan, False),
+])
+def test_the_ratio_decides_above_the_threshold_on_enough_requests(rates, ratio, favours):
+    assert FIRST_TURN_RATIO == 3.0
+    assert rates.ratio == pytest.approx(ratio, nan_ok=True) and rates.favours_first_turn() is favours
+
+
+def test_counts_above_their_requests_are_refused():
+    with pytest.raises(ValueError, match="followed"):
+        NextTurnRates(30.0, 10, 11, 0, 0)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    path = synthetic(tmp_path_factory.mktemp("next-turn"), hours=0.2, seed=3)[0]
+    return fit_trace(read_trace(path)[0])
+
+
+def test_fit_writes_the_counts_and_they_load_back(fitted, tmp_path):
+    assert fitted.next_turn is not None and fitted.next_turn.began + fitted.next_turn.continued > 0
+    fitted.save(tmp_path / "hp.json")
+    assert load_hp(tmp_path / "hp.json").next_turn == fitted.next_turn
+
+
+def test_wa_runs_over_first_turn_and_lru_where_the_counts_favour_it(fitted):
+    favouring = dataclasses.replace(fitted, next_turn=NextTurnRates(30.0, 1000, 10, 100, 30))
+    assert make_policy("wa", favouring, capacity=500).order_names == FIRST_TURN_ORDERS
+    assert make_policy("wa", favouring, capacity=500, orders=("lru",)).order_names == ("lru",)  # asked for wins
+    against = dataclasses.replace(fitted, next_turn=NextTurnRates(30.0, 1000, 100, 100, 12))
+    for hp in (against, dataclasses.replace(fitted, next_turn=None)):
+        assert make_policy("wa", hp, capacity=500).order_names == DEFAULT_ORDERS
+
+
+def test_fit_and_show_say_what_the_counts_decide(tmp_path):
+    from tests.helpers import invoke
+
+    path = synthetic(tmp_path, hours=0.2, seed=4)[0]
+    fitted = invoke("fit", path, "-o", tmp_path / "hp.json")
+    assert fitted.exit_code == 0, fitted.output
+    line = next(line for line in fitted.output.splitlines() if line.startswith("next request of the session"))
+    assert "that began a session" in line and "wa keeps its default candidates" in line  # bailian-like: about 1
+    assert line in invoke("show", tmp_path / "hp.json").output
