@@ -7,7 +7,8 @@ Run with the vLLM venv's python (one process, no model, no server)::
 For each pool size and each configuration (``native``: vLLM's own pool; ``lru``, ``s3fifo``,
 ``arc``, ``wa``: kvprof's plugin enforcing that policy; ``wa+record``: ``wa`` with ``--kv-record``
 on, the live counterfactual beside it as always; ``wa+long-output``: ``wa`` from a file tuned with a
-long-output limit, so with that candidate too) it builds vLLM's scheduler the way ``vllm serve``
+long-output limit, so with that candidate too; ``wa+first-turn``: ``wa`` from a file whose next-turn
+counts switch it to its ``first-turn`` candidate and LRU) it builds vLLM's scheduler the way ``vllm serve``
 does (the class from ``scheduler_config.get_scheduler_cls()``, so the plugin installs itself), feeds
 it the same traffic, and after each ``schedule()`` hands it a model output with one sampled token
 per scheduled request that is past its prompt, as the engine core would. It reports per step the
@@ -50,11 +51,13 @@ os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
 
 import numpy as np  # noqa: E402
 
-CONFIGS = ("native", "lru", "s3fifo", "arc", "wa", "wa+record", "wa+long-output")
+CONFIGS = ("native", "lru", "s3fifo", "arc", "wa", "wa+record", "wa+long-output", "wa+first-turn")
 BLOCK = 16
 #: ``wa+long-output``'s limit: the middle of the traffic's outputs (16-128 tokens), so about half the
 #: requests' blocks are freed to its first list.
 LONG_OUTPUT_TOKENS = 64.0
+#: ``wa+first-turn``'s next-turn counts: continued sessions came back 6 times as often as new ones.
+FAVOURING_NEXT_TURN = {"horizon_s": 30.0, "began": 1000, "began_followed": 50, "continued": 100, "continued_followed": 30}
 VOCAB = 30000
 
 
@@ -106,9 +109,9 @@ class Traffic:
 
 
 # -- vLLM ------------------------------------------------------------------------------------------
-def hp_file(path: Path, long_output_tokens: float | None = None) -> str:
+def hp_file(path: Path, long_output_tokens: float | None = None, next_turn: dict | None = None) -> str:
     """A small valid hp file (classes of the traffic's tags) for ``wa``; with ``long_output_tokens``, tuned
-    (for every size: one entry) with that limit for the long-output candidate."""
+    (for every size: one entry) with that limit for the long-output candidate; with ``next_turn``, those counts."""
     from kvprof.models.hp import SCHEMA, HpFile
 
     classes = {f"{kind}_{turn}": {"p": p, "lambda": lam}
@@ -119,6 +122,8 @@ def hp_file(path: Path, long_output_tokens: float | None = None) -> str:
     if long_output_tokens is not None:
         document.update(schema=SCHEMA, tuning=[{"capacity": 1, "horizon_s": 60.0, "start": "model",
                                                 "long_output_tokens": long_output_tokens}])
+    if next_turn is not None:
+        document.update(schema=SCHEMA, next_turn=next_turn)
     HpFile.from_dict(document).save(path)
     return str(path)
 
@@ -134,7 +139,8 @@ def build_scheduler(config: str, args, work: Path):
         policy = config.split("+")[0]
         entry = {"policy": policy, "reload_interval_s": 0, "log_interval_s": 0}
         if policy == "wa":
-            entry["config"] = args.hp_long_output if config == "wa+long-output" else args.hp
+            tuned = {"wa+long-output": args.hp_long_output, "wa+first-turn": args.hp_first_turn}
+            entry["config"] = tuned.get(config, args.hp)
         if config.endswith("+record"):
             entry["record"] = str(work / f"record-{time.monotonic_ns()}")
         additional = {"kv_policy": entry}
@@ -372,6 +378,7 @@ def main() -> None:
             tiny_model.build(args.model)
         args.hp = hp_file(work / "hp.json")
         args.hp_long_output = hp_file(work / "hp-long-output.json", LONG_OUTPUT_TOKENS)
+        args.hp_first_turn = hp_file(work / "hp-first-turn.json", next_turn=FAVOURING_NEXT_TURN)
         if args.profile:
             import cProfile
             import pstats

@@ -48,7 +48,8 @@ def _main(policy):
 
 #: The common per-block tables each kind reads, besides the queue's links (all but Belady).
 READS = {"s3fifo": {"content"}, "arc": {"content"}, "belady": {"depth"},
-         "classed": {"content", "stamp", "depth", "row"}, "learned": {"stamp", "depth", "row"}}
+         "classed": {"content", "stamp", "depth", "row"}, "learned": {"stamp", "depth", "row"},
+         "first_turn": {"content", "depth"}}
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -64,7 +64,7 @@ def test_a_bad_flag_is_refused_naming_it(argv, message, hp_file, tmp_path):
     ({"mode": 0}, "mode (--kv-policy-mode) must be one of enforce, shadow, got 0"),
     ({"mode": {}}, "mode (--kv-policy-mode) must be one of enforce, shadow, got {}"),
     ({"mode": ""}, "mode (--kv-policy-mode) must be one of enforce, shadow, got ''"),
-    ({"policy": False}, "policy (--kv-policy) must be one of lru, wa, wa-paper, lfu, s3fifo, arc, sieve, got False"),
+    ({"policy": False}, "policy (--kv-policy) must be one of lru, wa, wa-paper, lfu, s3fifo, arc, sieve, first-turn, got False"),
     ({"policy": "nope"}, "unknown policy 'nope'; live policies: lru, wa, wa-paper, lfu, s3fifo, arc"),
     ({"log_interval_s": 10 ** 400}, "log_interval_s (--kv-log-interval) must be"),
     ({"log_interval_s": True}, "log_interval_s (--kv-log-interval) must be"),
