@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from kvprof.models.hp import load_hp
 from kvprof.models.next_turn import FIRST_TURN_RATIO, MIN_REQUESTS, NextTurnRates
@@ -16,8 +17,9 @@ from kvprof.policy import make_policy
 from kvprof.policy.wa import DEFAULT_ORDERS, FIRST_TURN_ORDERS
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
-from kvprof.profiler.turns import next_turn_rates
+from kvprof.profiler.turns import infer_sessions, next_turn_rates
 from tests.helpers import make_trace, synthetic
+from tests.test_first_turn import chain_trees
 
 
 def test_next_turns_are_counted_within_the_horizon_by_how_the_request_stood():
@@ -87,3 +89,15 @@ def test_fit_and_show_say_what_the_counts_decide(tmp_path):
     line = next(line for line in fitted.output.splitlines() if line.startswith("next request of the session"))
     assert "that began a session" in line and "wa keeps its default candidates" in line  # bailian-like: about 1
     assert line in invoke("show", tmp_path / "hp.json").output
+
+
+@settings(max_examples=200, deadline=None)
+@given(chain_trees())
+def test_chains_cut_to_the_blocks_that_end_some_chain_give_the_same_sessions(chains):
+    # what a sharded fit reads of each chain: only those blocks can end an earlier chain
+    offsets = np.cumsum([0] + [len(c) for c in chains])
+    whole = infer_sessions(offsets, np.array(sum(chains, []), dtype=np.int64))
+    tails = np.array([c[-1] if c else -1 for c in chains], dtype=np.int64)
+    cut = [[b for b in c if b in set(tails)] for c in chains]
+    assert (infer_sessions(np.cumsum([0] + [len(c) for c in cut]), np.array(sum(cut, []), dtype=np.int64), tails)
+            == whole).all()

@@ -12,15 +12,13 @@ from kvprof.profiler.fit import classes_of, fit_trace, fit_window
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.reuse import access_request_index, reuse_of_accesses
 from kvprof.profiler.summary import ShardList, ShardReuse, merged_sorted
+from kvprof.profiler.turns import next_turn_rates
 from tests.helpers import synthetic
 
 
 def _document(hp) -> str:
-    """``hp`` as JSON but its creation time and its next-turn counts: a sharded fit does not hold the
-    chains whole, so it does not count them (``next_turn`` absent; see test_a_sharded_fit_counts_no_next_turns)."""
     data = hp.to_dict()
     data["provenance"].pop("created")
-    data.pop("next_turn", None)
     return json.dumps(data, sort_keys=True)
 
 
@@ -45,7 +43,8 @@ def test_shards_of_the_blocks_fit_the_same_file_to_the_bit(bailian, n_shards):
         samples = reuse_of_accesses(trace.hash_ids[mine], request[mine], trace.timestamp, trace.censor_time, codes)
         shards.append(ShardReuse.of(samples, trace.n_requests, 60.0))
     sharded = fit_window(trace, codes, names, ShardList(shards), ClassRule(), n_accesses=trace.n_blocks,
-                         horizon=60.0, min_gap=0.3, min_samples=200, max_cells=16, max_components=3)
+                         horizon=60.0, min_gap=0.3, min_samples=200, max_cells=16, max_components=3,
+                         next_turn=next_turn_rates(trace))
     assert _document(sharded) == _document(fit_trace(trace))
 
 
@@ -63,13 +62,6 @@ def test_sorted_runs_merge_in_bounded_chunks_into_their_sorted_union():
 @pytest.fixture(scope="module")
 def trace_file(tmp_path_factory):
     return synthetic(tmp_path_factory.mktemp("files"), hours=0.3, seed=6)[0]
-
-
-def test_a_sharded_fit_counts_no_next_turns(trace_file):
-    from kvprof.profiler.shards import fit_sharded
-
-    assert fit_sharded([trace_file], window=(0, 700)).next_turn is None
-    assert fit_trace(read_trace(trace_file)[0].time_window(0, 700)).next_turn is not None
 
 
 def test_a_file_fitted_in_shards_on_disk_writes_fit_traces_file_held_out_scores_included(trace_file):

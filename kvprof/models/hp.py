@@ -118,7 +118,7 @@ class HpFile:
         (a :class:`~kvprof.models.learned.LearnedModel`); a policy takes the entry nearest its capacity.
     next_turn : NextTurnRates or None
         How often the fit window's sessions came back within 30 s after a request that began them and
-        after one that continued them (None: not measured, e.g. a file before version 5 or a sharded fit).
+        after one that continued them (None: not counted, as in a file before version 5).
     """
 
     classes: dict[str, ClassParams]

@@ -140,8 +140,8 @@ def fit_window(requests: Trace, codes: np.ndarray, names, shards: Shards, rule: 
         ``holdout_counts(cell_rule, cell_names)``: the held-out window's
         :func:`~kvprof.profiler.quality.question_counts` per cell and tier.
     next_turn : NextTurnRates or None
-        The window's :func:`~kvprof.profiler.turns.next_turn_rates` (None where its chains are not held
-        whole: a sharded fit).
+        The window's :func:`~kvprof.profiler.turns.next_turn_rates` (a sharded fit counts them from its
+        spilled chains).
 
     Other parameters are :func:`fit_trace`'s.
     """

@@ -7,6 +7,7 @@ steps, each bounded by one shard (or one trace file) in memory:
 
 1. read the trace files one at a time (:func:`~kvprof.profiler.reader.read_trace`), keep their
    requests in the windows and write their block accesses to disk, with a sample of block ids;
+   then count the fit window's next turns from those chains, a file at a time;
 2. split the accesses into shards by ranges of block id (from that sample, so the shards hold
    about as many accesses each; in order of id, so the cell tree's sample is the one
    :func:`~kvprof.profiler.fit.fit_trace` draws);
@@ -18,9 +19,8 @@ steps, each bounded by one shard (or one trace file) in memory:
 On one machine the shards run in turn; given a Ray cluster (``ray``), steps 3 and 4 run as its
 tasks, the request columns put once into its object store (the spill directory must then be one
 the cluster's nodes share). Either way the hp file is :func:`~kvprof.profiler.fit.fit_trace`'s
-on the same window, to the bit (tested), save the next-turn counts (``next_turn``): they need each
-request's chain beside the earlier ones', which a fit in shards of blocks does not hold, so a sharded
-fit leaves them out and ``wa`` keeps its default candidates.
+on the same window, to the bit (tested). The next-turn counts (``next_turn``) are taken in step 1,
+from the spilled chains, one file at a time (:func:`_next_turns`).
 """
 
 from __future__ import annotations
@@ -37,11 +37,13 @@ import numpy as np
 from kvprof.classes import ClassRule
 from kvprof.errors import KvprofError
 from kvprof.models.hp import HpFile
+from kvprof.models.next_turn import NEXT_TURN_HORIZON_S, NextTurnRates
 from kvprof.profiler.fit import check_window, classes_of, fit_window, holdout_cells, row_question_counts
 from kvprof.profiler.reader import read_trace
-from kvprof.profiler.reuse import ReuseSamples, access_request_index, reuse_of_accesses
+from kvprof.profiler.reuse import ReuseSamples, reuse_of_accesses
 from kvprof.profiler.summary import N_TIERS, GapRuns, RowKeys, ShardReuse, SortedFile
 from kvprof.profiler.trace import Trace
+from kvprof.profiler.turns import count_next_turns, full_blocks, infer_sessions
 from kvprof.recording import FILE as RECORDING_FILE
 
 #: Block accesses per shard by default: a shard's samples take ~60 bytes each while it is processed.
@@ -118,7 +120,8 @@ def fit_sharded(paths: Sequence[os.PathLike | str], rule: ClassRule = ClassRule(
         Path(spill_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvprof-shards-", dir=spill_dir) as scratch:
         spill = Path(scratch)
-        requests, n_accesses, bounds = _read(paths, window, holdout, spill, shard_accesses, read_options or {})
+        requests, n_accesses, bounds, next_turn = _read(paths, window, holdout, spill, shard_accesses,
+                                                        read_options or {})
         fitted, held = _windows(requests)
         check_window(fitted, options["horizon"])
         codes, names = classes_of(fitted, rule)
@@ -129,7 +132,8 @@ def fit_sharded(paths: Sequence[os.PathLike | str], rule: ClassRule = ClassRule(
         if held is not None:
             def scored(cell_rule, cell_names):
                 return shards.holdout_counts(cell_rule, cell_names)
-        return fit_window(fitted, codes, names, shards, rule, n_accesses=n_accesses, holdout_counts=scored, **options)
+        return fit_window(fitted, codes, names, shards, rule, n_accesses=n_accesses, holdout_counts=scored,
+                          next_turn=next_turn, **options)
 
 
 def _read(paths, window, holdout, spill: Path, shard_accesses, read_options):
@@ -150,6 +154,7 @@ def _read(paths, window, holdout, spill: Path, shard_accesses, read_options):
         n_accesses += int(trace.hash_offsets[fit_last] - lo)
         trace.hash_ids[lo:hi].tofile(spill / f"file{index}-blocks.bin")
         np.save(spill / f"file{index}-offsets.npy", trace.hash_offsets[first:last + 1] - lo)
+        np.save(spill / f"file{index}-full.npy", full_blocks(trace)[first:last])
         sample.append(trace.hash_ids[lo:hi:_BOUNDARY_SAMPLE].copy())
         rows = np.arange(first, last)
         parts.append((index, replace(trace.select(rows[:0]), **{
@@ -171,7 +176,38 @@ def _read(paths, window, holdout, spill: Path, shard_accesses, read_options):
     n_shards = max(1, math.ceil(n_accesses / shard_accesses))
     ids = np.sort(np.concatenate(sample))
     bounds = np.unique(ids[np.linspace(0, ids.size, n_shards + 1, dtype=np.int64)[1:-1]]) if ids.size else ids
-    return _Requests(requests, n_fit, holdout_end), n_accesses, bounds
+    next_turn = _next_turns(spill, [index for index, _ in parts], n_fit, requests.timestamp[:n_fit])
+    return _Requests(requests, n_fit, holdout_end), n_accesses, bounds, next_turn
+
+
+def _next_turns(spill: Path, indices: list[int], n_fit: int, timestamp: np.ndarray) -> NextTurnRates:
+    """Step 1's last part: the fit window's :func:`~kvprof.profiler.turns.next_turn_rates`, as
+    :func:`~kvprof.profiler.fit.fit_trace` counts them, from the spilled chains of files ``indices`` read
+    one at a time: first each fit-window request's tail (its last full block), then of each chain only
+    the full blocks that are some request's tail (no other block can end an earlier chain)."""
+
+    def files():  # each file's rows' places in the time order, chain offsets, full blocks, and blocks
+        for index in indices:
+            yield (np.load(spill / f"file{index}-rank.npy"), np.load(spill / f"file{index}-offsets.npy"),
+                   np.load(spill / f"file{index}-full.npy"), np.fromfile(spill / f"file{index}-blocks.bin", np.int64))
+
+    tails = np.full(n_fit, -1, np.int64)
+    for rank, offsets, n_full, blocks in files():
+        ends = (rank < n_fit) & (n_full > 0)
+        tails[rank[ends]] = blocks[offsets[:-1][ends] + n_full[ends] - 1]
+    known_tails = np.unique(tails[tails >= 0])
+    rows, depths, found = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for rank, offsets, n_full, blocks in files():
+        row = np.repeat(np.arange(rank.size), np.diff(offsets))
+        depth = np.arange(blocks.size) - offsets[row]
+        kept = (rank[row] < n_fit) & (depth < n_full[row]) & np.isin(blocks, known_tails)
+        rows.append(rank[row[kept]])
+        depths.append(depth[kept])
+        found.append(blocks[kept])
+    rows, depths, found = (np.concatenate(parts) for parts in (rows, depths, found))
+    order = np.lexsort((depths, rows))  # by request in time order, each chain's blocks shallowest first
+    offsets = np.searchsorted(rows[order], np.arange(n_fit + 1))
+    return count_next_turns(infer_sessions(offsets, found[order], tails), timestamp, NEXT_TURN_HORIZON_S)
 
 
 def _concatenated(traces: list[Trace], window) -> tuple[Trace, np.ndarray]:
@@ -226,7 +262,7 @@ def _scatter(spill: Path, requests: _Requests, bounds: np.ndarray, chunk: int = 
                 pairs = np.stack([part[order], rows[order]], axis=1)
                 for s in range(n_shards):
                     pairs[cuts[s]:cuts[s + 1]].tofile(outputs[s])
-            for name in (blocks_file.name, f"{stem}-offsets.npy", f"{stem}-rank.npy"):
+            for name in (blocks_file.name, f"{stem}-offsets.npy", f"{stem}-rank.npy", f"{stem}-full.npy"):
                 (spill / name).unlink()
     finally:
         for out in outputs:
