@@ -59,13 +59,24 @@ def test_requests_one_at_a_time_are_demoted_exactly_when_they_begin_a_session(ch
     assert demoted_requests(reference, freed) == [bool(b) and bool(c) for b, c in zip(began, chains)]
 
 
+def play_batched(twin: CompiledTwin, chains) -> None:
+    """:func:`play` with each chain's accesses in one compiled call, as the vLLM pool makes them."""
+    block = 0
+    for chain in chains:
+        blocks = np.arange(block, block + len(chain), dtype=np.int64)
+        block += len(chain)
+        twin.access_numbered(blocks, np.arange(len(chain), dtype=np.int64), twin.numbers(chain), 0.0, 0, hit=False)
+        twin.free(reversed(blocks.tolist()), 0.0)
+
+
+@pytest.mark.parametrize("batched", [False, True])
 @pytest.mark.parametrize("memory", [1, 2, 65536])
 @settings(max_examples=60, deadline=None)
 @given(chains=chain_trees())
-def test_the_twin_demotes_and_forgets_tails_as_the_reference(memory, chains):
+def test_the_twin_demotes_and_forgets_tails_as_the_reference(memory, batched, chains):
     reference, twin = FirstTurnLRU(memory), CompiledTwin(FirstTurnLRU(memory))
     play(reference, chains)
-    play(twin, chains)
+    (play_batched if batched else play)(twin, chains)
     assert twin.order(1.0) == reference.order(1.0)
     assert twin.evict_n(len(twin), 1.0) == reference.evict_n(len(reference), 1.0)
 

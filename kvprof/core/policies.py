@@ -219,6 +219,8 @@ def core_access_n(core, blocks, depths, contents, next_uses, n, now, workload, h
         classed.access_n(core, blocks, depths, contents, n, now, workload, hit)
     elif kind == S3FIFO:
         s3fifo.access_n(core, blocks, contents, n, hit)
+    elif kind == FIRST_TURN:
+        first_turn.access_n(core, blocks, depths, contents, n)
     elif kind != LRU:  # (LRU's access changes nothing)
         for i in range(n):
             core_access(core, blocks[i], now, workload, depths[i], hit, next_uses[i], contents[i])

@@ -44,6 +44,17 @@ def access(core, block, depth, content):
 
 
 @njit(cache=True)
+def access_n(core, blocks, depths, contents, n):
+    """``access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for ``i < n``, the tables read once
+    (a 128k-token prompt is 8,000 blocks: a dispatched call each cost a quarter of a millisecond)."""
+    depth, content_of = core.depth, core.content
+    for i in range(n):
+        depth[blocks[i]] = depths[i]
+        if contents[i] >= 0:
+            content_of[blocks[i]] = contents[i]
+
+
+@njit(cache=True)
 def free_n(core, blocks, n):
     """Free ``blocks[:n]``: to list 0 unless one holds an open tail (the deepest such is closed); the
     deepest block's content is opened as a tail. Depth ties go to the earlier block, as the reference's
