@@ -4,6 +4,7 @@ it from the trace; the twin decides as the reference, open tails forgotten inclu
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,7 +14,12 @@ from hypothesis import strategies as st
 
 from kvprof.core.twin import CompiledTwin
 from kvprof.policy.first_turn import FirstTurnLRU
+from kvprof.policy.wa import FIRST_TURN_ORDERS
+from kvprof.sim.engine import simulate
 from kvprof.sim.oracles import infer_sessions
+from kvprof.sim.workload import prepare_workload
+from tests.test_long_output import ONE_ROW, LoggedWa
+from tests.test_sim_engine import random_replays
 
 
 @st.composite
@@ -98,3 +104,25 @@ def test_first_turns_are_evicted_first_and_open_tails_are_bounded():
 def test_the_memory_must_be_a_positive_int(memory):
     with pytest.raises(ValueError, match="memory"):
         FirstTurnLRU(memory)
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_replays(), st.floats(0.0, 1.0))
+def test_decisions_never_read_the_future(case, cut):
+    """Online only: with the requests arriving from ``T`` on removed, ``wa`` over first-turn and LRU (and the
+    order alone) evict the same blocks before ``T``: whether a request began its session is read from the
+    chains freed before it, never from the requests after it (nor the next uses the driver passes)."""
+    trace, capacity, config = case
+    config = dataclasses.replace(config, cpu_capacity=0)
+    cut_at = float(trace.timestamp[0] + cut * (trace.timestamp[-1] - trace.timestamp[0]))
+
+    def evictions(part, orders):
+        policy = LoggedWa(*ONE_ROW, 60.0, orders=orders, capacity=capacity)
+        simulate(prepare_workload(part, engine_block_size=config.engine_block_size), policy, capacity, config,
+                 engine="python")
+        return [entry for entry in policy.log if entry[0] < cut_at]
+
+    earlier = trace.time_window(None, cut_at)
+    if earlier.n_requests:
+        for orders in (FIRST_TURN_ORDERS, ("first-turn",)):
+            assert evictions(earlier, orders) == evictions(trace, orders)

@@ -10,14 +10,16 @@ import math
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from rich.console import Console
 
+from kvprof.cli.hp_tables import NOT_TRAINED, tuning_table
 from kvprof.models.hp import load_hp
 from kvprof.models.next_turn import FIRST_TURN_RATIO, MIN_REQUESTS, NextTurnRates
 from kvprof.policy import make_policy
 from kvprof.policy.wa import DEFAULT_ORDERS, FIRST_TURN_ORDERS
 from kvprof.profiler.fit import fit_trace
-from kvprof.profiler.reader import read_trace
 from kvprof.profiler.turns import infer_sessions, next_turn_rates
+from kvprof.sim.tune import tune
 from tests.helpers import make_trace, synthetic
 from tests.test_first_turn import chain_trees
 
@@ -60,9 +62,13 @@ def test_counts_above_their_requests_are_refused():
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory):
-    path = synthetic(tmp_path_factory.mktemp("next-turn"), hours=0.2, seed=3)[0]
-    return fit_trace(read_trace(path)[0])
+def window(tmp_path_factory):
+    return synthetic(tmp_path_factory.mktemp("next-turn"), hours=0.2, seed=3)[1]
+
+
+@pytest.fixture(scope="module")
+def fitted(window):
+    return fit_trace(window)
 
 
 def test_fit_writes_the_counts_and_they_load_back(fitted, tmp_path):
@@ -78,6 +84,24 @@ def test_wa_runs_over_first_turn_and_lru_where_the_counts_favour_it(fitted):
     against = dataclasses.replace(fitted, next_turn=NextTurnRates(30.0, 1000, 100, 100, 12))
     for hp in (against, dataclasses.replace(fitted, next_turn=None)):
         assert make_policy("wa", hp, capacity=500).order_names == DEFAULT_ORDERS
+
+
+def test_the_tuning_replays_the_candidates_wa_will_run(fitted, window):
+    # where the counts favour first-turn, neither the horizon, an output limit nor a predictor changes what wa
+    # does: one replay per capacity under its own two candidates, started on first-turn, nothing else tuned
+    favouring = dataclasses.replace(fitted, next_turn=NextTurnRates(30.0, 1000, 10, 100, 30))
+    tuned = tune(favouring, window, [64, 256], learn=True)
+    for entry in tuned.tuning:
+        assert set(entry["measured"]["shadow_hits"]) == set(FIRST_TURN_ORDERS) and entry["start"] == "first-turn"
+        assert list(entry["measured"]["hit_ratio_by_horizon_s"]) == [f"{fitted.horizon:g}"]
+        assert not {"long_output_tokens", "learned"} & set(entry) and "hit_ratio_by_output_limit" not in entry["measured"]
+    assert make_policy("wa", tuned, capacity=256).order_names == FIRST_TURN_ORDERS
+    console = Console(record=True, width=400)
+    console.print(tuning_table(tuned, learn_asked=True))  # what `fit --learned` says instead of a predictor
+    assert console.export_text().count(NOT_TRAINED) == 2
+    plain = tune(fitted, window, [256])  # elsewhere the default candidates, at three horizons
+    assert set(plain.tuning[0]["measured"]["shadow_hits"]) >= set(DEFAULT_ORDERS)
+    assert len(plain.tuning[0]["measured"]["hit_ratio_by_horizon_s"]) == 3
 
 
 def test_fit_and_show_say_what_the_counts_decide(tmp_path):

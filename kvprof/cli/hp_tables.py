@@ -89,11 +89,12 @@ def tuning_table(hp, learn_asked: bool = False):
                 "predictor's held-out log-loss vs the base rate's, accuracy)",
                 {"capacity": "right", "hit ratio by H": "left", "wa's horizon (s)": "right", "start": "left",
                  "long-output": "left", "learned": "left"}, caption=more)
+    first_turn = hp.next_turn is not None and hp.next_turn.favours_first_turn()
     for entry in entries:
         tried = entry.get("measured", {}).get("hit_ratio_by_horizon_s", {})
         out.add_row(f"{entry['capacity']:,}", ", ".join(f"{h} s: {r:.4f}" for h, r in tried.items()),
                     f"{entry['horizon_s']:g}", entry["start"], _long_output_text(entry),
-                    _learned_text(entry.get("learned"), learn_asked))
+                    NOT_TRAINED if first_turn and learn_asked else _learned_text(entry.get("learned"), learn_asked))
     return out
 
 
@@ -113,6 +114,10 @@ def _long_output_text(entry: dict) -> str:
 NOTHING_TO_LEARN = ("none: Belady kept all or none of the blocks on this window, or it had none (one label, "
                     "nothing to learn); "
                     "wa starts on its best shadow")
+
+
+#: Why ``fit --learned`` trained nothing where the next-turn counts choose ``wa``'s candidates.
+NOT_TRAINED = "not trained: the next-turn counts put wa over first-turn and lru (no predictor)"
 
 
 def _learned_text(model, asked: bool = False) -> str:

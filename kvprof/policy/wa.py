@@ -59,6 +59,16 @@ SHADOW_SAMPLE = 0.1
 SHADOW_SAMPLE_MIN_BLOCKS = 16384
 
 
+def candidate_orders(hp, learned: LearnedModel | None = None, output_limit: float | None = None) -> tuple[str, ...]:
+    """The candidates ``wa`` runs on ``hp`` (a :class:`~kvprof.models.hp.HpFile`): :data:`FIRST_TURN_ORDERS`
+    where its next-turn counts favour them, else :data:`DEFAULT_ORDERS` with ``learned`` where a predictor is
+    given and ``long-output`` where an output limit is."""
+    if hp.next_turn is not None and hp.next_turn.favours_first_turn():
+        return FIRST_TURN_ORDERS
+    return (DEFAULT_ORDERS + (("learned",) if learned is not None else ())
+            + (("long-output",) if output_limit is not None else ()))
+
+
 def default_sample(capacity: int | None) -> float:
     """The shadows' sample rate for a cache of ``capacity`` blocks (:data:`SHADOW_SAMPLE`)."""
     if not capacity:
@@ -262,14 +272,12 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             kwargs.setdefault("learned", learned)
         if output_limit is not None:
             kwargs.setdefault("output_limit", output_limit)
-        if "orders" not in kwargs and hp.next_turn is not None and hp.next_turn.favours_first_turn():
-            kwargs["orders"] = FIRST_TURN_ORDERS
         if "orders" not in kwargs:
-            orders = (DEFAULT_ORDERS + (("learned",) if learned is not None else ())
-                      + (("long-output",) if output_limit is not None else ()))
+            orders = candidate_orders(hp, learned, output_limit)
             start = tuned.get("start", orders[0])
-            if start in orders:
-                kwargs["orders"] = (start, *(name for name in orders if name != start))
+            if start in orders and orders != FIRST_TURN_ORDERS:  # where the counts decide, first-turn leads
+                orders = (start, *(name for name in orders if name != start))
+            kwargs["orders"] = orders
         p, weights, rates = hp.reuse_rows()
         return cls(p, weights, rates, horizon, capacity=capacity, **kwargs)
 

@@ -16,6 +16,11 @@ it). With ``learn``, the same part is replayed under Belady at each capacity to 
 ``learned`` candidate's predictor (:mod:`kvprof.sim.learn`), which then takes part as a candidate
 too. The choices go into the hp file's ``tuning`` block; a policy built for a capacity takes the
 entry of the nearest tuned one (:meth:`kvprof.models.hp.HpFile.tuned`).
+
+Where the fit window's next-turn counts put ``wa`` over the first-turn order and LRU
+(:func:`~kvprof.policy.wa.candidate_orders`), neither the horizon, the output limit, the predictor nor the
+start changes what it does: the part is replayed once under those candidates, at the fitted horizon, and
+the entry records what their shadows hit, with the first-turn order as the start.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from kvprof.parallel import run_tasks
 from kvprof.policy import make_policy
 from kvprof.policy.long_output import LongOutputLRU
 from kvprof.policy.lru import LRUPolicy
-from kvprof.policy.wa import DEFAULT_ORDERS
+from kvprof.policy.wa import FIRST_TURN_ORDERS, candidate_orders
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig
 from kvprof.sim.engine import simulate
@@ -86,7 +91,7 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     learn : bool
         Train the ``learned`` candidate's predictor per capacity (on Belady's replays). Off by
         default: on the quality suite it gained nothing over the simple orders for 10x its time
-        (README, "Policy quality").
+        (README, "Policy quality"). Not trained where ``wa`` runs over the first-turn order and LRU.
     holdout : Trace or None
         The window after ``trace``: the start of it (as long as the replayed part) is labelled
         too, to measure the predictor on traffic it was not fitted on.
@@ -105,7 +110,9 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     workload = prepare_workload(replayed, hp, config.engine_block_size, config.rate_scale)
     miniature = Miniature.of(replayed, workload, config.sample_rate)
     lost_shares(miniature, workload.blocks_needed(config.cost.decode), workload.prompt_tokens, capacities)
-    horizons = [hp.horizon * factor for factor in HORIZON_FACTORS]
+    first_turn = candidate_orders(hp) == FIRST_TURN_ORDERS
+    horizons = [hp.horizon] if first_turn else [hp.horizon * factor for factor in HORIZON_FACTORS]
+    learn = learn and not first_turn
     n_cells = len(hp.cell_names())
     later = None
     if learn and holdout is not None and holdout.n_requests:
@@ -116,8 +123,9 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     learned = dict(zip(capacities, run_tasks(
         _learn, workload, [(miniature.capacity(capacity), miniature.config(config), n_cells, later)
                            for capacity in capacities], n_jobs=n_jobs, ray=ray))) if learn else {}
-    limits = [float(np.percentile(trace.output_length, q)) for q in OUTPUT_PERCENTILES] if trace.n_requests else []
-    simple = [(capacity, limit) for capacity in capacities for limit in [None, *limits]]
+    limits = ([float(np.percentile(trace.output_length, q)) for q in OUTPUT_PERCENTILES]
+              if trace.n_requests and not first_turn else [])
+    simple = [(capacity, limit) for capacity in capacities for limit in [None, *limits]] if limits else []
     alone = dict(zip(simple, run_tasks(_replay_simple, workload, [(miniature.capacity(capacity), limit,
                                                                    miniature.config(config)) for capacity, limit in simple],
                                        n_jobs=n_jobs, ray=ray)))
@@ -135,7 +143,8 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
         entries.append({
             "capacity": int(capacity),
             "horizon_s": float(best),
-            "start": max((name for name in shadow_hits if name not in NEVER_START), key=shadow_hits.get),
+            "start": FIRST_TURN_ORDERS[0] if first_turn else max((name for name in shadow_hits if name not in NEVER_START),
+                                                                  key=shadow_hits.get),
             "measured": {"hit_ratio_by_horizon_s": {f"{h:g}": ratio for h, (ratio, _) in tried.items()},
                          "shadow_hits": shadow_hits,
                          **({"hit_ratio_by_output_limit": {f"{limit:g}": alone[(capacity, limit)][0] for limit in limits},
@@ -180,8 +189,7 @@ def _replay(workload: Workload, hp: HpFile, capacity: int, horizon: float, confi
             learned: LearnedModel | None = None, output_limit: float | None = None) -> tuple[float, dict]:
     """Token hit ratio of ``wa`` at ``horizon`` (with the ``learned`` and ``long-output`` candidates where
     given) and its shadows' hits by candidate."""
-    orders = (DEFAULT_ORDERS + (("learned",) if learned is not None else ())
-              + (("long-output",) if output_limit is not None else ()))
-    policy = make_policy("wa", hp, horizon=horizon, orders=orders, learned=learned, output_limit=output_limit)
+    policy = make_policy("wa", hp, horizon=horizon, orders=candidate_orders(hp, learned, output_limit),
+                         learned=learned, output_limit=output_limit)
     metrics = simulate(workload, policy, capacity, config)
     return metrics.token_hit_ratio, policy.shadow_hits()
