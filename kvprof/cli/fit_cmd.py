@@ -416,8 +416,8 @@ def _report_fit(hp, output: Path, json_out: bool, title: str, learned: bool = Fa
     show_table(cells_table(hp, title=title))
     if hp.tuning:
         show_table(tuning_table(hp, learn_asked=learned))
-    if next_turn_line(hp):
-        say(next_turn_line(hp))
+    if (line := next_turn_line(hp)) is not None:
+        say(line)
     say(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, {horizons(hp)})")
 
 

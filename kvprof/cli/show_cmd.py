@@ -100,8 +100,8 @@ def _show_hp(hp_path: Path, json_out: bool) -> None:
     show_table(cells_table(hp, title="cells" if hp.cells else "cells (the classes, from a kvprof.hp/1 file)"))
     if hp.tuning:
         show_table(tuning_table(hp))
-    if next_turn_line(hp):
-        show_table(plain(next_turn_line(hp)))
+    if (line := next_turn_line(hp)) is not None:
+        show_table(plain(line))
     if hp.sessions:
         types, more = first_rows(list(hp.sessions.items()), "types")
         sessions = table("sessions per type", {column: "left" if column == "type" else "right" for column in (

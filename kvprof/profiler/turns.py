@@ -65,7 +65,7 @@ def count_next_turns(session: np.ndarray, timestamp: np.ndarray, horizon_s: floa
     the last arrival are left out: whether they were followed is not known yet."""
     n = len(session)
     began = session == np.arange(n)
-    order = np.lexsort((np.arange(n), session))  # each session's requests together, in arrival order
+    order = np.argsort(session, kind="stable")  # each session's requests together, in arrival order
     wait = np.full(n, np.inf)
     same = session[order[1:]] == session[order[:-1]]
     wait[order[:-1][same]] = timestamp[order[1:][same]] - timestamp[order[:-1][same]]
