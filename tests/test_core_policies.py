@@ -46,6 +46,7 @@ WA_VARIANTS = {
     "wa every order": lambda: wa_policy(P, LAM, safety_net=True, orders=ORDER_NAMES, learned=LEARNED,
                                         output_limit=OUTPUT_LIMIT),
     "wa sampled shadows": lambda: wa_policy(P, LAM, safety_net=True, orders=DEFAULT_ORDERS, shadow_sample=0.5),
+    "wa margin alone": lambda: wa_policy(P, LAM, safety_net=True, orders=DEFAULT_ORDERS, switch_errors=0.0),
 }
 BUILDERS = {**{name: (lambda name=name: build(name)) for name in sorted(POLICIES) if name != "wa"}, **WA_VARIANTS,
             "learned": lambda: LearnedPolicy(LEARNED), "long-output": lambda: LongOutputLRU(OUTPUT_LIMIT)}

@@ -230,3 +230,38 @@ def test_sampled_shadows_are_scaled_and_only_see_sampled_requests(short_trace, e
     assert [shadow.limit for shadow in half._shadows] == [200] * len(DEFAULT_ORDERS)
     for name, hits in half.shadow_hits().items():
         assert 0 < hits < full.shadow_hits()[name]
+
+
+def weighed(hits_per_period, switch_errors=None):
+    """``wa`` over LRU and segmented, its shadows told they hit ``(lru, segmented)`` blocks in each period of
+    100 lookups in a cache of 100 blocks, the real cache as many as the leader's; the candidate followed
+    after each period."""
+    policy = wa_policy([0.5], [0.1], orders=("lru", "segmented"), safety_net=True, capacity=100,
+                       switch_errors=switch_errors)
+    followed = []
+    for period in hits_per_period:
+        for shadow, hits in zip(policy._shadows, period):
+            shadow.hits += hits
+        policy._real_hits += period[policy.leader]  # the real cache hit as the leader's shadow: calibrated 1
+        policy._weigh(100, 100)
+        followed.append(policy.order_name)
+    return followed
+
+
+def test_a_steady_lead_switches_within_a_few_periods():
+    followed = weighed([(50, 55)] * 8)
+    assert followed[0] == "lru" and followed[-1] == "segmented"  # one period is one error: not yet
+    assert followed.index("segmented") <= 5  # z = n / sqrt(n) for n equal leads: past 2 at the fifth
+
+
+def test_a_lead_made_of_one_lump_is_within_its_error():
+    """Hits come in chains: a 10 % lead from one period's lump is noise to wa, not to the margin alone."""
+    lump = [(50, 50)] * 3 + [(50, 150)] + [(50, 50)] * 4
+    assert set(weighed(lump)) == {"lru"}
+    assert weighed(lump, switch_errors=0.0)[3] == "segmented"
+
+
+@pytest.mark.parametrize("switch_errors", [-1.0, math.nan])
+def test_switch_errors_must_be_a_non_negative_number(switch_errors):
+    with pytest.raises(ValueError, match="switch_errors"):
+        wa_policy([0.5], [0.1], orders=("lru", "segmented"), safety_net=True, switch_errors=switch_errors)

@@ -66,9 +66,9 @@ def compile_policy(policy: EvictionPolicy, n_blocks: int = 0):
     for reference in policy._shadows:
         shadows.append(new_shadow(_core(reference.policy, 0), reference.limit))
     compiled = new_policy(main, followed, order_kind, order_followed, shadows, 0)
-    set_safety_net(compiled, wa_module.WINDOW_CAPACITIES, policy.switch_margin, wa_module.FOLLOW_PERIOD_MIN,
-                   wa_module.FOLLOW_PERIOD_SHARE, policy.capacity, policy.calibrated, policy._sample.rate,
-                   np.uint64(policy._sample.threshold))
+    set_safety_net(compiled, wa_module.WINDOW_CAPACITIES, policy.switch_margin, policy.switch_errors,
+                   wa_module.FOLLOW_PERIOD_MIN, wa_module.FOLLOW_PERIOD_SHARE, policy.capacity, policy.calibrated,
+                   policy._sample.rate, np.uint64(policy._sample.threshold))
     lead(compiled, policy.leader)
     return compiled
 

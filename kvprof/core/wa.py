@@ -58,8 +58,10 @@ policy_type = structs.struct(PolicyType, Policy, [
     ("real_seen", types.int64),
     ("real_led", types.float64[:]),
     ("shadow_led", types.float64[:]),
+    ("moments", types.float64[:, :]),  # windowed products of two shadows' hits per period (wa's _moments)
     ("window_capacities", types.float64),
     ("switch_margin", types.float64),
+    ("switch_errors", types.float64),
     ("period_min", types.int64),
     ("period_share", types.int64),
     ("capacity", types.int64),  # the real cache's size (0: the most blocks seen)
@@ -95,8 +97,10 @@ def new_policy(main, followed, order_kind, order_followed, shadows, leader):
     policy.real_seen = 0
     policy.real_led = np.zeros(len(shadows))
     policy.shadow_led = np.zeros(len(shadows))
+    policy.moments = np.zeros((len(shadows), len(shadows)))
     policy.window_capacities = 1.0
     policy.switch_margin = 0.0
+    policy.switch_errors = 0.0
     policy.period_min = 1
     policy.period_share = 1
     policy.capacity = 0
@@ -374,25 +378,36 @@ def _weigh(policy, lookups, size, real_hits):
     prior = float(max(size, 1))
     calibrated = policy.calibrated and policy.sample_rate >= 1.0  # off when sampling (wa's _weigh)
     score, seen, real_led, shadow_led = policy.shadow_score, policy.shadow_seen, policy.real_led, policy.shadow_led
+    n, leader = len(shadows), policy.leader
+    gains, factors = np.zeros(n), np.ones(n)
     best = 0
     best_corrected = leader_corrected = 0.0
-    for i in range(len(shadows)):
-        gained = (shadows[i].hits - seen[i]) / policy.sample_rate  # hits in the whole traffic
+    for i in range(n):
+        gained = gains[i] = (shadows[i].hits - seen[i]) / policy.sample_rate  # hits in the whole traffic
         seen[i] = shadows[i].hits
         score[i] = score[i] * keep + gained
         real_led[i] *= keep
         shadow_led[i] *= keep
-        if i == policy.leader:
+        if i == leader:
             real_led[i] += real_gained
             shadow_led[i] += gained
-        factor = (real_led[i] + prior) / (shadow_led[i] + prior) if calibrated else 1.0
-        corrected = score[i] * factor
+        if calibrated:
+            factors[i] = (real_led[i] + prior) / (shadow_led[i] + prior)
+        corrected = score[i] * factors[i]
         if i == 0 or corrected > best_corrected:
             best, best_corrected = i, corrected
-        if i == policy.leader:
+        if i == leader:
             leader_corrected = corrected
-    if best_corrected > leader_corrected * (1.0 + policy.switch_margin):
-        lead(policy, best)
+    moments = policy.moments
+    for i in range(n):
+        for j in range(n):
+            moments[i, j] = moments[i, j] * (keep * keep) + gains[i] * gains[j]
+    lead_by = best_corrected - leader_corrected
+    if lead_by > leader_corrected * policy.switch_margin:
+        variance = (factors[best] ** 2 * moments[best, best] + factors[leader] ** 2 * moments[leader, leader]
+                    - 2.0 * factors[best] * factors[leader] * moments[best, leader])
+        if lead_by > policy.switch_errors * np.sqrt(max(variance, 0.0)):
+            lead(policy, best)
 
 
 @njit(cache=True)
@@ -445,11 +460,11 @@ def empty_shadows():
 
 
 @njit(cache=True)
-def set_safety_net(policy, window_capacities, switch_margin, period_min, period_share, capacity, calibrated,
-                   sample_rate, sample_below):
+def set_safety_net(policy, window_capacities, switch_margin, switch_errors, period_min, period_share, capacity,
+                   calibrated, sample_rate, sample_below):
     """wa's constants for comparing shadows (:mod:`kvprof.policy.wa`), the real cache's size and
     the shadows' sample (its rate and the threshold of mixed chain numbers in it)."""
-    policy.window_capacities, policy.switch_margin = window_capacities, switch_margin
+    policy.window_capacities, policy.switch_margin, policy.switch_errors = window_capacities, switch_margin, switch_errors
     policy.period_min, policy.period_share = period_min, period_share
     policy.capacity, policy.calibrated = capacity, calibrated
     policy.sample_rate, policy.sample_below = sample_rate, sample_below

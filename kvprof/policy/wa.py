@@ -43,6 +43,11 @@ FIRST_TURN_ORDERS = ("first-turn", "lru")
 WINDOW_CAPACITIES = 16.0
 #: A shadow must beat the leader's hits by this share before ``wa`` switches to its order.
 SWITCH_MARGIN = 0.002
+#: ... and by this many standard errors of the difference, estimated from the per-period differences of
+#: the two shadows' hits (each period is a few requests, whose hits come in chains): on Mooncake, whose
+#: 512-token blocks make each hit a lump, none of the switches the margin alone allowed led by two
+#: errors, and they cost hits (docs/results.md, 2026-12-03, twelfth session).
+SWITCH_ERRORS = 2.0
 #: ``wa`` compares its shadows every ``max(FOLLOW_PERIOD_MIN, capacity // FOLLOW_PERIOD_SHARE)`` blocks looked up.
 FOLLOW_PERIOD_MIN = 64
 FOLLOW_PERIOD_SHARE = 16
@@ -93,21 +98,22 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     LRU that evicts the blocks of requests with long outputs first
     (:class:`~kvprof.policy.long_output.LongOutputLRU`, told each output length at :meth:`finish`).
 
-    With the safety net on, a :class:`~kvprof.policy.shadow.ShadowCache` per candidate is fed
-    every request the real cache admits (:meth:`admit`: its whole chain of block contents) and
-    finishes (:meth:`finish`), at the real cache's size (as given, else the most blocks it has
-    held), and counts the hits that candidate would have had on that traffic. Every
-    ``capacity / 16`` blocks looked up ``wa`` follows the candidate whose shadow has the most hits
-    over the last ``WINDOW_CAPACITIES`` capacities of lookups (exponentially weighted), switching
-    only for a lead above ``switch_margin``. A shadow still differs from the real cache in timing
-    (requests queue and run as long as the real cache's hits let them) and a switch costs the
-    real cache a transition its shadow never pays. With ``calibrated``, each shadow's score is
-    also scaled by what following it was worth: times (real hits + C) / (its shadow's hits + C)
-    over the lookups its candidate led (same weighting; ``C`` = the cache's size in hits, so an
-    untried candidate counts at face value). So when the profile is wrong or the traffic drifts,
-    ``wa`` ends up on the best simple order by itself; where the model is right it stays on the
-    model. Without :meth:`admit` calls (a driver that does not make them) ``wa`` keeps its first
-    candidate.
+    With the safety net on, a :class:`~kvprof.policy.shadow.ShadowCache` per candidate is fed every
+    request the real cache admits (:meth:`admit`: its whole chain of block contents) and finishes
+    (:meth:`finish`), at the real cache's size (as given, else the most blocks it has held), and counts
+    the hits that candidate would have had on that traffic. Every ``capacity / 16`` blocks looked up
+    ``wa`` follows the candidate whose shadow has the most hits over the last ``WINDOW_CAPACITIES``
+    capacities of lookups (exponentially weighted), switching only for a lead above ``switch_margin``
+    and above ``switch_errors`` standard errors of the difference: the windowed sum of the two shadows'
+    per-period differences in hits, whose variance is estimated by the same sum of their squares
+    (weights squared), as if the difference had no mean. A shadow still differs from the real cache in
+    timing (requests queue and run as long as the real cache's hits let them) and a switch costs the
+    real cache a transition its shadow never pays. With ``calibrated``, each shadow's score is also
+    scaled by what following it was worth: times (real hits + C) / (its shadow's hits + C) over the
+    lookups its candidate led (same weighting; ``C`` = the cache's size in hits, so an untried candidate
+    counts at face value). So when the profile is wrong or the traffic drifts, ``wa`` ends up on the
+    best simple order by itself; where the model is right it stays on the model. Without :meth:`admit`
+    calls (a driver that does not make them) ``wa`` keeps its first candidate.
 
     Invariants (on top of :class:`ClassedLRUPolicy`'s): every followed policy holds exactly the
     evictable blocks the lists hold; ``_pinned[b]`` is true exactly for blocks accessed and not
@@ -138,6 +144,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     switch_margin : float, optional
         The share by which a shadow must beat the leader's score before ``wa`` follows it
         (default: :data:`SWITCH_MARGIN` when the policy is built).
+    switch_errors : float, optional
+        The standard errors of the difference by which it must lead too (default: :data:`SWITCH_ERRORS`
+        when the policy is built; 0: the margin alone).
     calibrated : bool
         Scale each shadow's score by the real hits over its own while its candidate led.
     shadow_sample : float, optional
@@ -161,7 +170,8 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
     class_follows_hits = True
 
     def __init__(self, p, weights, rates, horizon: float, *, orders=DEFAULT_ORDERS, safety_net: bool = True,
-                 capacity: int | None = None, switch_margin: float | None = None, calibrated: bool = True,
+                 capacity: int | None = None, switch_margin: float | None = None,
+                 switch_errors: float | None = None, calibrated: bool = True,
                  shadow_sample: float | None = None, learned: LearnedModel | None = None,
                  output_limit: float | None = None) -> None:
         p = np.asarray(p, dtype=np.float64)
@@ -187,6 +197,10 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             switch_margin = SWITCH_MARGIN
         if not switch_margin >= 0:
             raise ValueError(f"switch_margin must be >= 0, got {switch_margin}")
+        if switch_errors is None:
+            switch_errors = SWITCH_ERRORS
+        if not switch_errors >= 0:
+            raise ValueError(f"switch_errors must be >= 0, got {switch_errors}")
         self.n_cells, self.n_tiers = p.shape
         super().__init__(p.size)
         self._default = (self.n_cells - 1) * self.n_tiers  # the default cell's first tier
@@ -194,6 +208,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         self.order_names = tuple(orders)
         self.capacity = capacity or 0
         self.switch_margin = float(switch_margin)
+        self.switch_errors = float(switch_errors)
         self.calibrated = bool(calibrated)
         self.learned = learned
         self.output_limit = output_limit
@@ -222,6 +237,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         self._real_hits = self._real_seen = 0
         self._real_led = [0.0] * len(self._shadows)  # the real cache's hits while each candidate led ...
         self._shadow_led = [0.0] * len(self._shadows)  # ... and its shadow's over the same accesses
+        # windowed sums of the products of two shadows' hits in a period (weights squared): their
+        # differences' second moments, for the standard error of a lead
+        self._moments = np.zeros((len(self._shadows), len(self._shadows)))
         self._lead(0)
 
     def _row_order(self, name: str) -> Order | None:
@@ -449,9 +467,9 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         # A sampled shadow misses the real hits by the sample's own error too, which the
         # calibration would take for what following its candidate was worth: off when sampling.
         calibrated = self.calibrated and self._sample.rate >= 1.0
-        corrected = []
+        gains, factors = np.zeros(len(self._shadows)), np.ones(len(self._shadows))
         for i, shadow in enumerate(self._shadows):
-            gained = (shadow.hits - self._shadow_seen[i]) / self._sample.rate  # hits in the whole traffic
+            gained = gains[i] = (shadow.hits - self._shadow_seen[i]) / self._sample.rate  # hits in the whole traffic
             self._shadow_seen[i] = shadow.hits
             self._shadow_score[i] = self._shadow_score[i] * keep + gained
             self._real_led[i] *= keep
@@ -459,11 +477,22 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             if i == self.leader:
                 self._real_led[i] += real_gained
                 self._shadow_led[i] += gained
-            factor = (self._real_led[i] + prior) / (self._shadow_led[i] + prior) if calibrated else 1.0
-            corrected.append(self._shadow_score[i] * factor)
-        best = max(range(len(corrected)), key=corrected.__getitem__)
-        if corrected[best] > corrected[self.leader] * (1.0 + self.switch_margin):
+            if calibrated:
+                factors[i] = (self._real_led[i] + prior) / (self._shadow_led[i] + prior)
+        self._moments *= keep * keep
+        self._moments += np.outer(gains, gains)
+        corrected = np.asarray(self._shadow_score) * factors
+        best, leader = int(np.argmax(corrected)), self.leader
+        lead = corrected[best] - corrected[leader]
+        if lead > corrected[leader] * self.switch_margin and lead > self.switch_errors * self._lead_error(best, factors):
             self._lead(best)
+
+    def _lead_error(self, best: int, factors: np.ndarray) -> float:
+        """The standard error of ``best``'s corrected score minus the leader's, from the periods' moments."""
+        leader, moments = self.leader, self._moments
+        variance = (factors[best] ** 2 * moments[best, best] + factors[leader] ** 2 * moments[leader, leader]
+                    - 2.0 * factors[best] * factors[leader] * moments[best, leader])
+        return math.sqrt(max(variance, 0.0))
 
     def clear(self) -> None:
         super().clear()
