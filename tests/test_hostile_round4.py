@@ -1,0 +1,32 @@
+"""Hostile inputs and the operator's walk, round 4: read-only caches, streams, long sweeps, rejected requests,
+full disks, lists and windows, options a command would ignore."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import invoke
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_compiled_code_without_a_writable_cache_compiles_anew_with_a_note(tmp_path):
+    """A read-only package directory and HOME: numba's cache=True finds no locator and refused the declaration."""
+    module = tmp_path / "compiled.py"
+    module.write_text("import kvprof\nfrom numba import njit\n\n\n@njit(cache=True)\ndef plus_one(x):\n"
+                      "    return x + 1\n\n\nprint(plus_one(1))\n")
+    (tmp_path / "__pycache__").write_text("")  # not a directory: numba cannot cache beside the source
+    (tmp_path / "no-cache-home").write_text("")  # nor in the user's cache
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "no-cache-home")}
+    for name in ("NUMBA_CACHE_DIR", "NUMBA_CACHE_LOCATOR_CLASSES"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, str(module)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "2\n"
+    assert done.stderr.count("\n") == 1 and "compiled anew in each run" in done.stderr
+    assert "NUMBA_CACHE_DIR" in done.stderr
