@@ -102,6 +102,24 @@ def test_one_server_writes_what_replay_always_wrote(stubs, trace, tmp_path):
     assert "router" not in results_of(tmp_path / "out")["runs"][0]
 
 
+def test_prefix_precise_says_how_many_kv_events_each_server_sent_and_warns_of_none(stubs, trace, tmp_path):
+    """Stub servers publish no KV events: prefix-precise routes on load alone, and says so."""
+    import socket
+
+    endpoints = []
+    for _ in stubs[0]:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            endpoints.append(f"tcp://127.0.0.1:{probe.getsockname()[1]}")
+    out = tmp_path / "out"
+    result = fleet_replay(trace, stubs[0], out, "--router", "prefix-precise",
+                          *(a for e in endpoints for a in ("--kv-events", e)))
+    assert result.exit_code == 0, result.output
+    assert results_of(out)["runs"][0]["replica_kv_events"] == [0, 0, 0]
+    assert "KV events received: replica 0: 0, replica 1: 0, replica 2: 0" in result.stdout
+    assert "no KV events came from replica(s) 0, 1, 2" in one_line(result.stderr)
+
+
 # --- options that do not fit ---------------------------------------------------------------------------
 
 

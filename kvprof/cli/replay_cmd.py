@@ -284,6 +284,14 @@ def _report(outcome, out: Path, n_plots: int, max_concurrency: int, rate_scale: 
             f"replica {j}: {n} requests, {cached:,} of {prompt:,} prompt tokens cached"
             for j, (n, cached, prompt) in enumerate(zip(run["replica_requests"], run["replica_cached_tokens"],
                                                         run["replica_prompt_tokens"]))))
+    if "replica_kv_events" in run:
+        events = run["replica_kv_events"]
+        show("KV events received: " + ", ".join(f"replica {j}: {n:,}" for j, n in enumerate(events)))
+        silent = [j for j, n in enumerate(events) if not n]
+        if silent:
+            warn(f"no KV events came from replica(s) {', '.join(map(str, silent))}: {run['router']} routed "
+                 f"their requests on load alone (is each server's --kv-events-config endpoint this replay's "
+                 f"--kv-events address?)")
     calibration = outcome.calibration
     if isinstance(calibration, str):
         say(f"no cost.json: {calibration}")

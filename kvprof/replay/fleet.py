@@ -280,6 +280,8 @@ def run_fleet_replay(trace: Trace, settings: ReplaySettings, urls: Sequence[str]
     fleet_facts = {"urls": list(urls), "model": settings.model, "num_gpu_blocks": facts[0]["num_gpu_blocks"],
                    "block_size": facts[0]["block_size"], "max_model_len": facts[0]["max_model_len"]}
     fields = fleet_fields(settings.policy, spec, per_replica)
+    if router.listeners:  # what the router read: a server whose events never came was routed on load alone
+        fields["replica_kv_events"] = [listener.index.n_events for listener in router.listeners]
     document, calibration, plots = write_measured(out, trace, records, settings, capacity, fleet_facts, wall,
                                                   complete=complete, inputs=inputs, plot=plot, run_fields=fields)
     if sent.stopped_by is not None and not isinstance(sent.stopped_by, KeyboardInterrupt):
