@@ -111,7 +111,7 @@ def test_kvprofs_own_hints_keep_their_brackets(tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_replay)
     result = invoke("replay", tmp_path / "t.jsonl", "--model", "m", "-o", tmp_path / "out")
-    assert result.exit_code == 1 and "pip install 'kvprof[replay]'" in result.stderr
+    assert result.exit_code == 2 and "pip install 'kvprof[replay]'" in result.stderr
 
 
 # --- trace values -----------------------------------------------------------------------------------

@@ -30,3 +30,16 @@ def test_compiled_code_without_a_writable_cache_compiles_anew_with_a_note(tmp_pa
     assert done.stdout == "2\n"
     assert done.stderr.count("\n") == 1 and "compiled anew in each run" in done.stderr
     assert "NUMBA_CACHE_DIR" in done.stderr
+
+
+def test_replay_without_its_extra_says_what_to_install_before_any_option_needs_it(tmp_path, monkeypatch):
+    """pip install -e . has no httpx: --too-long's check imported the replay modules and crashed there."""
+    monkeypatch.setitem(sys.modules, "httpx", None)  # import httpx raises ImportError
+    for name in [name for name in sys.modules if name == "kvprof.replay" or name.startswith("kvprof.replay.")]:
+        monkeypatch.delitem(sys.modules, name)
+    result = invoke("replay", tmp_path / "t.jsonl", "--model", "m", "--url", "http://127.0.0.1:9", "-o",
+                    tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert "pip install 'kvprof[replay]'" in result.stderr and "httpx" in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert not (tmp_path / "out").exists()

@@ -118,7 +118,17 @@ def _live_policy(name: str | None) -> str | None:
     return name
 
 
+def _require_replay_extra() -> None:
+    """The replay extra is installed: checked by whatever needs it first, an option's callback or the
+    command (exit 2 saying what to install, as --ray does)."""
+    try:
+        import kvprof.replay  # noqa: F401
+    except ImportError as exc:
+        raise typer.BadParameter(f"{_EXTRA} ({exc})", param_hint="kvprof replay") from None
+
+
 def _too_long(choice: str) -> str:
+    _require_replay_extra()
     from kvprof.replay.runner import TOO_LONG
 
     if choice not in TOO_LONG:
@@ -211,12 +221,10 @@ def replay(
     fleet's in DIR (each request's replica in requests.jsonl, per replica cached tokens in
     results.json).
     """
-    try:
-        from kvprof.replay import Pacing, ReplaySettings, run_replay
-        from kvprof.replay.fleet import REPLICA_DIR, run_fleet_replay
-        from kvprof.replay.run import COST_FILE, REQUESTS_FILE
-    except ImportError as exc:
-        raise fail(f"{_EXTRA} ({exc})") from None
+    _require_replay_extra()
+    from kvprof.replay import Pacing, ReplaySettings, run_replay
+    from kvprof.replay.fleet import REPLICA_DIR, run_fleet_replay
+    from kvprof.replay.run import COST_FILE, REQUESTS_FILE
     from kvprof import results
     from kvprof.cli.plots import FILES, plot_results
     from kvprof.vllm.spec import DEFAULT_POLICY
