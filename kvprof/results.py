@@ -18,7 +18,7 @@ from pathlib import Path
 from kvprof import __version__
 from kvprof.atomic import atomic_write_text
 from kvprof.errors import ResultsFileError
-from kvprof.jsonfile import JsonChecks, json_safe, read_json
+from kvprof.jsonfile import JsonChecks, json_safe, parse_json, read_json
 from kvprof.limits import RATE_SCALE
 
 SCHEMA = "kvprof.results/1"
@@ -72,14 +72,15 @@ def load(path: str | os.PathLike) -> dict:
     return validate(read_json(path, ResultsFileError), str(path))
 
 
-def load_if_results(path: str | os.PathLike) -> dict | None:
-    """The validated document in ``path`` when the file says it is one (any schema version), else None.
+def load_if_results(path: str | os.PathLike, raw: bytes | None = None) -> dict | None:
+    """The validated document in ``path`` (or in ``raw``, its bytes already read: a stream is read
+    once) when the file says it is one (any schema version), else None.
 
     A file that is not JSON at all also gives None: it is left to the caller's other reader
     (``show`` tries the hp loader), whose message then says what is wrong.
     """
     try:
-        data = read_json(path, ResultsFileError)
+        data = read_json(path, ResultsFileError) if raw is None else parse_json(raw, path, ResultsFileError)
     except ResultsFileError:
         return None
     return validate(data, str(path)) if claims(data) else None

@@ -43,3 +43,35 @@ def test_replay_without_its_extra_says_what_to_install_before_any_option_needs_i
     assert "pip install 'kvprof[replay]'" in result.stderr and "httpx" in result.stderr
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert not (tmp_path / "out").exists()
+
+
+def _fed_once(path: Path, data: bytes) -> "threading.Thread":
+    """A FIFO at ``path`` whose writer gives ``data`` once (a second open of it would wait forever)."""
+    import threading
+
+    os.mkfifo(path)
+
+    def feed():
+        with open(path, "wb") as fifo:
+            fifo.write(data)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    return writer
+
+
+@pytest.mark.timeout(120)
+def test_show_reads_an_hp_file_from_a_fifo_once(tmp_path):
+    """show read the file as a results file and again as an hp file: the second open of a FIFO blocked."""
+    from kvprof.profiler.fit import fit_trace
+    from tests.helpers import synthetic
+
+    _, trace = synthetic(tmp_path, hours=0.05)
+    hp_path = tmp_path / "hp.json"
+    fit_trace(trace).save(hp_path)
+    fifo = tmp_path / "hp.fifo"
+    writer = _fed_once(fifo, hp_path.read_bytes())
+    result = invoke("show", fifo)
+    writer.join(timeout=10)
+    assert result.exit_code == 0, result.output
+    assert "schema kvprof.hp/" in result.stdout and "class rule" in result.stdout

@@ -39,39 +39,42 @@ def show(
         from kvprof.cli.plots import FILES
 
         output_dir(output, files=FILES, inputs=paths)
-    documents = [load_if_results(path) for path in paths]
+    raws = [path.read_bytes() for path in paths]  # each read once: a FIFO or <(cat hp.json) has no second reading
+    documents = [load_if_results(path, raw) for path, raw in zip(paths, raws)]
     if None not in documents:
         show_results(paths, documents, output, json_out)
         return
     if len(paths) == 1 and output is None:
-        _show_hp(paths[0], json_out)
+        _show_hp(paths[0], raws[0], json_out)
         return
-    other = paths[documents.index(None)]
-    raise KvprofError(f"{other}: not a results file ({_not_results(other)}); several files, or -o, are shown "
-                      f"only when each is a results.json of compare, demo or replay (give an hp file alone)")
+    other = documents.index(None)
+    raise KvprofError(f"{paths[other]}: not a results file ({_not_results(paths[other], raws[other])}); several "
+                      f"files, or -o, are shown only when each is a results.json of compare, demo or replay (give "
+                      f"an hp file alone)")
 
 
-def _not_results(path: Path) -> str:
-    """Why ``path`` is not a results file, in a few words."""
+def _not_results(path: Path, raw: bytes) -> str:
+    """Why ``path`` (read: ``raw``) is not a results file, in a few words."""
     from kvprof.errors import ResultsFileError
-    from kvprof.jsonfile import read_json
+    from kvprof.jsonfile import parse_json
 
     try:
-        data = read_json(path, ResultsFileError)
+        data = parse_json(raw, path, ResultsFileError)
     except ResultsFileError as exc:
         return exc.reason
     schema = data.get("schema") if type(data) is dict else None
     return f"its schema is {schema!r}" if schema is not None else "it has no schema"
 
 
-def _show_hp(hp_path: Path, json_out: bool) -> None:
-    """The hp file's rule, provenance, classes and sessions, after validating it."""
+def _show_hp(hp_path: Path, raw: bytes, json_out: bool) -> None:
+    """The hp file's (read: ``raw``) rule, provenance, classes and sessions, after validating it."""
     from kvprof.errors import HpFileError
-    from kvprof.models.hp import PUBLISHED_FORMAT, SCHEMAS, load_hp
+    from kvprof.jsonfile import parse_json
+    from kvprof.models.hp import PUBLISHED_FORMAT, SCHEMAS, HpFile
     from kvprof.results import SCHEMA as RESULTS_SCHEMA
 
     try:
-        hp = load_hp(hp_path)
+        hp = HpFile.from_dict(parse_json(raw, hp_path, HpFileError), str(hp_path))
     except HpFileError as exc:
         if exc.where != "schema":
             raise
