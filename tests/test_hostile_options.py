@@ -115,13 +115,20 @@ def test_bound_parse_takes_ascii_numbers_inside_the_bounds_and_nothing_else(text
 LISTS = [
     ("fit", "--capacity"), ("compare", "--capacity"), ("compare", "--capacity-schedule"),
     ("fit", "--window"), ("inspect", "--window"), ("replay", "--window"), ("compare", "--fit-window"),
-    ("compare", "--eval-window"),
+    ("compare", "--eval-window"), ("compare", "--policies"), ("fleet", "--router"), ("fleet", "--replicas"),
+    ("fleet", "--capacity"), ("fit", "--cell-fields"),
 ]
+#: Every list refuses an empty item, an empty list and spaces around an item (read as every number is).
+EMPTY_ITEMS = ["a,,b", "", "a,", ",a"]
 LIST_TEXTS = {
-    "--capacity": ["6_4", "64,\u0666\u0664", "64,,128", "64, 9223372036854775808", "0", "-64", "64,nan", "1e3"],
+    "--capacity": ["6_4", "64,\u0666\u0664", "64,,128", "64, 9223372036854775808", "0", "-64", "64,nan", "1e3",
+                   " 64", "64 ", "64, 128", "64,", ""],
+    "--replicas": ["4,,8", "4, 8", " 4", "", "4,"],
+    "--policies": EMPTY_ITEMS, "--router": EMPTY_ITEMS, "--cell-fields": EMPTY_ITEMS,
     "--capacity-schedule": ["0:64,0:16", "0:64,10:16,5:8", "0:6_4", "0:64,inf:16", "0:64,1e999:8", "5:64", "0:0",
-                            "0:64,nan:16", "0:\u0666\u0664", "0:64;1:2"],
-    "window": ["0:nan", "inf:", ":1e999", "0:\u0666", "1_0:", "5:1", "0:0", "abc", "0:1:2"],
+                            "0:64,nan:16", "0:\u0666\u0664", "0:64;1:2", "0:64,,10:32", " 0:64", "0: 64", "0:64,"],
+    "window": ["0:nan", "inf:", ":1e999", "0:\u0666", "1_0:", "5:1", "0:0", "abc", "0:1:2", "0 :100", " 0:100",
+               "0: 100", "-5:-5", "-0:-10"],
 }
 
 
@@ -139,7 +146,7 @@ def test_list_and_window_options_follow_the_same_rule(tmp_path, command, option)
     (["fit", "{missing}", "-o", "{tmp}/hp.json", "-j", "0"], "must not be 0"),
     (["compare", "{missing}", "-o", "{tmp}/out", "-j", "0"], "must not be 0"),
     (["demo", "-o", "{tmp}/out", "-j", "0"], "must not be 0"),
-    (["fit", "{missing}", "-o", "{tmp}/hp.json", "--capacity", "100000000000"], "more than this machine's"),
+    (["fit", "{missing}", "-o", "{tmp}/hp.json", "--capacity", "100000000000"], "this machine's"),
     (["fit", "{missing}", "-o", "{tmp}/hp.json", "--capacity", "64,64"], "given twice"),
     (["compare", "{missing}", "-o", "{tmp}/out", "--capacity", "64", "--capacity-schedule", "0:64"], "not both"),
     (["compare", "{missing}", "-o", "{tmp}/out", "--decode-time", "0.1"], "give --decode too"),
@@ -222,14 +229,24 @@ def test_the_limits_a_bound_states_are_its_limits(low, width):
     assert float(words[words.index("from") + 1]) == low and float(words[-1]) == high
 
 
-def test_fits_capacities_are_refused_by_the_limit_fit_keeps(tmp_path):
+def _held_blocks() -> int:
+    from kvprof.sim.config import BYTES_PER_SLOT
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // BYTES_PER_SLOT
+
+
+@pytest.mark.parametrize("command, limit", [("fit", 2**40), ("compare", INT64_MAX), ("fleet", INT64_MAX)])
+def test_capacities_are_refused_by_the_limit_that_applies(tmp_path, command, limit):
+    """The limit a message states is the one that applies: fit's, or what this machine's memory holds (not 2^63 - 1)."""
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 20, '
                      '"output_length": 5, "type": "text", "turn": 1, "hash_ids": [1, 2]}\n')
-    for value in ("0", str(2**40 + 1)):
-        result = invoke("fit", trace, "--capacity", value, "-o", tmp_path / "hp.json")
+    high = min(limit, _held_blocks())
+    for value in ("0", str(high + 1)):
+        result = invoke(command, trace, "--capacity", value, "-o", tmp_path / "out")
         assert result.exit_code == 2
-        assert f"must be an integer from 1 to {2**40}, got '{value}'" in one_line(result.output)
+        assert f"must be an integer from 1 to {high}, got '{value}'" in one_line(result.output)
+        assert str(INT64_MAX) not in one_line(result.output)
 
 
 @pytest.mark.parametrize("kind", ["directory", "fifo", "dangling link", "missing"])

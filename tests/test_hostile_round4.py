@@ -75,3 +75,18 @@ def test_show_reads_an_hp_file_from_a_fifo_once(tmp_path):
     writer.join(timeout=10)
     assert result.exit_code == 0, result.output
     assert "schema kvprof.hp/" in result.stdout and "class rule" in result.stdout
+
+
+def test_a_window_bound_with_a_minus_sign_counts_back_minus_zero_too():
+    """-3600:-0 read -0 as the absolute 0 while -1 counted back."""
+    from kvprof.profiler.trace import parse_window
+    from tests.helpers import make_trace
+
+    trace = make_trace([(float(t), "text", 1, [t]) for t in range(10)])  # arrivals 0..9
+    assert trace.time_window(*parse_window("-0:")).n_requests == 1  # the last arrival
+    assert trace.time_window(*parse_window("-3:-0")).n_requests == 3  # 6, 7, 8
+    assert trace.time_window(*parse_window("0:-0")).n_requests == 9  # all but the last
+    assert trace.time_window(*parse_window("-3:-0")).window == (6.0, 9.0)  # no -0.0 to record
+    for refused in ("-0:-3", "-5:-5", "5:5", "0 :3", "0: 3"):
+        with pytest.raises(ValueError):
+            parse_window(refused)

@@ -278,7 +278,7 @@ def test_empty_window_raises(tmp_path):
 
 def test_window_with_end_before_start_is_a_usage_error(tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", bailian_records(3))
-    with pytest.raises(ValueError, match="end must be greater"):
+    with pytest.raises(ValueError, match="END must be greater than START"):
         read_trace(path, window=(10.0, 5.0))
 
 

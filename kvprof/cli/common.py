@@ -127,20 +127,42 @@ RayOpt = Annotated[
 ]
 
 
-def parse_list(text: str, bound: Bound, option: str, what: str) -> tuple:
-    """Comma-separated numbers, each read by ``bound`` (a usage error naming ``option`` otherwise)."""
+def list_items(text: str, option: str) -> list[str]:
+    """The items of a comma-separated option, as written: none empty (``4,,8``, ``''``, a trailing comma
+    are usage errors naming ``option``); the one rule of every list option."""
+    items = text.split(",")
+    if text == "":
+        raise typer.BadParameter("is empty: give at least one item", param_hint=option)
+    if "" in items:
+        raise typer.BadParameter(f"{text!r} has an empty item: give the items separated by single commas, "
+                                 f"e.g. a,b", param_hint=option)
+    return items
+
+
+def parse_list(text: str, bound: Bound, option: str, what: str, note: str = "") -> tuple:
+    """Comma-separated numbers, each read by ``bound`` (a usage error naming ``option`` otherwise,
+    ``note`` added to it)."""
     values = []
-    for part in text.split(","):
+    for part in list_items(text, option):
         try:
-            values.append(bound.parse(part.strip(), f"each {what}"))
+            values.append(bound.parse(part, f"each {what}"))
         except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint=option) from None
+            raise typer.BadParameter(f"{exc}{note}", param_hint=option) from None
     return tuple(values)
 
 
 def capacity_list(text: str, option: str = "--capacity", bound: Bound = BLOCKS) -> tuple[int, ...]:
-    """``--capacity``'s comma-separated whole numbers of blocks, each inside ``bound`` (a usage error otherwise)."""
-    return parse_list(text, bound, option, "capacity")
+    """``--capacity``'s comma-separated whole numbers of blocks, each inside ``bound`` and inside what this
+    machine's memory holds for one replay (a usage error stating the bound that applies otherwise)."""
+    from kvprof.sim.config import BYTES_PER_SLOT
+
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    held = memory // BYTES_PER_SLOT
+    if held >= bound.high:
+        return parse_list(text, bound, option, "capacity")
+    return parse_list(text, Bound(bound.low, held, whole=True), option, "capacity",
+                      note=f" ({held:,} blocks fill this machine's {memory / 2**30:,.1f} GiB at ~{BYTES_PER_SLOT} "
+                           f"bytes each)")
 
 
 def parse_window_option(text: str | None, option: str = "--window") -> tuple[float | None, float | None] | None:
@@ -312,15 +334,11 @@ def policy_list(text: str) -> tuple[str, ...]:
     """``--policies``: comma-separated names of registered policies, none twice (a usage error otherwise)."""
     from kvprof.policy import POLICIES
 
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    names = distinct(tuple(list_items(text, "--policies")), "--policies", "policy")
     unknown = [name for name in names if name not in POLICIES]
-    if not names or unknown:
-        raise typer.BadParameter(
-            f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}; known: {', '.join(POLICIES)}",
-            param_hint="--policies",
-        )
-    if len(set(names)) != len(names):
-        raise typer.BadParameter("a policy is named twice", param_hint="--policies")
+    if unknown:
+        raise typer.BadParameter(f"unknown policy {', '.join(map(repr, unknown))}; known: {', '.join(POLICIES)}",
+                                 param_hint="--policies")
     return names
 
 

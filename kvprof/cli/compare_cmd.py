@@ -42,6 +42,7 @@ from kvprof.cli.common import (
     distinct,
     fit_and_tune,
     guarded,
+    list_items,
     make_dir,
     needs_hp,
     number_option,
@@ -393,6 +394,7 @@ def _capacity_list(text: str) -> tuple[int, ...]:
 def _schedule(text: str | None) -> tuple[tuple[float, int], ...]:
     if text is None:
         return ()
+    list_items(text, "--capacity-schedule")  # the list rule every list option follows
     try:
         return parse_schedule(text)
     except ValueError as exc:

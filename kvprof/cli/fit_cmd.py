@@ -19,6 +19,7 @@ from kvprof.cli.common import (
     check_format,
     check_memory,
     guarded,
+    list_items,
     number_option,
     open_trace,
     output_dir,
@@ -91,7 +92,7 @@ def _cell_fields(text: str | None) -> tuple[str, ...]:
     """``--cell-fields``: names a feature ``<field>=<value>`` can be built from (exit 2 otherwise)."""
     from kvprof.cells import field_name_problem
 
-    fields = tuple(f.strip() for f in (text or "").split(",") if f.strip())
+    fields = tuple(list_items(text, "--cell-fields")) if text is not None else ()
     for name in fields:
         problem = field_name_problem(name)
         if problem:
@@ -241,7 +242,9 @@ def fit(
     if spill_dir is not None and not sharded:
         raise typer.BadParameter("is where --sharded writes its shards: give it with --sharded", param_hint="--spill-dir")
     if sharded:
-        if bounds and any(bound is not None and bound < 0 for bound in bounds):
+        from kvprof.profiler.trace import counts_back
+
+        if bounds and any(counts_back(bound) for bound in bounds):
             raise typer.BadParameter("--sharded reads windows from the trace's start, not back from its end",
                                      param_hint="--window/--sharded")
         if capacity is not None or learned:

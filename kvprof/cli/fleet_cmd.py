@@ -31,6 +31,7 @@ from kvprof.cli.common import (
     RayOpt,
     SkipOpt,
     TraceBlockTokensOpt,
+    capacity_list,
     check_format,
     check_memory,
     check_multiple,
@@ -38,6 +39,7 @@ from kvprof.cli.common import (
     distinct,
     fit_and_tune,
     guarded,
+    list_items,
     make_dir,
     needs_hp,
     number_option,
@@ -147,18 +149,18 @@ def fleet(
     recordings = fleet_recordings(trace_paths)
     recorded = sum(len(recording.ranks) for recording in recordings) if recordings else None
     known = (RECORDED, *ROUTERS) if recordings else ROUTERS
-    counts = distinct(parse_list(replicas or str(recorded or 4), REPLICAS, "--replicas", "replica count"),
-                      "--replicas")
-    routers = distinct(tuple(name.strip() for name in (router or ",".join(known)).split(",") if name.strip()),
-                       "--router")
+    counts = distinct(parse_list(str(recorded or 4) if replicas is None else replicas, REPLICAS, "--replicas",
+                                 "replica count"), "--replicas")
+    routers = distinct(tuple(list_items(router, "--router")) if router is not None else known, "--router", "router")
     unknown = [name for name in routers if name not in known]
-    if not routers or unknown:
-        raise typer.BadParameter(f"unknown router {', '.join(map(repr, unknown)) or '(none given)'}; known: "
+    if unknown:
+        raise typer.BadParameter(f"unknown router {', '.join(map(repr, unknown))}; known: "
                                  f"{', '.join(known)}" + ("" if recordings else f" ({RECORDED}: for vLLM recordings)"),
                                  param_hint="--router")
     names = policy_list(policies)
-    capacities = distinct(parse_list(capacity or (recorded_capacity(recordings) if recordings else "1024"), BLOCKS, "--capacity", "capacity"),
-                          "--capacity")
+    if capacity is None:
+        capacity = recorded_capacity(recordings) if recordings else "1024"
+    capacities = distinct(capacity_list(capacity), "--capacity", "capacity")
     fit_bounds = parse_window_option(fit_window, "--fit-window")
     eval_bounds = parse_window_option(eval_window, "--eval-window")
     check_format(format)

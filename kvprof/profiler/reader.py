@@ -69,7 +69,7 @@ import numpy as np
 from kvprof.errors import TraceError
 from kvprof.profiler.records import Parser, Rows, detect_format, required_fields
 from kvprof.profiler.stored import StoredFile, StoredFiles
-from kvprof.profiler.trace import FORMAT_BLOCK_SIZE, Trace
+from kvprof.profiler.trace import FORMAT_BLOCK_SIZE, Trace, check_window_order
 from kvprof.profiler.value_checks import validate
 from kvprof.recording import CHAT_IDS_PER_START, Recording, RecordingError, load_recording, trace_files
 
@@ -296,8 +296,7 @@ def _check_arguments(format, block_size, window, time_tolerance) -> None:
         lo, hi = window
         if any(v is not None and math.isnan(v) for v in (lo, hi)):
             raise ValueError(f"window {window!r} has a NaN bound")
-        if lo is not None and hi is not None and hi <= lo:
-            raise ValueError(f"window {window!r}: the end must be greater than the start")
+        check_window_order(lo, hi, f"window {window!r}")
 
 
 def _no_requests(name: str, report: ReadReport, is_stream: bool) -> TraceError:

@@ -42,7 +42,7 @@ from kvprof.profiler.fit import check_window, classes_of, fit_window, holdout_ce
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.reuse import ReuseSamples, reuse_of_accesses
 from kvprof.profiler.summary import N_TIERS, GapRuns, RowKeys, ShardReuse, SortedFile
-from kvprof.profiler.trace import Trace
+from kvprof.profiler.trace import Trace, counts_back
 from kvprof.profiler.turns import count_next_turns, full_blocks, infer_sessions
 from kvprof.recording import FILE as RECORDING_FILE
 
@@ -112,7 +112,7 @@ def fit_sharded(paths: Sequence[os.PathLike | str], rule: ClassRule = ClassRule(
         :func:`~kvprof.profiler.fit.fit_trace`'s (horizon, min_gap, min_samples, max_cells,
         cell_fields, max_components).
     """
-    if any(bound is not None and bound < 0 for bound in window):
+    if any(counts_back(bound) for bound in window):
         raise ValueError(f"a sharded fit's window counts from the traces' start, got {window}")
     options = {"horizon": 60.0, "min_gap": 0.3, "min_samples": 200, "max_cells": 16, "cell_fields": (),
                "max_components": 3, **fit_options}

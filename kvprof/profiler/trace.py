@@ -167,25 +167,40 @@ class Trace:
 
 
     def _from_end(self, bound: float | None) -> float | None:
-        if bound is None or bound >= 0 or not self.n_requests:
+        if not counts_back(bound) or not self.n_requests:
             return bound
         return float(self.timestamp[-1]) + bound
+
+
+def counts_back(bound: float | None) -> bool:
+    """Whether a window bound counts back from the last arrival: one written with a minus sign, ``-0``
+    (the last arrival itself) included."""
+    return bound is not None and math.copysign(1.0, bound) < 0
 
 
 def parse_window(text: str) -> tuple[float | None, float | None]:
     """Parse ``"START:END"`` (seconds; either side may be empty) into a pair.
 
     ``"0:3600"`` is the first hour, ``"3600:"`` everything from the second hour on, ``"-3600:"``
-    the last hour (negative bounds count back from the last arrival: :meth:`Trace.time_window`).
+    the last hour (a bound with a minus sign, ``-0`` too, counts back from the last arrival:
+    :meth:`Trace.time_window`). The numbers are read as every number is (no spaces); END must be
+    greater than START when both count the same way (a window that holds no requests once resolved
+    is refused when read).
     """
     if text.count(":") != 1:
         raise ValueError(f"window {text!r} must look like START:END, e.g. 0:3600 or 3600:")
-    lo_text, hi_text = (part.strip() for part in text.split(":"))
+    lo_text, hi_text = text.split(":")
     try:
         lo = WINDOW_SECONDS.parse(lo_text, "START") if lo_text else None
         hi = WINDOW_SECONDS.parse(hi_text, "END") if hi_text else None
     except ValueError as exc:
         raise ValueError(f"window {text!r}: {exc}") from None
-    if lo is not None and hi is not None and hi <= lo:
-        raise ValueError(f"window {text!r}: END must be greater than START")
+    check_window_order(lo, hi, f"window {text!r}")
     return lo, hi
+
+
+def check_window_order(lo: float | None, hi: float | None, what: str) -> None:
+    """END greater than START where the two count the same way (from zero, or back from the last arrival);
+    ``ValueError`` naming ``what`` otherwise."""
+    if lo is not None and hi is not None and counts_back(lo) == counts_back(hi) and hi <= lo:
+        raise ValueError(f"{what}: END must be greater than START")

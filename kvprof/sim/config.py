@@ -233,12 +233,12 @@ def parse_schedule(text: str) -> tuple[tuple[float, int], ...]:
     """
     steps = []
     for part in text.split(","):
-        seconds, sep, blocks = part.strip().partition(":")
+        seconds, sep, blocks = part.partition(":")  # numbers as every number is read: no spaces
         if not sep:
             raise ValueError(f"capacity schedule {text!r} must look like 0:4096,1800:2048 (seconds:blocks)")
         try:
-            steps.append((SCHEDULE_SECONDS.parse(seconds.strip(), f"time {seconds.strip()!r}"),
-                          BLOCKS.parse(blocks.strip(), f"capacity {blocks.strip()!r}")))
+            steps.append((SCHEDULE_SECONDS.parse(seconds, f"time {seconds!r}"),
+                          BLOCKS.parse(blocks, f"capacity {blocks!r}")))
         except ValueError as exc:
             raise ValueError(f"capacity schedule {text!r}: {exc} (seconds:blocks, e.g. 0:4096,1800:2048)") from None
     if steps and steps[0][0] != 0:
