@@ -200,15 +200,17 @@ def main() -> int:
         plot(cases, args, args.plot)
         print(f"\nwrote {args.plot}", file=sys.stderr)
         return 0
-    cases = []
+    from provenance import facts  # beside this script
+
+    run, cases = facts(), []
     started = time.perf_counter()
     for case, trace in (one for name in args.traces.split(",") for one in chosen_traces(name)):
         cases.append(run_case(case, trace, args))
         print_case(cases[-1], args)
         sys.stdout.flush()
         # written after every trace, so a long run stopped early keeps what it measured
-        atomic_write_text(args.output, json.dumps({"cases": cases, "wall_s": time.perf_counter() - started},
-                                                  indent=1) + "\n")
+        atomic_write_text(args.output, json.dumps({"run": run, "cases": cases,
+                                                   "wall_s": time.perf_counter() - started}, indent=1) + "\n")
         plot(cases, args, args.plot)
     print(f"\nwrote {args.output} and {args.plot} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return 0

@@ -1,6 +1,7 @@
 """Peak memory of the simulator's replay against trace length, per policy: is its state bounded by the cache?
 
     python benchmarks/bench_memory.py [--hours 1 8] [--capacity 65536] [--policies lru,wa,...] [--code DIR ...]
+        [-o memory.json]
 
 For each length of synthetic bailian-a (``kvprof synth``, seed 0) and each policy, a fresh child
 process reads the trace, fits its first hour, prepares the workload, warms the compiled code on the
@@ -27,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kvprof.atomic import atomic_write_text
 from kvprof.policy import POLICIES
 from kvprof.profiler.synth import generate, write_jsonl
 
@@ -86,7 +88,12 @@ def main(argv=None) -> int:
     parser.add_argument("--policies", default=",".join(POLICIES),
                         help="comma-separated (default: every policy offered by name, kvprof.registry)")
     parser.add_argument("--code", type=Path, nargs="+", default=[ROOT], help="checkouts to run (default: this one)")
+    parser.add_argument("-o", "--output", type=Path, help="also write the figures as JSON (benchmarks/render_results.py "
+                                                          "renders them)")
     args = parser.parse_args(argv)
+    from provenance import facts  # beside this script
+
+    run = facts(None if argv is None else [__file__, *argv])
     policies = args.policies.split(",")
     rows: dict[tuple, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,6 +135,16 @@ def main(argv=None) -> int:
                       f"| {a['replay_mb']:,.1f} -> {b['replay_mb']:,.1f} MB{own} |")
     print(f"target MISSED by: {', '.join(missed)}" if missed else "target met by every policy measured")
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    if args.output:
+        several = len(args.code) > 1  # a checkout is named by its folder's name only, and only when several ran
+        document = {"run": run, "trace": {"preset": "bailian-a", "seed": 0}, "hours": args.hours,
+                    "capacity": args.capacity, "target_whole_peak_ratio": 1.5,
+                    "rows": [{**({"code": code.name} if several else {}), "policy": policy, "hours": hours, **row}
+                             for (code, policy, hours), row in rows.items()],
+                    "missed": missed if several else [m.split(" (")[0] for m in missed],
+                    "load_average_at_end": os.getloadavg()[0]}
+        atomic_write_text(args.output, json.dumps(document, indent=2) + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
 

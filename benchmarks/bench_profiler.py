@@ -5,7 +5,7 @@ window 0:3600 (so the held-out scores run on hour two) in <= 5 s wall, start to 
 >= 1M block ids per second. Every measurement runs in a fresh child process, so imports,
 numba's cached code and peak RSS (the child's own) are counted as a user's run counts them.
 
-    python benchmarks/bench_profiler.py [--hours 2] [--seed 0] [--repeat 3]
+    python benchmarks/bench_profiler.py [--hours 2] [--seed 0] [--repeat 3] [-o profiler.json]
 
 1. ``kvprof fit`` itself, timed from outside (best of ``--repeat``).
 2. The same steps inside one child, timed each (wall and CPU): imports, reading, the fit with its
@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from kvprof.atomic import atomic_write_text
 
 STEPS = r"""
 import json, sys, time
@@ -109,7 +111,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--capacity", default="256,1024,4096,16384",
                         help="capacities of the tuning measured with and without the learned candidate ('': skip it)")
+    parser.add_argument("-o", "--output", type=Path, help="also write the figures as JSON (benchmarks/render_results.py "
+                                                          "renders them)")
     args = parser.parse_args()
+    from provenance import facts  # beside this script
+
+    run = facts()
 
     from kvprof.profiler.synth import generate, write_jsonl
 
@@ -142,6 +149,21 @@ def main() -> None:
               f"{with_learned:.2f} s with it (best of {args.repeat}): it adds {added:.2f} s [target <= 2 s: "
               f"{'met' if added <= 2 else 'MISSED'}]")
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    if args.output:
+        document = {
+            "run": run, "trace": {"preset": "bailian-a", "hours": args.hours, "seed": args.seed,
+                                  "requests": part["requests"], "block_ids": part["block_ids"],
+                                  "fit_block_ids": part["fit_block_ids"], "jsonl_mb": size_mb},
+            "repeat": args.repeat, "fit_wall_s": [r["wall_s"] for r in runs], "fit_best_wall_s": best["wall_s"],
+            "fit_peak_rss_mb": best["peak_rss_mb"],
+            "steps": {name: {"wall_s": wall, "cpu_s": cpu} for name, (wall, cpu) in part["steps"].items()},
+            "read_block_ids_per_s": ids_per_s, "read_peak_rss_mb": part["peak_rss_mb"],
+            "tuning": None if not tuned else {"capacities": args.capacity, "without_s": min(tuned["without"]),
+                                              "with_learned_s": min(tuned["with"])},
+            "load_average_at_end": os.getloadavg()[0],
+        }
+        atomic_write_text(args.output, json.dumps(document, indent=2) + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -216,6 +216,9 @@ def main() -> int:
     args = parser.parse_args()
     rates = [float(r) for r in args.sample.split(",")] if args.sample else []
     done, samples = [], []
+    from provenance import facts  # beside this script; imported here so that importers of CASES need not find it
+
+    run = facts()
     started = time.perf_counter()
     for case, trace in chosen_traces(args.traces):
         done.append(run_case(case, trace, args.jobs, args.ray, args.learned))
@@ -223,7 +226,7 @@ def main() -> int:
         samples += sampled(case, trace, done[-1], rates, args.jobs, args.ray)
         del done[-1]["hp"], done[-1]["results"]  # kept for the samples, not for the JSON
     checks = targets(done)
-    document = {"policies": list(POLICIES), "baselines": list(BASELINES), "cases": done, "targets": checks,
+    document = {"run": run, "policies": list(POLICIES), "baselines": list(BASELINES), "cases": done, "targets": checks,
                 "samples": samples, "wall_s": time.perf_counter() - started}
     atomic_write_text(args.output, json.dumps(document, indent=2) + "\n")
     print_table(done, checks)

@@ -1,6 +1,7 @@
 """Simulator throughput beside libCacheSim, its growth with trace length, and the demo sweep's wall time.
 
     python benchmarks/bench_sim.py [--hours 1] [--capacity 65536] [--scale-hours 1 4 8] [--bench-python PATH] [--skip-demo]
+        [-o sim.json]
 
 1. A synthetic bailian-a trace is replayed with 16-token engine blocks (engine block = trace block)
    under kvprof's ``lru`` and the fitted policy ``wa`` by ``simulate``'s compiled engine (the
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvprof.atomic import atomic_write_text
 from kvprof.models.hp import HpFile
 from kvprof.policy import make_policy
 from kvprof.profiler.fit import fit_trace
@@ -161,7 +163,7 @@ print(json.dumps(out))
 """
 
 
-def scaling(hours: list[float], capacity: int) -> None:
+def scaling(hours: list[float], capacity: int) -> list[dict]:
     """Accesses/s and peak RSS of a child process replaying 1 h, 4 h, 8 h ... of bailian-a (Linux)."""
     print(f"scaling (bailian-a, capacity {capacity:,}; one child process per length and policy, its peak RSS):")
     rows = {}
@@ -189,6 +191,7 @@ def scaling(hours: list[float], capacity: int) -> None:
             print(f"  {name}: {lengths[-1]:g} h vs {lengths[0]:g} h: seconds per access {per_access:.2f}x "
                   f"[target <= 1.2: {'met' if per_access <= 1.2 else 'MISSED'}], peak RSS {memory:.2f}x "
                   f"[target <= 1.5: {'met' if memory <= 1.5 else 'MISSED'}]")
+    return [{"hours": h, "policy": name, **row} for (h, name), row in rows.items()]
 
 
 def main(argv=None) -> None:
@@ -201,7 +204,12 @@ def main(argv=None) -> None:
                         help="interpreter with libcachesim installed (default: this one, if it has it)")
     parser.add_argument("--skip-demo", action="store_true", help="do not time the demo sweep")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="joblib workers for the demo sweep")
+    parser.add_argument("-o", "--output", type=Path, help="also write the figures as JSON (benchmarks/render_results.py "
+                                                          "renders them)")
     args = parser.parse_args(argv)
+    from provenance import facts  # beside this script
+
+    run = facts(None if argv is None else [__file__, *argv])
 
     trace, hp, config = bailian_a(args.hours)
     workload = prepare_workload(trace, hp, config.engine_block_size)
@@ -221,13 +229,22 @@ def main(argv=None) -> None:
     if reference:
         print(f"libCacheSim LRU process_trace: {reference['per_s'] / 1e6:6.3f} M accesses/s "
               f"({reference['seconds']:.2f} s), object hit ratio {1 - reference['miss_ratio']:.4f}")
-    if args.scale_hours:
-        scaling(args.scale_hours, args.capacity)
+    scaled = scaling(args.scale_hours, args.capacity) if args.scale_hours else []
+    times = None
     if not args.skip_demo:
         times = demo_sweep(args.jobs)
         print("demo (2 h bailian-a, 8 capacities x lru, wa-paper, wa, belady, -j {}): ".format(args.jobs)
               + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    if args.output:
+        document = {"run": run, "trace": {"preset": "bailian-a", "hours": args.hours, "seed": 0,
+                                          "requests": trace.n_requests, "accesses": workload.n_accesses,
+                                          "engine_block": config.engine_block_size},
+                    "capacity": args.capacity, "kvprof": rows, "libcachesim_lru": reference,
+                    "targets": {name: {"vs_libcachesim_at_least": t} for name, t in targets.items()},
+                    "scaling": scaled, "demo": times, "load_average_at_end": os.getloadavg()[0]}
+        atomic_write_text(args.output, json.dumps(document, indent=2) + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=1, help="joblib workers (-1: all cores)")
     parser.add_argument("--traces", default="weka,mooncake", help="comma-separated real traces of the suite")
-    parser.add_argument("-o", "--output", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("-o", "--output", type=Path, help="also write the rows as JSON here (with the run's "
+                                                          "provenance; benchmarks/render_results.py renders them)")
     args = parser.parse_args()
-    rows = []
+    from provenance import facts  # beside this script
+
+    run, rows = facts(), []
     print("| trace | fit window (s) | capacity | best baseline | wa | belady | wa vs best | gap closed |")
     print("|---|---|---|---|---|---|---|---|")
     for case, trace in chosen_traces(args.traces):
@@ -56,7 +59,7 @@ def main() -> int:
                       f"{ratio['wa']:.4f} | {ratio['belady']:.4f} | {row['wa_gain_over_best']:+.1%} | "
                       f"{'-' if gap is None else f'{gap:+.0%}'} |", flush=True)
     if args.output:
-        args.output.write_text(json.dumps(rows, indent=1) + "\n")
+        args.output.write_text(json.dumps({"run": run, "rows": rows}, indent=1) + "\n")
     return 0
 
 

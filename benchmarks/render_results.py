@@ -1,0 +1,534 @@
+"""Render the measured tables of docs/results.md and README.md from the benchmarks' JSON.
+
+    python benchmarks/render_results.py            # rewrite every rendered block in place
+    python benchmarks/render_results.py --check    # exit 1, with a diff, where a block differs from its JSON
+    CMD --json | python benchmarks/render_results.py record NAME --command "CMD" [--append]
+
+A rendered block sits between two marker comments; the text around it is written by hand:
+
+    <!-- rendered: quality -->
+    ... (this script's output; edits here are overwritten) ...
+    <!-- /rendered -->
+
+Each block name has a renderer and the JSON file(s) under benchmarks/results/ it reads (BLOCKS
+below). A figure is changed by re-running its benchmark with ``-o benchmarks/results/NAME.json``
+and this script, never by hand; tests/test_results_doc.py fails when a block and its JSON disagree.
+
+``record`` stores a benchmark's JSON that comes on standard output (bench_scheduler.py --json,
+``kvprof demo --json``) as benchmarks/results/NAME.json, ``{"runs": [{"run": ..., "report": ...}]}``
+with the provenance benchmarks/provenance.py gives (commit, machine, date; the command as given),
+and every value of a key ending in ``path`` cut to its file name. ``--append`` adds a run to the
+file's list (bench_scheduler.py's shapes: agent, mixed, memory at 500,000 blocks).
+
+JSON shapes the renderers read (keys not named are ignored):
+
+- quality.json: bench_quality.py -o (``run``, ``policies``, ``baselines``, ``cases[].rows[]``, ``targets``).
+- windows.json: bench_windows.py -o (``run``, ``rows[]``).
+- profiler.json, sim.json, memory.json: bench_profiler.py / bench_sim.py / bench_memory.py -o.
+- fleet.json, fleet-weka.json: bench_fleet.py -o (``run``, ``cases[].rows[]``; weka at more accesses).
+- demo.json: ``record demo`` of ``kvprof demo --json``: ``runs[0].report`` a kvprof.results/1 document.
+- scheduler.json: ``record scheduler --append`` of bench_scheduler.py --json, once per shape:
+  ``runs[i].report`` is ``{"pools": {POOL: {CONFIG: row}}, "configs": {...}}`` where a row has
+  ``median_step_us``, ``p99_step_us``, ``median_x_native``, ``p99_x_native``, ``added_us_per_block``,
+  ``max_kvprof_call_us`` (absent with --no-call-pass), ``plugin_built_bytes_per_block`` and
+  ``plugin_bytes_per_block``; one table per run.
+- free_queue.json: ``{"run": facts(), "per_block": {CLASSES: {BLOCKS: {QUEUE: [cycle_ns, remove_ns]}}},
+  "per_call": {CLASSES: {QUEUE: {N: us}}}, "chain": {"blocks": K, "pool": P, "ns_per_block": {PHASE: ns}},
+  "caching": {"pool": P, "us_per_call": {"native": us, "lru": us, "wa": us}}}`` (bench_free_queue.py's
+  ``bench``, ``bench_calls``, ``bench_chain`` and ``bench_caching`` results; any part may be absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+#: The files that hold rendered blocks.
+DOCUMENTS = (REPO / "docs" / "results.md", REPO / "README.md")
+BLOCK = re.compile(r"(<!-- rendered: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /rendered -->)", re.S)
+
+#: README's table: these cases' two smallest sizes, each trace named with what it is on its first row.
+README_CASES = {"weka-agents-dev": "real agent sessions", "mooncake-synthetic": "Mooncake's published trace",
+                "bailian-a seed 0": "synthetic", "bailian-b seed 0": "synthetic"}
+
+
+class RenderError(Exception):
+    """A block that cannot be rendered: an unknown name, or its JSON missing or malformed."""
+
+
+def load(name: str) -> dict:
+    path = RESULTS / name
+    if not path.exists():
+        raise RenderError(f"benchmarks/results/{name} is missing (its block cannot be rendered)")
+    return json.loads(path.read_text())
+
+
+# --- formatting -------------------------------------------------------------------------------------
+
+def ratio(value: float | None) -> str:
+    """A hit ratio as the tables give it: .1234."""
+    if value is None:
+        return "-"
+    text = f"{value:.4f}"
+    return text[1:] if text.startswith("0.") else text
+
+
+def signed(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value * 100:+.{digits}f} %"
+
+
+def count(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def machine(run: dict) -> str:
+    m = run["machine"]
+    memory = f", {m['memory_gib']:g} GiB" if m.get("memory_gib") else ""
+    return f"{m['cores']} cores ({m['processor']}){memory}, {m['gpu']}, Python {m['python']}"
+
+
+def provenance(run: dict | None, command: str | None = None) -> str:
+    """One line: when, at which commit, on what machine, by which command."""
+    if not run:
+        raise RenderError("the JSON has no `run` (benchmarks/provenance.py facts): re-run the benchmark")
+    commit = f"commit {run['commit']}" if run.get("commit") else "an unknown commit"
+    if run.get("uncommitted"):
+        commit += " with uncommitted changes to " + ", ".join(f"`{p}`" for p in run["uncommitted"])
+    load_average = run.get("load_average_at_start")
+    load_text = f", load average {load_average:g} at the start" if load_average is not None else ""
+    return (f"Measured {run['date']} at {commit}, on {machine(run)}{load_text}. "
+            f"Command: `{command or run['command']}`.")
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+# --- quality (bench_quality.py) ----------------------------------------------------------------------
+
+def quality_rows(document: dict):
+    for case in document["cases"]:
+        for row in case["rows"]:
+            yield case, row
+
+
+def render_quality(document: dict) -> list[str]:
+    policies = document["policies"]
+    rows = []
+    for case, row in quality_rows(document):
+        hits = row["token_hit_ratio"]
+        cells = [f"**{ratio(hits[p])}**" if p == row["best_baseline"] else ratio(hits[p]) for p in policies]
+        rows.append([case["trace"], count(row["capacity"]), *cells, signed(row["wa_gain_over_best"]),
+                     signed(row["wa_gap_closed"])])
+    lines = [provenance(document.get("run")), "",
+             *table(["trace", "GPU blocks", *policies, "wa vs best baseline", "wa's share of the gap to Belady"], rows),
+             "", "Targets:", ""]
+    lines += [f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['measured']}" for t in document["targets"]]
+    return lines
+
+
+def quality_summary(document: dict) -> str:
+    gains = [row["wa_gain_over_best"] for _, row in quality_rows(document) if row["wa_gain_over_best"] is not None]
+    closed = [row["wa_gap_closed"] for case, row in quality_rows(document)
+              if row["wa_gap_closed"] is not None and not case["trace"].startswith("bailian")]
+    worst = min(quality_rows(document), key=lambda item: item[1]["wa_gain_over_best"])
+    return (f"Over the suite's {len(gains)} points `wa` is {signed(sum(gains) / len(gains))} against the best baseline "
+            f"on average, {signed(max(gains))} at best and {signed(min(gains))} at worst ({worst[0]['trace']}, "
+            f"{count(worst[1]['capacity'])} blocks); on the real traces it closes at most "
+            f"{max(closed) * 100:.0f} % of the gap to Belady.")
+
+
+def render_readme_quality(document: dict) -> list[str]:
+    baselines = document["baselines"]
+    listed = ", ".join(f"`{b}`" for b in baselines[:-1]) + f" and `{baselines[-1]}`"
+    rows = []
+    for case in document["cases"]:
+        if case["trace"] not in README_CASES:
+            continue
+        for i, row in enumerate(case["rows"][:2]):
+            hits, best = row["token_hit_ratio"], row["best_baseline"]
+            name = f"{case['trace']} ({README_CASES[case['trace']]})" if i == 0 else case["trace"]
+            rows.append([name, count(row["capacity"]), ratio(hits["lru"]), f"{ratio(hits[best])} ({best})",
+                         ratio(hits["wa"]), ratio(hits["belady"])])
+    run = document["run"]
+    return [f"Token hit ratio at each trace's two smallest cache sizes (fit on the fit window, replayed on the "
+            f"evaluation window; the best baseline is the best of {listed}), measured {run['date']} at commit "
+            f"{run['commit']}:", "",
+            *table(["trace", "GPU blocks", "lru", "best baseline", "wa", "belady"], rows), "",
+            quality_summary(document)]
+
+
+# --- other splits of the real traces (bench_windows.py) --------------------------------------------------
+
+def render_windows(document: dict) -> list[str]:
+    rows = [[r["trace"], f"{r['fit'][0]:g}-{r['fit'][1]:g}", count(r["capacity"]),
+             f"{ratio(r['best'])} ({r['best_baseline']})", ratio(r["wa"]), ratio(r["belady"]),
+             signed(r["wa_gain_over_best"]), signed(r["wa_gap_closed"], 0)] for r in document["rows"]]
+    gains = [r["wa_gain_over_best"] for r in document["rows"]]
+    return [provenance(document.get("run")), "",
+            *table(["trace", "fit window (s)", "GPU blocks", "best baseline", "wa", "belady", "wa vs best baseline",
+                    "wa's share of the gap to Belady"], rows), "",
+            f"Over these {len(gains)} points `wa` is {signed(sum(gains) / len(gains))} against the best baseline on "
+            f"average, {signed(min(gains))} at worst."]
+
+
+# --- the demo (kvprof demo --json, recorded) ------------------------------------------------------------
+
+def render_demo(document: dict) -> list[str]:
+    record = document["runs"][-1]
+    report = record["report"]
+    hits = {(r["policy"], r["capacity"]): r for r in report["runs"]}
+    policies, capacities = report["config"]["policies"], report["config"]["capacities"]
+    rows = []
+    for capacity in capacities:
+        lru, wa, belady = (hits[p, capacity]["token_hit_ratio"] for p in ("lru", "wa", "belady"))
+        gap = belady - lru
+        rows.append([count(capacity), *(ratio(hits[p, capacity]["token_hit_ratio"]) for p in policies),
+                     signed((wa - lru) / lru), "-" if gap <= 0 else f"{(wa - lru) / gap * 100:.1f} %",
+                     f"{hits['lru', capacity]['qttft_p99_s']:.1f} / {hits['wa', capacity]['qttft_p99_s']:.1f}"])
+    return [provenance(record["run"]), "",
+            *table(["GPU blocks", *policies, "wa vs lru", "wa's share of the LRU-Belady gap",
+                    "modelled QTTFT p99, lru / wa (s)"], rows)]
+
+
+# --- profiler (bench_profiler.py) ---------------------------------------------------------------------------
+
+def render_profiler(document: dict) -> list[str]:
+    trace, steps = document["trace"], document["steps"]
+    best = document["fit_best_wall_s"]
+    rows = [["`kvprof fit` end to end (best of "
+             f"{document['repeat']})", f"{best:.2f} s wall, peak RSS {document['fit_peak_rss_mb']:,.0f} MB",
+             f"<= 5 s: {'met' if best <= 5 else '**missed**'}"],
+            ["its steps in one child (wall / CPU)", ", ".join(f"{name} {s['wall_s']:.2f} / {s['cpu_s']:.2f} s"
+                                                              for name, s in steps.items()), ""],
+            ["reading", f"{document['read_block_ids_per_s'] / 1e6:.2f} M block ids/s",
+             f">= 1 M ids/s: {'met' if document['read_block_ids_per_s'] >= 1e6 else '**missed**'}"]]
+    if document.get("tuning"):
+        t = document["tuning"]
+        added = t["with_learned_s"] - t["without_s"]
+        rows.append([f"`fit --capacity {t['capacities']}`: what the learned candidate adds to tuning",
+                     f"{added:+.2f} s ({t['without_s']:.2f} s without, {t['with_learned_s']:.2f} s with)",
+                     f"<= 2 s: {'met' if added <= 2 else '**missed**'}"])
+    return [provenance(document.get("run")), "",
+            f"Trace: {trace['hours']:g} h {trace['preset']} seed {trace['seed']}: {trace['requests']:,} requests, "
+            f"{trace['block_ids']:,} block ids ({trace['jsonl_mb']:.1f} MB of JSONL); fit window 0:3600 "
+            f"({trace['fit_block_ids']:,} block ids), held-out scores on hour two.", "",
+            *table(["step", "measured", "target"], rows)]
+
+
+# --- simulator speed (bench_sim.py) ------------------------------------------------------------------------
+
+def render_sim(document: dict) -> list[str]:
+    trace, reference = document["trace"], document.get("libcachesim_lru")
+    rows = []
+    for name, row in document["kvprof"].items():
+        target = document["targets"][name]["vs_libcachesim_at_least"]
+        if reference:
+            x = row["per_s"] / reference["per_s"]
+            versus = f"{x:.2f}x", f">= {target:g}x: {'met' if x >= target else '**missed**'}"
+        else:
+            versus = "(libCacheSim not installed)", f">= {target:g}x"
+        rows.append([f"kvprof `{name}`", f"{row['per_s'] / 1e6:.2f} M ({row['seconds']:.2f} s)",
+                     ratio(row["block_hit_ratio"]), *versus])
+    if reference:
+        rows.append(["libCacheSim LRU (C)", f"{reference['per_s'] / 1e6:.2f} M ({reference['seconds']:.2f} s)",
+                     ratio(1 - reference["miss_ratio"]), "1", ""])
+    lines = [provenance(document.get("run")), "",
+             f"{trace['hours']:g} h {trace['preset']} seed {trace['seed']}: {trace['accesses']:,} block accesses of "
+             f"{trace['engine_block']} tokens, {document['capacity']:,} blocks.", "",
+             *table(["simulator", "accesses/s", "block hit ratio", "vs libCacheSim LRU", "target"], rows)]
+    scaled = document.get("scaling") or []
+    if scaled:
+        by = {(r["hours"], r["policy"]): r for r in scaled}
+        hours = sorted({r["hours"] for r in scaled})
+        policies = sorted({r["policy"] for r in scaled})
+        grow = []
+        for h in hours:
+            grow.append([f"{h:g} h", *(f"{1e6 / by[h, p]['per_s']:.3f} us/access, peak RSS "
+                                       f"{by[h, p]['peak_mb']:,.0f} MB" if (h, p) in by else "-" for p in policies)])
+        lines += ["", "Growth with trace length (one child process per length and policy):", "",
+                  *table(["trace", *policies], grow)]
+        first, last = hours[0], hours[-1]
+        for p in policies:
+            if (first, p) in by and (last, p) in by:
+                per_access = by[first, p]["per_s"] / by[last, p]["per_s"]
+                memory = by[last, p]["peak_mb"] / by[first, p]["peak_mb"]
+                lines.append(f"- `{p}`, {last:g} h vs {first:g} h: seconds per access {per_access:.2f}x "
+                             f"(<= 1.2x: {'met' if per_access <= 1.2 else '**missed**'}), peak RSS {memory:.2f}x "
+                             f"(<= 1.5x: {'met' if memory <= 1.5 else '**missed**'})")
+    if document.get("demo"):
+        demo = document["demo"]
+        lines += ["", f"`kvprof demo`'s work: {demo['total_s']:.1f} s in all (generate and read "
+                      f"{demo['generate_and_read_s']:.1f} s, fit {demo['fit_s']:.1f} s, sweep {demo['sweep_s']:.1f} s)."]
+    return lines
+
+
+# --- memory against trace length (bench_memory.py) -----------------------------------------------------------
+
+def render_memory(document: dict) -> list[str]:
+    hours = document["hours"]
+    first, last = hours[0], hours[-1]
+    rows_by = {(r["policy"], r["hours"]): r for r in document["rows"] if "code" not in r}
+    policies = list(dict.fromkeys(r["policy"] for r in document["rows"] if "code" not in r))
+    rows = []
+    for policy in policies:
+        a, b = rows_by.get((policy, first)), rows_by.get((policy, last))
+        if not (a and b):
+            continue
+        whole = b["peak_mb"] / a["peak_mb"]
+        rows.append([f"`{policy}`", f"{a['peak_mb']:,.0f} -> {b['peak_mb']:,.0f} MB",
+                     f"{whole:.2f}x ({'met' if whole <= document['target_whole_peak_ratio'] else '**missed**'})",
+                     f"{a['trace_mb']:,.1f} -> {b['trace_mb']:,.1f} MB",
+                     f"{a['replay_mb']:,.1f} -> {b['replay_mb']:,.1f} MB", f"{b['seconds']:.1f} s",
+                     f"{ratio(a['hit_ratio'])} / {ratio(b['hit_ratio'])}"])
+    return [provenance(document.get("run")), "",
+            f"bailian-a seed 0, {first:g} h and {last:g} h, {document['capacity']:,} blocks of 16 tokens; target: "
+            f"the whole peak at {last:g} h within {document['target_whole_peak_ratio']:g}x of {first:g} h's.", "",
+            *table(["policy", "whole peak", f"{last:g} h / {first:g} h", "the trace's own arrays",
+                    "the replay's own rise", f"replay at {last:g} h", "block hit ratio"], rows)]
+
+
+# --- fleets (bench_fleet.py) -----------------------------------------------------------------------------
+
+def _fleet_ratio(rows, router, n, policy, hp="fleet"):
+    for row in rows:
+        if row["router"] in (router, "single") and row["replicas"] == n and row["policy"] == policy and row["hp"] == hp:
+            return row
+    return None
+
+
+def render_fleet(document: dict) -> list[str]:
+    lines = [provenance(document.get("run"))]
+    for case in document["cases"]:
+        rows = case["rows"]
+        policies = list(dict.fromkeys(r["policy"] for r in rows))
+        routers = list(dict.fromkeys(r["router"] for r in rows if r["router"] != "single"))
+        replicas = sorted({r["replicas"] for r in rows})
+        body = []
+        for n in replicas:
+            for router in (["single"] if n == 1 else routers):
+                found = {p: _fleet_ratio(rows, router, n, p) for p in policies}
+                if not all(found.values()):
+                    continue
+                any_row = next(iter(found.values()))
+                lru = found.get("lru")
+                gain = (signed((found["wa"]["fleet_token_hit_ratio"] - lru["fleet_token_hit_ratio"])
+                               / lru["fleet_token_hit_ratio"]) if "wa" in found and lru else "-")
+                body.append([router, str(n), count(any_row["capacity"]),
+                             *(ratio(found[p]["fleet_token_hit_ratio"]) for p in policies),
+                             ratio((lru or any_row)["belady_token_hit_ratio"]), gain,
+                             f"{lru['load_imbalance']:.2f}" if lru else "-"])
+        per_replica = []
+        for row in rows:
+            if row["hp"] != "fleet" and row["policy"] == "wa":
+                fleet = _fleet_ratio(rows, row["router"], row["replicas"], "wa")
+                if fleet:
+                    per_replica.append([row["router"], str(row["replicas"]), ratio(fleet["fleet_token_hit_ratio"]),
+                                        ratio(row["fleet_token_hit_ratio"]),
+                                        signed(row["fleet_token_hit_ratio"] / fleet["fleet_token_hit_ratio"] - 1)])
+        lines += ["", f"**{case['trace']}**: {case['total_blocks']:,} blocks in all ({case['engine_block']}-token), "
+                      f"{case['n_requests']:,} requests of the evaluation window.", "",
+                  *table(["router", "replicas", "blocks each", *policies, "belady per replica, pooled (behind lru's routing)", "wa vs lru",
+                          "imbalance (lru)"], body)]
+        if per_replica:
+            lines += ["", *table(["router", "replicas", "wa, one hp file", "wa, one hp file per replica",
+                                  "per replica vs one"], per_replica)]
+    return lines
+
+
+# --- the scheduler (bench_scheduler.py --json, recorded) ----------------------------------------------------
+
+def render_scheduler(document: dict) -> list[str]:
+    lines = []
+    for record in document["runs"]:
+        lines += ([""] if lines else []) + [provenance(record["run"]), ""]
+        for pool, configs in record["report"]["pools"].items():
+            native = configs.get("native", {})
+            rows = []
+            for name, row in configs.items():
+                if name == "native":
+                    rows.append([name, f"{row['median_step_us']:,.0f}", "1.00", f"{row['p99_step_us']:,.0f}", "1.00",
+                                 "-", "-", "-"])
+                    continue
+                call = row.get("max_kvprof_call_us")
+                rows.append([name, f"{row['median_step_us']:,.0f}", f"{row.get('median_x_native', 0):.2f}",
+                             f"{row['p99_step_us']:,.0f}", f"{row.get('p99_x_native', 0):.2f}",
+                             "-" if call is None else f"{call:,.0f}",
+                             f"{row.get('added_us_per_block', 0):.2f}",
+                             f"{row.get('plugin_built_bytes_per_block', 0):.1f} / "
+                             f"{row.get('plugin_bytes_per_block', 0):.1f}"])
+            lines += [f"Pool of {int(pool):,} blocks" + (f" (native median {native['median_step_us']:,.0f} us)"
+                                                           if native else "") + ":", "",
+                      *table(["config", "median step (us)", "x native", "p99 step (us)", "x native",
+                              "longest kvprof call (us)", "added us per block", "plugin B/block, built / after traffic"],
+                             rows)]
+    return lines
+
+
+# --- the free queue (bench_free_queue.py's results) ------------------------------------------------------------
+
+def render_free_queue(document: dict) -> list[str]:
+    lines = [provenance(document.get("run"))]
+    for classes, sizes in (document.get("per_block") or {}).items():
+        rows = []
+        queues = list(dict.fromkeys(q for by in sizes.values() for q in by))
+        for blocks, by in sizes.items():
+            native_cycle, native_remove = by["native"]
+            rows.append([f"{int(blocks):,}", *(f"{by[q][0]:.0f} / {by[q][1]:.0f}"
+                                               + ("" if q == "native" else
+                                                  f" ({by[q][0] / native_cycle:.1f}x / {by[q][1] / native_remove:.1f}x)")
+                                               for q in queues)])
+        lines += ["", f"ns per block, popleft_n + append_n / remove on hit, {classes} classes:", "",
+                  *table(["blocks", *queues], rows)]
+    for classes, queues in (document.get("per_call") or {}).items():
+        calls = list(next(iter(queues.values())))
+        native = queues.get("native", {})
+        rows = [[q, *(f"{by[n]:.1f}" + (f" ({by[n] / native[n]:.1f}x)" if q != "native" and native else "")
+                      for n in calls)] for q, by in queues.items()]
+        lines += ["", f"us per call (popleft_n(n) + append_n), {classes} classes:", "",
+                  *table(["queue", *(f"n = {n}" for n in calls)], rows)]
+    if document.get("chain"):
+        chain = document["chain"]
+        lines += ["", f"`wa`'s twin on a chain of {chain['blocks']:,} blocks in a pool of {chain['pool']:,}, ns per "
+                      "block: " + ", ".join(f"{phase} {ns:.1f}" for phase, ns in chain["ns_per_block"].items()) + "."]
+    if document.get("caching"):
+        caching = document["caching"]["us_per_call"]
+        lines += ["", "`cache_full_blocks` of one block (a decode step), median us per call: " + ", ".join(
+            f"{kind} {us:.2f}" + ("" if kind == "native" else f" (adds {us - caching['native']:.2f})")
+            for kind, us in caching.items()) + "."]
+    return lines
+
+
+#: block name -> (the JSON file under benchmarks/results/, its renderer)
+BLOCKS = {
+    "quality": ("quality.json", render_quality),
+    "readme-quality": ("quality.json", render_readme_quality),
+    "windows": ("windows.json", render_windows),
+    "demo": ("demo.json", render_demo),
+    "profiler": ("profiler.json", render_profiler),
+    "sim": ("sim.json", render_sim),
+    "memory": ("memory.json", render_memory),
+    "fleet": ("fleet.json", render_fleet),
+    "fleet-weka": ("fleet-weka.json", render_fleet),
+    "scheduler": ("scheduler.json", render_scheduler),
+    "free-queue": ("free_queue.json", render_free_queue),
+}
+
+
+def wrapped(lines: list[str], width: int = 110) -> list[str]:
+    """Prose lines folded at ``width`` (a list item's continuation indented); tables, blank lines and
+    commands in backquotes are never broken."""
+    out = []
+    for line in lines:
+        if line.startswith("|") or len(line) <= width:
+            out.append(line)
+            continue
+        indent = "  " if line.startswith("- ") else ""
+        out += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    return out
+
+
+def render_block(name: str) -> str:
+    if name not in BLOCKS:
+        raise RenderError(f"no renderer for the block {name!r} (known: {', '.join(BLOCKS)})")
+    source, renderer = BLOCKS[name]
+    try:
+        lines = wrapped(renderer(load(source)))
+    except (KeyError, TypeError, IndexError, ValueError, ZeroDivisionError) as exc:
+        raise RenderError(f"benchmarks/results/{source} does not have the shape the {name!r} block reads: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    return "\n".join(lines) + "\n"
+
+
+def render_text(text: str) -> str:
+    """``text`` with every rendered block replaced by its renderer's output."""
+    return BLOCK.sub(lambda m: m.group(1) + render_block(m.group("name")) + m.group(4), text)
+
+
+def blocks_in(text: str) -> list[str]:
+    return [m.group("name") for m in BLOCK.finditer(text)]
+
+
+def check(documents=DOCUMENTS) -> list[str]:
+    """A unified diff per document whose rendered blocks differ from their JSON (empty: all agree)."""
+    diffs = []
+    for path in documents:
+        text = path.read_text()
+        rendered = render_text(text)
+        if rendered != text:
+            name = str(path.relative_to(REPO))
+            diffs.append("".join(difflib.unified_diff(text.splitlines(True), rendered.splitlines(True),
+                                                      f"{name} (as committed)", f"{name} (rendered from JSON)")))
+    return diffs
+
+
+def _no_paths(value):
+    """``value`` with every string under a key ending in ``path`` cut to its last component."""
+    if isinstance(value, dict):
+        return {k: (Path(v).name if isinstance(v, str) and k.endswith("path") else _no_paths(v))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_paths(v) for v in value]
+    return value
+
+
+def record(name: str, command: str, append: bool, stream=sys.stdin) -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from provenance import facts
+
+    report = _no_paths(json.loads(stream.read()))
+    run = facts([sys.argv[0]])
+    run["command"] = command
+    path = RESULTS / f"{name}.json"
+    runs = json.loads(path.read_text())["runs"] if append and path.exists() else []
+    runs.append({"run": run, "report": report})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    return path
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["record"]:
+        parser = argparse.ArgumentParser(prog="render_results.py record", description="store a benchmark's JSON "
+                                         "from standard input with its provenance")
+        parser.add_argument("name", help="benchmarks/results/NAME.json")
+        parser.add_argument("--command", required=True, help="the command that printed the JSON, as run from the "
+                                                             "repository root (no machine paths)")
+        parser.add_argument("--append", action="store_true", help="add a run to the file's list instead of replacing it")
+        args = parser.parse_args(argv[1:])
+        print(f"wrote {record(args.name, args.command, args.append)}", file=sys.stderr)
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a block differs from its JSON")
+    args = parser.parse_args(argv)
+    try:
+        if args.check:
+            diffs = check()
+            sys.stdout.write("".join(diffs))
+            if diffs:
+                print("rendered blocks differ from benchmarks/results/: run python benchmarks/render_results.py",
+                      file=sys.stderr)
+            return 1 if diffs else 0
+        for path in DOCUMENTS:
+            text = path.read_text()
+            rendered = render_text(text)
+            if rendered != text:
+                path.write_text(rendered)
+                print(f"rendered {', '.join(blocks_in(text))} in {path.relative_to(REPO)}", file=sys.stderr)
+    except RenderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
