@@ -1,11 +1,13 @@
 """Every eviction policy kvprof knows, registered once: its name, reference class, compiled twin, doc line.
 
-A policy is three files and one line here: its reference class (``kvprof/policy/<module>.py``),
+A policy is three files, this one included: its reference class (``kvprof/policy/<module>.py``),
 its compiled twin (``kvprof/core/kinds/<twin>.py``) and a :class:`Registration` in
 :data:`REGISTERED` (docs/adding-a-policy.md walks through it). Everything else is derived from
-this table: the command-line names (:data:`kvprof.policy.POLICIES`, every CLI's choices), the
-policies a vLLM server can run and the plugin's help text, the twin tables and kind numbers of
-:mod:`kvprof.core`, and ``wa``'s followed candidates (:data:`kvprof.models.hp.CANDIDATES`).
+this table: the command-line names and the classes :mod:`kvprof.policy` exports
+(:data:`kvprof.policy.POLICIES`, every CLI's choices), the policies a vLLM server can run and the
+plugin's help text, the twin tables and kind numbers of :mod:`kvprof.core` and its compiled
+dispatch (``kvprof/core/dispatch.py``, generated), and ``wa``'s followed candidates
+(:data:`kvprof.models.hp.CANDIDATES`).
 
 The table is plain data (no imports) so that every layer may read it, :mod:`kvprof.models`
 included; :func:`kvprof.policy.reference_class` imports a registration's class.

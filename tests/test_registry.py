@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,10 @@ from kvprof.policy import POLICIES, REGISTERED, live_policies, reference_class
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = [r.name for r in registry.REGISTERED]
-#: The compiled protocol: every kind must be dispatched in each of these (``kvprof/core/policies.py``).
-DISPATCHED = ("core_free", "core_evict_n", "_reserve_own")
+#: The compiled protocol: every kind is dispatched in each of these (``kvprof/core/dispatch.py``).
+DISPATCHED = ("free_kind_n", "evict_kind_n")
+#: The modules written out by a generator (each test of it keeps it equal to what generates it).
+GENERATED = ("kvprof/core/copiers.py", "kvprof/core/dispatch.py")
 
 
 def registration(name: str) -> registry.Registration:
@@ -48,14 +51,34 @@ def test_a_registered_policy_has_a_compiled_twin(name):
     kind = importlib.import_module(f"kvprof.core.kinds.{r.twin}")
     missing = [attr for attr in ("FIELDS", "lists") if not hasattr(kind, attr)]
     assert not missing, f"kvprof/core/kinds/{r.twin}.py lacks {', '.join(missing)} (docs/adding-a-policy.md, step 2)"
-    from kvprof.core import policies
+    from kvprof.core import dispatch
 
     for operation in DISPATCHED:
-        source = inspect.getsource(getattr(policies, operation).py_func)
-        calls_it = f"{r.twin}." in source or (operation == "_reserve_own" and not hasattr(kind, "reserve"))
-        assert calls_it, (f"kvprof/core/policies.py's {operation} does not dispatch kind {r.twin!r} (policy {name!r}): "
-                          f"add its `elif kind == {r.twin.upper()}:` line (docs/adding-a-policy.md, step 3)")
+        source = inspect.getsource(getattr(dispatch, operation).py_func)
+        assert f"{r.twin}." in source, (f"kvprof/core/dispatch.py's {operation} does not dispatch kind {r.twin!r} "
+                                        f"(policy {name!r}): run `python -m kvprof.core.dispatch`")
     assert REGISTERED[name] in TWIN_CLASSES
+
+
+def test_the_dispatch_module_is_what_the_registry_and_the_kinds_generate():
+    """kvprof.core.dispatch is written out so numba can cache it: a kind registered, or an operation
+    added to one, without writing it again would go undispatched (``python -m kvprof.core.dispatch``)."""
+    from kvprof.core import dispatch
+    from kvprof.core.kinds import dispatch_source
+
+    assert Path(dispatch.__file__).read_text() == dispatch_source(), \
+        "kvprof/core/dispatch.py is stale: run `python -m kvprof.core.dispatch` and commit it"
+
+
+def test_a_policy_is_named_by_its_class_its_twin_and_its_registration_alone():
+    """Adding a policy is three files (docs/adding-a-policy.md): SIEVE, added by following it, is named
+    nowhere else in the package save the generated modules."""
+    naming = sorted(str(path.relative_to(REPO)) for path in (REPO / "kvprof").rglob("*.py")
+                    if re.search(r"\bsieve", path.read_text(), re.IGNORECASE))
+    assert [path for path in naming if path not in GENERATED] == [
+        "kvprof/core/kinds/sieve.py", "kvprof/policy/sieve.py", "kvprof/registry.py"], (
+        "a policy must be named only by its reference class, its twin and its registration: "
+        "derive the rest from kvprof/registry.py")
 
 
 @pytest.mark.parametrize("name", NAMES)

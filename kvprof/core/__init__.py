@@ -8,9 +8,10 @@ keeps its state in numpy arrays inside numba structrefs and makes the same decis
 
 Layout: :mod:`~kvprof.core.structs` (linked lists, heap), :mod:`~kvprof.core.kinds` (one module
 per twin: its state and rules), :mod:`~kvprof.core.policies` (the core struct of every kind and
-the dispatch of its operations), :mod:`~kvprof.core.wa` (``wa``'s followed cores, shadows
-and leader around a core), :mod:`~kvprof.core.build` (twins from reference instances),
-:mod:`~kvprof.core.tiers` (GPU and CPU tiers), :mod:`~kvprof.core.engine` (the replay loop).
+its protocol), :mod:`~kvprof.core.dispatch` (each operation by kind, generated from the registry),
+:mod:`~kvprof.core.wa` (``wa``'s followed cores, shadows and leader around a core),
+:mod:`~kvprof.core.build` (twins from reference instances), :mod:`~kvprof.core.tiers` (GPU and
+CPU tiers), :mod:`~kvprof.core.engine` (the replay loop).
 
 Compiled code is cached on disk beside these modules (numba's ``cache=True``): the first use
 after installing compiles it once (about a minute on two cores), later processes load it.

@@ -4,8 +4,9 @@ A ``Core`` holds one policy's state in arrays (per block, per content, per list)
 functions below run its protocol (``core_access``, ``core_free``, ``core_remove``,
 ``core_evict_n``) with the reference classes' rules, decision for decision. Each kind's state
 and rules live in its module of :mod:`kvprof.core.kinds` (one per twin of
-:data:`kvprof.registry.REGISTERED`); here are the fields every kind shares and the dispatch,
-one ``if kind ==`` line per kind and operation (numba compiles calls, it looks nothing up).
+:data:`kvprof.registry.REGISTERED`); here are the fields every kind shares and the protocol's
+frame (tables grown, ``size`` kept), around :mod:`kvprof.core.dispatch`, which calls each kind's
+operations and is generated from the registry (numba compiles calls, it looks nothing up).
 
 One struct for every kind, rather than a struct per kind: ``wa``'s composite keeps followed
 cores of different kinds in one typed list and its shadows' pools are typed by the core
@@ -16,7 +17,7 @@ grows only the per-block tables of its own kind.
 Invariant of every kind: ``size`` counts the evictable blocks, exactly those the driver freed
 and neither removed nor evicted since. Per-block tables grow on demand (``reserve_blocks``) and
 cover blocks ``0 .. n_blocks - 1``, save the common ones a kind never reads, which stay empty
-(:func:`uses_content` and its siblings: ``lru``'s core is its queue's links alone); contents are
+(its ``COMMON`` says which it reads: ``lru``'s core is its queue's links alone); contents are
 dense ids >= 0, -1 for none. Ids, depths and rows are int32 per block (below
 :data:`~kvprof.core.structs.MAX_ID`); times stay float64, since they are compared.
 """
@@ -28,18 +29,17 @@ from numba import njit, types
 from numba.experimental import structref
 
 from kvprof.core import structs
-from kvprof.core.kinds import (
-    KIND, NAMES, arc, belady, classed, first_turn, learned, lfu, long_output, lru, module, s3fifo, sieve,
+from kvprof.core.dispatch import (
+    ARC, CLASSED, S3FIFO, access_kind, access_kind_n, bounds_ghosts, contains_kind, evict_kind_n, finish_kind,
+    free_kind_n, init_kinds, remove_kind, removes_alone, reserve_kind, uses_content, uses_depth, uses_queue, uses_row,
+    uses_stamp,
 )
+from kvprof.core.kinds import NAMES, module
 from kvprof.core.kinds.classed import (  # noqa: F401 (wa's composite and the builders read them here)
     ORDER_FREQUENCY, ORDER_MODEL, ORDER_PAPER, ORDER_RECENCY, ORDER_SEGMENTED, remember,
 )
 from kvprof.core.prefix_cache import register_pool_protocol
-from kvprof.core.structs import NONE, grown, holds, unlink, unlink_held_n
-
-LRU, LFU, S3FIFO, ARC, BELADY, CLASSED, LEARNED, SIEVE, LONG_OUTPUT, FIRST_TURN = (
-    KIND[name] for name in ("lru", "lfu", "s3fifo", "arc", "belady", "classed", "learned", "sieve", "long_output",
-                            "first_turn"))
+from kvprof.core.structs import NONE, grown, unlink_held_n
 
 
 class CoreType(structs.StructType):
@@ -85,63 +85,9 @@ def new_core(kind, n_blocks, n_lists, n_ghost_lists):
     core.default_row = n_lists - 1
     core.row = np.zeros(n_blocks if uses_row(kind) else 0, np.int32)
     core.most_evictable = 0
-    lfu.init(core)
-    s3fifo.init(core)
-    arc.init(core)
-    belady.init(core)
-    classed.init(core)
-    learned.init(core)
-    sieve.init(core)
-    long_output.init(core)
-    first_turn.init(core)
-    _reserve_own(core, n_blocks)
+    init_kinds(core)
+    reserve_kind(core, n_blocks)
     return core
-
-
-# -- which kinds read the common per-block tables (the others keep them empty) ------------------
-@njit(cache=True, inline="always")
-def uses_queue(kind):
-    return kind != BELADY  # Belady's heap says which blocks are evictable
-
-
-@njit(cache=True, inline="always")
-def uses_content(kind):
-    return kind == S3FIFO or kind == ARC or kind == CLASSED or kind == FIRST_TURN  # the kinds with ghosts
-
-
-@njit(cache=True, inline="always")
-def uses_stamp(kind):
-    return kind == CLASSED or kind == LEARNED
-
-
-@njit(cache=True, inline="always")
-def uses_depth(kind):
-    return kind == BELADY or kind == CLASSED or kind == LEARNED or kind == FIRST_TURN
-
-
-@njit(cache=True, inline="always")
-def uses_row(kind):
-    return kind == CLASSED or kind == LEARNED
-
-
-@njit(cache=True)
-def _reserve_own(core, n):
-    """Grow the per-block tables of the core's own kind to cover blocks ``0 .. n - 1``."""
-    kind = core.kind
-    if kind == LFU:
-        lfu.reserve(core, n)
-    elif kind == S3FIFO:
-        s3fifo.reserve(core, n)
-    elif kind == ARC:
-        arc.reserve(core, n)
-    elif kind == BELADY:
-        belady.reserve(core, n)
-    elif kind == CLASSED:
-        classed.reserve(core, n)
-    elif kind == LEARNED:
-        learned.reserve(core, n)
-    elif kind == SIEVE:
-        sieve.reserve(core, n)
 
 
 @njit(cache=True)
@@ -163,7 +109,7 @@ def reserve_blocks(core, n):
         core.depth = grown(core.depth, n, 0)
     if uses_row(kind):
         core.row = grown(core.row, n, core.default_row)
-    _reserve_own(core, n)  # a kind's tables cover at least the common ones
+    reserve_kind(core, n)  # a kind's tables cover at least the common ones
 
 
 @njit(cache=True)
@@ -183,22 +129,7 @@ def core_access(core, block, now, workload, depth, hit, next_use, content):
     kind = core.kind
     if content >= 0 and uses_content(kind):  # the kinds with ghosts keep contents
         reserve_contents(core, content + 1)
-    if kind == LFU:
-        lfu.access(core, block, hit)
-    elif kind == S3FIFO:
-        s3fifo.access(core, block, hit, content)
-    elif kind == ARC:
-        arc.access(core, block, hit, content)
-    elif kind == BELADY:
-        belady.access(core, block, depth, next_use)
-    elif kind == CLASSED:
-        classed.access(core, block, now, workload, depth, hit, content)
-    elif kind == LEARNED:
-        learned.access(core, block, workload, depth, hit)
-    elif kind == SIEVE:
-        sieve.access(core, block, hit)
-    elif kind == FIRST_TURN:
-        first_turn.access(core, block, depth, content)
+    access_kind(core, block, now, workload, depth, hit, next_use, content)
 
 
 @njit(cache=True)
@@ -215,15 +146,7 @@ def core_access_n(core, blocks, depths, contents, next_uses, n, now, workload, h
         if keeps_contents and contents[i] >= n_contents:
             reserve_contents(core, contents[i] + 1)
             n_contents = len(core.g.where)
-    if kind == CLASSED:
-        classed.access_n(core, blocks, depths, contents, n, now, workload, hit)
-    elif kind == S3FIFO:
-        s3fifo.access_n(core, blocks, contents, n, hit)
-    elif kind == FIRST_TURN:
-        first_turn.access_n(core, blocks, depths, contents, n)
-    elif kind != LRU:  # (LRU's access changes nothing)
-        for i in range(n):
-            core_access(core, blocks[i], now, workload, depths[i], hit, next_uses[i], contents[i])
+    access_kind_n(core, blocks, depths, contents, next_uses, n, now, workload, hit)
 
 
 @njit(cache=True)
@@ -232,32 +155,9 @@ def core_free(core, blocks, n, now):
     for i in range(n):
         if blocks[i] >= core.n_blocks:
             reserve_blocks(core, blocks[i] + 1)
-    kind = core.kind
     core.size += n
-    if kind == LEARNED:  # blocks freed together are binned together (their deepest)
-        learned.free(core, blocks, n, now)
-    elif kind == CLASSED:
-        classed.free_n(core, blocks, n, now)
-    elif kind == S3FIFO:
-        s3fifo.free_n(core, blocks, n)
-    elif kind == LRU:
-        lru.free_n(core, blocks, n)
-    elif kind == LONG_OUTPUT:
-        long_output.free_n(core, blocks, n)
-    elif kind == FIRST_TURN:
-        first_turn.free_n(core, blocks, n)
-    else:
-        for i in range(n):
-            block = blocks[i]
-            if kind == LFU:
-                lfu.free(core, block)
-            elif kind == ARC:
-                arc.free(core, block)
-            elif kind == BELADY:
-                belady.free(core, block)
-            elif kind == SIEVE:
-                sieve.free(core, block)
-    if kind == S3FIFO or kind == ARC:
+    free_kind_n(core, blocks, n, now)
+    if bounds_ghosts(core.kind):
         core.most_evictable = max(core.most_evictable, core.size)
 
 
@@ -265,27 +165,18 @@ def core_free(core, blocks, n, now):
 def core_finish(core, n_output):
     """``EvictionPolicy.finish`` as a core hears it: how many tokens the request whose free comes next
     generated (-1: unknown); only ``long-output`` listens."""
-    if core.kind == LONG_OUTPUT:
-        long_output.finish(core, n_output)
+    finish_kind(core, n_output)
 
 
 @njit(cache=True)
 def core_contains(core, block):
-    if core.kind == BELADY:
-        return belady.contains(core, block)
-    return holds(core.q, block)
+    return contains_kind(core, block)
 
 
 @njit(cache=True)
 def core_remove(core, block):
     """``EvictionPolicy.remove`` of an evictable block."""
-    kind = core.kind
-    if kind == BELADY:
-        belady.remove(core, block)
-    elif kind == SIEVE:
-        sieve.remove(core, block)
-    else:
-        unlink(core.q, block)
+    remove_kind(core, block)
     core.size -= 1
 
 
@@ -293,8 +184,7 @@ def core_remove(core, block):
 def core_remove_held_n(core, blocks, n):
     """``core_remove`` of ``blocks[:n]`` in order, stopping at the first that is not evictable: how
     many were removed."""
-    kind = core.kind
-    if kind == BELADY or kind == SIEVE:
+    if removes_alone(core.kind):
         for i in range(n):
             if not core_contains(core, blocks[i]):
                 return i
@@ -308,32 +198,7 @@ def core_remove_held_n(core, blocks, n):
 @njit(cache=True)
 def core_evict_n(core, n, now, out, at):
     """Evict ``n`` blocks into ``out[at:at + n]``, first victim first (``evict_n``)."""
-    kind = core.kind
-    if kind == CLASSED:  # the rows are merged: one pass for all n
-        classed.evict_n(core, n, now, out, at)
-        return
-    if kind == S3FIFO:
-        s3fifo.evict_n(core, n, out, at)
-        core.size -= n
-        return
-    for i in range(at, at + n):
-        if kind == LRU:
-            out[i] = lru.evict(core)
-        elif kind == LFU:
-            out[i] = lfu.evict(core)
-        elif kind == ARC:
-            out[i] = arc.evict(core)
-        elif kind == LEARNED:
-            out[i] = learned.evict(core)
-        elif kind == BELADY:
-            out[i] = belady.evict(core)
-        elif kind == SIEVE:
-            out[i] = sieve.evict(core)
-        elif kind == LONG_OUTPUT:
-            out[i] = long_output.evict(core)
-        elif kind == FIRST_TURN:
-            out[i] = first_turn.evict(core)
-        core.size -= 1
+    evict_kind_n(core, n, now, out, at)
 
 
 @njit(cache=True)

@@ -2,7 +2,8 @@
 
 ``POLICIES`` maps each command-line name to its class, in the order of :data:`kvprof.registry.REGISTERED`
 (where a policy is registered); :func:`make_policy` builds one by name; :func:`live_policies` are
-those a server can run.
+those a server can run. Every registered class is also exported here under its own name
+(``from kvprof.policy import LRUPolicy``), read from the registry, so no policy is named here.
 """
 
 from __future__ import annotations
@@ -10,16 +11,7 @@ from __future__ import annotations
 import importlib
 
 from kvprof import registry
-from kvprof.policy.arc import ARCPolicy
 from kvprof.policy.base import EvictionPolicy
-from kvprof.policy.belady import BeladyPolicy
-from kvprof.policy.first_turn import FirstTurnLRU
-from kvprof.policy.lfu import LFUPolicy
-from kvprof.policy.lru import LRUPolicy
-from kvprof.policy.s3fifo import S3FIFOPolicy
-from kvprof.policy.sieve import SIEVEPolicy
-from kvprof.policy.wa import WorkloadAwarePolicy
-from kvprof.policy.wa_paper import PublishedWorkloadAwarePolicy
 
 
 def reference_class(registration: registry.Registration) -> type[EvictionPolicy]:
@@ -31,6 +23,7 @@ def reference_class(registration: registry.Registration) -> type[EvictionPolicy]
 #: Every registered class by its name, those built only by another policy (``learned``) included.
 REGISTERED: dict[str, type[EvictionPolicy]] = {r.name: reference_class(r) for r in registry.REGISTERED}
 POLICIES: dict[str, type[EvictionPolicy]] = {r.name: REGISTERED[r.name] for r in registry.by_name()}
+globals().update({cls.__name__: cls for cls in REGISTERED.values()})
 
 
 def live_policies() -> list[str]:
@@ -73,17 +66,9 @@ def make_policy(name: str, hp=None, capacity: int | None = None, **kwargs) -> Ev
 __all__ = [
     "POLICIES",
     "REGISTERED",
-    "ARCPolicy",
-    "BeladyPolicy",
     "EvictionPolicy",
-    "FirstTurnLRU",
-    "LFUPolicy",
-    "LRUPolicy",
-    "PublishedWorkloadAwarePolicy",
-    "S3FIFOPolicy",
-    "SIEVEPolicy",
-    "WorkloadAwarePolicy",
     "live_policies",
     "make_policy",
     "reference_class",
+    *sorted({cls.__name__ for cls in REGISTERED.values()}),
 ]

@@ -12,6 +12,7 @@ from numba import njit, types
 from kvprof.core.structs import grown, holds, pop_front, push_back, unlink
 
 FIELDS = [("arc_in_t2", types.boolean[:]), ("arc_target", types.float64)]
+COMMON = ("q", "content", "most_evictable")
 
 
 def lists(policy) -> tuple[int, int]:

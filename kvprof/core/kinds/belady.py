@@ -16,6 +16,7 @@ from kvprof.core.structs import grown, heap_pop, heap_push
 
 FIELDS = [("belady_next_use", types.float64[:]), ("belady_live", types.int64[:]),
           ("belady_heap", structs.heap_type), ("belady_freed", types.int64)]
+COMMON = ("depth",)
 
 
 def lists(policy) -> tuple[int, int]:

@@ -49,6 +49,7 @@ FIELDS = [
     ("tier_of", types.int64[:]), ("ghosts_by_tier", types.int64[:]), ("held", types.int64), ("most", types.int64),
     ("key0", types.float64[:]), ("key1", types.float64[:]), ("key2", types.float64[:]),
 ]
+COMMON = ("q", "content", "stamp", "depth", "row")
 
 
 def lists(policy) -> tuple[int, int]:
@@ -423,7 +424,7 @@ def _merge(core, n, now, out, at):
 
 @njit(cache=True)
 def evict_n(core, n, now, out, at):
-    """``n`` victims into ``out[at:at + n]``; wa remembers their contents in its ghost."""
+    """``n`` victims into ``out[at:at + n]``, taken off ``size``; wa remembers their contents in its ghost."""
     _merge(core, n, now, out, at)
     if core.wa:
         remember(core, out, at, n)

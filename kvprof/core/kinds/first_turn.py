@@ -15,6 +15,7 @@ from kvprof.core.kinds.long_output import evict  # noqa: F401 (the same two list
 from kvprof.core.structs import NONE, holds, pop_front, push_back, unlink
 
 FIELDS = [("first_turn_memory", types.int64)]
+COMMON = ("q", "content", "depth")
 
 
 def lists(policy) -> tuple[int, int]:

@@ -26,6 +26,7 @@ FIELDS = [
     ("learned_bias", types.float64), ("learned_tables", types.float64[:, :]), ("learned_edges", types.float64[:]),
     ("learned_credit", types.float64),
 ]
+COMMON = ("q", "stamp", "depth", "row")
 
 
 def lists(policy) -> tuple[int, int]:
@@ -121,7 +122,7 @@ def count_children(core, blocks, n):
 
 
 @njit(cache=True)
-def free(core, blocks, n, now):
+def free_n(core, blocks, n, now):
     """``LearnedPolicy.free``: each block to the bucket of its predicted log-odds (tables reserved)."""
     if n == 0:
         return

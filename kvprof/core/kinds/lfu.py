@@ -16,6 +16,7 @@ from kvprof.core import structs
 from kvprof.core.structs import grown, heap_pop, heap_push, pop_front, push_back
 
 FIELDS = [("lfu_count", types.int32[:]), ("lfu_listed", types.int64[:]), ("lfu_heap", structs.heap_type)]
+COMMON = ("q",)
 
 
 def lists(policy) -> tuple[int, int]:

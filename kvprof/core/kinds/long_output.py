@@ -13,6 +13,7 @@ from numba import njit, types
 from kvprof.core.structs import pop_front, push_back
 
 FIELDS = [("long_output_limit", types.float64), ("long_output_freeing", types.boolean)]
+COMMON = ("q",)
 
 
 def lists(policy) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from numba import njit
 from kvprof.core.structs import pop_front, push_back_n
 
 FIELDS: list = []
+COMMON = ("q",)
 
 NO_LISTS = np.zeros(0, np.int32)  # push_back_n: every block to list 0
 

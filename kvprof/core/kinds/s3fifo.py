@@ -20,6 +20,7 @@ FREQ_CAP = 127
 FIELDS = [("s3fifo_freq", types.int8[:]), ("s3fifo_in_main", types.boolean[:]),
           ("s3fifo_small_ratio", types.float64), ("s3fifo_ghost_ratio", types.float64),
           ("s3fifo_max_freq", types.int64)]
+COMMON = ("q", "content", "most_evictable")
 
 
 def lists(policy) -> tuple[int, int]:
@@ -95,9 +96,9 @@ def free_n(core, blocks, n):
 
 @njit(cache=True)
 def evict_n(core, n, out, at):
-    """``n`` victims into ``out[at:at + n]``: each pass takes the front of small or main and evicts
-    it or moves it to main's back (moves are bounded by the frequency cap); a victim from small
-    leaves its content in the ghost, oldest forgotten first.
+    """``n`` victims into ``out[at:at + n]``, taken off ``size``: each pass takes the front of small or
+    main and evicts it or moves it to main's back (moves are bounded by the frequency cap); a victim
+    from small leaves its content in the ghost, oldest forgotten first.
 
     The lists' pops and pushes are written out over their arrays, read once (a call of
     ``pop_front``/``push_back`` per pass would count a reference to each array it reads)."""
@@ -161,3 +162,4 @@ def evict_n(core, n, out, at):
                 g_count[0] -= 1
         out[i] = block
         i += 1
+    core.size -= n

@@ -13,6 +13,7 @@ from numba import njit, types
 from kvprof.core.structs import NONE, grown, push_back, unlink
 
 FIELDS = [("sieve_visited", types.boolean[:]), ("sieve_hand", types.int64)]
+COMMON = ("q",)
 
 
 def lists(policy) -> tuple[int, int]:
