@@ -112,3 +112,20 @@ def test_no_machine_paths_or_checkouts_in_the_results(name):
     for file in files:
         found = MACHINE.findall(file.read_text())
         assert not found, f"{file.relative_to(REPO)} names a machine's paths or a checkout: {sorted(set(found))}"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    return {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in markdown.splitlines() if line.startswith("#")}
+
+
+def test_every_link_into_the_results_page_names_one_of_its_headings():
+    anchors = _anchors((REPO / "docs" / "results.md").read_text())
+    links = [(path, anchor) for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+             for anchor in re.findall(r"results\.md#([\w-]+)", path.read_text())]
+    links += [(REPO / "docs" / "results.md", a) for a in re.findall(r"\]\(#([\w-]+)\)",
+                                                                      (REPO / "docs" / "results.md").read_text())]
+    assert len(links) > 10
+    broken = [f"{path.relative_to(REPO)}: #{anchor}" for path, anchor in links if anchor not in anchors]
+    assert not broken, f"links to no heading of docs/results.md: {broken}"
