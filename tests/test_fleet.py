@@ -125,12 +125,12 @@ def test_bad_options_exit_2_before_reading_the_trace(tmp_path, args, words):
     assert not (tmp_path / "out").exists()
 
 
-def test_belady_behind_least_loaded_is_a_clear_error(small_trace, tmp_path):
+def test_belady_behind_least_loaded_is_a_usage_error(small_trace, tmp_path):
     result = invoke("fleet", small_trace, "--router", "least-loaded", "--policies", "belady", "--capacity", "64",
                     *WINDOWS, "-o", tmp_path / "out")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "belady cannot run behind least-loaded" in one_line(result.output)
-    assert not (tmp_path / "out" / results.FILE).exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_sweep_gives_the_same_rows_on_joblib_workers_and_on_ray(small_trace, tmp_path):
@@ -209,7 +209,7 @@ NO_CAPACITY = "(no --capacity)"
     (["--replicas", "3", "--router", "prefix-approx", "--replica", "0"], "kvprof fleet --hp-per-replica -o DIR"),
     (["--replicas", "3", "--router", "prefix-precise", "--load-weight", "0", "--replica", "0"], "their loads or caches"),
     (["--replicas", "3", "--router", "random", "--replica", "0"], "unknown router 'random'"),
-    (["--replicas", "3", "--replica", "0"], "give --replicas N and --router R too"),
+    (["--replicas", "3", "--replica", "0"], "give --router R too"),
     (["--replicas", "3", "--router", "session"], "give it with --replica"),
     (["--replicas", "3", "--router", "session", "--replica", "0", NO_CAPACITY], "give --capacity"),
     (["--replicas", "3", "--router", "session", "--replica", "0", "--sharded"], "without --sharded"),
@@ -479,3 +479,17 @@ def test_fit_replica_of_recordings_under_unshared_keys_warns_as_fleet_does(recor
         warnings[router] = one_line(result.stderr)
     assert "kv-record-key" in warnings["round-robin"] and "drew its own key" in warnings["round-robin"]
     assert "kv-record-key" not in warnings["recorded"]
+
+
+def test_fleet_refuses_replicas_only_the_recorded_router_would_ignore(recordings, tmp_path):
+    result = invoke("fleet", *recordings, "--router", "recorded", "--replicas", "5", "-o", tmp_path / "out")
+    assert result.exit_code == 2 and "leave --replicas out" in one_line(result.output)
+    assert not (tmp_path / "out").exists()
+
+
+def test_fit_replica_defaults_the_count_as_fleet_does(small_trace, tmp_path):
+    """fit --router session --replica 0 without --replicas said to give --router, which was given."""
+    result = invoke("fit", small_trace, "--window", "0:360", "--capacity", "64", "--router", "session", "--replica",
+                    "0", "-o", tmp_path / "hp.json")
+    assert result.exit_code == 0, result.output
+    assert "replica 0 of 4 behind session" in one_line(result.output)

@@ -3,6 +3,7 @@ full disks, lists and windows, options a command would ignore."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -90,3 +91,42 @@ def test_a_window_bound_with_a_minus_sign_counts_back_minus_zero_too():
     for refused in ("-0:-3", "-5:-5", "5:5", "0 :3", "0: 3"):
         with pytest.raises(ValueError):
             parse_window(refused)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--policies", "belady", "--router", "session,least-loaded"], "belady cannot run behind least-loaded"),
+    (["--policies", "belady", "--router", "prefix-approx"], "belady cannot run behind prefix-approx"),
+    (["--policies", "lru", "--hp-per-replica"], "none of lru does"),
+    (["--router", "session", "--index-blocks", "64"], "it is not in --router"),
+    (["--router", "round-robin,session", "--load-weight", "0"], "none is in --router"),
+    (["--replicas", ",".join(map(str, range(1, 1100))), "--router", "round-robin"], "more than the 1,024"),
+])
+def test_fleet_options_no_configuration_can_use_exit_2_before_any_work(tmp_path, args, words):
+    """fleet ran belady behind a live router for seconds, then exit 1; it ignored knobs of routers not run."""
+    from tests.helpers import one_line
+
+    result = invoke("fleet", tmp_path / "no-such-trace.jsonl", "-o", tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    assert words in one_line(result.output)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fleet_help_says_what_json_prints():
+    from tests.helpers import one_line
+
+    result = invoke("fleet", "--help")
+    assert "results document" not in one_line(result.output)
+    assert "JSON list" in one_line(result.output)
+
+
+def test_a_long_sweep_off_a_terminal_says_how_far_it_is(tmp_path):
+    """fleet --replicas 1,2,...,3000 printed nothing for minutes."""
+    from tests.helpers import synthetic
+
+    path, _ = synthetic(tmp_path, hours=0.02)
+    result = invoke("fleet", path, "--replicas", ",".join(map(str, range(1, 11))), "--router", "round-robin",
+                    "--capacity", "64", "--eval-window", "0:", "-j", "1", "--json", "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    told = [line for line in result.stderr.splitlines() if "routing and replaying 10 configurations:" in line]
+    assert told[-1].endswith("10 of 10 done") and len(told) == 10
+    assert len(json.loads(result.stdout)) == 10

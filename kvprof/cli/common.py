@@ -25,7 +25,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import DownloadColumn, TimeRemainingColumn
 
-from kvprof.cli.output import end_quietly_on_closed_stdout, fail, progress, say, status, warn
+from kvprof.cli.output import count, end_quietly_on_closed_stdout, fail, progress, say, status, task_progress, warn
 from kvprof.errors import KvprofError, ParallelError
 from kvprof.limits import BLOCK_TOKENS, BLOCKS, INT64_MAX, Bound
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
@@ -493,12 +493,10 @@ def _is_stream(path) -> bool:
 def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | None = None, holdout=None,
                        learn: bool = False):
     """``kvprof.sim.tune`` (fit's --capacity, compare without --config) with a progress bar of its replays."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
-
     from kvprof.sim.tune import tune
 
-    say(f"tuning wa for {len(capacities)} capacities on the fit window (the simulator compiles on first use)")
-    with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        task = bar.add_task("tuning replays", total=None)
+    say(f"tuning wa for {count(len(capacities), 'capacity', 'capacities')} on the fit window (the simulator "
+        f"compiles on first use)")
+    with task_progress("tuning replays", None) as update:
         return tune(hp, fitted, capacities, config, n_jobs=jobs, ray=ray, holdout=holdout, learn=learn,
-                    progress=lambda done, total: bar.update(task, completed=done, total=total))
+                    progress=update)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 
 from kvprof.cli.common import (
     FITTED_HP,
@@ -54,7 +53,7 @@ from kvprof.cli.common import (
     recording_of,
     trace_block_size,
 )
-from kvprof.cli.output import print_json, progress, say, show, status, table, warn
+from kvprof.cli.output import print_json, say, show, status, table, task_progress, warn
 from kvprof import results as results_file
 from kvprof.atomic import staged
 from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE, usable_blocks
@@ -285,10 +284,9 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
     from kvprof.cli.plots import plot_results
     from kvprof.sim.sweep import run_sweep
 
-    with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=json_out) as bar:
-        task = bar.add_task("replaying", total=len(policies) * len(capacities))
+    with task_progress("replaying", len(policies) * len(capacities), json_out) as update:
         results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, ray=ray, inputs=inputs,
-                            progress=lambda done, total: bar.update(task, completed=done))
+                            progress=update)
     document = results.to_dict()
     make_dir(output)
     with staged() as outputs:  # all replaced together, or none (an interrupt while plotting)

@@ -28,7 +28,7 @@ from kvprof.cli.common import (
     trace_block_size,
     tune_with_progress,
 )
-from kvprof.cli.fleet_cmd import (LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, fleet_recordings, joined_trace,
+from kvprof.cli.fleet_cmd import (DEFAULT_REPLICAS, LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, fleet_recordings, joined_trace,
                                  recorded_capacity)
 from kvprof.cli.hp_tables import cells_table, horizons, next_turn_line, tuning_table
 from kvprof.cli.output import print_json, say, show as show_table, status
@@ -196,7 +196,9 @@ def fit(
                                           "the fit window, as kvprof fleet --hp-per-replica does; needs --capacity.")
     ] = None,
     replicas: Annotated[
-        Optional[int], number_option("--replicas", bound=REPLICAS, help="Replicas behind the router, with --replica.")
+        Optional[int], number_option("--replicas", bound=REPLICAS, help="Replicas behind the router, with --replica "
+                                                                        "(default as fleet's: 4; for recordings, "
+                                                                        "their servers' count).")
     ] = None,
     router: Annotated[
         Optional[str], typer.Option("--router", help="The fleet's router, with --replica: round-robin, session or "
@@ -332,9 +334,11 @@ def _fleet_spec(replica: int | None, replicas: int | None, router: str | None, l
             raise typer.BadParameter("keeps one data-parallel rank's requests, but recorded routing makes each rank a "
                                      "replica of its own: pick it with --replica", param_hint="--rank")
         return RouterSpec(RECORDED), _recorded_replicas(replica, replicas, load_weight, index_blocks, recorded)
-    if replicas is None or router is None:
-        raise typer.BadParameter("names a replica of a fleet: give --replicas N and --router R too",
+    if router is None:
+        raise typer.BadParameter("names a replica of a fleet behind a router: give --router R too",
                                  param_hint="--replica")
+    if replicas is None:  # fleet's default, so that its --hp-per-replica files are these
+        replicas = recorded or DEFAULT_REPLICAS
     if replica >= replicas:
         raise typer.BadParameter(f"replica {replica} is not one of --replicas {replicas} (numbered 0 to "
                                  f"{replicas - 1})", param_hint="--replica")

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 
 from kvprof import results as results_file
 from kvprof.atomic import staged
@@ -25,7 +24,6 @@ from kvprof.cli.common import (
     FitWindowOpt,
     FormatOpt,
     JobsOpt,
-    JsonOpt,
     LimitOpt,
     OutputOpt,
     RayOpt,
@@ -52,12 +50,16 @@ from kvprof.cli.common import (
     recording_of,
     trace_block_size,
 )
-from kvprof.cli.output import print_json, progress, say, show, table, warn
+from kvprof.cli.output import print_json, say, show, table, task_progress, warn
 from kvprof.limits import BLOCK_TOKENS, BLOCKS, RATE_SCALE, Bound, usable_blocks
 from kvprof.sim.config import COST_BOUNDS, SimConfig, SimulationError, default_engine_block
 
 #: Replicas of one fleet: llm-d and Dynamo deployments run tens; each is a Python replay when routing reads them.
 REPLICAS = Bound(1, 4096, whole=True)
+#: Replicas of a fleet of a trace file when --replicas is not given.
+DEFAULT_REPLICAS = 4
+#: Configurations one sweep runs at most: each is a whole fleet's replay, and the table and plots show them all.
+MAX_CONFIGURATIONS = 1024
 #: How much the prefix routers weigh load against overlap.
 LOAD_WEIGHT = Bound(0.0, 1e6)
 TracesArg = Annotated[
@@ -77,7 +79,8 @@ def fleet(
     trace_paths: TracesArg,
     replicas: Annotated[
         Optional[str], typer.Option("--replicas", help="Comma-separated replica counts (default 4; for recordings, "
-                                                       "their servers' count).")
+                                                       "their servers' count). The recorded router always replays "
+                                                       "the recordings' servers: refused with it alone.")
     ] = None,
     router: Annotated[
         Optional[str], typer.Option("--router", help="Comma-separated routers: round-robin, least-loaded, session, "
@@ -95,9 +98,10 @@ def fleet(
                                       "--fit-window first (on the whole trace)."),
     ] = None,
     load_weight: Annotated[
-        float, number_option("--load-weight", bound=LOAD_WEIGHT,
-                             help="Weight of load against prefix overlap in the prefix routers (0: overlap only).")
-    ] = 1.0,
+        Optional[float], number_option("--load-weight", bound=LOAD_WEIGHT,
+                                       help="Weight of load against prefix overlap in the prefix routers (0: overlap "
+                                            "only; default 1); refused without one.")
+    ] = None,
     index_blocks: IndexBlocksOpt = None,
     block_size: Annotated[
         Optional[int],
@@ -126,11 +130,16 @@ def fleet(
         bool, typer.Option("--hp-per-replica",
                            help="Also run the policies that read an hp file with one per replica, fitted and tuned "
                                 "on the --fit-window traffic the router sends it (rows say hp per-replica); writes "
-                                "them as DIR/hp-ROUTER-xN-cCAPACITY-replica-K.json.")
+                                "them as DIR/hp-ROUTER-xN-cCAPACITY-replica-K.json. Refused when no policy of "
+                                "--policies reads an hp file.")
     ] = False,
     jobs: JobsOpt = -1,
     ray: RayOpt = None,
-    json_out: JsonOpt = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the configurations' rows (one object per configuration: its "
+                                          "router, replicas, policy, capacity, hit ratios, rejected requests, load "
+                                          "and QTTFT; results.json's runs) as a JSON list instead of a table.")
+    ] = False,
     output: OutputOpt = Path("results"),
     format: FormatOpt = None,
     trace_block_tokens: TraceBlockTokensOpt = None,
@@ -149,8 +158,8 @@ def fleet(
     recordings = fleet_recordings(trace_paths)
     recorded = sum(len(recording.ranks) for recording in recordings) if recordings else None
     known = (RECORDED, *ROUTERS) if recordings else ROUTERS
-    counts = distinct(parse_list(str(recorded or 4) if replicas is None else replicas, REPLICAS, "--replicas",
-                                 "replica count"), "--replicas")
+    counts = distinct(parse_list(str(recorded or DEFAULT_REPLICAS) if replicas is None else replicas, REPLICAS,
+                                 "--replicas", "replica count"), "--replicas")
     routers = distinct(tuple(list_items(router, "--router")) if router is not None else known, "--router", "router")
     unknown = [name for name in routers if name not in known]
     if unknown:
@@ -171,9 +180,17 @@ def fleet(
                      for j in range(n)] if any(True in mode for mode in modes.values()) else []
     output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ()), *replica_files],
                inputs=[*trace_paths, config, cost_file])
-    tasks = [(RouterSpec(name, load_weight, index_blocks), n, policy, c, per_replica)
+    _check_knobs(routers, names, replicas, hp_per_replica, load_weight, index_blocks)
+    specs = {name: RouterSpec(name, 1.0 if load_weight is None else load_weight, index_blocks) for name in routers}
+    _check_offline_policies(specs.values(), names)
+    tasks = [(specs[name], n, policy, c, per_replica)
              for name in routers for n in counts_of[name] for policy in names for c in capacities
              for per_replica in modes[policy]]
+    if len(tasks) > MAX_CONFIGURATIONS:
+        raise typer.BadParameter(f"{len(tasks):,} configurations (routers x replica counts x policies x capacities, "
+                                 f"x2 for a policy run --hp-per-replica too) is more than the {MAX_CONFIGURATIONS:,} "
+                                 f"one fleet sweep runs: split the sweep", param_hint="--router/--replicas/--policies/"
+                                                                                       "--capacity")
     check_memory([max(task[1] for task in tasks) * max(capacities)], 0, jobs, len(tasks), "--replicas/--capacity")
     cost = cost_model(cost_file, prefill_tokens_per_s=prefill_rate, decode=decode)
     trace_block = recordings[0].block_size if recordings else trace_block_size(trace_paths[0], format,
@@ -235,10 +252,9 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
 
     started = time.perf_counter()
     workload = prepare_workload(trace, hp, config.engine_block_size, config.rate_scale)
-    with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=quiet) as bar:
-        task = bar.add_task("routing and replaying", total=len(tasks))
+    with task_progress(f"routing and replaying {len(tasks):,} configurations", len(tasks), quiet) as update:
         outcomes = run_tasks(run_configuration, (trace, workload, hp, fit_part), [(*task, config) for task in tasks],
-                             n_jobs=jobs, ray=ray, progress=lambda done, total: bar.update(task, completed=done))
+                             n_jobs=jobs, ray=ray, progress=update)
     runs = [run for run, _ in outcomes]
     replica_hps = {replica_hp_file(run.router, run.replicas, run.capacity, j): one
                    for run, hps in outcomes for j, one in enumerate(hps or ())}
@@ -256,6 +272,37 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
         runs=[{**row, "policy": name, "fleet_policy": row["policy"]} for row, name in zip(rows, labels)],
         wall_s=time.perf_counter() - started)
     return document, rows, replica_hps
+
+
+def _check_knobs(routers: tuple, policies: tuple, replicas: str | None, hp_per_replica: bool,
+                 load_weight: float | None, index_blocks: int | None) -> None:
+    """Options no configuration of the sweep would read are usage errors (exit 2), not silently ignored."""
+    from kvprof.sim.fleet import RECORDED
+
+    prefix = [name for name in routers if name.startswith("prefix")]
+    if load_weight is not None and not prefix:
+        raise typer.BadParameter("weighs load in the prefix routers (prefix-approx, prefix-precise); none is in "
+                                 "--router", param_hint="--load-weight")
+    if index_blocks is not None and "prefix-approx" not in routers:
+        raise typer.BadParameter("sizes prefix-approx's index; it is not in --router", param_hint="--index-blocks")
+    if replicas is not None and set(routers) == {RECORDED}:
+        raise typer.BadParameter(f"{RECORDED} replays the recordings' own servers, as many as they hold: leave "
+                                 f"--replicas out", param_hint="--replicas")
+    if hp_per_replica and not needs_hp(policies):
+        raise typer.BadParameter(f"fits an hp file per replica for the policies that read one; none of "
+                                 f"{', '.join(policies)} does", param_hint="--hp-per-replica")
+
+
+def _check_offline_policies(specs, policies: tuple) -> None:
+    """A policy that reads the future (belady) behind a router that decides as it goes is a usage error (exit 2)."""
+    from kvprof.policy import POLICIES
+
+    for spec in specs:
+        for name in policies:
+            if POLICIES[name].offline and spec.reads_replicas:
+                raise typer.BadParameter(f"{name} cannot run behind {spec.name}: it reads each replica's future "
+                                         f"traffic, which this router decides as it goes ({name} is reported as each "
+                                         f"replica's bound instead)", param_hint="--policies/--router")
 
 
 def fleet_recordings(paths: list[Path]) -> list:

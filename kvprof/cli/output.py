@@ -148,6 +148,37 @@ def progress(*columns: ProgressColumn, disable: bool = False) -> Progress:
                     console=err_console, transient=True, disable=disable or not err_console.is_terminal)
 
 
+def count(number: int, one: str, many: str) -> str:
+    """``1 capacity``, ``4 capacities``: a number and its noun in the right form."""
+    return f"{number:,} {one if number == 1 else many}"
+
+
+#: Off a terminal, a sweep of at least this many tasks says how far it is at each tenth.
+_TELL_FROM = 10
+
+
+@contextlib.contextmanager
+def task_progress(description: str, total: int | None, quiet: bool = False) -> Iterator:
+    """Progress of a sweep's tasks, as a callback ``(done, total)``: a bar on a terminal (none when
+    ``quiet``, e.g. ``--json``); without the bar, a line on stderr at each tenth of a sweep of 10
+    tasks or more, so a long sweep is not silent."""
+    from rich.progress import MofNCompleteColumn, TimeElapsedColumn
+
+    told = 0
+
+    with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=quiet) as bar:
+        task = bar.add_task(description, total=total)
+
+        def update(done: int, total: int | None = total) -> None:
+            nonlocal told
+            bar.update(task, completed=done, total=total)
+            if bar.disable and total and total >= _TELL_FROM and done * 10 // total > told:
+                told = done * 10 // total
+                say(f"{description}: {done:,} of {total:,} done")
+
+        yield update
+
+
 @contextlib.contextmanager
 def status(text: str) -> Iterator[None]:
     """A spinner with ``text`` while the block runs; off a terminal ``text`` is said once instead."""
