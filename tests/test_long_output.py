@@ -23,7 +23,7 @@ from kvprof.sim.tune import OUTPUT_PERCENTILES, _best_limit, tune
 from kvprof.sim.workload import prepare_workload
 from tests.test_sim_engine import random_replays
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "research"))
 
 from bench_online_rules import ShortOutput  # noqa: E402
 

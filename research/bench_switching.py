@@ -1,8 +1,8 @@
 """What wa's switching between candidates costs and gains, on the traces of the quality suite.
 
-    python benchmarks/bench_switching.py [-j N] [--traces weka,mooncake,...] [--capacities 1000,6000] [-o switching.json]
-    python benchmarks/bench_switching.py --sweep m=0.002,m=0.01,w=64,m=0.01/w=64,p=4 [--traces ...] [-o sweep.json]
-    python benchmarks/bench_switching.py --starts [-j N] [--traces ...] [-o starts.json]
+    python research/bench_switching.py [-j N] [--traces weka,mooncake,...] [--capacities 1000,6000] [-o switching.json]
+    python research/bench_switching.py --sweep m=0.002,m=0.01,w=64,m=0.01/w=64,p=4 [--traces ...] [-o sweep.json]
+    python research/bench_switching.py --starts [-j N] [--traces ...] [-o starts.json]
 
 For each trace and capacity of benchmarks/bench_quality.py, fit and tune on the fit window as the
 suite does, then replay the evaluation window:
@@ -55,7 +55,7 @@ from kvprof.sim.sweep import run_sweep
 from kvprof.sim.tune import tune
 from kvprof.sim.workload import prepare_workload
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the suite: bench_quality
 from bench_quality import REPO, chosen_traces  # the suite's traces, windows and sizes
 from bench_shadows import led_by  # wa following one candidate throughout
 
@@ -224,7 +224,7 @@ def main() -> int:
     parser.add_argument("--starts", action="store_true", help="wa from each start candidate (see the docstring)")
     parser.add_argument("--baseline", type=Path, default=REPO / "benchmarks" / "quality.json",
                         help="bench_quality.py's JSON: the best baselines the sweep is compared with")
-    parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "switching.json")
+    parser.add_argument("-o", "--output", type=Path, default=REPO / "research" / "switching.json")
     args = parser.parse_args()
     if args.sweep:
         started = time.perf_counter()

@@ -1,6 +1,6 @@
 """Belady's labels, compiled against Python, side by side on what ``kvprof fit --learned`` labels.
 
-    python benchmarks/bench_belady_labels.py [--hours 2] [--seed 0] [--capacities 256,1024,4096,16384]
+    python research/bench_belady_labels.py [--hours 2] [--seed 0] [--capacities 256,1024,4096,16384]
 
 On `kvprof synth bailian-a` (2 h, seed 0; 128-token blocks) the tuning's workload -- the last third
 of the fit window 0:3600, as :func:`kvprof.sim.tune.tune` replays it -- is labelled at each capacity

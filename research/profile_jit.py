@@ -7,9 +7,9 @@ reference counting (``NRT_incref``/``NRT_decref``), and those of any function na
 ``--callers``, the compiled function that called it (the first return address on the sampled
 stack that falls in another known function)::
 
-    perf record -F 499 --call-graph dwarf,64 -o wa.perf python benchmarks/profile_jit.py run --policy wa
+    perf record -F 499 --call-graph dwarf,64 -o wa.perf python research/profile_jit.py run --policy wa
     perf script -i wa.perf -D > wa.dump
-    python benchmarks/profile_jit.py report wa.dump /tmp/perf-PID.map
+    python research/profile_jit.py report wa.dump /tmp/perf-PID.map
 
 The replay runs once on the first minute (loading the compiled code), then on the whole trace;
 the samples of the set-up (synthesizing, fitting) are counted too, in other functions. Only code
@@ -80,7 +80,8 @@ def write_perf_map(path: Path) -> int:
 
 def run(args) -> None:
     keep_object_code()
-    from bench_sim import bailian_a, kvprof_throughput  # this script's folder is on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_sim import bailian_a, kvprof_throughput
 
     trace, hp, config = bailian_a(args.hours)
     row = kvprof_throughput(trace, hp, args.policy, args.capacity, config, clock=time.thread_time)

@@ -1,4 +1,4 @@
-"""The online demotion rules of benchmarks/bench_online_rules.py: what they count, and that a rule that
+"""The online demotion rules of research/bench_online_rules.py: what they count, and that a rule that
 demotes nothing is its base order."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kvprof.sim.oracles import AccessIndexed, replay
 from kvprof.sim.workload import prepare_workload
 from tests.test_sim_engine import random_replays
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/
 
 from bench_online_rules import FirstTurn, RootSeen, ShortOutput, began_session, roots_seen_before  # noqa: E402
 

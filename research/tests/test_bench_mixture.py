@@ -1,4 +1,4 @@
-"""The regret-weighted mixture prototype of benchmarks/bench_mixture.py: one expert is that expert,
+"""The regret-weighted mixture prototype of research/bench_mixture.py: one expert is that expert,
 and the mixture keeps its invariants over random request streams."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kvprof.policy import S3FIFOPolicy
 from tests.test_policies import LAM, OPS, P, PolicyPool, Scenario, wa_policy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/
 
 from bench_mixture import VARIANTS, WEIGHT_FLOOR, RegretMixture  # noqa: E402
 

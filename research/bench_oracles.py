@@ -1,6 +1,6 @@
 """Where the headroom to Belady is: oracles told one fact about the future, on the quality suite.
 
-    python benchmarks/bench_oracles.py [-j N] [--traces weka,mooncake,...] [--bases lru,best]
+    python research/bench_oracles.py [-j N] [--traces weka,mooncake,...] [--bases lru,best]
                                        [--quality quality.json] [-o oracles.json]
 
 For each trace and capacity of benchmarks/bench_quality.py's suite, the evaluation window is
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the suite: bench_quality
 
 from bench_quality import BASELINES, REPO, chosen_traces, run_case  # noqa: E402
 
@@ -115,7 +115,7 @@ def main() -> int:
     parser.add_argument("--traces", help="comma-separated case names to run (default: all)")
     parser.add_argument("--bases", default="lru,best", help="base orders: policy names, or best (the best baseline)")
     parser.add_argument("--quality", type=Path, help="a bench_quality JSON to take the suite's ratios from")
-    parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "oracles.json")
+    parser.add_argument("-o", "--output", type=Path, default=REPO / "research" / "oracles.json")
     args = parser.parse_args()
     bases = args.bases.split(",")
     quality = json.loads(args.quality.read_text()) if args.quality else None

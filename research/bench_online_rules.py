@@ -1,8 +1,8 @@
 """Where the continuation oracle's headroom is reachable online: demotion rules on one known fact.
 
-    python benchmarks/bench_online_rules.py [-j N] [--traces weka,mooncake] [--quality quality.json]
+    python research/bench_online_rules.py [-j N] [--traces weka,mooncake] [--quality quality.json]
 
-The oracle table (benchmarks/bench_oracles.py) says that knowing whether a freed chain's session
+The oracle table (research/bench_oracles.py) says that knowing whether a freed chain's session
 continues within the horizon closes 25-47 % of the best-baseline-to-Belady gap on Mooncake and up
 to 26 % on weka. This replays, on the quality suite's points, demotion rules that use only what a
 server knows when a request frees its blocks, each over ``lru`` and over the point's best baseline,
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the suite: bench_quality
 
 from bench_quality import REPO, chosen_traces  # noqa: E402
 

@@ -7,7 +7,7 @@ process, on the lines of a synthetic bailian-a trace as written and with a colon
 value on every line (the case that needs the second look). CPU seconds, the best of
 ``--repeat`` runs each.
 
-    python benchmarks/bench_reader_keys.py [--hours 0.5] [--repeat 7]
+    python research/bench_reader_keys.py [--hours 0.5] [--repeat 7]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A regret-weighted mixture of eviction orders over one cache (LeCaR / CACHEUS style), on the quality suite.
 
-    python benchmarks/bench_mixture.py [--traces mooncake,...] [--capacities 1000,2000] [--variants NAME,...]
+    python research/bench_mixture.py [--traces mooncake,...] [--capacities 1000,2000] [--variants NAME,...]
                                        [--quality quality.json] [-o mixture.json]
 
 Issue 24 asks ``wa`` to cross more of the gap to Belady; its shadows switch the whole cache to the
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the suite: bench_quality
 
 from bench_quality import REPO, chosen_traces  # noqa: E402
 
@@ -362,7 +362,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random variants' draws")
     parser.add_argument("--quality", type=Path, default=REPO / "benchmarks" / "quality.json",
                         help="bench_quality.py's JSON (its default output) giving the tuning and the suite's ratios")
-    parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "mixture.json")
+    parser.add_argument("-o", "--output", type=Path, default=REPO / "research" / "mixture.json")
     args = parser.parse_args()
     patterns = args.variants.split(",")
     unknown = [pattern for pattern in patterns if not fnmatch.filter(VARIANTS, pattern)]

@@ -1,6 +1,6 @@
 """How long after SIGINT/SIGTERM a compiled recorded-timing replay raises, and what (issue 21 item 16).
 
-    cd CHECKOUT && POLICY=lru PYTHONPATH=CHECKOUT python benchmarks/interrupt_latency.py N_REQUESTS SIGNAL_AFTER_S
+    cd CHECKOUT && POLICY=lru PYTHONPATH=CHECKOUT python research/interrupt_latency.py N_REQUESTS SIGNAL_AFTER_S
 
 Replays N synthetic requests on recorded timing (compiled engine) in a child, signals it
 SIGNAL_AFTER_S seconds into the replay, and prints what reached Python and how many seconds after

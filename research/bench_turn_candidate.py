@@ -1,10 +1,10 @@
 """What a request's turn in its session is worth as a candidate under ``wa``'s safety net (a measurement, not a policy).
 
-    python benchmarks/bench_turn_candidate.py [-j N] [--traces weka,mooncake] [--quality quality.json | --windows]
+    python research/bench_turn_candidate.py [-j N] [--traces weka,mooncake] [--quality quality.json | --windows]
                                               [--only first-turn,lru]
-    python benchmarks/bench_turn_candidate.py --profile [--traces weka,mooncake,bailian]
+    python research/bench_turn_candidate.py --profile [--traces weka,mooncake,bailian]
 
-The oracle table (benchmarks/bench_oracles.py) puts a quarter to a half of Mooncake's
+The oracle table (research/bench_oracles.py) puts a quarter to a half of Mooncake's
 best-baseline-to-Belady gap in knowing whether a freed chain's session continues. A server can infer
 one fact that predicts it from the block hashes alone: whether the request *continued* a session (an
 earlier request's whole chain is a prefix of its own) or began one. On Mooncake's fit windows a request that
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the suite: bench_quality
 
 import bench_quality  # noqa: E402
 from bench_online_rules import suite_cases, suite_parser  # noqa: E402
