@@ -7,7 +7,7 @@ TEST_VENV := .venv-test
 VLLM_VENV := .venv-vllm
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: demo test test-core test-vllm test-vllm-0.33 gpu-check bench clean
+.PHONY: demo test test-core test-research test-vllm test-vllm-0.33 gpu-check bench clean
 
 demo: $(DEMO_VENV)/.installed
 	$(DEMO_VENV)/bin/kvprof demo -o results/demo
@@ -16,6 +16,10 @@ test: test-core test-vllm
 
 test-core: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/python -m pytest $(PYTEST_FLAGS) tests --ignore=tests/vllm
+
+# The finished experiments' own tests (research/README.md): not part of `make test`.
+test-research: $(TEST_VENV)/.installed
+	$(TEST_VENV)/bin/python -m pytest $(PYTEST_FLAGS) research/tests
 
 # Real vLLM (its CPU build) in its own environment: several GB, installed once by the script. Its numba
 # is another release than the test venv's: it keeps its compiled kvprof core apart (NUMBA_CACHE_DIR),
