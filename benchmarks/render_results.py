@@ -255,7 +255,7 @@ def render_sim(document: dict) -> list[str]:
             grow.append([f"{h:g} h", *(f"{1e6 / by[h, p]['per_s']:.3f} us/access, peak RSS "
                                        f"{by[h, p]['peak_mb']:,.0f} MB" if (h, p) in by else "-" for p in policies)])
         lines += ["", "Growth with trace length (one child process per length and policy):", "",
-                  *table(["trace", *policies], grow)]
+                  *table(["trace", *policies], grow), ""]
         first, last = hours[0], hours[-1]
         for p in policies:
             if (first, p) in by and (last, p) in by:
