@@ -107,8 +107,8 @@ BLOCKS = Bound(1, INT64_MAX, whole=True)
 
 def usable_blocks(num_gpu_blocks: int | None) -> int | None:
     """A vLLM server's capacity as kvprof counts it, the blocks its cache can hold: ``num_gpu_blocks``
-    less the null block (block 0, which never holds KV), at least 1; None stays None."""
-    return None if num_gpu_blocks is None else max(num_gpu_blocks - 1, 1)
+    less the null block (block 0, which never holds KV), so 0 for a cache of one block; None stays None."""
+    return None if num_gpu_blocks is None else num_gpu_blocks - 1
 #: Tokens per block (a trace's hash id, an engine block): more than any model's context.
 BLOCK_TOKENS = Bound(1, 2**24, whole=True)
 #: Token counts of one request or step, and token ids: vLLM keeps them in int32.

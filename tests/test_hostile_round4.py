@@ -130,3 +130,31 @@ def test_a_long_sweep_off_a_terminal_says_how_far_it_is(tmp_path):
     told = [line for line in result.stderr.splitlines() if "routing and replaying 10 configurations:" in line]
     assert told[-1].endswith("10 of 10 done") and len(told) == 10
     assert len(json.loads(result.stdout)) == 10
+
+
+def _recording_of_blocks(directory: Path, num_gpu_blocks: int) -> Path:
+    """A small vLLM recording whose server had ``num_gpu_blocks`` (recording.json's starts[0])."""
+    from tests.test_fleet import _server
+
+    recording = _server(directory, 1_000_000.0, 6, system=[b"sys"])
+    document = json.loads((recording / "recording.json").read_text())
+    document["starts"][0]["num_gpu_blocks"] = num_gpu_blocks
+    (recording / "recording.json").write_text(json.dumps(document))
+    return recording
+
+
+@pytest.mark.parametrize("command", ["compare", "fleet", "fit"])
+@pytest.mark.parametrize("num_gpu_blocks", [2**40, 1])
+def test_a_recordings_cache_outside_the_simulators_bound_is_named_by_file_and_field(tmp_path, command, num_gpu_blocks):
+    """2^40 blocks were reported as an invalid --capacity (not given); one block (the null block) became 1."""
+    from tests.helpers import one_line
+
+    recording = _recording_of_blocks(tmp_path / "rec", num_gpu_blocks)
+    output = ["-o", tmp_path / ("hp.json" if command == "fit" else "out")]
+    result = invoke(command, recording, *output)
+    text = one_line(result.output)
+    assert result.exit_code == 1, text
+    assert f"{recording / 'recording.json'}, at starts[0].num_gpu_blocks: {num_gpu_blocks:,} blocks, " \
+           f"{num_gpu_blocks - 1:,} usable" in text
+    assert "give --capacity" in text and "Invalid value for --capacity" not in text
+    assert not (tmp_path / "out").exists() and not (tmp_path / "hp.json").exists()

@@ -27,7 +27,7 @@ from rich.progress import DownloadColumn, TimeRemainingColumn
 
 from kvprof.cli.output import count, end_quietly_on_closed_stdout, fail, progress, say, status, task_progress, warn
 from kvprof.errors import KvprofError, ParallelError
-from kvprof.limits import BLOCK_TOKENS, BLOCKS, INT64_MAX, Bound
+from kvprof.limits import BLOCK_TOKENS, BLOCKS, INT64_MAX, Bound, usable_blocks
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
 
 #: Exit code of a command stopped by SIGINT; SIGTERM (:class:`kvprof.cli.app.Terminated`) says its own.
@@ -151,18 +151,43 @@ def parse_list(text: str, bound: Bound, option: str, what: str, note: str = "") 
     return tuple(values)
 
 
-def capacity_list(text: str, option: str = "--capacity", bound: Bound = BLOCKS) -> tuple[int, ...]:
-    """``--capacity``'s comma-separated whole numbers of blocks, each inside ``bound`` and inside what this
-    machine's memory holds for one replay (a usage error stating the bound that applies otherwise)."""
+def capacity_bound(bound: Bound = BLOCKS) -> tuple[Bound, str]:
+    """A simulated cache's capacities: ``bound``, lowered to what this machine's memory holds for one
+    replay; and the note saying why, when memory is the limit ('' otherwise)."""
     from kvprof.sim.config import BYTES_PER_SLOT
 
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     held = memory // BYTES_PER_SLOT
     if held >= bound.high:
-        return parse_list(text, bound, option, "capacity")
-    return parse_list(text, Bound(bound.low, held, whole=True), option, "capacity",
-                      note=f" ({held:,} blocks fill this machine's {memory / 2**30:,.1f} GiB at ~{BYTES_PER_SLOT} "
-                           f"bytes each)")
+        return bound, ""
+    return (Bound(bound.low, held, whole=True),
+            f" ({held:,} blocks fill this machine's {memory / 2**30:,.1f} GiB at ~{BYTES_PER_SLOT} bytes each)")
+
+
+def capacity_list(text: str, option: str = "--capacity", bound: Bound = BLOCKS) -> tuple[int, ...]:
+    """``--capacity``'s comma-separated whole numbers of blocks, each inside :func:`capacity_bound` (a usage
+    error stating the bound that applies otherwise)."""
+    bound, note = capacity_bound(bound)
+    return parse_list(text, bound, option, "capacity", note)
+
+
+def recorded_capacity(paths: list[Path], recordings: list, bound: Bound = BLOCKS) -> str:
+    """``--capacity``'s default for vLLM recordings: their servers' usable blocks (``num_gpu_blocks`` less
+    the null block; all alike, a usage error otherwise), inside :func:`capacity_bound`; a recording whose
+    cache is outside it is named by file and field (exit 1), with the option that replaces it."""
+    from kvprof.recording import FILE
+
+    sizes = {usable_blocks(recording.num_gpu_blocks) for recording in recordings}
+    if len(sizes) > 1:
+        raise typer.BadParameter(f"the recorded servers had {', '.join(map(str, sorted(sizes)))} usable blocks; a "
+                                 f"fleet's replicas have one capacity: give it", param_hint="--capacity")
+    blocks = sizes.pop()
+    bound, note = capacity_bound(bound)
+    if not bound.accepts(blocks):
+        where = f"{paths[0] / FILE}, at starts[{len(recordings[0].starts) - 1}].num_gpu_blocks"
+        raise KvprofError(f"{where}: {recordings[0].num_gpu_blocks:,} blocks, {blocks:,} usable (less vLLM's null "
+                          f"block), but a simulated cache must be {bound.describe()}{note}; give --capacity")
+    return str(blocks)
 
 
 def parse_window_option(text: str | None, option: str = "--window") -> tuple[float | None, float | None] | None:

@@ -50,13 +50,14 @@ from kvprof.cli.common import (
     parse_window_option,
     policy_list,
     qttft_cell,
+    recorded_capacity,
     recording_of,
     trace_block_size,
 )
 from kvprof.cli.output import print_json, say, show, status, table, task_progress, warn
 from kvprof import results as results_file
 from kvprof.atomic import staged
-from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE, usable_blocks
+from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE
 from kvprof.sim.config import (
     COST_BOUNDS,
     TIMINGS,
@@ -198,7 +199,7 @@ def compare(
                inputs=[trace_path, config, cost_file])
     recording = recording_of(trace_path)
     if capacity is None:
-        capacity = str(usable_blocks(recording.num_gpu_blocks)) if recording else DEFAULT_CAPACITIES
+        capacity = recorded_capacity([trace_path], [recording]) if recording else DEFAULT_CAPACITIES
     capacities = (schedule[0][1],) if schedule else _capacity_list(capacity)
     check_memory([*capacities, *(blocks for _, blocks in schedule)], cpu_capacity, jobs, len(names) * len(capacities),
                  "--capacity/--cpu-capacity/--capacity-schedule")

@@ -25,11 +25,12 @@ from kvprof.cli.common import (
     output_dir,
     output_file,
     parse_window_option,
+    recorded_capacity,
     trace_block_size,
     tune_with_progress,
 )
-from kvprof.cli.fleet_cmd import (DEFAULT_REPLICAS, LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, fleet_recordings, joined_trace,
-                                 recorded_capacity)
+from kvprof.cli.fleet_cmd import (DEFAULT_REPLICAS, LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, fleet_recordings,
+                                 joined_trace)
 from kvprof.cli.hp_tables import cells_table, horizons, next_turn_line, tuning_table
 from kvprof.cli.output import print_json, say, show as show_table, status
 from kvprof.errors import KvprofError
@@ -264,7 +265,7 @@ def fit(
         return
     recording = recordings[0] if recordings else None
     if recording is not None and capacity is None:  # tune for the servers that recorded it
-        capacity = recorded_capacity(recordings)
+        capacity = recorded_capacity(trace_paths, recordings, TUNED_BLOCKS)
     capacities = _capacities(capacity, jobs)
     if engine_block_size is not None and not capacities:
         raise typer.BadParameter("is the block of the tuning replays: give it with --capacity",

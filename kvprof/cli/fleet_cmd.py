@@ -47,11 +47,12 @@ from kvprof.cli.common import (
     parse_window_option,
     policy_list,
     qttft_cell,
+    recorded_capacity,
     recording_of,
     trace_block_size,
 )
 from kvprof.cli.output import print_json, say, show, table, task_progress, warn
-from kvprof.limits import BLOCK_TOKENS, BLOCKS, RATE_SCALE, Bound, usable_blocks
+from kvprof.limits import BLOCK_TOKENS, BLOCKS, RATE_SCALE, Bound
 from kvprof.sim.config import COST_BOUNDS, SimConfig, SimulationError, default_engine_block
 
 #: Replicas of one fleet: llm-d and Dynamo deployments run tens; each is a Python replay when routing reads them.
@@ -168,7 +169,7 @@ def fleet(
                                  param_hint="--router")
     names = policy_list(policies)
     if capacity is None:
-        capacity = recorded_capacity(recordings) if recordings else "1024"
+        capacity = recorded_capacity(trace_paths, recordings) if recordings else "1024"
     capacities = distinct(capacity_list(capacity), "--capacity", "capacity")
     fit_bounds = parse_window_option(fit_window, "--fit-window")
     eval_bounds = parse_window_option(eval_window, "--eval-window")
@@ -315,15 +316,6 @@ def fleet_recordings(paths: list[Path]) -> list:
         raise typer.BadParameter(f"several inputs are one fleet trace only as vLLM recording directories (vllm serve "
                                  f"--kv-record, one per server); {files[0]} is a file", param_hint="TRACE")
     return [] if files else recordings
-
-
-def recorded_capacity(recordings: list) -> str:
-    """``--capacity``'s default for recordings: the recording servers' usable blocks (all alike)."""
-    sizes = {usable_blocks(recording.num_gpu_blocks) for recording in recordings}
-    if len(sizes) > 1:
-        raise typer.BadParameter(f"the recorded servers had {', '.join(map(str, sorted(sizes)))} usable blocks; a "
-                                 f"fleet's replicas have one capacity: give it", param_hint="--capacity")
-    return str(sizes.pop())
 
 
 def joined_trace(paths: list[Path], traces: list, recordings: list, routers: tuple):

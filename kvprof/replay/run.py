@@ -172,6 +172,9 @@ def _capacity(server: Server, capacity: int | None) -> tuple[int, dict]:
             raise KvprofError(f"{err}; pass --capacity BLOCKS, the blocks the server's cache holds "
                               f"(its num_gpu_blocks - 1)") from None
         cache = {"num_gpu_blocks": None, "block_size": None}
+    if capacity is None and usable_blocks(cache["num_gpu_blocks"]) == 0:
+        raise KvprofError("the server's cache is one block, vLLM's null block, which holds no KV (num_gpu_blocks 1 "
+                          "in its /metrics); pass --capacity BLOCKS")
     return (usable_blocks(cache["num_gpu_blocks"]) if capacity is None else capacity), cache
 
 
