@@ -54,14 +54,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """
     path = Path(path)
     kwargs = {} if "b" in mode else {"encoding": "utf-8"}
-    with staged() as group:
-        written = group.stage(path)
-        with _naming(path):
-            handle = open(written, mode, **kwargs)  # noqa: SIM115 - closed below
-        with handle:
-            yield handle
-            with _naming(path):
-                handle.flush()
+    with staged() as group, group.open(path, mode, **kwargs) as handle:
+        yield handle
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -107,6 +101,15 @@ class StagedFiles:
                 os.close(fd)
         return Path(tmp)
 
+    @contextlib.contextmanager
+    def open(self, path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator[IO]:
+        """:meth:`stage` ``path`` and open its temporary file for the block; an error of the block's
+        writes (a full disk, often met only when the file is closed) names ``path``."""
+        path = Path(path)
+        with _naming(path), open(self.stage(path), mode, **kwargs) as handle:
+            yield handle
+            handle.flush()
+
     def commit(self) -> None:
         """Sync every staged file, then rename all of them into place, interrupts held back meanwhile."""
         for tmp, _, path in self._pending:
@@ -144,6 +147,12 @@ def staged() -> Iterator[StagedFiles]:
     try:
         yield group
         group.commit()
+    except OSError as exc:
+        given = {tmp: path for tmp, _, path in group._pending}.get(exc.filename)
+        group.discard()
+        if given is None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(given)) from None  # a write to a temporary: name its file
     except BaseException:
         group.discard()
         raise

@@ -158,3 +158,79 @@ def test_a_recordings_cache_outside_the_simulators_bound_is_named_by_file_and_fi
            f"{num_gpu_blocks - 1:,} usable" in text
     assert "give --capacity" in text and "Invalid value for --capacity" not in text
     assert not (tmp_path / "out").exists() and not (tmp_path / "hp.json").exists()
+
+
+class _FullDisk:
+    """A file opened for writing on a full disk: every write fails, as the kernel says it (no file name)."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def write(self, data):
+        import errno
+
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def flush(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.close()
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+
+def _fill_the_disk(monkeypatch) -> None:
+    import builtins
+
+    def open_on_full_disk(file, mode="r", *args, **kwargs):
+        handle = builtins.open(file, mode, *args, **kwargs)
+        return _FullDisk(handle) if "w" in mode else handle
+
+    monkeypatch.setattr("kvprof.atomic.open", open_on_full_disk, raising=False)
+
+
+@pytest.mark.parametrize("command", ["fit", "synth", "compare", "fleet", "demo"])
+def test_a_full_disk_names_the_file_and_leaves_no_directory_the_command_made(tmp_path, monkeypatch, command):
+    """A full disk said 'error: : No space left on device', and compare left the empty directory it had made."""
+    from tests.helpers import one_line, synthetic
+
+    trace, _ = synthetic(tmp_path, hours=0.02)
+    _fill_the_disk(monkeypatch)
+    new = tmp_path / "new"
+    args = {
+        "fit": ["fit", trace, "--window", "0:", "-o", tmp_path / "hp.json"],
+        "synth": ["synth", "--hours", "0.01", "-o", tmp_path / "s.jsonl"],
+        "compare": ["compare", trace, "--policies", "lru", "--capacity", "64", "--eval-window", "0:", "-j", "1",
+                    "-o", new / "out"],
+        "fleet": ["fleet", trace, "--policies", "lru", "--router", "round-robin", "--replicas", "2", "--capacity", "64",
+                  "--eval-window", "0:", "-j", "1", "-o", new / "out"],
+        "demo": ["demo", "-o", new / "out"],
+    }[command]
+    before = sorted(tmp_path.iterdir())
+    result = invoke(*args)
+    text = one_line(result.output)
+    assert result.exit_code == 1, text
+    written = {"fit": tmp_path / "hp.json", "synth": tmp_path / "s.jsonl"}.get(command, new / "out")
+    assert f"error: {written}" in text and "No space left on device" in text
+    assert sorted(tmp_path.iterdir()) == before  # no directory, file or temporary left
+
+
+def test_a_spill_directory_fit_made_is_removed_with_its_parents(tmp_path):
+    """fit --sharded --spill-dir /nonexistent/x created the parents and left them."""
+    from tests.helpers import synthetic
+
+    trace, _ = synthetic(tmp_path, hours=0.02)
+    result = invoke("fit", trace, "--sharded", "--window", "0:", "--spill-dir", tmp_path / "a" / "b" / "spill", "-o",
+                    tmp_path / "hp.json")
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "a").exists() and (tmp_path / "hp.json").is_file()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert invoke("fit", trace, "--sharded", "--window", "0:", "--spill-dir", kept, "-o", tmp_path / "hp.json"
+                  ).exit_code == 0
+    assert kept.is_dir() and list(kept.iterdir()) == []  # one that was there stays

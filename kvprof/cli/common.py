@@ -9,16 +9,17 @@ Three rules every command follows, each kept here once:
   the input files they must not replace are checked before a trace is read; a refused run
   creates nothing.
 * **Outputs**: written atomically (:mod:`kvprof.atomic`), the output directory created only once
-  there is something to write in it (:func:`make_dir`), never over an input of the same run.
+  there is something to write in it (:func:`made_dir`), never over an input of the same run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -448,7 +449,7 @@ def output_dir(path: Path, files: Iterable[str] = (), inputs: Iterable[Path | No
                option: str = "-o/--output") -> Path:
     """``path`` if it is a directory or can be made one, and none of ``files`` in it is one of ``inputs``.
 
-    Nothing is created here (a refused run creates nothing): :func:`make_dir` makes the directory
+    Nothing is created here (a refused run creates nothing): :func:`made_dir` makes the directory
     when there is something to write.
     """
     try:
@@ -462,13 +463,39 @@ def output_dir(path: Path, files: Iterable[str] = (), inputs: Iterable[Path | No
     return path
 
 
-def make_dir(path: Path) -> Path:
-    """Create the output directory ``path`` (and its parents) if it is not there; errors name ``path``."""
+@contextlib.contextmanager
+def made_dir(path: Path, scratch: bool = False) -> Iterator[Path]:
+    """``path`` made a directory (with its missing parents; errors name ``path``) for the block's writes.
+
+    The directories this made are removed again, as far as they are empty, when the block fails (a
+    full disk: a failed run leaves no empty output directory behind), and also when it succeeds
+    for a ``scratch`` directory (``--spill-dir``'s shards are removed after use).
+    """
+    made = []
+    missing = path
+    while not os.path.lexists(missing) and missing != missing.parent:
+        made.append(missing)
+        missing = missing.parent
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
-    return path
+    try:
+        yield path
+    except BaseException:
+        _remove_empty(made)
+        raise
+    if scratch:
+        _remove_empty(made)
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    """Remove ``directories`` (deepest first) while they are empty."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return  # not empty (or gone): its parents stay too
 
 
 def _check_creatable(directory: Path, given: Path, option: str) -> None:

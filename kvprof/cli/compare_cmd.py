@@ -42,7 +42,7 @@ from kvprof.cli.common import (
     fit_and_tune,
     guarded,
     list_items,
-    make_dir,
+    made_dir,
     needs_hp,
     number_option,
     open_trace,
@@ -268,15 +268,16 @@ def demo(
     check_memory(DEMO_CAPACITIES, 0, jobs, len(DEMO_POLICIES) * len(DEMO_CAPACITIES), "-j/--jobs")
     trace_name = f"bailian-a-2h-seed{seed}.jsonl"
     output_dir(output, files=[trace_name, FITTED_HP, results_file.FILE, *FILES])
-    trace_path = make_dir(output) / trace_name
-    with status(f"generating {trace_path}"):
-        write_jsonl(trace_path, generate("bailian-a", 2.0, seed))
-    trace = open_trace(trace_path)
-    hp = fit_and_tune(trace, (0.0, 3600.0), DEMO_CAPACITIES, SimConfig(), jobs)
-    inputs = {"trace_path": str(trace_path), "synthetic": {"preset": "bailian-a", "hours": 2.0, "seed": seed},
-              "hp": {"fitted_on_window": "0:3600", "path": str(output / FITTED_HP)}, "eval_window": "3600:"}
-    _run_and_report(trace.time_window(3600.0, None), hp, DEMO_POLICIES, DEMO_CAPACITIES, SimConfig(), jobs, output,
-                    json_out, inputs, hp)
+    with made_dir(output):
+        trace_path = output / trace_name
+        with status(f"generating {trace_path}"):
+            write_jsonl(trace_path, generate("bailian-a", 2.0, seed))
+        trace = open_trace(trace_path)
+        hp = fit_and_tune(trace, (0.0, 3600.0), DEMO_CAPACITIES, SimConfig(), jobs)
+        inputs = {"trace_path": str(trace_path), "synthetic": {"preset": "bailian-a", "hours": 2.0, "seed": seed},
+                  "hp": {"fitted_on_window": "0:3600", "path": str(output / FITTED_HP)}, "eval_window": "3600:"}
+        _run_and_report(trace.time_window(3600.0, None), hp, DEMO_POLICIES, DEMO_CAPACITIES, SimConfig(), jobs, output,
+                        json_out, inputs, hp)
 
 
 def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs, fitted,
@@ -289,8 +290,7 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
         results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, ray=ray, inputs=inputs,
                             progress=update)
     document = results.to_dict()
-    make_dir(output)
-    with staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
+    with made_dir(output), staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
         if fitted is not None:
             fitted.save(outputs.stage(output / FITTED_HP))
         results_file.write(outputs.stage(output / results_file.FILE), document)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Annotated, Optional
@@ -20,6 +21,7 @@ from kvprof.cli.common import (
     check_memory,
     guarded,
     list_items,
+    made_dir,
     number_option,
     open_trace,
     output_dir,
@@ -257,10 +259,11 @@ def fit(
             output_dir(spill_dir, option="--spill-dir")
         from kvprof.profiler.shards import fit_sharded, trace_paths as shard_files
 
-        hp = fit_sharded(shard_files(trace_path), rule, window=bounds, spill_dir=spill_dir, ray=ray,
-                         read_options={"format": format, "block_size": block_size, "skip_invalid": skip_invalid},
-                         horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
-                         cell_fields=fields, max_components=max_components)
+        with made_dir(spill_dir, scratch=True) if spill_dir is not None else contextlib.nullcontext():
+            hp = fit_sharded(shard_files(trace_path), rule, window=bounds, spill_dir=spill_dir, ray=ray,
+                             read_options={"format": format, "block_size": block_size, "skip_invalid": skip_invalid},
+                             horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
+                             cell_fields=fields, max_components=max_components)
         _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {hp.provenance['n_requests']} requests")
         return
     recording = recordings[0] if recordings else None

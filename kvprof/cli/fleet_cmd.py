@@ -38,7 +38,7 @@ from kvprof.cli.common import (
     fit_and_tune,
     guarded,
     list_items,
-    make_dir,
+    made_dir,
     needs_hp,
     number_option,
     open_trace,
@@ -228,8 +228,7 @@ def fleet(
     document, rows, replica_hps = _run(evaluated, hp, fit_part, tasks, sim_config, jobs, ray, inputs, json_out)
     from kvprof.cli.plots import plot_results
 
-    make_dir(output)
-    with staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
+    with made_dir(output), staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
         if fitted is not None:
             fitted.save(outputs.stage(output / FITTED_HP))
         for name, replica_hp in replica_hps.items():

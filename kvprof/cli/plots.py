@@ -80,7 +80,7 @@ def _plot_panel(results: dict, out_dir: Path, staging: StagedFiles, stem: str, y
     written = []
     for suffix in FORMATS:
         path = out_dir / f"{stem}.{suffix}"
-        with open(staging.stage(path), "wb") as handle:
+        with staging.open(path) as handle:
             figure.savefig(handle, format=suffix, dpi=120)
         written.append(path)
     return written

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvprof.cli.common import make_dir, qttft_cell
+from kvprof.cli.common import made_dir, qttft_cell
 from kvprof.cli.output import first_rows, print_json, say, show, table
 
 #: What the table's hit ratio is, said under it (docs/results-schema.md, ``token_hit_ratio``).
@@ -24,7 +24,10 @@ def show_results(paths: list[Path], documents: list[dict], output: Path | None, 
     from kvprof.results import merge
 
     merged = merge(documents)
-    plots = plot_results(merged, make_dir(output)) if output is not None else []
+    plots = []
+    if output is not None:
+        with made_dir(output):
+            plots = plot_results(merged, output)
     if json_out:
         print_json(merged)
         return
