@@ -44,7 +44,7 @@ from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock, mak
 
 from kvprof.core.twin import CompiledTwin
 from kvprof.policy import make_policy
-from kvprof.vllm.block_pool import PolicyFreeQueue
+from kvprof.vllm.block_pool import FrontBlocks, PolicyFreeQueue
 
 
 class PublishedQueue:
@@ -122,8 +122,7 @@ def bench(n, k, repeat):
 
     for name in ("lru", "wa"):
         policy = CompiledTwin(make_policy(name, hp=hp), n)
-        q = PolicyFreeQueue(blocks, policy)
-        q._front.clear()
+        q = PolicyFreeQueue(blocks, policy, front=FrontBlocks(blocks, 0, 0))
         for b, c in zip(blocks, classes):
             policy.access(b.block_id, time.monotonic(), c, 0)
         q.append_n(blocks)
@@ -168,8 +167,7 @@ def bench_calls(k, pool, sizes, repeat):
             return tick[0]
 
         policy = CompiledTwin(make_policy(name, hp=hp), pool)
-        q = PolicyFreeQueue(blocks, policy, clock=clock)
-        q._front.clear()
+        q = PolicyFreeQueue(blocks, policy, clock=clock, front=FrontBlocks(blocks, 0, 0))
         for request, c in zip(requests, classes):
             for depth, b in enumerate(request):
                 policy.access(b.block_id, clock(), c, depth)

@@ -1,7 +1,8 @@
 """The twin's numbered entry points (what the vLLM pool calls) decide as its keyed ones do.
 
 The pool passes a hit block's remembered content number (:meth:`CompiledTwin.remembered`) instead of
-looking its key up again, and a request's chain as numbers it kept (:meth:`CompiledTwin.numbers`,
+looking its key up again (and no content at all, -1, to a twin whose decisions read none:
+:attr:`CompiledTwin.reads_contents`), and a request's chain as numbers it kept (:meth:`CompiledTwin.numbers`,
 ``admit_numbered``, ``finish_numbered``); driven that way, the twin must still evict what the
 reference policy evicts.
 """
@@ -24,7 +25,7 @@ class NumberedTwin(CompiledTwin):
 
     def access(self, block, now, workload=0, depth=0, *, hit=False, next_use=np.inf, content=None):
         blocks = np.array([block], dtype=np.int64)
-        numbers = self.numbers([content])
+        numbers = self.numbers([content]) if self.reads_contents else np.full(1, -1, dtype=np.int64)  # as the pool
         if hit:
             remembered = self.remembered(blocks)
             assert remembered is not None and remembered.tolist() == numbers.tolist()  # a hit's content is unchanged
@@ -50,10 +51,22 @@ def test_the_numbered_twin_evicts_what_the_reference_evicts(name, ops, num_block
 
 
 def test_remembered_is_none_for_a_block_never_accessed():
-    twin = CompiledTwin(build("lru"), 8)
+    twin = CompiledTwin(build("first-turn"), 8)  # reads contents, which the twin (not its core) keeps
+    assert twin.reads_contents and not twin._contents_in_core
     twin.access(2, 0.0, content="a")
     assert twin.remembered(np.array([2], dtype=np.int64)).tolist() == twin.numbers(["a"]).tolist()
     assert twin.remembered(np.array([2, 3], dtype=np.int64)) is None
     assert twin.remembered(np.array([100], dtype=np.int64)) is None
     twin.clear()
     assert twin.remembered(np.array([2], dtype=np.int64)) is None
+
+
+@pytest.mark.parametrize("name, reads", [("lru", False), ("lfu", False), ("sieve", False), ("s3fifo", True),
+                                         ("arc", True), ("first-turn", True), ("wa", True)])
+def test_a_twin_says_whether_its_decisions_read_contents(name, reads):
+    """What the pool relies on to number no content for lru, lfu and sieve (their cores take none)."""
+    twin = CompiledTwin(WA_VARIANTS["wa+shadows"]() if name == "wa" else build(name), 8)
+    assert twin.reads_contents is reads
+    if not reads:
+        twin.access(2, 0.0, content="a")
+        assert twin.remembered(np.array([2, 5], dtype=np.int64)).tolist() == [-1, -1]

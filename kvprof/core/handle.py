@@ -20,6 +20,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kvprof.core import wa as core
+from kvprof.core.dispatch import uses_content
 from kvprof.core.policies import keeps_contents, keeps_touches
 from kvprof.core.wa import policy_type
 
@@ -192,6 +193,15 @@ def keeps_contents_of(address):
     """Whether the policy's main core keeps the content each block was cached with, which
     :func:`contents_of` reads (:func:`~kvprof.core.policies.keeps_contents`)."""
     return keeps_contents(policy_at(address).main)
+
+
+@njit(cache=True)
+def reads_contents_of(address):
+    """Whether the policy's decisions read the contents accesses pass: its main core keeps them, or it
+    is ``wa``'s composite (its followed cores, ghosts and shadows go by content). Where not, a driver
+    may pass -1 (none) for every content and number nothing."""
+    main = policy_at(address).main
+    return main.wa or uses_content(main.kind)
 
 
 @njit(cache=True)

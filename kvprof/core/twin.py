@@ -55,7 +55,8 @@ class CompiledTwin(EvictionPolicy):
     number block ``b`` was last accessed with (what :meth:`remembered` gives for a hit, so a
     prefix hit costs no key lookup per block), kept only where the core does not keep a cached
     block's content itself (``_contents_in_core``: then it is empty and :meth:`remembered`
-    reads the core's). ``keeps_touches``: the core keeps when each block
+    reads the core's; empty too where the core reads no contents: ``reads_contents`` False, and
+    then a driver may pass -1 for every content). ``keeps_touches``: the core keeps when each block
     was last accessed or freed and at what depth (:meth:`touches`), so a driver need not keep
     them too. ``shadow_feed``, once :meth:`feed_shadows_in_background` was called, takes every
     admission and finish (:class:`~kvprof.core.shadow_feed.ShadowFeed`), and every eviction and
@@ -91,9 +92,11 @@ class CompiledTwin(EvictionPolicy):
         self.shadow_feed: ShadowFeed | None = None
         self._build()
         self.keeps_touches = handle.keeps_touches_of(self._address)
+        self.reads_contents = handle.reads_contents_of(self._address)
         self._contents_in_core = handle.keeps_contents_of(self._address)
-        # content numbers < 2**31; empty where the core keeps them (an access then notes nothing here)
-        self._block_content = np.full(0 if self._contents_in_core else max(n_blocks, 16), -1, dtype=np.int32)
+        # content numbers < 2**31; empty where the core keeps them or reads none (an access then notes nothing here)
+        self._notes_contents = self.reads_contents and not self._contents_in_core
+        self._block_content = np.full(max(n_blocks, 16) if self._notes_contents else 0, -1, dtype=np.int32)
 
     def _build(self) -> None:
         self.handle = compile_policy(self.reference, self._n_blocks)
@@ -153,15 +156,23 @@ class CompiledTwin(EvictionPolicy):
         next_use: float = math.inf,
         content: Hashable | None = None,
     ) -> None:
-        if self._taken:
-            self._apply_taken()
         ids = self._content_id
         content_id = -1 if content is None else ids[content] if content in ids else self._number(content)
-        if block >= len(self._block_content):
-            self._remember_contents(np.array([block], dtype=np.int64), np.array([content_id], dtype=np.int64))
+        self.access_one(block, depth, content_id, now, workload, hit=hit, next_use=next_use)
+
+    def access_one(self, block: int, depth: int, number: int, now: float, workload: int, *, hit: bool = False,
+                   next_use: float = math.inf) -> None:
+        """:meth:`access` with the content as its :meth:`numbers` number (-1: none): one compiled call,
+        no array (a decode step caches one block a request)."""
+        if self._taken:
+            self._apply_taken()
+        if not self._notes_contents:
+            pass
+        elif block >= len(self._block_content):
+            self._remember_contents(np.array([block], dtype=np.int64), np.array([number], dtype=np.int64))
         else:
-            self._block_content[block] = content_id
-        handle.access(self._address, block, float(now), workload, depth, hit, float(next_use), content_id)
+            self._block_content[block] = number
+        handle.access(self._address, block, float(now), workload, depth, hit, float(next_use), number)
 
     def access_chain(self, blocks: Sequence[int], depths: Sequence[int], contents: Sequence[Hashable | None],
                      now: float, workload: int, *, hit: bool) -> None:
@@ -184,7 +195,9 @@ class CompiledTwin(EvictionPolicy):
     def remembered(self, blocks: np.ndarray) -> np.ndarray | None:
         """The content numbers ``blocks`` (int64) were cached with (last accessed with, where the core
         keeps none), or None if one of them has none: what a prefix hit passes (a cached block's
-        content has not changed since it was cached)."""
+        content has not changed since it was cached). Where the core reads no contents, -1 for each."""
+        if not self.reads_contents:
+            return np.full(len(blocks), -1, dtype=np.int64)
         if self._contents_in_core:
             numbers = np.empty(len(blocks), dtype=np.int64)
             return numbers if handle.contents_of(self._address, blocks, numbers) else None
@@ -194,7 +207,7 @@ class CompiledTwin(EvictionPolicy):
         return None if len(numbers) and numbers.min() < 0 else numbers
 
     def _remember_contents(self, blocks: np.ndarray, numbers: np.ndarray) -> None:
-        if self._contents_in_core:
+        if not self._notes_contents:
             return
         try:  # the table is as long as the pool: a block beyond it only where the pool grows (a simulator's)
             self._block_content[blocks] = numbers

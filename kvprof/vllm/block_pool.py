@@ -28,7 +28,8 @@ All ordering logic is the policy's; this module only feeds it vLLM's events:
 Invariants kept from vLLM: the null block (id 0) is popped once at construction and never enters
 the queue; blocks owned by other pools are routed by ``BlockPool.free_blocks`` itself (unchanged);
 ``get_all_free_blocks`` and ``iter_blocks_after`` walk the blocks in eviction order at the time of
-the call; ``num_free_blocks`` counts all three parts. And one of this queue: a free block with a
+the call; ``num_free_blocks`` counts all three parts (a plain int, as vLLM's is: the scheduler reads it
+on every allocation). And one of this queue: a free block with a
 block hash is in the policy part (hash-less blocks enter the front or the back, and a free block
 gains no hash), so ``remove`` of such a block is a ``take`` of the policy, deferred to its next
 call, without asking the core whether it holds it.
@@ -187,9 +188,16 @@ class PolicyFreeQueue:
         Orders the cached free blocks; must be empty.
     clock : callable
         Seconds, monotonic (the policy's ``now``).
+    front : FrontBlocks, optional
+        The hash-less free blocks, first out; default every block, in id order.
+
+    Invariants: ``num_free_blocks`` is the length of the three parts together and ``_n_cached`` that of
+    the policy's (blocks taken back but not yet applied to it excluded): both plain ints kept at
+    each change, so that neither vLLM's reads nor the hot paths ask the policy for its length.
     """
 
-    def __init__(self, blocks: list[KVCacheBlock], policy, clock=time.monotonic) -> None:
+    def __init__(self, blocks: list[KVCacheBlock], policy, clock=time.monotonic,
+                 front: FrontBlocks | None = None) -> None:
         self._blocks = blocks
         #: Cached blocks the policy evicted so far.
         self.evictions = 0
@@ -200,47 +208,57 @@ class PolicyFreeQueue:
         # turns it into blocks three times faster than a list comprehension would.
         self._block_array = np.empty(len(blocks), dtype=object)
         self._block_array[:] = blocks
+        self._n_cached = 0
         self.use(policy)
         self._clock = clock
-        self._front = FrontBlocks(blocks)
+        self._front = FrontBlocks(blocks) if front is None else front
         self._back: deque[KVCacheBlock] = deque()
+        self.num_free_blocks = self._front.size + self._n_cached
 
     def use(self, policy) -> None:
         """Order the cached blocks by ``policy`` from now on (it holds them already); ``last_touch`` is
         kept here only for a policy whose core does not keep it (a new table's entries are 0)."""
         self.policy = policy
         self._take = policy.take
+        self._n_cached = len(policy)
         if policy.keeps_touches:
             self.last_touch = None
         elif self.last_touch is None:
             self.last_touch = np.zeros(len(self._blocks))
 
-    # -- size ------------------------------------------------------------------------------
-    @property
-    def num_free_blocks(self) -> int:
-        return self._front.size + len(self.policy) + len(self._back)
+    def taken_back(self, n: int) -> None:
+        """``n`` cached free blocks were taken back with :attr:`_take` (``policy.take``) directly."""
+        self._n_cached -= n
+        self.num_free_blocks -= n
 
     # -- taking blocks out -----------------------------------------------------------------
     def popleft(self) -> KVCacheBlock:
+        if not self.num_free_blocks:
+            raise ValueError("No free blocks available")
+        self.num_free_blocks -= 1
         if self._front.size:
             return self._front.popleft()
-        if len(self.policy):
+        if self._n_cached:
+            self._n_cached -= 1
             self.evictions += 1
             return self._blocks[self.policy.evict(self._clock())]
-        if self._back:
-            return self._back.popleft()
-        raise ValueError("No free blocks available")
+        return self._back.popleft()
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         if n <= 0:
             return []
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot pop {n} free blocks: only {self.num_free_blocks} are free")
-        out = self._front.popleft_n(n) if self._front.size else []
+        self.num_free_blocks -= n
+        front = self._front
+        if front.size >= n:  # the usual case until the pool first fills
+            return front.popleft_n(n)
+        out = front.popleft_n(n) if front.size else []
         n -= len(out)
         if n:
-            m = min(n, len(self.policy))
+            m = min(n, self._n_cached)
             if m:
+                self._n_cached -= m
                 self.evictions += m
                 if m <= _FEW:
                     blocks = self._blocks
@@ -256,6 +274,8 @@ class PolicyFreeQueue:
     def remove(self, block: KVCacheBlock) -> None:
         if block._block_hash is not None:  # the usual case: a prefix hit on a cached block
             self._take(block.block_id)
+            self._n_cached -= 1
+            self.num_free_blocks -= 1
             return
         try:
             self._front.remove(block)  # rare: a hash-less free block taken back
@@ -267,6 +287,8 @@ class PolicyFreeQueue:
                     self.policy.remove(block.block_id)
                 except KeyError:
                     raise ValueError(f"block {block.block_id} is not free") from None
+                self._n_cached -= 1
+        self.num_free_blocks -= 1
 
     # -- putting blocks back ---------------------------------------------------------------
     def append(self, block: KVCacheBlock) -> None:
@@ -277,9 +299,11 @@ class PolicyFreeQueue:
         # ``_block_hash`` is the slot behind the ``block_hash`` property; reading it directly
         # costs a third as much on this per-block path (checked at import).
         cached = [block.block_id for block in blocks if block._block_hash is not None]
+        self.num_free_blocks += len(blocks)
         if len(cached) < len(blocks):
             self._back.extend(block for block in blocks if block._block_hash is None)
         if cached:
+            self._n_cached += len(cached)
             now = self._clock()
             if len(cached) > 1:
                 cached = int64s(cached)
@@ -289,7 +313,9 @@ class PolicyFreeQueue:
 
     def prepend_n(self, blocks) -> None:
         """Blocks to reuse first, the first of ``blocks`` first."""
+        before = self._front.size
         self._front.prepend(blocks)
+        self.num_free_blocks += self._front.size - before
 
     # -- walking ---------------------------------------------------------------------------
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
@@ -317,6 +343,7 @@ class PolicyFreeQueue:
         blocks = self._blocks
         order = self.policy.order(self._clock())
         self.policy.clear()
+        self._n_cached = 0
         self._front.extend(blocks[i] for i in order)
         self._front.extend(self._back)
         self._back.clear()
@@ -407,6 +434,7 @@ class KvprofBlockPool(BlockPool):
         self._depth: np.ndarray | None = None
         self._hits = np.zeros(n, dtype=np.int8)  # capped at _HITS_KEPT
         self._owner = np.empty(n, dtype=object)  # (extra_args, prompt tokens) of the last request to access it
+        self._none = np.full(64, -1, dtype=np.int64)  # the contents of a chain to a policy that reads none
         #: The content numbers every chain reaches the policy with (compiled lookups, the twin's rule).
         self.contents = ContentNumbers(policy.max_contents)
         #: Request id -> (content numbers of its chain, how many from the start are known): what
@@ -417,8 +445,7 @@ class KvprofBlockPool(BlockPool):
         self._request_classes: dict[str, tuple[np.ndarray, int]] = {}
         # vLLM's queue has popped the null block already; keep its order for the rest.
         free = self.free_block_queue.get_all_free_blocks()
-        self.free_block_queue = PolicyFreeQueue(self.blocks, policy, clock)
-        self.free_block_queue._front = front_of(self.blocks, free)
+        self.free_block_queue = PolicyFreeQueue(self.blocks, policy, clock, front_of(self.blocks, free))
         self._install(policy)
 
     def _install(self, policy) -> None:
@@ -447,6 +474,9 @@ class KvprofBlockPool(BlockPool):
         ids, depths = chain_depths(blocks, self.hash_block_size)
         if len(ids):
             request = self.current_request
+            if not self.policy.reads_contents:
+                self._access_numbered(ids, depths, self._no_contents(len(ids)), request, hit=True)
+                return
             numbers = self.policy.remembered(ids)
             if numbers is None:  # a block no access told the policy about (cannot happen; kept exact)
                 numbers = self.contents.numbers([self.blocks[i]._block_hash for i in ids.tolist()])
@@ -458,23 +488,37 @@ class KvprofBlockPool(BlockPool):
         count up by one, a free one taken out of the queue as :meth:`PolicyFreeQueue.remove` would
         (a cached one is a list append), without a method call per block (a 128k-token hit is
         8,000 blocks)."""
-        take, remove = self.policy.take, self.free_block_queue.remove
+        queue = self.free_block_queue
+        take, remove = self.policy.take, queue.remove
+        taken = 0
         for block in blocks:
             if block.ref_cnt == 0:
                 if block._block_hash is not None:
                     take(block.block_id)
+                    taken += 1
                 elif not block.is_null:
                     remove(block)
             block.ref_cnt += 1
+        if taken:
+            queue.taken_back(taken)
 
     def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs) -> None:
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
         if num_cached_blocks >= num_full_blocks:
             return
         new = blocks[num_cached_blocks:num_full_blocks]
+        if not self.policy.reads_contents:
+            self._cache_unnumbered(request, new, num_cached_blocks, args, kwargs)
+            return
         block_ids = [block.block_id for block in new]
-        ids = int64s(block_ids)
         keys = [block._block_hash for block in new]
+        if len(new) == 1 and block_ids[0] and keys[0] is not None:  # decode: a block at a time, no array
+            number = int(self.contents.numbers(keys)[0])
+            self._access_one(block_ids[0], num_cached_blocks, number, request)
+            if self._shadowed:
+                self._note_chain(request, [num_cached_blocks], [number], keys[0])
+            return
+        ids = int64s(block_ids)
         depths = np.arange(num_cached_blocks, num_full_blocks, dtype=np.int64)
         # rare: null blocks (id 0, a sliding window's) or blocks left uncached
         if (0 in block_ids if len(block_ids) < _SEARCHED else not ids.all()) or None in keys:
@@ -485,17 +529,54 @@ class KvprofBlockPool(BlockPool):
             self._access_numbered(ids, depths, numbers, request, hit=False)
             self._note_chain(request, depths, numbers, keys[0])
 
+    def _cache_unnumbered(self, request, new: list, first_depth: int, args, kwargs) -> None:
+        """:meth:`cache_full_blocks`' part for a policy that reads no contents: the blocks vLLM cached
+        reach it at their depths with no content, and no key is looked at. vLLM leaves a block of
+        ``new`` uncached only where it is the null block (id 0) or masked out (``block_mask``)."""
+        block_ids = [block.block_id for block in new]
+        mask = kwargs.get("block_mask", args[2] if len(args) > 2 else None)
+        if len(new) == 1 and block_ids[0] and (mask is None or mask[0]):  # decode: a block at a time, no array
+            self._access_one(block_ids[0], first_depth, -1, request)
+            return
+        ids = int64s(block_ids)
+        depths = np.arange(first_depth, first_depth + len(new), dtype=np.int64)
+        if (0 in block_ids if len(block_ids) < _SEARCHED else not ids.all()) or (mask is not None and not all(mask)):
+            kept = [i for i, block in enumerate(new) if not block.is_null and block._block_hash is not None]
+            ids, depths = ids[kept], depths[kept]
+        if len(ids):
+            self._access_numbered(ids, depths, self._no_contents(len(ids)), request, hit=False)
+
+    def _no_contents(self, n: int) -> np.ndarray:
+        """``n`` contents of none (-1), for a policy that reads no contents (a view; not to be written)."""
+        if n > len(self._none):
+            self._none = np.full(max(n, 2 * len(self._none)), -1, dtype=np.int64)
+        return self._none[:n]
+
+    def _request_facts(self, request) -> tuple[np.ndarray, int]:
+        """``request``'s owner (as :attr:`_owner` holds it) and class index, looked up once per request."""
+        if request is None:
+            return _NO_OWNER, self.kvprof_spec.default_index
+        known = self._request_classes.get(request.request_id)
+        if known is None:
+            tags = (request_extra_args(request), request.num_prompt_tokens)
+            known = self._request_classes[request.request_id] = (_one(tags), self.kvprof_spec.class_index(*tags))
+        return known
+
+    def _access_one(self, block_id: int, depth: int, number: int, request) -> None:
+        """:meth:`_access_numbered` of one block a request cached (not a hit), without arrays."""
+        owner, cls = self._request_facts(request)
+        now = self._clock()
+        if self._depth is not None:  # else the policy's core keeps both
+            self._depth[block_id] = depth
+            self.free_block_queue.last_touch[block_id] = now
+        self._hits[block_id] = 0
+        self._owner[block_id] = owner[0]
+        self.policy.access_one(block_id, depth, number, now, cls)
+
     def _access_numbered(self, ids: np.ndarray, depths: np.ndarray, numbers: np.ndarray, request, hit: bool) -> None:
         """The policy accesses blocks ``ids`` at ``depths`` with contents ``numbers`` for ``request``
         (one compiled call), and the pool notes what a reload would tell a new policy of them."""
-        if request is None:
-            owner, cls = _NO_OWNER, self.kvprof_spec.default_index
-        else:
-            known = self._request_classes.get(request.request_id)
-            if known is None:
-                tags = (request_extra_args(request), request.num_prompt_tokens)
-                known = self._request_classes[request.request_id] = (_one(tags), self.kvprof_spec.class_index(*tags))
-            owner, cls = known
+        owner, cls = self._request_facts(request)
         now = self._clock()
         if self._depth is not None:  # else the policy's core keeps both
             self._depth[ids] = depths
@@ -504,7 +585,7 @@ class KvprofBlockPool(BlockPool):
         self._owner[ids] = owner
         self.policy.access_numbered(ids, depths, numbers, now, cls, hit=hit)
 
-    def _note_chain(self, request, depths: np.ndarray, numbers: np.ndarray, first_key) -> None:
+    def _note_chain(self, request, depths: np.ndarray | list[int], numbers: np.ndarray | list[int], first_key) -> None:
         """Remember ``numbers`` at chain positions ``depths`` of ``request`` (group 0's keys only)."""
         if request is None or not self._shadowed or not first_key.endswith(_GROUP0):
             return

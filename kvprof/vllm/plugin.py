@@ -437,7 +437,9 @@ def _data_parallel_rank(scheduler) -> int:
 def track_requests(scheduler, manager, pool, live) -> None:
     """Tell ``pool`` which request ``manager.allocate_slots`` serves, ``pool`` and ``live`` when a
     request gets its first blocks and when vLLM frees it (the pool before its blocks go: its
-    policy's shadows take the request's whole chain), and close ``live`` with the scheduler.
+    policy's shadows take the request's whole chain), let ``live`` swap in a reloaded policy at the
+    start of each ``schedule`` (once a step, not once per allocation), and close ``live`` with the
+    scheduler.
 
     A request preempted and resumed is told once, at its first blocks and its final free: a
     shadow holds its slots in between."""
@@ -446,7 +448,6 @@ def track_requests(scheduler, manager, pool, live) -> None:
 
     @functools.wraps(original_allocate)
     def allocate_slots(request, *args, **kwargs):
-        live.poll()
         if pool is not None:
             pool.current_request = request
         try:
@@ -480,6 +481,13 @@ def track_requests(scheduler, manager, pool, live) -> None:
             scheduled, hit_tokens = first_scheduled.pop(request.request_id, (None, 0))
             live.finished(request, scheduled, hit_tokens, clock())
 
+    original_schedule = scheduler.schedule
+
+    @functools.wraps(original_schedule)
+    def schedule(*args, **kwargs):
+        live.poll()  # once a step, before any call to the pool
+        return original_schedule(*args, **kwargs)
+
     original_shutdown = scheduler.shutdown
 
     @functools.wraps(original_shutdown)
@@ -492,5 +500,6 @@ def track_requests(scheduler, manager, pool, live) -> None:
                 pool.close()
 
     manager.allocate_slots = allocate_slots
+    scheduler.schedule = schedule
     scheduler._free_request = _free_request
     scheduler.shutdown = shutdown

@@ -532,14 +532,18 @@ def test_a_running_requests_class_follows_a_reload(in_vllm):
     assert old_spec.class_index(tags) != new_spec.class_index(tags)
     told = []
 
-    def record(policy):
-        access = policy.access_numbered
+    def record(policy):  # a call's class, whether it passes a chain or one block
+        access, access_one = policy.access_numbered, policy.access_one
 
         def recorded(ids, depths, numbers, now, workload, *, hit):
             told.append(workload)
             return access(ids, depths, numbers, now, workload, hit=hit)
 
-        policy.access_numbered = recorded
+        def recorded_one(block, depth, number, now, workload, **kwargs):
+            told.append(workload)
+            return access_one(block, depth, number, now, workload, **kwargs)
+
+        policy.access_numbered, policy.access_one = recorded, recorded_one
 
     request = SimpleNamespace(request_id="r", num_prompt_tokens=4 * 16, num_computed_tokens=4 * 16,
                               num_output_tokens=1, block_hashes=[bytes([k]) * 16 for k in range(4)],
