@@ -234,3 +234,48 @@ def test_a_spill_directory_fit_made_is_removed_with_its_parents(tmp_path):
     assert invoke("fit", trace, "--sharded", "--window", "0:", "--spill-dir", kept, "-o", tmp_path / "hp.json"
                   ).exit_code == 0
     assert kept.is_dir() and list(kept.iterdir()) == []  # one that was there stays
+
+
+@pytest.mark.parametrize("command", ["compare", "fleet"])
+def test_rejected_requests_are_in_the_table(tmp_path, command):
+    """At capacity 2 almost every request was rejected, and the tables showed only a tiny hit ratio and QTTFT."""
+    from tests.helpers import one_line, synthetic
+
+    trace, _ = synthetic(tmp_path, hours=0.02)
+    extra = ["--router", "round-robin", "--replicas", "2"] if command == "fleet" else []
+    result = invoke(command, trace, "--policies", "lru", "--capacity", "2", "--eval-window", "0:", "-j", "1", *extra,
+                    "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    run = json.loads((tmp_path / "out" / "results.json").read_text())["runs"][0]
+    assert run["n_rejected"] > 0
+    text = one_line(result.stdout)
+    assert f"{run['n_rejected']:,} ({run['n_rejected'] / run['n_requests']:.1%})" in text
+    assert "rejected: requests longer than the whole cache" in text
+
+
+def test_a_fit_window_overlapping_the_evaluation_window_is_said_on_screen(tmp_path):
+    """compare without --config on a trace shorter than an hour fitted on all of it, then scored part of it, silently."""
+    from tests.helpers import one_line, synthetic
+
+    trace, read = synthetic(tmp_path, hours=0.02)
+    middle = float(read.timestamp[read.n_requests // 2])
+    result = invoke("compare", trace, "--policies", "lru,wa", "--capacity", "64", "--eval-window", f"{middle}:",
+                    "-j", "1", "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    evaluated = int((read.timestamp >= middle).sum())
+    assert f"holds {evaluated:,} of the {evaluated:,} requests of the evaluation window" in one_line(result.stderr)
+    apart = invoke("compare", trace, "--policies", "lru,wa", "--capacity", "64", "--fit-window", f":{middle}",
+                   "--eval-window", f"{middle}:", "-j", "1", "-o", tmp_path / "apart")
+    assert apart.exit_code == 0 and "evaluation window" not in apart.stderr
+
+
+def test_fit_says_why_it_has_no_held_out_quality(tmp_path):
+    from tests.helpers import one_line, synthetic
+
+    trace, read = synthetic(tmp_path, hours=0.02)
+    result = invoke("fit", trace, "-o", tmp_path / "hp.json")  # the default 0:3600 holds the whole trace
+    assert result.exit_code == 0, result.output
+    assert "held-out quality -: the window after the fit window, [3600, 7200) s, holds no requests" in one_line(
+        result.stderr)
+    result = invoke("fit", trace, "--window", "0:", "-o", tmp_path / "hp.json")
+    assert "held-out quality -: the fit window is open-ended" in one_line(result.stderr)

@@ -345,6 +345,16 @@ def qttft_cell(seconds: float | None, overloaded: bool = False) -> str:
 
 # --- what compare and fleet share -----------------------------------------------------------------
 
+
+def rejected_cell(rejected: int, requests: int) -> str:
+    """A table's ``rejected`` cell: requests too long for the whole cache, not served, and their share."""
+    return f"{rejected:,} ({rejected / requests:.1%})" if rejected else "0"
+
+
+#: Said under a table with rejected requests: what the hit ratio and QTTFT of those runs mean.
+REJECTED_NOTE = ("rejected: requests longer than the whole cache, never served; the hit ratio counts their prompt "
+                 "tokens as uncached and QTTFT is over the served requests only")
+
 #: The hp file compare and fleet write when they fit one.
 FITTED_HP = "hp.json"
 
@@ -400,18 +410,34 @@ def cost_model(path: Path | None, **given):
     return dataclasses.replace(base, **{name: value for name, value in given.items() if value is not None})
 
 
-def fit_and_tune(trace, bounds, capacities, sim_config, jobs: int, ray=None):
+def fit_and_tune(trace, bounds, capacities, sim_config, jobs: int, ray=None, evaluated=None):
     """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
-    capacities on it (``kvprof fit --capacity``); saved once the sweep is done."""
+    capacities on it (``kvprof fit --capacity``); saved once the sweep is done. A warning says when
+    the window holds requests of ``evaluated``, the evaluation window's (fitted on what is then scored)."""
     import dataclasses
 
     from kvprof.profiler.fit import fit_trace
 
     window = trace.time_window(*bounds)
+    if evaluated is not None:
+        _warn_if_overlapping(window, evaluated)
     with status(f"fitting reuse models on {window.n_requests:,} requests"):
         hp = fit_trace(window)
     return tune_with_progress(hp, window, capacities,
                               dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()), jobs, ray)
+
+
+def _warn_if_overlapping(fitted, evaluated) -> None:
+    """Warn when requests of the evaluation window ``evaluated`` are also in the fit window ``fitted``."""
+    import numpy as np
+
+    first, last = np.searchsorted(evaluated.timestamp, fitted.window, side="left")
+    if last > first:
+        lo, hi = fitted.window
+        warn(f"the fit window [{lo:g}, {min(hi, fitted.censor_time):g}) s holds {last - first:,} of the "
+             f"{evaluated.n_requests:,} requests of the evaluation window: wa is fitted and tuned on requests it is "
+             f"then scored on (a trace shorter than the windows? give --fit-window and --eval-window that do not "
+             f"overlap)")
 
 
 # --- outputs --------------------------------------------------------------------------------------

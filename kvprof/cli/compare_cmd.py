@@ -21,6 +21,7 @@ import typer
 
 from kvprof.cli.common import (
     FITTED_HP,
+    REJECTED_NOTE,
     EvalWindowOpt,
     FitWindowOpt,
     FormatOpt,
@@ -51,6 +52,7 @@ from kvprof.cli.common import (
     policy_list,
     qttft_cell,
     recorded_capacity,
+    rejected_cell,
     recording_of,
     trace_block_size,
 )
@@ -241,7 +243,7 @@ def compare(
                                      timing=timing)
     fitted = None
     if fits:
-        hp = fitted = fit_and_tune(trace, fit_bounds, capacities, sim_config, jobs, ray)
+        hp = fitted = fit_and_tune(trace, fit_bounds, capacities, sim_config, jobs, ray, evaluated)
         hp_input = {"fitted_on_window": fit_window, "path": str(output / FITTED_HP)}
     document_inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit,
                        "seed": seed}
@@ -322,11 +324,13 @@ def _table(results, default_block: bool):
         error = functools.partial(hit_ratio_error, rate=config.sample_rate, n_effective=sample["effective_chains"])
         lost = sample["lost_token_share"]
     two_tiers = bool(config.cpu_capacity)
-    columns = ["capacity (usable blocks)", "policy", "hit ratio", "vs lru", "belady gap closed", "QTTFT mean (s)", "QTTFT p99 (s)"]
+    columns = ["capacity (usable blocks)", "policy", "hit ratio", "vs lru", "belady gap closed", "rejected",
+               "QTTFT mean (s)", "QTTFT p99 (s)"]
     if two_tiers:
         columns += ["device hits", "host hits", "misses"]
     out = table(f"{trace_facts['n_requests']:,} requests{speed}, {block}; {_qttft_source(results)}",
-                {column: "left" if column == "policy" else "right" for column in columns})
+                {column: "left" if column == "policy" else "right" for column in columns},
+                caption=REJECTED_NOTE if any(run.n_rejected for run in results.runs) else None)
     for capacity in results.capacities:
         for policy in results.policies:
             run, gains = results.get(policy, capacity), results.comparison(policy, capacity)
@@ -336,6 +340,7 @@ def _table(results, default_block: bool):
                 f"{run.token_hit_ratio:.4f}" + (f" ± {error(run.token_hit_ratio, lost_share=lost[str(capacity)]):.4f}" if error else ""),
                 _percent(gains["hit_gain_over_lru"]) if policy != "lru" else "",
                 _percent(gains["belady_gap_closed"]) if policy not in ("lru", "belady") else "",
+                rejected_cell(run.n_rejected, run.n_requests),
                 qttft_cell(run.qttft_mean_s, run.qttft_overloaded),
                 qttft_cell(run.qttft_p99_s, run.qttft_overloaded),
             ]

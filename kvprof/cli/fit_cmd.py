@@ -294,14 +294,14 @@ def fit(
     where = " + ".join(map(str, trace_paths))
     if fitted.n_requests == 0:
         raise KvprofError(f"{where}: the fit window {window} holds no requests")
-    holdout = _holdout(trace, fitted)
+    holdout, no_holdout = _holdout(trace, fitted)
     names = " + ".join(path.name for path in trace_paths)
     title = f"{names} {window}: {fitted.n_requests} requests"
     timing = {}
     if fleet_spec is not None:
         fitted = _replica_share(fitted, fleet_spec, replicas, replica, capacities[0], engine_block,
                                 f"{where} {window}")
-        holdout = None  # the next window's traffic to the replica depends on routing beyond this one
+        holdout, no_holdout = None, "the next window's traffic to the replica depends on routing beyond this one"
         timing = {"timing": "model"}  # as a fleet's replicas are timed
         title = f"{names} {window}, replica {replica} of {replicas} behind {router}: {fitted.n_requests} requests"
     with status(f"fitting reuse models on {fitted.n_requests:,} requests"):
@@ -316,7 +316,7 @@ def fit(
         from kvprof.sim.fleet import routed
 
         hp = routed(hp, fleet_spec, replicas, replica)
-    _report_fit(hp, output, json_out, title, learned)
+    _report_fit(hp, output, json_out, title, learned, no_holdout)
 
 
 def _fleet_spec(replica: int | None, replicas: int | None, router: str | None, load_weight: float | None,
@@ -418,8 +418,10 @@ def _replica_share(fitted, spec, replicas: int, replica: int, capacity: int, eng
     return share
 
 
-def _report_fit(hp, output: Path, json_out: bool, title: str, learned: bool = False) -> None:
-    """Save the hp file, then print it (JSON, or the cells and tuning tables)."""
+def _report_fit(hp, output: Path, json_out: bool, title: str, learned: bool = False,
+                no_holdout: str | None = None) -> None:
+    """Save the hp file, then print it (JSON, or the cells and tuning tables; ``no_holdout`` says why
+    they have no held-out quality)."""
     hp.save(output)
     if json_out:
         print_json(hp.to_dict())
@@ -427,6 +429,8 @@ def _report_fit(hp, output: Path, json_out: bool, title: str, learned: bool = Fa
     show_table(cells_table(hp, title=title))
     if hp.tuning:
         show_table(tuning_table(hp, learn_asked=learned))
+    if no_holdout is not None:
+        say(f"held-out quality -: {no_holdout}")
     if (line := next_turn_line(hp)) is not None:
         say(line)
     say(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, {horizons(hp)})")
@@ -445,12 +449,16 @@ def _engine_block(engine_block_size: int | None, trace_block: int) -> int:
 
 
 def _holdout(trace, fitted):
-    """The window after the fit window, as long as it (None when the fit window is open-ended)."""
+    """The window after the fit window, as long as it, and None; or None and why there is none (the
+    held-out columns then say -)."""
     start, end = fitted.window
     if not (math.isfinite(start) and math.isfinite(end)):
-        return None
+        return None, "the fit window is open-ended: no window after it to score on"
     later = trace.time_window(end, end + (end - start))
-    return later if later.n_requests else None
+    if later.n_requests:
+        return later, None
+    return None, (f"the window after the fit window, [{end:g}, {end + (end - start):g}) s, holds no requests (the "
+                  f"trace's last arrival is at {float(trace.timestamp[-1]):g} s): give a --window that leaves some")
 
 
 def _capacities(text: str | None, jobs: int) -> tuple[int, ...]:

@@ -20,6 +20,7 @@ from kvprof import results as results_file
 from kvprof.atomic import staged
 from kvprof.cli.common import (
     FITTED_HP,
+    REJECTED_NOTE,
     EvalWindowOpt,
     FitWindowOpt,
     FormatOpt,
@@ -48,6 +49,7 @@ from kvprof.cli.common import (
     policy_list,
     qttft_cell,
     recorded_capacity,
+    rejected_cell,
     recording_of,
     trace_block_size,
 )
@@ -218,7 +220,7 @@ def fleet(
     sim_config = SimConfig(engine_block_size=engine_block, cost=cost, rate_scale=rate_scale, timing="model")
     fitted = None
     if fits:
-        hp = fitted = fit_and_tune(trace, fit_bounds, capacities, sim_config, jobs, ray)
+        hp = fitted = fit_and_tune(trace, fit_bounds, capacities, sim_config, jobs, ray, evaluated)
         hp_input = {"fitted_on_window": fit_window, "path": str(output / FITTED_HP)}
     inputs = {"trace_path": " + ".join(map(str, trace_paths)), "hp": hp_input, "eval_window": eval_window,
               "limit": limit}
@@ -355,18 +357,20 @@ def run_configuration(shared, spec, replicas: int, policy: str, capacity: int, p
 def _table(rows: list[dict], document: dict):
     facts = document["inputs"]["trace"]
     out = table(f"{facts['n_requests']:,} requests, {document['config']['engine_block_size']}-token engine blocks, "
-                f"capacity per replica", {c: "left" if c in ("router", "policy") else "right" for c in _COLUMNS})
+                f"capacity per replica", {c: "left" if c in ("router", "policy") else "right" for c in _COLUMNS},
+                caption=REJECTED_NOTE if any(row["n_rejected"] for row in rows) else None)
     for row in rows:
         ratios = row["replica_token_hit_ratios"]
         out.add_row(row["router"], row["policy"] + (" (hp per replica)" if row["hp"] != "fleet" else ""),
                     str(row["replicas"]), f"{row['capacity']:,}",
                     f"{row['fleet_token_hit_ratio']:.4f}", f"{row['belady_token_hit_ratio']:.4f}",
-                    f"{min(ratios):.3f}..{max(ratios):.3f}", f"{row['load_imbalance']:.2f}",
+                    f"{min(ratios):.3f}..{max(ratios):.3f}", rejected_cell(row["n_rejected"], row["n_requests"]),
+                    f"{row['load_imbalance']:.2f}",
                     qttft_cell(row["qttft_mean_s"], row["qttft_overloaded"]),
                     qttft_cell(row["qttft_p99_s"], row["qttft_overloaded"]))
     return out
 
 
 _COLUMNS = ("router", "policy", "replicas", "capacity", "fleet hit ratio", "belady", "replica hit ratios",
-            "imbalance", "QTTFT mean (s)", "QTTFT p99 (s)")
+            "rejected", "imbalance", "QTTFT mean (s)", "QTTFT p99 (s)")
 
