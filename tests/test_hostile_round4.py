@@ -279,3 +279,23 @@ def test_fit_says_why_it_has_no_held_out_quality(tmp_path):
         result.stderr)
     result = invoke("fit", trace, "--window", "0:", "-o", tmp_path / "hp.json")
     assert "held-out quality -: the fit window is open-ended" in one_line(result.stderr)
+
+
+@pytest.mark.parametrize("began_followed, continued_followed, favours", [
+    (0, 1, False),  # ratio inf on one event: no evidence
+    (0, 500, False),  # none followed after a first request: a ratio of nothing
+    (2, 500, False),
+    (3, 500, True),
+    (5, 30, True),  # Mooncake's fit windows (0:200 counts 5 of 598 and 3 of 22)
+])
+def test_the_next_turn_ratio_needs_followed_requests_on_both_sides(began_followed, continued_followed, favours):
+    """1,000 began / 0 followed against 1,000 continued / 1 followed switched wa to first-turn (and cost 19 %)."""
+    from kvprof.models.next_turn import NextTurnRates
+
+    assert NextTurnRates(30.0, 1000, began_followed, 1000, continued_followed).favours_first_turn() is favours
+
+
+def test_mooncakes_shortest_fit_window_still_favours_first_turn():
+    from kvprof.models.next_turn import NextTurnRates
+
+    assert NextTurnRates(30.0, 598, 5, 22, 3).favours_first_turn()

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from kvprof.cli.hp_tables import NOT_TRAINED, tuning_table
 from kvprof.models.hp import load_hp
-from kvprof.models.next_turn import FIRST_TURN_RATIO, MIN_REQUESTS, NextTurnRates
+from kvprof.models.next_turn import FIRST_TURN_RATIO, MIN_FOLLOWED, MIN_REQUESTS, NextTurnRates
 from kvprof.policy import make_policy
 from kvprof.policy.wa import DEFAULT_ORDERS, FIRST_TURN_ORDERS
 from kvprof.profiler.fit import fit_trace
@@ -47,7 +47,8 @@ def test_only_full_blocks_make_a_chain_as_a_server_caches_them():
     (NextTurnRates(30.0, 100, 10, 40, 12), 3.0, True),  # at the ratio
     (NextTurnRates(30.0, 100, 11, 40, 12), 0.3 / 0.11, False),
     (NextTurnRates(30.0, 100, 5, MIN_REQUESTS - 1, 12), 0.05 ** -1 * 12 / (MIN_REQUESTS - 1), False),  # too few
-    (NextTurnRates(30.0, 100, 0, 40, 12), math.inf, True),
+    (NextTurnRates(30.0, 100, 0, 40, 12), math.inf, False),  # no began request followed: too few events for a ratio
+    (NextTurnRates(30.0, 100, MIN_FOLLOWED, 40, 12), 0.3 / 0.03, True),
     (NextTurnRates(30.0, 100, 0, 40, 0), math.nan, False),
     (NextTurnRates(30.0, 0, 0, 40, 12), math.nan, False),
 ])

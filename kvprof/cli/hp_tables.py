@@ -20,7 +20,7 @@ def horizons(hp) -> str:
 
 def next_turn_line(hp) -> str | None:
     """What the fit window's next-turn counts say and which candidates ``wa`` takes from them (None: not counted)."""
-    from kvprof.models.next_turn import FIRST_TURN_RATIO, MIN_REQUESTS
+    from kvprof.models.next_turn import FIRST_TURN_RATIO, MIN_FOLLOWED, MIN_REQUESTS
 
     counts = hp.next_turn
     if counts is None:
@@ -30,8 +30,9 @@ def next_turn_line(hp) -> str | None:
                                               ("continued one", counts.continued, counts.continued_followed))]
     if counts.favours_first_turn():
         verdict = f"ratio {counts.ratio:.1f} >= {FIRST_TURN_RATIO:g}: wa runs over first-turn and lru"
-    elif min(counts.began, counts.continued) < MIN_REQUESTS:
-        verdict = f"fewer than {MIN_REQUESTS} of one kind: wa keeps its default candidates"
+    elif not counts.enough():
+        verdict = (f"fewer than {MIN_REQUESTS} requests or {MIN_FOLLOWED} followed of one kind: too few for a ratio, "
+                   f"wa keeps its default candidates")
     else:
         verdict = f"ratio {counts.ratio:.1f} < {FIRST_TURN_RATIO:g}: wa keeps its default candidates"
     return f"next request of the session within {counts.horizon_s:g} s: {rates[0]}, {rates[1]} ({verdict})"

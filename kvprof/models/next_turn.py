@@ -25,6 +25,10 @@ FIRST_TURN_RATIO = 3.0
 #: Fewest requests of each kind (began, continued) that the ratio is taken on. Mooncake's shortest fit
 #: window (200 s) has 22 continued requests whose next turn could be seen.
 MIN_REQUESTS = 20
+#: Fewest followed requests of each kind the ratio is taken on: a rate of one event, or none (a ratio of
+#: inf), says nothing of how often either kind is followed. Mooncake's shortest fit window (200 s) has 5
+#: and 3 (of 598 began and 22 continued requests), so every fit window measured decides as before.
+MIN_FOLLOWED = 3
 
 
 @dataclass(frozen=True)
@@ -53,10 +57,16 @@ class NextTurnRates:
             return math.inf if self.continued_followed else math.nan
         return self.continued_followed * self.began / (self.continued * self.began_followed)  # (one rounding)
 
+    def enough(self) -> bool:
+        """Whether the counts can give a ratio: :data:`MIN_REQUESTS` requests and :data:`MIN_FOLLOWED`
+        followed requests of each kind."""
+        return (min(self.began, self.continued) >= MIN_REQUESTS
+                and min(self.began_followed, self.continued_followed) >= MIN_FOLLOWED)
+
     def favours_first_turn(self) -> bool:
-        """Whether ``wa`` should run over ``first-turn`` and LRU: enough requests of each kind and a ratio of
-        at least :data:`FIRST_TURN_RATIO`."""
-        return min(self.began, self.continued) >= MIN_REQUESTS and self.ratio >= FIRST_TURN_RATIO
+        """Whether ``wa`` should run over ``first-turn`` and LRU: enough counts of each kind (:meth:`enough`)
+        and a ratio of at least :data:`FIRST_TURN_RATIO`."""
+        return self.enough() and self.ratio >= FIRST_TURN_RATIO
 
     def to_dict(self) -> dict:
         return {"horizon_s": self.horizon_s, "began": self.began, "began_followed": self.began_followed,
