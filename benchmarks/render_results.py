@@ -22,7 +22,8 @@ file's list (bench_scheduler.py's shapes: agent, mixed, memory at 500,000 blocks
 
 JSON shapes the renderers read (keys not named are ignored):
 
-- quality.json: bench_quality.py -o (``run``, ``policies``, ``baselines``, ``cases[].rows[]``, ``targets``).
+- quality.json: bench_quality.py -o (``run``, ``policies``, ``baselines``, ``cases[].rows[]``, ``targets``;
+  with --sample also ``samples[]``, which the ``quality-samples`` block renders).
 - windows.json: bench_windows.py -o (``run``, ``rows[]``).
 - profiler.json, sim.json, memory.json: bench_profiler.py / bench_sim.py / bench_memory.py -o.
 - fleet.json, fleet-weka.json: bench_fleet.py -o (``run``, ``cases[].rows[]``; weka at more accesses).
@@ -164,6 +165,30 @@ def render_readme_quality(document: dict) -> list[str]:
             f"{run['commit']}:", "",
             *table(["trace", "GPU blocks", "lru", "best baseline", "wa", "belady"], rows), "",
             quality_summary(document)]
+
+
+def render_quality_samples(document: dict) -> list[str]:
+    samples = document.get("samples")
+    if not samples:
+        raise RenderError("quality.json holds no sampled replays: run bench_quality.py with --sample 0.1,0.01")
+    rows = []
+    for row in samples:
+        if "refused" in row:
+            said, _, advice = row["refused"].partition(": their rejections would be the estimate. ")
+            advice = advice.split(", or replay")[0].replace("Sample at least", "sample at least")
+            rows.append([row["trace"], f"{row['rate']:g}", f"refused: {said}" + (f"; {advice}" if advice else ""),
+                         "", "", "", ""])
+            continue
+        worst = max(row["errors"], key=lambda k: abs(row["errors"][k]))
+        rows.append([row["trace"], f"{row['rate']:g}", f"{row['chains']:,} of {row['of_chains']:,}",
+                     f"{row['max_abs_error']:.3f}".lstrip("0"), f"{worst.split()[0]} at {int(worst.split()[1]):,}",
+                     f"{row['within_bound']} of {len(row['errors'])}", f"{row['speed_up']:.1f}x"])
+    eligible = [r for r in samples if r["rate"] == 0.1 and r.get("chains", 0) >= 1000]
+    met = bool(eligible) and all(r["max_abs_error"] <= 0.01 for r in eligible)
+    return [*table(["trace", "sample", "conversations in it", "worst abs error", "policy at blocks",
+                    "within the 2-SE bound", "sweep speed-up"], rows), "",
+            f"- {'met' if met else '**missed**'}: error <= 0.01 at 0.1 wherever the sample holds >= 1,000 "
+            "conversations: " + (", ".join(f"{r['trace']} {r['max_abs_error']:.3f}" for r in eligible) or "no such trace")]
 
 
 # --- other splits of the real traces (bench_windows.py) --------------------------------------------------
@@ -411,6 +436,7 @@ def render_free_queue(document: dict) -> list[str]:
 BLOCKS = {
     "quality": ("quality.json", render_quality),
     "readme-quality": ("quality.json", render_readme_quality),
+    "quality-samples": ("quality.json", render_quality_samples),
     "windows": ("windows.json", render_windows),
     "demo": ("demo.json", render_demo),
     "profiler": ("profiler.json", render_profiler),
