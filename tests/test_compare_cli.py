@@ -65,7 +65,7 @@ def test_json_output_with_given_hp_and_two_tiers(small_trace, fitted, tmp_path):
         (("--capacity", "many"), 2, "written in ASCII digits, got 'many'"),
         (("--policies", "lru,mru"), 2, "unknown policy 'mru'"),
         (("--capacity-schedule", "0:64,soon:32"), 2, "seconds:blocks"),
-        (("--eval-window", "99999:"), 1, "holds no requests"),
+        (("--eval-window", "99999:"), 2, "holds no requests"),
         (("--block-size", "24"), 2, "24 tokens is not a multiple of the trace's 16-token blocks"),
         (("--fit-window", "5000:6000"), 1, "holds no requests"),
         (("--format", "csv"), 2, "'csv' is not one of"),

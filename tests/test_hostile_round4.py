@@ -299,3 +299,19 @@ def test_mooncakes_shortest_fit_window_still_favours_first_turn():
     from kvprof.models.next_turn import NextTurnRates
 
     assert NextTurnRates(30.0, 598, 5, 22, 3).favours_first_turn()
+
+
+@pytest.mark.parametrize("args, hint", [
+    ([], "--eval-window 0:"),  # lru fits nothing: replay it all
+    (["--policies", "lru,wa"], "--fit-window 0:"),
+])
+def test_fleets_default_windows_on_a_short_trace_say_which_to_pass(tmp_path, args, hint):
+    """fleet DIR1 DIR2 DIR3 on recordings shorter than an hour exited 1, as if the data were bad."""
+    from tests.helpers import one_line, synthetic
+
+    trace, _ = synthetic(tmp_path, hours=0.02)
+    result = invoke("fleet", trace, *args, "-o", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    text = one_line(result.output)
+    assert "the window 3600: holds no requests" in text and f"for a trace this short pass e.g. {hint}" in text
+    assert not (tmp_path / "out").exists()

@@ -410,6 +410,22 @@ def cost_model(path: Path | None, **given):
     return dataclasses.replace(base, **{name: value for name, value in given.items() if value is not None})
 
 
+def evaluation_window(trace, bounds, text: str, limit: int | None, fits: bool):
+    """The requests ``--eval-window`` (``text``, read as ``bounds``) and ``--limit`` replay; none is a usage
+    error (exit 2) that says which windows fit a trace this short: its arrivals, and to fit on about 40 %
+    and replay the rest when ``fits``, else to replay it all."""
+    evaluated = trace.time_window(*bounds)
+    if limit is not None:
+        evaluated = evaluated.head(limit)
+    if evaluated.n_requests:
+        return evaluated
+    first, last = float(trace.timestamp[0]), float(trace.timestamp[-1])
+    split = f"{first + 0.4 * (last - first):.0f}"
+    hint = f"--fit-window {first:.0f}:{split} --eval-window {split}:" if fits else f"--eval-window {first:.0f}:"
+    raise typer.BadParameter(f"the window {text} holds no requests of {trace.source} (its arrivals span {first:g}..{last:g} s); "
+                             f"for a trace this short pass e.g. {hint}", param_hint="--eval-window")
+
+
 def fit_and_tune(trace, bounds, capacities, sim_config, jobs: int, ray=None, evaluated=None):
     """Fit the reuse models on a window (the published workflow: hour one) and tune wa for the
     capacities on it (``kvprof fit --capacity``); saved once the sweep is done. A warning says when

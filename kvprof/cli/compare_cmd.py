@@ -40,6 +40,7 @@ from kvprof.cli.common import (
     check_multiple,
     cost_model,
     distinct,
+    evaluation_window,
     fit_and_tune,
     guarded,
     list_items,
@@ -223,17 +224,7 @@ def compare(
                        block_option="--trace-block-tokens")
     if block_size is not None:
         check_multiple(block_size, trace.block_size)
-    evaluated = trace.time_window(*eval_bounds)
-    if limit is not None:
-        evaluated = evaluated.head(limit)
-    if evaluated.n_requests == 0:
-        first, last = float(trace.timestamp[0]), float(trace.timestamp[-1])
-        split = f"{first + 0.4 * (last - first):.0f}"  # fit on about 40 %, replay the rest
-        raise SimulationError(
-            f"the evaluation window {eval_window} holds no requests "
-            f"(the trace's arrivals span {first:g}..{last:g} s); for a trace this short pass e.g. "
-            f"--fit-window {first:.0f}:{split} --eval-window {split}:"
-        )
+    evaluated = evaluation_window(trace, eval_bounds, eval_window, limit, fits)
     engine_block = block_size or (trace.block_size if recording else default_engine_block(trace.block_size))
     from kvprof.sim.recorded import resolve_timing
 

@@ -36,6 +36,7 @@ from kvprof.cli.common import (
     check_multiple,
     cost_model,
     distinct,
+    evaluation_window,
     fit_and_tune,
     guarded,
     list_items,
@@ -210,12 +211,7 @@ def fleet(
     trace = joined_trace(trace_paths, traces, recordings, routers)
     if block_size is not None:
         check_multiple(block_size, trace.block_size)
-    evaluated = trace.time_window(*eval_bounds)
-    if limit is not None:
-        evaluated = evaluated.head(limit)
-    if evaluated.n_requests == 0:
-        raise SimulationError(f"the evaluation window {eval_window} holds no requests (the trace's arrivals span "
-                              f"{float(trace.timestamp[0]):g}..{float(trace.timestamp[-1]):g} s); pass --eval-window")
+    evaluated = evaluation_window(trace, eval_bounds, eval_window, limit, fits or hp_per_replica)
     engine_block = block_size or (trace.block_size if recordings else default_engine_block(trace.block_size))
     sim_config = SimConfig(engine_block_size=engine_block, cost=cost, rate_scale=rate_scale, timing="model")
     fitted = None
