@@ -33,10 +33,14 @@ JSON shapes the renderers read (keys not named are ignored):
   ``median_step_us``, ``p99_step_us``, ``median_x_native``, ``p99_x_native``, ``added_us_per_block``,
   ``max_kvprof_call_us`` (absent with --no-call-pass), ``plugin_built_bytes_per_block`` and
   ``plugin_bytes_per_block``; one table per run.
-- free_queue.json: ``{"run": facts(), "per_block": {CLASSES: {BLOCKS: {QUEUE: [cycle_ns, remove_ns]}}},
-  "per_call": {CLASSES: {QUEUE: {N: us}}}, "chain": {"blocks": K, "pool": P, "ns_per_block": {PHASE: ns}},
-  "caching": {"pool": P, "us_per_call": {"native": us, "lru": us, "wa": us}}}`` (bench_free_queue.py's
-  ``bench``, ``bench_calls``, ``bench_chain`` and ``bench_caching`` results; any part may be absent).
+- free_queue.json: ``record free_queue --append`` of each mode's JSON, whose parts are
+  ``{"per_block": {CLASSES: {BLOCKS: {QUEUE: [cycle_ns, remove_ns]}}}, "per_call": {CLASSES: {QUEUE: {N: us}}},
+  "chain": {"blocks": K, "pool": P, "ns_per_block": {PHASE: ns}}, "caching": {"pool": P, "us_per_call":
+  {"native": us, "lru": us, "wa": us}}}`` (bench_free_queue.py's ``bench``, ``bench_calls``, ``bench_chain``
+  and ``bench_caching`` results; any part may be absent); or one such document with its ``run`` beside the parts.
+
+``record`` reads the last line of standard input that is a JSON object when the whole is not one (a
+library's log lines before it are skipped).
 """
 
 from __future__ import annotations
@@ -401,6 +405,13 @@ def render_scheduler(document: dict) -> list[str]:
 # --- the free queue (bench_free_queue.py's results) ------------------------------------------------------------
 
 def render_free_queue(document: dict) -> list[str]:
+    """One part per run: ``record free_queue --append`` of each mode (per block and per call, --chain,
+    --caching), or one document holding ``run`` and the parts."""
+    if "runs" in document:
+        lines = []
+        for record in document["runs"]:
+            lines += ([""] if lines else []) + render_free_queue({"run": record["run"], **record["report"]})
+        return lines
     lines = [provenance(document.get("run"))]
     for classes, sizes in (document.get("per_block") or {}).items():
         rows = []
@@ -506,11 +517,25 @@ def _no_paths(value):
     return value
 
 
+def _json_of(text: str):
+    """``text`` as JSON, or the last of its lines that is a JSON object (log lines printed before it)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        for line in reversed(text.splitlines()):
+            if line.lstrip().startswith("{"):
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+    raise RenderError("no JSON object on standard input")
+
+
 def record(name: str, command: str, append: bool, stream=sys.stdin) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from provenance import facts
 
-    report = _no_paths(json.loads(stream.read()))
+    report = _no_paths(_json_of(stream.read()))
     run = facts([sys.argv[0]])
     run["command"] = command
     path = RESULTS / f"{name}.json"
@@ -531,7 +556,11 @@ def main(argv=None) -> int:
                                                              "repository root (no machine paths)")
         parser.add_argument("--append", action="store_true", help="add a run to the file's list instead of replacing it")
         args = parser.parse_args(argv[1:])
-        print(f"wrote {record(args.name, args.command, args.append)}", file=sys.stderr)
+        try:
+            print(f"wrote {record(args.name, args.command, args.append)}", file=sys.stderr)
+        except RenderError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a block differs from its JSON")

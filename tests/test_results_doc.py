@@ -96,8 +96,22 @@ def test_record_stores_provenance_and_no_machine_paths(monkeypatch, tmp_path):
     stored = json.loads(path.read_text())["runs"][0]
     assert stored["run"]["command"] == "kvprof demo -o DIR --json" and stored["run"]["machine"]["cores"] >= 1
     assert stored["report"]["inputs"] == {"trace_path": "a.jsonl", "hp": {"path": "hp.json"}}
-    render_results.record("demo", "again", True, io.StringIO("{}"))
-    assert len(json.loads(path.read_text())["runs"]) == 2
+    render_results.record("demo", "again", True, io.StringIO('INFO a log line\n{"pools": {}}\n'))
+    runs = json.loads(path.read_text())["runs"]
+    assert len(runs) == 2 and runs[1]["report"] == {"pools": {}}
+    with pytest.raises(render_results.RenderError, match="no JSON"):
+        render_results.record("demo", "again", True, io.StringIO("INFO only logs\n"))
+
+
+def test_free_queue_runs_recorded_one_per_mode_render_in_turn(monkeypatch, tmp_path):
+    runs = [{"run": RUN, "report": {"chain": {"blocks": 8000, "pool": 50000, "ns_per_block": {"free": 10.5}}}},
+            {"run": {**RUN, "commit": "def5678"}, "report": {"caching": {"pool": 50000, "us_per_call":
+                                                                          {"native": 1.02, "wa": 7.77}}}}]
+    (tmp_path / "free_queue.json").write_text(json.dumps({"runs": runs}))
+    monkeypatch.setattr(render_results, "RESULTS", tmp_path)
+    prose = " ".join(render_results.render_block("free-queue").split())
+    assert prose.index("commit abc1234") < prose.index("free 10.5") < prose.index("commit def5678") < prose.index(
+        "wa 7.77 (adds 6.75)")
 
 
 #: What a reference page must not hold: a machine's paths, checkouts named by variable.
