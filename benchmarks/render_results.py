@@ -538,6 +538,7 @@ def record(name: str, command: str, append: bool, stream=sys.stdin) -> Path:
     report = _no_paths(_json_of(stream.read()))
     run = facts([sys.argv[0]])
     run["command"] = command
+    run["load_average_at_start"] = None  # taken after the benchmark ran: not its load
     path = RESULTS / f"{name}.json"
     runs = json.loads(path.read_text())["runs"] if append and path.exists() else []
     runs.append({"run": run, "report": report})
