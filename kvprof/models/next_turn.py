@@ -18,9 +18,9 @@ from kvprof.limits import POSITIVE_SECONDS
 #: Seconds within which a session's next request counts as following soon.
 NEXT_TURN_HORIZON_S = 30.0
 #: The least ratio of the two rates (continued over began) at which ``wa`` follows ``first-turn``. On the
-#: fit windows of the traces measured (docs/results.md, 2026-12-03, eleventh session) Mooncake's ratios are
-#: 4.9-17.2, weka's 1.1, bailian-a's 1.0-1.2 and bailian-b's 0: any value between 1.2 and 4.9 splits them
-#: alike. The evidence is four traces.
+#: fit windows of the traces measured (docs/results.md, "Online facts: the output length and the session's
+#: turn") Mooncake's ratios are 4.9-17.2, weka's 1.1, bailian-a's 1.0-1.2 and bailian-b's 0: any value
+#: between 1.2 and 4.9 splits them alike. The evidence is four traces.
 FIRST_TURN_RATIO = 3.0
 #: Fewest requests of each kind (began, continued) that the ratio is taken on. Mooncake's shortest fit
 #: window (200 s) has 22 continued requests whose next turn could be seen.

@@ -1,12 +1,13 @@
 """``wa``'s first-turn candidate: LRU, save that the blocks of requests that began a session go first.
 
-The oracle table (docs/results.md, issue 24) puts a quarter to a half of Mooncake's best-baseline-to-Belady
-gap in knowing whether a freed chain's session continues. A server can infer one fact that predicts it from
-the block hashes alone: whether the request *continued* a session (an earlier request's whole chain is a
-prefix of its own) or began one. On Mooncake a session's next request follows within 30 s 5-17 times as
-often after a request that continued it as after one that began it; on weka and bailian about as often.
-The profiler measures that ratio on the fit window (:mod:`kvprof.profiler.turns`); ``wa`` follows this
-order where it is high.
+The oracle table (docs/results.md, "Where the headroom to Belady is") puts a quarter to a half of Mooncake's
+best-baseline-to-Belady gap in knowing whether a freed chain's session continues. A server can infer one
+fact that predicts it from the block hashes alone: whether the request *continued* a session (an earlier
+request's whole chain is a prefix of its own) or began one. On Mooncake a session's next request follows
+within 30 s 5-17 times as often after a request that continued it as after one that began it; on weka and
+bailian about as often (docs/results.md, "Online facts: the output length and the session's turn"). The
+profiler measures that ratio on the fit window (:mod:`kvprof.profiler.turns`); ``wa`` follows this order
+where it is high.
 """
 
 from __future__ import annotations

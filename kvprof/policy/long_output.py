@@ -1,11 +1,11 @@
 """``wa``'s long-output candidate: LRU, save that the blocks of requests with long outputs go first.
 
-The oracle and rule benchmarks (docs/results.md, issue 24) found one thing a server knows when a
-request ends that says whether its chain comes back: how much it generated. On weka's agent
-sessions and on Mooncake, the blocks of requests whose output was longer than the fit window's
-median (or a quartile) are reused less, and evicting them first closes part of the
-best-baseline-to-Belady gap where LRU or a simple order leads. The limit is tuned per capacity
-(:mod:`kvprof.sim.tune`); ``wa`` follows this order only while its shadow hits most.
+The oracle and rule benchmarks (docs/results.md, "Where the headroom to Belady is" and "Online facts: the
+output length and the session's turn") found one thing a server knows when a request ends that says whether
+its chain comes back: how much it generated. On weka's agent sessions and on Mooncake, the blocks of
+requests whose output was longer than the fit window's median (or a quartile) are reused less, and evicting
+them first closes part of the best-baseline-to-Belady gap where LRU or a simple order leads. The limit is
+tuned per capacity (:mod:`kvprof.sim.tune`); ``wa`` follows this order only while its shadow hits most.
 """
 
 from __future__ import annotations

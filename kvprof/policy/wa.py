@@ -36,8 +36,9 @@ if set(ORDER_NAMES) != set(CANDIDATES):  # the hp loader checks tuned start orde
 DEFAULT_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency", "s3fifo")
 #: The candidates where the fit window's sessions come back soon after a continued request far more often
 #: than after a first one: on Mooncake's three fit windows ``wa`` over these beat its default candidates at
-#: 11 of 12 points (docs/results.md, 2026-12-03); with the default ones too its shadows could not tell the
-#: first-turn order's few percent from noise on windows that short.
+#: 11 of 12 points; with the default ones too its shadows could not tell the first-turn order's few percent
+#: from noise on windows that short (the rule and the counts it reads: docs/results.md, "Online facts: the
+#: output length and the session's turn").
 FIRST_TURN_ORDERS = ("first-turn", "lru")
 #: Shadows compare their hits over about this many capacities' worth of accesses (a half-life).
 WINDOW_CAPACITIES = 16.0
@@ -46,20 +47,20 @@ SWITCH_MARGIN = 0.002
 #: ... and by this many standard errors of the difference, estimated from the per-period differences of
 #: the two shadows' hits (each period is a few requests, whose hits come in chains): on Mooncake, whose
 #: 512-token blocks make each hit a lump, none of the switches the margin alone allowed led by two
-#: errors, and they cost hits (docs/results.md, 2026-12-03, twelfth session).
+#: errors, and they cost hits (docs/results.md, "`wa`'s switching").
 SWITCH_ERRORS = 2.0
 #: ``wa`` compares its shadows every ``max(FOLLOW_PERIOD_MIN, capacity // FOLLOW_PERIOD_SHARE)`` blocks looked up.
 FOLLOW_PERIOD_MIN = 64
 FOLLOW_PERIOD_SHARE = 16
 #: The share of conversations the shadows see by default, in caches scaled to it
 #: (:class:`~kvprof.policy.shadow.ChainSample`), but never so few that a scaled shadow holds less than
-#: ``SHADOW_SAMPLE_MIN_BLOCKS`` blocks (rate 1 below that size, or when the size is not given).
-#: Measured (README "Performance"): on bailian-a at 65,536 blocks, shadows at rate 0.25 and 0.1
-#: (6,554 blocks) rank the candidates as full ones do and wa's hit ratio holds; at 0.05 it does
-#: not (-1.9 %). On weka's agent sessions, shadows of 8,192 blocks (rate 0.51 at 16,000 blocks,
-#: 0.82 at 10,000) cost wa 1.6 % and 2.7 %, and at rate 0.1 the quality suite's sizes lose up to
-#: 19 %: so the suite's sizes (up to 16,384 blocks) keep full shadows, and larger caches sample
-#: down to shadows of 16,384 blocks (rate 0.25 at 65,536).
+#: ``SHADOW_SAMPLE_MIN_BLOCKS`` blocks (rate 1 below that size, or when the size is not given). Measured
+#: (the gist: docs/results.md, "`wa`'s shadows"): on bailian-a at 65,536 blocks, shadows at rate 0.25 and
+#: 0.1 (6,554 blocks) rank the candidates as full ones do and wa's hit ratio holds; at 0.05 it does not
+#: (-1.9 %). On weka's agent sessions, shadows of 8,192 blocks (rate 0.51 at 16,000 blocks, 0.82 at 10,000)
+#: cost wa 1.6 % and 2.7 %, and at rate 0.1 the quality suite's sizes lose up to 19 %: so the suite's sizes
+#: (up to 16,384 blocks) keep full shadows, and larger caches sample down to shadows of 16,384 blocks (rate
+#: 0.25 at 65,536).
 SHADOW_SAMPLE = 0.1
 SHADOW_SAMPLE_MIN_BLOCKS = 16384
 

@@ -4,7 +4,7 @@ Each oracle is a base order (LRU, or any other policy) plus one fact about the f
 read from the evaluation window itself (:class:`Future`). A freed block the fact says will not be
 wanted goes to a *demoted* pool that is evicted first; the others go to the base policy, which
 orders them as it always does and is asked for victims only when the demoted pool is empty. The
-facts (docs/results/oracles.md defines them):
+facts (measured in docs/results.md, "Where the headroom to Belady is"):
 
 * ``continues``: the session of the request that frees the block sends its next request within
   the horizon ``H`` after the free (the freed chain is extended again soon); demoted otherwise,

@@ -55,8 +55,9 @@ REPLAYED_SHARE = 1 / 3
 OUTPUT_PERCENTILES = (25, 50, 75)
 #: Candidates ``wa`` never starts on, however well their shadow did in the tuning replay. Started on
 #: ``long-output``, ``wa`` lost to starting on the best other shadow at 5 of 7 such points of weka and
-#: Mooncake over two fit windows (by 1.7 % of hit ratio on average, docs/results.md): followed, it leads
-#: where its shadow says so, and starting on it skips the comparison that keeps it honest.
+#: Mooncake over two fit windows (each replayed with both starts from one hp file; by 1.7 % of hit ratio on
+#: average): followed, it leads where its shadow says so, and starting on it skips the comparison that keeps
+#: it honest.
 NEVER_START = ("long-output",)
 #: A quartile's limit is chosen over the median's only if it hit more by this many standard errors
 #: of the median's hit count (``1 / sqrt(hits)``, relative): the replayed third of a short window
