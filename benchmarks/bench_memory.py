@@ -10,12 +10,12 @@ first minute, then resets its peak RSS (``/proc/self/clear_refs``) and replays t
 included: the trace is held in memory whole, so this grows with length whatever the policy does;
 the trace's own arrays are reported beside it, their growth being the part no policy can bound)
 and the replay's own, above the RSS just before it (what the simulator and the policy add: the
-state the issue bounds; a rise under ``MIN_OWN_MB`` gets no ratio). The target (issue 23): the
+state the target bounds; a rise under ``MIN_OWN_MB`` gets no ratio). The target: the
 longest length's whole peak within 1.5x of the shortest's, for every policy; the last line names
 the policies that missed it.
 
 ``--code DIR`` runs the children with ``DIR`` first on ``PYTHONPATH`` (several: side by side,
-e.g. main's checkout and this one, each length and policy in turn). Linux only (``/proc``).
+e.g. checkouts of two commits, each length and policy in turn). Linux only (``/proc``).
 """
 
 from __future__ import annotations

@@ -165,7 +165,7 @@ def print_sampled(rows: list[dict]) -> None:
 
 
 def targets(cases: list[dict]) -> list[dict]:
-    """The quality targets (issue 24) over the cases run."""
+    """The quality targets (benchmarks/README.md) over the cases run."""
     every = [row["wa_gain_over_best"] for case in cases for row in case["rows"] if row["wa_gain_over_best"] is not None]
     # the two smallest sizes of the real traces (weka, Mooncake): where the headroom to Belady is largest
     small = [row for case in cases if not case["trace"].startswith("bailian") for row in case["rows"][:2]]

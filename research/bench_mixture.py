@@ -3,15 +3,15 @@
     python research/bench_mixture.py [--traces mooncake,...] [--capacities 1000,2000] [--variants NAME,...]
                                        [--quality quality.json] [-o mixture.json]
 
-Issue 24 asks ``wa`` to cross more of the gap to Belady; its shadows switch the whole cache to the
-order whose shadow hit most, which pays a transition at each switch. This prototype tries the other
-way to combine orders: LeCaR (Vietri et al., HotStorage '18) and CACHEUS (Rodriguez et al.,
-FAST '21) keep every expert's order over the *same* resident blocks and pick each victim from one
-expert, drawn by weights that regret lowers: each expert remembers (a ghost, FIFO, one cache's
-worth) the contents it evicted, and a miss on content in expert E's ghost multiplies E's weight
-by ``exp(-learning_rate * discount ** age)`` (age in block accesses since the eviction,
-``discount = 0.005 ** (1 / capacity)``); weights are renormalised and floored at 1 %. A victim
-every expert would have chosen goes in no ghost (LeCaR's rule: nobody is to blame).
+Can one cache combine orders so as to cross more of the gap to Belady than ``wa``? Its shadows
+switch the whole cache to the order whose shadow hit most, which pays a transition at each switch.
+This prototype tries the other way to combine orders: LeCaR (Vietri et al., HotStorage '18) and
+CACHEUS (Rodriguez et al., FAST '21) keep every expert's order over the *same* resident blocks and
+pick each victim from one expert, drawn by weights that regret lowers: each expert remembers (a
+ghost, FIFO, one cache's worth) the contents it evicted, and a miss on content in expert E's ghost
+multiplies E's weight by ``exp(-learning_rate * discount ** age)`` (age in block accesses since the
+eviction, ``discount = 0.005 ** (1 / capacity)``); weights are renormalised and floored at 1 %. A
+victim every expert would have chosen goes in no ghost (LeCaR's rule: nobody is to blame).
 
 The experts are ``wa``'s candidate orders (:mod:`kvprof.policy.orders`: ``lru``, ``model``,
 ``segmented``, ``frequency``, ``strict-frequency``, over wa's row lists, and ``s3fifo`` kept in step)
@@ -360,8 +360,9 @@ def main() -> int:
     parser.add_argument("--variants", default="*", help="comma-separated names or shell patterns of VARIANTS "
                                                         "(<experts>-<choice>-<rate>; default: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random variants' draws")
-    parser.add_argument("--quality", type=Path, default=REPO / "benchmarks" / "quality.json",
-                        help="bench_quality.py's JSON (its default output) giving the tuning and the suite's ratios")
+    parser.add_argument("--quality", type=Path, default=REPO / "benchmarks" / "results" / "quality.json",
+                        help="bench_quality.py's JSON giving the tuning and the suite's ratios (default: the committed "
+                             "one docs/results.md renders, measured at its run.commit)")
     parser.add_argument("-o", "--output", type=Path, default=REPO / "research" / "mixture.json")
     args = parser.parse_args()
     patterns = args.variants.split(",")

@@ -1,4 +1,4 @@
-"""How long after SIGINT/SIGTERM a compiled recorded-timing replay raises, and what (issue 21 item 16).
+"""How long after SIGINT/SIGTERM a compiled recorded-timing replay raises, and what.
 
     cd CHECKOUT && POLICY=lru PYTHONPATH=CHECKOUT python research/interrupt_latency.py N_REQUESTS SIGNAL_AFTER_S
 

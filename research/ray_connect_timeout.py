@@ -1,4 +1,4 @@
-"""Seconds until `kvprof compare --ray auto` gives up, per RAY_ADDRESS (issue 21 item 15)."""
+"""Seconds until `kvprof compare --ray auto` gives up, per RAY_ADDRESS."""
 import os, socket, subprocess, sys, time
 
 listener = socket.socket()
