@@ -17,7 +17,8 @@ beside that oracle:
 
 Demoted blocks are evicted first, oldest-freed first, as the oracles' are
 (:class:`kvprof.sim.oracles.ToldPolicy`). The baselines', wa's and Belady's ratios are the suite's,
-read from ``--quality`` (bench_quality.py's JSON at the same commit). Prints one markdown table: each
+read from ``--quality`` (bench_quality.py's JSON, by default the committed benchmarks/results/quality.json;
+a run of the suite at the commit measured compares like with like). Prints one markdown table: each
 rule's token hit ratio and its share of the gap closed, (rule - best) / (belady - best).
 """
 
@@ -177,8 +178,9 @@ def suite_parser(doc: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=1, help="joblib workers (-1: all cores)")
     parser.add_argument("--traces", default="weka,mooncake", help="comma-separated case names (default: the real traces)")
-    parser.add_argument("--quality", type=Path, default=REPO / "benchmarks" / "quality.json",
-                        help="bench_quality.py's JSON (its default output): the suite's ratios and tuning")
+    parser.add_argument("--quality", type=Path, default=REPO / "benchmarks" / "results" / "quality.json",
+                        help="bench_quality.py's JSON: the suite's ratios and tuning (default: the committed one "
+                             "docs/results.md renders, measured at its run.commit)")
     return parser
 
 

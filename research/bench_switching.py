@@ -222,8 +222,9 @@ def main() -> int:
     parser.add_argument("--capacities", help="comma-separated capacities to run (default: each case's four)")
     parser.add_argument("--sweep", help="comma-separated settings of the switching constants (see the docstring)")
     parser.add_argument("--starts", action="store_true", help="wa from each start candidate (see the docstring)")
-    parser.add_argument("--baseline", type=Path, default=REPO / "benchmarks" / "quality.json",
-                        help="bench_quality.py's JSON: the best baselines the sweep is compared with")
+    parser.add_argument("--baseline", type=Path, default=REPO / "benchmarks" / "results" / "quality.json",
+                        help="bench_quality.py's JSON: the best baselines the sweep is compared with (default: the "
+                             "committed one docs/results.md renders)")
     parser.add_argument("-o", "--output", type=Path, default=REPO / "research" / "switching.json")
     args = parser.parse_args()
     if args.sweep:
