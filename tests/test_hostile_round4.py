@@ -315,3 +315,32 @@ def test_fleets_default_windows_on_a_short_trace_say_which_to_pass(tmp_path, arg
     text = one_line(result.output)
     assert "the window 3600: holds no requests" in text and f"for a trace this short pass e.g. {hint}" in text
     assert not (tmp_path / "out").exists()
+
+
+def test_fleet_plots_run_along_the_fleets_capacity_one_line_per_router_and_policy(tmp_path):
+    """Fleet plots had capacity per replica on x and one legend entry per configuration (overflowing, colours
+    repeating past ten), and matplotlib's layout warning reached stderr."""
+    from kvprof.cli.plots import _capacity, _colors, _series
+    from tests.helpers import synthetic
+
+    trace, _ = synthetic(tmp_path, hours=0.02)
+    result = invoke("fleet", trace, "--replicas", ",".join(map(str, range(1, 13))), "--router", "round-robin,session",
+                    "--capacity", "64", "--eval-window", "0:", "-j", "1", "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "constrained_layout" not in result.stderr and "Matplotlib" not in result.stderr
+    assert "; routing and replaying took " in result.stderr
+    runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
+    assert sorted({_series(run) for run in runs}) == ["lru, round-robin", "lru, session"]
+    assert sorted({_capacity(run) for run in runs}) == [64 * n for n in range(1, 13)]
+    svg = (tmp_path / "out" / "hit_ratio.svg").read_text()
+    assert "a fleet's: replicas x per replica" in svg and "lru, session" in svg
+    assert len(set(map(str, _colors(25)))) == 25
+
+
+def test_tuning_counts_its_capacities_in_words(tmp_path):
+    from tests.helpers import synthetic
+
+    trace, _ = synthetic(tmp_path, hours=0.02)
+    result = invoke("fit", trace, "--window", "0:", "--capacity", "64", "-o", tmp_path / "hp.json")
+    assert result.exit_code == 0, result.output
+    assert "tuning wa for 1 capacity on the fit window" in result.stderr

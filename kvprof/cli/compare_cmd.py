@@ -293,7 +293,7 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
         print_json(document)
         return
     show(_table(results, default_block))
-    say(f"wrote {output / results_file.FILE} and {len(plots)} plots in {results.wall_s:.1f} s")
+    say(f"wrote {output / results_file.FILE} and {len(plots)} plots; the replays took {results.wall_s:.1f} s")
 
 
 def _table(results, default_block: bool):

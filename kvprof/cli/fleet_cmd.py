@@ -237,7 +237,8 @@ def fleet(
         print_json(rows)
         return
     show(_table(rows, document))
-    say(f"wrote {output / results_file.FILE} and {len(plots)} plots in {document['wall_s']:.1f} s")
+    say(f"wrote {output / results_file.FILE} and {len(plots)} plots; routing and replaying took "
+        f"{document['wall_s']:.1f} s")
 
 
 def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: dict,

@@ -9,14 +9,20 @@ surrogates, control characters) is written escaped, as the terminal shows it
 
 from __future__ import annotations
 
+import logging
+import math
+import warnings
 from pathlib import Path
 
-import matplotlib
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+# matplotlib's own notes (a temporary cache directory where HOME is read-only) are not kvprof's output
+logging.getLogger("matplotlib").setLevel(logging.ERROR)
 
-from kvprof.atomic import StagedFiles, staged
-from kvprof.cli.output import printable
+import matplotlib  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from kvprof.atomic import StagedFiles, staged  # noqa: E402
+from kvprof.cli.output import printable  # noqa: E402
 
 #: (file stem, y label, metric keys plotted, y scale); ``{kind}`` says whether QTTFT was modelled or measured.
 PANELS = (
@@ -60,30 +66,67 @@ def plot_results(results: dict, out_dir: Path, staging: StagedFiles | None = Non
 def _plot_panel(results: dict, out_dir: Path, staging: StagedFiles, stem: str, ylabel: str, keys: tuple[str, ...], scale: str) -> list[Path]:
     """One panel (``PANELS`` entry) as PNG and SVG."""
     runs = results["runs"]
-    figure = Figure(figsize=(7, 4.5), layout="constrained")
+    series = list(dict.fromkeys(_series(run) for run in runs))
+    columns = math.ceil(len(series) / LEGEND_ROWS)
+    figure = Figure(figsize=(7 + 2.5 * columns, 4.5), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    for index, policy in enumerate(results["config"]["policies"]):
-        points = sorted((r for r in runs if r["policy"] == policy), key=lambda r: r["capacity"])
+    for name, color in zip(series, _colors(len(series))):
+        points = sorted((r for r in runs if _series(r) == name), key=_capacity)
         for key, style in zip(keys, STYLES):
-            values = [(r["capacity"], r[key]) for r in points if r[key] is not None]
+            values = [(_capacity(r), r[key]) for r in points if r[key] is not None]
             if values:
-                axes.plot(*zip(*values), style, color=f"C{index}",
-                          label=printable(policy) if style == STYLES[0] else None)
-    axes.set_xlabel("GPU capacity (usable engine blocks: a vLLM server's num_gpu_blocks - 1)")
+                axes.plot(*zip(*values), style, color=color, label=printable(name) if style == STYLES[0] else None)
+    fleet = any(_in_fleet(run) for run in runs)
+    axes.set_xlabel("GPU capacity (usable engine blocks: a vLLM server's num_gpu_blocks - 1"
+                    + ("; a fleet's: replicas x per replica)" if fleet else ")"))
     axes.set_ylabel(ylabel.format(kind=_qttft_kind(runs)))
     axes.set_yscale(scale)
     axes.grid(True, alpha=0.3)
     if axes.get_legend_handles_labels()[0]:  # a replay whose every request failed has nothing to label
-        axes.legend(title="policy")
+        figure.legend(title="router, policy" if fleet else "policy", loc="outside right upper", ncols=columns,
+                      fontsize="small")
     axes.set_title(_title(results))
     written = []
     for suffix in FORMATS:
         path = out_dir / f"{stem}.{suffix}"
-        with staging.open(path) as handle:
+        with staging.open(path) as handle, warnings.catch_warnings():
+            # a layout that cannot fit is still a picture; matplotlib's complaint is not kvprof's output
+            warnings.filterwarnings("ignore", message="constrained_layout not applied")
             figure.savefig(handle, format=suffix, dpi=120)
         written.append(path)
     return written
+
+
+#: Legend entries per column, beside the axes: more series add columns (and width), never overflow.
+LEGEND_ROWS = 20
+
+
+def _in_fleet(run: dict) -> bool:
+    """Whether ``run`` is a configuration of ``kvprof fleet`` (its router and replica count beside the policy)."""
+    return "fleet_policy" in run
+
+
+def _series(run: dict) -> str:
+    """The line ``run`` is a point of: its policy; for a fleet's configuration its policy and router (and hp
+    per replica), its replica counts and capacities along the line."""
+    if not _in_fleet(run):
+        return run["policy"]
+    return f"{run['fleet_policy']}, {run['router']}" + (f", hp {run['hp']}" if run.get("hp", "fleet") != "fleet" else "")
+
+
+def _capacity(run: dict) -> int:
+    """A run's x: its capacity; a fleet's whole capacity, replicas x per replica."""
+    return run["capacity"] * run["replicas"] if _in_fleet(run) else run["capacity"]
+
+
+def _colors(n: int) -> list:
+    """``n`` distinct colours: matplotlib's ten, twenty, or beyond them a continuous map's, evenly spaced."""
+    if n <= 10:
+        return [f"C{index}" for index in range(n)]
+    if n <= 20:
+        return [matplotlib.colormaps["tab20"](index) for index in range(n)]
+    return [matplotlib.colormaps["turbo"](index / (n - 1)) for index in range(n)]
 
 
 def _qttft_kind(runs: list[dict]) -> str:
