@@ -121,9 +121,21 @@ def access_kind_n(core, blocks, depths, contents, next_uses, n, now, workload, h
         s3fifo.access_n(core, blocks, contents, n, hit)
     elif kind == FIRST_TURN:
         first_turn.access_n(core, blocks, depths, contents, n)
-    elif kind == LFU or kind == ARC or kind == BELADY or kind == LEARNED or kind == SIEVE:
+    elif kind == LFU:
         for i in range(n):
-            access_kind(core, blocks[i], now, workload, depths[i], hit, next_uses[i], contents[i])
+            lfu.access(core, blocks[i], hit)
+    elif kind == ARC:
+        for i in range(n):
+            arc.access(core, blocks[i], hit, contents[i])
+    elif kind == BELADY:
+        for i in range(n):
+            belady.access(core, blocks[i], depths[i], next_uses[i])
+    elif kind == LEARNED:
+        for i in range(n):
+            learned.access(core, blocks[i], workload, depths[i], hit)
+    elif kind == SIEVE:
+        for i in range(n):
+            sieve.access(core, blocks[i], hit)
 
 
 @njit(cache=True, inline="always")
@@ -142,17 +154,18 @@ def free_kind_n(core, blocks, n, now):
         long_output.free_n(core, blocks, n)
     elif kind == FIRST_TURN:
         first_turn.free_n(core, blocks, n)
-    else:
+    elif kind == LFU:
         for i in range(n):
-            block = blocks[i]
-            if kind == LFU:
-                lfu.free(core, block)
-            elif kind == ARC:
-                arc.free(core, block)
-            elif kind == BELADY:
-                belady.free(core, block)
-            elif kind == SIEVE:
-                sieve.free(core, block)
+            lfu.free(core, blocks[i])
+    elif kind == ARC:
+        for i in range(n):
+            arc.free(core, blocks[i])
+    elif kind == BELADY:
+        for i in range(n):
+            belady.free(core, blocks[i])
+    elif kind == SIEVE:
+        for i in range(n):
+            sieve.free(core, blocks[i])
 
 
 @njit(cache=True, inline="always")
@@ -198,24 +211,37 @@ def evict_kind_n(core, n, now, out, at):
         classed.evict_n(core, n, now, out, at)
     elif kind == S3FIFO:
         s3fifo.evict_n(core, n, out, at)
-    else:
+    elif kind == LRU:
         for i in range(at, at + n):
-            if kind == LRU:
-                out[i] = lru.evict(core)
-            elif kind == LFU:
-                out[i] = lfu.evict(core)
-            elif kind == ARC:
-                out[i] = arc.evict(core)
-            elif kind == BELADY:
-                out[i] = belady.evict(core)
-            elif kind == LEARNED:
-                out[i] = learned.evict(core)
-            elif kind == SIEVE:
-                out[i] = sieve.evict(core)
-            elif kind == LONG_OUTPUT:
-                out[i] = long_output.evict(core)
-            elif kind == FIRST_TURN:
-                out[i] = first_turn.evict(core)
+            out[i] = lru.evict(core)
+            core.size -= 1
+    elif kind == LFU:
+        for i in range(at, at + n):
+            out[i] = lfu.evict(core)
+            core.size -= 1
+    elif kind == ARC:
+        for i in range(at, at + n):
+            out[i] = arc.evict(core)
+            core.size -= 1
+    elif kind == BELADY:
+        for i in range(at, at + n):
+            out[i] = belady.evict(core)
+            core.size -= 1
+    elif kind == LEARNED:
+        for i in range(at, at + n):
+            out[i] = learned.evict(core)
+            core.size -= 1
+    elif kind == SIEVE:
+        for i in range(at, at + n):
+            out[i] = sieve.evict(core)
+            core.size -= 1
+    elif kind == LONG_OUTPUT:
+        for i in range(at, at + n):
+            out[i] = long_output.evict(core)
+            core.size -= 1
+    elif kind == FIRST_TURN:
+        for i in range(at, at + n):
+            out[i] = first_turn.evict(core)
             core.size -= 1
 
 
