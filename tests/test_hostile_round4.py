@@ -344,3 +344,22 @@ def test_tuning_counts_its_capacities_in_words(tmp_path):
     result = invoke("fit", trace, "--window", "0:", "--capacity", "64", "-o", tmp_path / "hp.json")
     assert result.exit_code == 0, result.output
     assert "tuning wa for 1 capacity on the fit window" in result.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["fit", "{missing}", "-o", "{tmp}/hp.json", "--capacity", "64", "--router", "session", "--replica", "0",
+      "--index-blocks", "64"], "sizes prefix-approx's index"),
+    (["fit", "{missing}", "-o", "{tmp}/hp.json", "--capacity", "64", "--router", "round-robin", "--replica", "0",
+      "--load-weight", "0"], "weighs load in the prefix routers"),
+    (["replay", "{missing}", "--model", "m", "-o", "{tmp}/out", "--index-blocks", "64"],
+     "sizes prefix-approx's index"),
+    (["replay", "{missing}", "--model", "m", "-o", "{tmp}/out", "--url", "http://127.0.0.1:9", "--url",
+      "http://127.0.0.1:10", "--router", "session", "--load-weight", "2"], "weighs load in the prefix routers"),
+])
+def test_router_knobs_no_router_reads_are_refused_everywhere(tmp_path, args, words):
+    from tests.helpers import one_line
+
+    filled = [a.format(missing=tmp_path / "no-such-trace.jsonl", tmp=tmp_path) for a in args]
+    result = invoke(*filled)
+    assert result.exit_code == 2, result.output
+    assert words in one_line(result.output) and list(tmp_path.iterdir()) == []

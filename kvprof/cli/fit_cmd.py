@@ -31,8 +31,8 @@ from kvprof.cli.common import (
     trace_block_size,
     tune_with_progress,
 )
-from kvprof.cli.fleet_cmd import (DEFAULT_REPLICAS, LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, fleet_recordings,
-                                 joined_trace)
+from kvprof.cli.fleet_cmd import (DEFAULT_REPLICAS, LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, check_router_knobs,
+                                 fleet_recordings, joined_trace)
 from kvprof.cli.hp_tables import cells_table, horizons, next_turn_line, tuning_table
 from kvprof.cli.output import print_json, say, show as show_table, status
 from kvprof.errors import KvprofError
@@ -349,6 +349,7 @@ def _fleet_spec(replica: int | None, replicas: int | None, router: str | None, l
     if router not in ROUTERS:
         raise typer.BadParameter(f"unknown router {router!r}; known: {', '.join((*ROUTERS, RECORDED))}",
                                  param_hint="--router")
+    check_router_knobs((router,), load_weight, index_blocks)
     spec = RouterSpec(router, 1.0 if load_weight is None else load_weight, index_blocks)
     if spec.reads_replicas:
         raise typer.BadParameter(

@@ -74,7 +74,7 @@ TracesArg = Annotated[
 IndexBlocksOpt = Annotated[
     Optional[int], number_option("--index-blocks", bound=BLOCKS,
                                  help="Blocks per replica prefix-approx's index remembers (default: the replica's "
-                                      "capacity).")
+                                      "capacity); refused without --router prefix-approx.")
 ]
 
 
@@ -278,18 +278,23 @@ def _check_knobs(routers: tuple, policies: tuple, replicas: str | None, hp_per_r
     """Options no configuration of the sweep would read are usage errors (exit 2), not silently ignored."""
     from kvprof.sim.fleet import RECORDED
 
-    prefix = [name for name in routers if name.startswith("prefix")]
-    if load_weight is not None and not prefix:
-        raise typer.BadParameter("weighs load in the prefix routers (prefix-approx, prefix-precise); none is in "
-                                 "--router", param_hint="--load-weight")
-    if index_blocks is not None and "prefix-approx" not in routers:
-        raise typer.BadParameter("sizes prefix-approx's index; it is not in --router", param_hint="--index-blocks")
+    check_router_knobs(routers, load_weight, index_blocks)
     if replicas is not None and set(routers) == {RECORDED}:
         raise typer.BadParameter(f"{RECORDED} replays the recordings' own servers, as many as they hold: leave "
                                  f"--replicas out", param_hint="--replicas")
     if hp_per_replica and not needs_hp(policies):
         raise typer.BadParameter(f"fits an hp file per replica for the policies that read one; none of "
                                  f"{', '.join(policies)} does", param_hint="--hp-per-replica")
+
+
+def check_router_knobs(routers, load_weight: float | None, index_blocks: int | None) -> None:
+    """``--load-weight`` and ``--index-blocks`` given where no router of ``routers`` reads them are usage
+    errors (exit 2), in fleet, fit --replica and replay alike."""
+    if load_weight is not None and not any(name.startswith("prefix") for name in routers):
+        raise typer.BadParameter("weighs load in the prefix routers (prefix-approx, prefix-precise); none is in "
+                                 "--router", param_hint="--load-weight")
+    if index_blocks is not None and "prefix-approx" not in routers:
+        raise typer.BadParameter("sizes prefix-approx's index; it is not in --router", param_hint="--index-blocks")
 
 
 def _check_offline_policies(specs, policies: tuple) -> None:

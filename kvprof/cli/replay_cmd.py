@@ -22,7 +22,7 @@ from kvprof.cli.common import (
     output_dir,
     parse_window_option,
 )
-from kvprof.cli.fleet_cmd import LOAD_WEIGHT, IndexBlocksOpt
+from kvprof.cli.fleet_cmd import LOAD_WEIGHT, IndexBlocksOpt, check_router_knobs
 from kvprof.cli.output import fail, progress, say, show, warn
 from kvprof.limits import BLOCKS, INT32_MAX, RATE_SCALE, TIMEOUT_SECONDS, TOKENS, Bound
 
@@ -76,7 +76,7 @@ def _zmq_endpoints(endpoints: list[str] | None) -> list[str] | None:
     return endpoints
 
 
-def _fleet_router(urls: list[str], router: str | None, kv_events: list[str] | None, load_weight: float,
+def _fleet_router(urls: list[str], router: str | None, kv_events: list[str] | None, load_weight: float | None,
                   index_blocks: int | None):
     """The router spec of a fleet replay, None for one server (exit 2 for options that do not fit)."""
     from kvprof.sim.fleet import ROUTERS, RouterSpec
@@ -87,6 +87,7 @@ def _fleet_router(urls: list[str], router: str | None, kv_events: list[str] | No
                                      f"{' | '.join(ROUTERS)}", param_hint="--router")
         if kv_events:
             raise typer.BadParameter("KV events are read by --router prefix-precise only", param_hint="--kv-events")
+        check_router_knobs((), load_weight, index_blocks)
         return None
     if router not in ROUTERS:
         raise typer.BadParameter(f"unknown router {router!r}; known: {', '.join(ROUTERS)}", param_hint="--router")
@@ -100,7 +101,8 @@ def _fleet_router(urls: list[str], router: str | None, kv_events: list[str] | No
                                      param_hint="--kv-events")
     elif kv_events:
         raise typer.BadParameter("KV events are read by --router prefix-precise only", param_hint="--kv-events")
-    return RouterSpec(router, load_weight, index_blocks)
+    check_router_knobs((router,), load_weight, index_blocks)
+    return RouterSpec(router, 1.0 if load_weight is None else load_weight, index_blocks)
 
 
 def _live_policy(name: str | None) -> str | None:
@@ -151,10 +153,11 @@ def replay(
                                                      "prefix-approx, prefix-precise).")
     ] = None,
     load_weight: Annotated[
-        float, number_option("--load-weight", bound=LOAD_WEIGHT,
-                             help="The prefix routers' weight of load (each server's requests in flight) against "
-                                  "overlap, as kvprof fleet's (0: overlap only).")
-    ] = 1.0,
+        Optional[float], number_option("--load-weight", bound=LOAD_WEIGHT,
+                                       help="The prefix routers' weight of load (each server's requests in flight) "
+                                            "against overlap, as kvprof fleet's (0: overlap only; default 1); "
+                                            "refused without one.")
+    ] = None,
     index_blocks: IndexBlocksOpt = None,
     kv_events: Annotated[
         Optional[list[str]], typer.Option("--kv-events", callback=_zmq_endpoints, metavar="ENDPOINT",
