@@ -84,8 +84,8 @@ def test_bad_input_exits_with_a_message(small_trace, tmp_path, args, code, messa
 def test_a_trace_shorter_than_the_default_windows_gets_windows_that_work(small_trace, tmp_path):
     """The default windows (fit the first hour, replay the rest) leave a short trace nothing to
     replay; the error suggests windows, and they run."""
-    result = invoke("compare", small_trace, "--policies", "lru", "--capacity", "64", "-o", tmp_path / "a")
-    assert result.exit_code == 1
+    result = invoke("compare", small_trace, "--policies", "lru,wa", "--capacity", "64", "-o", tmp_path / "a")
+    assert result.exit_code == 2
     suggested = re.search(r"--fit-window (\S+) --eval-window (\S+)", " ".join(result.output.split()))
     assert suggested, result.output
     result = invoke("compare", small_trace, "--policies", "lru,wa", "--capacity", "64", "--fit-window",

@@ -247,7 +247,7 @@ def test_fleet_writes_its_replicas_hp_files_with_its_other_outputs_or_none(small
     result = invoke("fleet", small_trace, "--router", "round-robin", "--replicas", "2", "--policies", "wa",
                     "--capacity", "64", "--hp-per-replica", *WINDOWS, "-o", tmp_path / "out")
     assert result.exit_code != 0 and len(calls) == 1
-    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists()  # nothing in it, and the run that made it removed it
 
 
 def test_replicas_with_their_own_hp_files_hit_while_routing_what_their_replays_hit(prepared):
