@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import time
 from collections import OrderedDict
@@ -265,6 +266,22 @@ def bench_caching(pool: int, repeat: int) -> dict[str, float]:
     return {kind: min(values) for kind, values in medians.items()}
 
 
+def report(args) -> dict:
+    """The mode's figures as one object: ``caching``, ``chain``, or ``per_block`` and ``per_call``
+    (the shapes benchmarks/render_results.py documents)."""
+    if args.caching:
+        pool = max(args.pool, 4096 + 1)
+        return {"caching": {"pool": pool, "us_per_call": bench_caching(pool, args.repeat)}}
+    if args.chain:
+        return {"chain": {"blocks": args.chain, "pool": args.pool,
+                          "ns_per_block": bench_chain(args.pool, args.chain, args.repeat)}}
+    return {"per_block": {str(k): {str(n): {name: list(pair) for name, pair in bench(n, k, args.repeat).items()}
+                                   for n in args.sizes} for k in args.classes},
+            "per_call": {str(k): {name: {str(n): us for n, us in row.items()}
+                                  for name, row in bench_calls(k, args.pool, args.calls, 200 * args.repeat).items()}
+                         for k in args.classes}}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
@@ -274,7 +291,12 @@ def main():
     ap.add_argument("--calls", type=int, nargs="+", default=[1, 16, 64, 256], help="n of the per-call part")
     ap.add_argument("--chain", type=int, default=0, help="time wa's twin on a chain of this many blocks instead")
     ap.add_argument("--caching", action="store_true", help="time cache_full_blocks of one block instead")
+    ap.add_argument("--json", action="store_true",
+                    help="print one JSON object instead of tables (benchmarks/render_results.py reads it)")
     args = ap.parse_args()
+    if args.json:
+        print(json.dumps(report(args)))
+        return
     if args.caching:
         res = bench_caching(max(args.pool, 4096 + 1), args.repeat)
         print("cache_full_blocks of one block (decode), us per call (median; the best of --repeat rounds):")

@@ -420,6 +420,7 @@ def main() -> None:
                                                  / max(native["blocks_allocated"], 1))
             report["pools"][pool] = rows
         largest = report["pools"][max(args.pools)]
+        report["pool"], report["traffic"], report["running"] = max(args.pools), args.traffic, args.running
         report["configs"] = {name: {key: row.get(key, 0.0) for key in ("median_step_us", "p99_step_us",
                                                                       "max_kvprof_call_us")}
                              for name, row in largest.items()}

@@ -199,17 +199,18 @@ def test_a_shadow_raised_before_it_is_fed_numbers_its_slots_as_an_eager_one():
     shadow.check()
 
 
-@pytest.mark.parametrize("name", ["lru", "s3fifo", "arc", "wa"])
+@pytest.mark.parametrize("name", ["first-turn", "s3fifo", "arc", "wa"])
 def test_a_twin_keeps_its_blocks_contents_only_where_its_core_does_not(name):
     """A prefix hit passes the content a block was cached with (``remembered``): a twin whose core keeps
-    it (the kinds with ghosts) reads the core's and keeps no table of its own (4 bytes a block less)."""
+    it (the kinds with ghosts) reads the core's and keeps no table of its own (4 bytes a block less); one
+    whose core reads contents but keeps none (first-turn) keeps the table."""
     import numpy as np
 
     from kvprof.core.twin import CompiledTwin
     from tests.test_policies import LAM, P, build, wa_policy
 
     twin = CompiledTwin(wa_policy(P, LAM) if name == "wa" else build(name), N)
-    assert twin._block_content.nbytes == (4 * N if name == "lru" else 0)
+    assert twin._block_content.nbytes == (4 * N if name == "first-turn" else 0)
     twin.access(2, 0.0, content="a")
     twin.access(2, 1.0, hit=True, content="a")
     assert twin.remembered(np.array([2], dtype=np.int64)).tolist() == twin.numbers(["a"]).tolist()
@@ -217,3 +218,13 @@ def test_a_twin_keeps_its_blocks_contents_only_where_its_core_does_not(name):
     assert twin.remembered(np.array([100 * N], dtype=np.int64)) is None  # past the tables
     twin.clear()
     assert twin.remembered(np.array([2], dtype=np.int64)) is None
+
+
+@pytest.mark.parametrize("name", ["lru", "lfu", "sieve"])
+def test_a_twin_whose_core_reads_no_contents_keeps_none(name):
+    """lru, lfu and sieve decide without contents: their twins keep no table of them (4 bytes a block less)."""
+    from kvprof.core.twin import CompiledTwin
+    from tests.test_policies import build
+
+    twin = CompiledTwin(build(name), N)
+    assert not twin.reads_contents and twin._block_content.nbytes == 0
