@@ -363,3 +363,23 @@ def test_router_knobs_no_router_reads_are_refused_everywhere(tmp_path, args, wor
     result = invoke(*filled)
     assert result.exit_code == 2, result.output
     assert words in one_line(result.output) and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("engine", ["compiled", "python"])
+def test_recorded_timing_rejects_requests_longer_than_the_whole_cache(tmp_path, engine):
+    """At capacity 1 recorded timing served every request (0 rejected, hit ratio .0332); model timing rejected all."""
+    from kvprof.policy import POLICIES
+    from kvprof.profiler.reader import read_trace
+    from kvprof.sim.config import SimConfig
+    from kvprof.sim.engine import simulate
+    from kvprof.sim.workload import prepare_workload
+
+    recording = _recording_of_blocks(tmp_path / "rec", 64)
+    trace = read_trace(recording)[0]
+    workload = prepare_workload(trace, None, trace.block_size)
+    for capacity in (1, 63):
+        run = simulate(workload, POLICIES["lru"](), capacity, SimConfig(engine_block_size=trace.block_size,
+                                                                        timing="recorded"), engine=engine)
+        shortest = int(workload.timing.n_prompt.min())
+        assert run.n_rejected == int((workload.timing.n_prompt > capacity).sum())
+        assert (run.n_rejected == run.n_requests) is (capacity < shortest)

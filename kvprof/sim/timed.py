@@ -13,7 +13,9 @@ What the replay models as the server did, per request: when scheduled, it takes 
 full ones cached at once; when it finishes, the blocks its output filled (``prompt + output - 1``
 tokens: the last sampled token is never written), cached too as vLLM caches them, though no
 later prompt of the recording names them; then it frees them all, tail first. Requests never
-scheduled (aborted while waiting) take nothing and are counted as not served. The policy hears of
+scheduled (aborted while waiting) take nothing and are counted as not served, and so are requests
+whose prompt needs more blocks than the whole simulated cache (rejected, as on modelled timing: the
+server had room for them, a smaller cache would not). The policy hears of
 each request once scheduled (``admit``: its full prompt blocks) and once finished (``finish``:
 all its full blocks, output included, which ``wa``'s shadows cache then as the real tier does). The live
 counterfactual of the vLLM plugin runs the same two steps as requests come and go.
@@ -28,9 +30,11 @@ from kvprof.sim.metrics import metrics
 from kvprof.sim.recorded import NO_TIERS, RecordedTiming
 
 
-def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu) -> tuple[list[int], list[int]]:
-    """The reference replay on recorded timing over a :class:`~kvprof.sim.cache.PrefixCache`:
-    ``(hits, held)`` per request, as :func:`kvprof.core.timed.replay` computes them."""
+def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu,
+                  events: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[list[int], list[int]]:
+    """The reference replay of ``events`` (:meth:`RecordedTiming.events`, or some of them) on recorded timing
+    over a :class:`~kvprof.sim.cache.PrefixCache`: ``(hits, held)`` per request, as
+    :func:`kvprof.core.timed.replay` computes them."""
     blocks = timing.block.tolist()
     next_use = timing.next_use.tolist()
     offsets = timing.offsets.tolist()
@@ -38,7 +42,7 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu) -> 
     n_lookup, n_output = workload.n_lookup.tolist(), workload.output_tokens.tolist()
     n = len(n_prompt)
     hits, held, slots = [0] * n, [0] * n, [[] for _ in range(n)]
-    for r, admits, now in zip(*(a.tolist() for a in timing.events())):
+    for r, admits, now in zip(*(a.tolist() for a in events)):
         start, mine = offsets[r], slots[r]
         if admits:
             n_hit_evictable = gpu.cached_prefix(blocks, start, n_lookup[r], mine)
@@ -72,6 +76,9 @@ def simulate_recorded(workload, policy, capacity: int, config, engine: str):
     if config.cpu_capacity or config.capacity_schedule:
         raise SimulationError(NO_TIERS)
     classes = workload.codes_for(policy).astype(np.int64)
+    fits = timing.n_prompt <= capacity  # the others are rejected, never admitted
+    request, admits, time = timing.events()
+    events = request[fits[request]], admits[fits[request]], time[fits[request]]
     if engine == "compiled":
         from kvprof.core import tiers
         from kvprof.core.build import compile_policy, write_back
@@ -82,16 +89,17 @@ def simulate_recorded(workload, policy, capacity: int, config, engine: str):
         requests = RecordedRequests(blocks=timing.block, offsets=timing.offsets, n_full=timing.n_full,
                                     n_prompt=timing.n_prompt, n_lookup=workload.n_lookup, n_new=timing.n_new,
                                     classes=classes, next_use=timing.next_use, n_output=workload.output_tokens)
-        hits, held = replay(gpu, requests, timing.events())
+        hits, held = replay(gpu, requests, events)
         write_back(policy, compiled)
         evictions, dropped = tiers.counts(gpu)
     else:
         from kvprof.sim.cache import PrefixCache
 
         gpu = PrefixCache(policy, capacity)
-        hits, held = (np.array(a, dtype=np.int64) for a in replay_python(workload, timing, classes.tolist(), gpu))
+        hits, held = (np.array(a, dtype=np.int64)
+                      for a in replay_python(workload, timing, classes.tolist(), gpu, events))
         evictions, dropped = gpu.evictions, gpu.dropped
-    served = np.isfinite(timing.admit)
+    served = np.isfinite(timing.admit) & fits
     prompt = workload.prompt_tokens
     computed = int(np.maximum(prompt - hits * workload.engine_block_size, 1)[served].sum())
     end = float(timing.release[served].max()) if served.any() else 0.0
