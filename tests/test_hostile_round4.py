@@ -254,7 +254,8 @@ def test_rejected_requests_are_in_the_table(tmp_path, command):
 
 
 def test_a_fit_window_overlapping_the_evaluation_window_is_said_on_screen(tmp_path):
-    """compare without --config on a trace shorter than an hour fitted on all of it, then scored part of it, silently."""
+    """compare without --config on a trace shorter than an hour fitted on all of it, then scored part of it,
+    silently."""
     from tests.helpers import one_line, synthetic
 
     trace, read = synthetic(tmp_path, hours=0.02)

@@ -422,8 +422,9 @@ def evaluation_window(trace, bounds, text: str, limit: int | None, fits: bool):
     first, last = float(trace.timestamp[0]), float(trace.timestamp[-1])
     split = f"{first + 0.4 * (last - first):.0f}"
     hint = f"--fit-window {first:.0f}:{split} --eval-window {split}:" if fits else f"--eval-window {first:.0f}:"
-    raise typer.BadParameter(f"the window {text} holds no requests of {trace.source} (its arrivals span {first:g}..{last:g} s); "
-                             f"for a trace this short pass e.g. {hint}", param_hint="--eval-window")
+    raise typer.BadParameter(f"the window {text} holds no requests of {trace.source} (its arrivals span "
+                             f"{first:g}..{last:g} s); for a trace this short pass e.g. {hint}",
+                             param_hint="--eval-window")
 
 
 def fit_and_tune(trace, bounds, capacities, sim_config, jobs: int, ray=None, evaluated=None):

@@ -112,7 +112,8 @@ def _series(run: dict) -> str:
     per replica), its replica counts and capacities along the line."""
     if not _in_fleet(run):
         return run["policy"]
-    return f"{run['fleet_policy']}, {run['router']}" + (f", hp {run['hp']}" if run.get("hp", "fleet") != "fleet" else "")
+    per_replica = run.get("hp", "fleet") != "fleet"
+    return f"{run['fleet_policy']}, {run['router']}" + (f", hp {run['hp']}" if per_replica else "")
 
 
 def _capacity(run: dict) -> int:
