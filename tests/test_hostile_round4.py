@@ -384,3 +384,10 @@ def test_recorded_timing_rejects_requests_longer_than_the_whole_cache(tmp_path, 
         shortest = int(workload.timing.n_prompt.min())
         assert run.n_rejected == int((workload.timing.n_prompt > capacity).sum())
         assert (run.n_rejected == run.n_requests) is (capacity < shortest)
+
+
+def test_matplotlibs_notes_about_its_own_cache_do_not_reach_stderr(tmp_path):
+    (tmp_path / "not-a-directory").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLCONFIGDIR": str(tmp_path / "not-a-directory")}
+    done = subprocess.run([sys.executable, "-c", "import kvprof.cli.plots"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and done.stderr == ""
