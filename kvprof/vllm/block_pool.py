@@ -507,44 +507,32 @@ class KvprofBlockPool(BlockPool):
         if num_cached_blocks >= num_full_blocks:
             return
         new = blocks[num_cached_blocks:num_full_blocks]
-        if not self.policy.reads_contents:
-            self._cache_unnumbered(request, new, num_cached_blocks, args, kwargs)
-            return
         block_ids = [block.block_id for block in new]
-        keys = [block._block_hash for block in new]
-        if len(new) == 1 and block_ids[0] and keys[0] is not None:  # decode: a block at a time, no array
-            number = int(self.contents.numbers(keys)[0])
+        if self.policy.reads_contents:
+            keys = [block._block_hash for block in new]
+            uncached = None in keys
+        else:  # no key looked at: vLLM leaves a block uncached only where it is null (id 0) or masked out
+            keys = None
+            mask = kwargs.get("block_mask", args[2] if len(args) > 2 else None)
+            uncached = mask is not None and not all(mask)
+        if len(new) == 1 and block_ids[0] and not uncached:  # decode: a block at a time, no array
+            number = -1 if keys is None else int(self.contents.numbers(keys)[0])
             self._access_one(block_ids[0], num_cached_blocks, number, request)
-            if self._shadowed:
+            if keys is not None:
                 self._note_chain(request, [num_cached_blocks], [number], keys[0])
             return
         ids = int64s(block_ids)
         depths = np.arange(num_cached_blocks, num_full_blocks, dtype=np.int64)
         # rare: null blocks (id 0, a sliding window's) or blocks left uncached
-        if (0 in block_ids if len(block_ids) < _SEARCHED else not ids.all()) or None in keys:
-            kept = [i for i, (block, key) in enumerate(zip(new, keys)) if not block.is_null and key is not None]
-            ids, depths, keys = ids[kept], depths[kept], [keys[i] for i in kept]
-        if len(keys):
-            numbers = self.contents.numbers(keys)
-            self._access_numbered(ids, depths, numbers, request, hit=False)
-            self._note_chain(request, depths, numbers, keys[0])
-
-    def _cache_unnumbered(self, request, new: list, first_depth: int, args, kwargs) -> None:
-        """:meth:`cache_full_blocks`' part for a policy that reads no contents: the blocks vLLM cached
-        reach it at their depths with no content, and no key is looked at. vLLM leaves a block of
-        ``new`` uncached only where it is the null block (id 0) or masked out (``block_mask``)."""
-        block_ids = [block.block_id for block in new]
-        mask = kwargs.get("block_mask", args[2] if len(args) > 2 else None)
-        if len(new) == 1 and block_ids[0] and (mask is None or mask[0]):  # decode: a block at a time, no array
-            self._access_one(block_ids[0], first_depth, -1, request)
-            return
-        ids = int64s(block_ids)
-        depths = np.arange(first_depth, first_depth + len(new), dtype=np.int64)
-        if (0 in block_ids if len(block_ids) < _SEARCHED else not ids.all()) or (mask is not None and not all(mask)):
+        if uncached or (0 in block_ids if len(block_ids) < _SEARCHED else not ids.all()):
             kept = [i for i, block in enumerate(new) if not block.is_null and block._block_hash is not None]
             ids, depths = ids[kept], depths[kept]
+            keys = None if keys is None else [keys[i] for i in kept]
         if len(ids):
-            self._access_numbered(ids, depths, self._no_contents(len(ids)), request, hit=False)
+            numbers = self._no_contents(len(ids)) if keys is None else self.contents.numbers(keys)
+            self._access_numbered(ids, depths, numbers, request, hit=False)
+            if keys is not None:
+                self._note_chain(request, depths, numbers, keys[0])
 
     def _no_contents(self, n: int) -> np.ndarray:
         """``n`` contents of none (-1), for a policy that reads no contents (a view; not to be written)."""
