@@ -50,7 +50,10 @@ def fake_request(rid, chain, *, partial=0, output=1, tags=None, output_chain=())
 
 @st.composite
 def traffic(draw):
-    """Requests with prefix-chained hashes, scheduled and finished at random times (a recording's worth)."""
+    """Requests with prefix-chained hashes, scheduled and finished at random times (a recording's worth), and
+    a capacity that holds the longest prompt: a server records no request longer than its whole cache
+    (the replay of a recording on a smaller cache rejects such a request; the counterfactual runs at the
+    server's own capacity)."""
     ids: dict[tuple, int] = {}
     rows, events, t = [], [], 0.0
     for r in range(draw(st.integers(1, 60))):  # up to ~360 lookups: wa weighs its shadows every 64
@@ -63,7 +66,8 @@ def traffic(draw):
         end = start + draw(st.sampled_from([0.05, 0.5, 3.0]))
         rows.append(dict(chain=chain, partial=partial, output=output, arrival=t, scheduled=start, finished=end,
                          kind=draw(st.sampled_from(["hot", "cold"]))))
-    return rows, draw(st.integers(2, 12)), draw(st.sampled_from(["lru", "s3fifo", "arc", "wa"]))
+    longest = max(len(row["chain"]) + (row["partial"] > 0) for row in rows)
+    return rows, draw(st.integers(max(2, longest), 12)), draw(st.sampled_from(["lru", "s3fifo", "arc", "wa"]))
 
 
 def hot_rows(*rows):
