@@ -33,6 +33,9 @@ JSON shapes the renderers read (keys not named are ignored):
   ``median_step_us``, ``p99_step_us``, ``median_x_native``, ``p99_x_native``, ``added_us_per_block``,
   ``max_kvprof_call_us`` (absent with --no-call-pass), ``plugin_built_bytes_per_block`` and
   ``plugin_bytes_per_block``; one table per run.
+- serve.json: ``record serve`` of bench_serve.py --json: ``runs[i].report`` is ``{"configs": {CONFIG:
+  {"requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "throughput_x_native",
+  "ttft_p99_x_native"}}, "blocks", "block_size", "concurrency", "seconds", "rounds"}``; one table per run.
 - free_queue.json: ``record free_queue --append`` of each mode's JSON, whose parts are
   ``{"per_block": {CLASSES: {BLOCKS: {QUEUE: [cycle_ns, remove_ns]}}}, "per_call": {CLASSES: {QUEUE: {N: us}}},
   "chain": {"blocks": K, "pool": P, "ns_per_block": {PHASE: ns}}, "caching": {"pool": P, "us_per_call":
@@ -443,6 +446,31 @@ def render_free_queue(document: dict) -> list[str]:
     return lines
 
 
+# --- serving end to end (bench_serve.py --json, recorded) ---------------------------------------------------
+
+def render_serve(document: dict) -> list[str]:
+    lines = []
+    for record in document["runs"]:
+        report = record["report"]
+        rows = []
+        for name, row in report["configs"].items():
+            def ratio(key):
+                value = row.get(key)
+                return "1.000" if name == "native" else "-" if value is None else f"{value:.3f}"
+
+            rows.append([name, f"{row['requests_per_s']:.2f}", f"{row['output_tokens_per_s']:,.0f}",
+                         "-" if row["ttft_p50_ms"] is None else f"{row['ttft_p50_ms']:,.1f}",
+                         "-" if row["ttft_p99_ms"] is None else f"{row['ttft_p99_ms']:,.1f}",
+                         ratio("throughput_x_native"), ratio("ttft_p99_x_native")])
+        lines += ([""] if lines else []) + [
+            provenance(record["run"]), "",
+            f"{report['blocks']:,} blocks of {report['block_size']} tokens, {report['concurrency']} clients, "
+            f"{report['seconds']:g} s measured per run, best of {report['rounds']} round(s):", "",
+            *table(["config", "requests/s", "output tokens/s", "TTFT p50 (ms)", "TTFT p99 (ms)",
+                    "throughput x native", "TTFT p99 x native"], rows)]
+    return lines
+
+
 #: block name -> (the JSON file under benchmarks/results/, its renderer)
 BLOCKS = {
     "quality": ("quality.json", render_quality),
@@ -457,6 +485,7 @@ BLOCKS = {
     "fleet-weka": ("fleet-weka.json", render_fleet),
     "scheduler": ("scheduler.json", render_scheduler),
     "free-queue": ("free_queue.json", render_free_queue),
+    "serve": ("serve.json", render_serve),
 }
 
 
