@@ -13,8 +13,10 @@ API calls that share one of 32 system prompts, so that the cache fills, hits and
 configurations in turns (the order reversed every other round) and each figure is the best of the
 rounds (the others are the shared machine's noise).
 
-Per configuration: requests/s and output tokens/s completed within the measured window, and the time
-to first token (p50, p99) of those requests, as a client measures it (the stream's first token).
+Per configuration: requests/s and output tokens/s completed within the measured window, the time to
+first token (p50, p99) of those requests, as a client measures it (the stream's first token), and their
+prompt tokens' hit ratio (a policy that hits more has less to prefill: throughput is its price and its gain
+together).
 Target: every kvprof configuration within 2 % of native throughput and p99 TTFT. With ``--json`` one
 object: ``{"configs": {name: {"requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms"}},
 ...}`` and the ratios against native.
@@ -91,7 +93,7 @@ def drive(url: str, args) -> dict:
     the requests that finished within the measured window."""
     stream = request_stream(args.seed, args.output_tokens)
     lock = threading.Lock()
-    done: list[tuple[float, float]] = []  # (finished at, TTFT s) of each answered request
+    done: list[tuple[float, float, int, int]] = []  # (finished at, TTFT s, prompt, cached tokens) of each answer
     errors = [0]
 
     def worker(until: float) -> None:
@@ -105,7 +107,7 @@ def drive(url: str, args) -> dict:
                     errors[0] += 1
                     continue
                 with lock:
-                    done.append((time.monotonic(), answer.ttft_s))
+                    done.append((time.monotonic(), answer.ttft_s, answer.prompt_tokens, answer.cached_tokens))
 
     warm_until = time.monotonic() + args.warmup
     start = warm_until
@@ -115,12 +117,14 @@ def drive(url: str, args) -> dict:
         thread.start()
     for thread in threads:
         thread.join()
-    measured = [ttft for finished, ttft in done if start <= finished < end]
-    ttft = np.array(measured) * 1e3
+    measured = [(ttft, prompt, cached) for finished, ttft, prompt, cached in done if start <= finished < end]
+    ttft = np.array([row[0] for row in measured]) * 1e3
+    prompt_tokens = sum(row[1] for row in measured)
     return {"requests_per_s": len(measured) / args.seconds,
             "output_tokens_per_s": len(measured) * args.output_tokens / args.seconds,
             "ttft_p50_ms": float(np.percentile(ttft, 50)) if len(ttft) else None,
             "ttft_p99_ms": float(np.percentile(ttft, 99)) if len(ttft) else None,
+            "token_hit_ratio": sum(row[2] for row in measured) / prompt_tokens if prompt_tokens else None,
             "requests": len(measured), "errors": errors[0]}
 
 

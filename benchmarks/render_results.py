@@ -35,7 +35,8 @@ JSON shapes the renderers read (keys not named are ignored):
   ``plugin_bytes_per_block``; one table per run.
 - serve.json: ``record serve`` of bench_serve.py --json: ``runs[i].report`` is ``{"configs": {CONFIG:
   {"requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "throughput_x_native",
-  "ttft_p99_x_native"}}, "blocks", "block_size", "concurrency", "seconds", "rounds"}``; one table per run.
+  "ttft_p99_x_native", "token_hit_ratio"}}, "blocks", "block_size", "concurrency", "seconds", "rounds"}``;
+  one table per run.
 - free_queue.json: ``record free_queue --append`` of each mode's JSON, whose parts are
   ``{"per_block": {CLASSES: {BLOCKS: {QUEUE: [cycle_ns, remove_ns]}}}, "per_call": {CLASSES: {QUEUE: {N: us}}},
   "chain": {"blocks": K, "pool": P, "ns_per_block": {PHASE: ns}}, "caching": {"pool": P, "us_per_call":
@@ -461,13 +462,14 @@ def render_serve(document: dict) -> list[str]:
             rows.append([name, f"{row['requests_per_s']:.2f}", f"{row['output_tokens_per_s']:,.0f}",
                          "-" if row["ttft_p50_ms"] is None else f"{row['ttft_p50_ms']:,.1f}",
                          "-" if row["ttft_p99_ms"] is None else f"{row['ttft_p99_ms']:,.1f}",
-                         ratio("throughput_x_native"), ratio("ttft_p99_x_native")])
+                         ratio("throughput_x_native"), ratio("ttft_p99_x_native"),
+                         "-" if row.get("token_hit_ratio") is None else f"{row['token_hit_ratio']:.4f}"])
         lines += ([""] if lines else []) + [
             provenance(record["run"]), "",
             f"{report['blocks']:,} blocks of {report['block_size']} tokens, {report['concurrency']} clients, "
             f"{report['seconds']:g} s measured per run, best of {report['rounds']} round(s):", "",
             *table(["config", "requests/s", "output tokens/s", "TTFT p50 (ms)", "TTFT p99 (ms)",
-                    "throughput x native", "TTFT p99 x native"], rows)]
+                    "throughput x native", "TTFT p99 x native", "token hit ratio"], rows)]
     return lines
 
 

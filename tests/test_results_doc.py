@@ -77,14 +77,14 @@ def test_the_serve_json_of_the_documented_shape_renders(monkeypatch, tmp_path):
     configs = {"native": {"requests_per_s": 60.0, "output_tokens_per_s": 960.0, "ttft_p50_ms": 41.5,
                           "ttft_p99_ms": 900.0},
                "wa": {"requests_per_s": 59.4, "output_tokens_per_s": 950.4, "ttft_p50_ms": 42.0, "ttft_p99_ms": 918.0,
-                      "throughput_x_native": 0.99, "ttft_p99_x_native": 1.02}}
+                      "throughput_x_native": 0.99, "ttft_p99_x_native": 1.02, "token_hit_ratio": 0.5123}}
     report = {"configs": configs, "blocks": 2048, "block_size": 32, "concurrency": 16, "seconds": 60.0, "rounds": 2}
     (tmp_path / "serve.json").write_text(json.dumps({"runs": [{"run": RUN, "report": report}]}))
     monkeypatch.setattr(render_results, "RESULTS", tmp_path)
     text = render_results.render_block("serve")
     assert "2,048 blocks of 32 tokens, 16 clients" in " ".join(text.split())
-    assert "| native | 60.00 | 960 | 41.5 | 900.0 | 1.000 | 1.000 |" in text
-    assert "| wa | 59.40 | 950 | 42.0 | 918.0 | 0.990 | 1.020 |" in text
+    assert "| native | 60.00 | 960 | 41.5 | 900.0 | 1.000 | 1.000 | - |" in text  # a run without hit ratios
+    assert "| wa | 59.40 | 950 | 42.0 | 918.0 | 0.990 | 1.020 | 0.5123 |" in text
 
 
 def test_the_free_queue_json_of_the_documented_shape_renders(monkeypatch, tmp_path):
