@@ -166,12 +166,11 @@ class CompiledTwin(EvictionPolicy):
         no array (a decode step caches one block a request)."""
         if self._taken:
             self._apply_taken()
-        if not self._notes_contents:
-            pass
-        elif block >= len(self._block_content):
-            self._remember_contents(np.array([block], dtype=np.int64), np.array([number], dtype=np.int64))
-        else:
-            self._block_content[block] = number
+        if self._notes_contents:
+            if block < len(self._block_content):
+                self._block_content[block] = number
+            else:  # the table grows (a simulator's pool)
+                self._remember_contents(np.array([block], dtype=np.int64), np.array([number], dtype=np.int64))
         handle.access(self._address, block, float(now), workload, depth, hit, float(next_use), number)
 
     def access_chain(self, blocks: Sequence[int], depths: Sequence[int], contents: Sequence[Hashable | None],
