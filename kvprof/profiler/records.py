@@ -3,9 +3,9 @@
 Each line is decoded by orjson, or by :func:`json.loads` where the two could differ (see
 :func:`_fast_decode`: a line orjson refuses, a number beyond 64 bits, and any line the checks
 refuse, so errors and values are json's). A record is checked for what needs it (an object, no
-repeated key, the format's required fields with strict JSON types, one format per file) and its
-scalars go to per-column buffers (:class:`Rows`), its hash ids to one growing int64 buffer, so no
-list of records is ever kept. Checks on values run later, vectorised (:mod:`kvprof.profiler.value_checks`).
+repeated key, the format's required fields with strict JSON types, ``stop`` a string where given,
+one format per file) and its scalars go to per-column buffers (:class:`Rows`), its hash ids to one
+growing int64 buffer, so no list of records is ever kept. Checks on values run later, vectorised (:mod:`kvprof.profiler.value_checks`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
+
+from kvprof.models.finish import FINISH_FIELD
 
 #: Fields each format requires, with the JSON types they may have.
 _INT, _NUMBER, _STR, _INT_LIST = "an integer", "a number", "a string", "a list of integers"
@@ -116,6 +118,10 @@ class Rows:
             problem = self._other_format(line_no, record)
             if problem is not None:
                 return problem
+        finish = record.get(FINISH_FIELD)
+        if finish is not None and type(finish) is not str:
+            return Problem("wrong_type", line_no, FINISH_FIELD, f"must be a string (how the response ended: "
+                                                                f"tool_use, end_turn, ...) or null, got {_describe(finish)}")
         n_ints, n_times = len(self.ints), len(self.timestamp)
         try:
             self.ints.extend(ints)

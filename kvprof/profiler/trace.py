@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
 from kvprof.limits import WINDOW_SECONDS
+from kvprof.models.finish import FINISH_FIELD, finish_codes
 
 #: Trace formats kvprof reads, with their native block size in tokens.
 FORMAT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512}
@@ -98,6 +100,12 @@ class Trace:
     def types(self) -> np.ndarray:
         """Request types as a string array, shape (n,)."""
         return np.asarray(self.type_names, dtype=object)[self.type_code]
+
+    @cached_property
+    def finish(self) -> np.ndarray:
+        """How each request's response ended (int8, shape (n,)): the codes of :mod:`kvprof.models.finish`
+        (1 tool call, 2 end of turn, 3 other, 0 not known), from the ``stop`` field of ``extra``."""
+        return finish_codes(self.extra.get(FINISH_FIELD), self.n_requests)
 
     def blocks_of(self, i: int) -> np.ndarray:
         """Hash ids of request ``i``."""
