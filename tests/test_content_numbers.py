@@ -102,10 +102,12 @@ def test_recent_numbers_keep_what_is_looked_up_and_stay_bounded():
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 300), st.integers(0, 2), st.lists(st.lists(keys, max_size=40), max_size=40))
 def test_numbers_are_the_same_while_a_grown_table_fills(max_contents, move_min, chains):
-    """With the outgrown table's slots moved a few per call, both rules still number as their models."""
+    """With the outgrown table's slots moved, and the next tables made ready, a few per call, both rules
+    still number as their models."""
     for compiled, model in ((ContentNumbers(max_contents), DictNumbers(max_contents)),
                             (RecentContentNumbers(max_contents), RecentDictNumbers(max_contents))):
         compiled.move_min = move_min
+        compiled.ready_min = move_min
         for chain in chains:
             got = compiled.renumber(chain) if isinstance(compiled, RecentContentNumbers) else compiled.numbers(chain)
             want = model.renumber(chain) if isinstance(model, RecentDictNumbers) else model.numbers(chain)
@@ -133,3 +135,24 @@ def test_a_grown_table_fills_over_many_calls_and_the_old_one_goes(recent):
     for _ in range(200):  # lookups alone finish the move
         compiled.numbers([b"k0"])
     assert len(compiled._old_number) == 0
+
+
+@pytest.mark.parametrize("recent", [False, True])
+def test_the_next_tables_are_made_ready_over_many_calls_and_stay_exact(recent):
+    """The tables that replace the full ones are written a little per call before the table doubles; a number
+    relinked (recent) or handed out meanwhile below what was copied reaches the next tables too."""
+    compiled, model = (RecentContentNumbers(3000), RecentDictNumbers(3000)) if recent else \
+        (ContentNumbers(3000), DictNumbers(3000))
+    compiled.ready_min = 0
+    calls_mid_way = doublings = 0
+    size = len(compiled._slot_fp)
+    for k in range(9000):
+        chain = [b"k%d" % k, b"k%d" % (k * 7 % (k + 1))]  # a new content and one seen before
+        got = compiled.numbers(chain).tolist()
+        assert got == (model.renumber(chain)[0] if recent else model.numbers(chain))
+        ready = len(compiled._next["_number_fp"])
+        calls_mid_way += 0 < compiled._copied < ready
+        doublings += len(compiled._slot_fp) > size
+        size = len(compiled._slot_fp)
+        assert all(len(getattr(compiled, name)) == min(size // 2, 3000) for name, _, _ in compiled.BY_NUMBER)
+    assert doublings >= 5 and calls_mid_way >= 50

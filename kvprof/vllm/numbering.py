@@ -9,6 +9,9 @@ call into an open-addressing table.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -28,6 +31,48 @@ _EMPTY = -1
 #: ~0.1 us of cache misses: a one-block call each step should not pay for a thousand.
 MOVE_MIN = 64
 MOVE_CAP = 4096
+#: The tables that replace the slot table and the tables by number when the slot table doubles are made
+#: ready (their pages written, the numbers copied over) from when it is more than ``READY_FROM`` full, at
+#: least ``READY_MIN`` slots and numbers a call plus ``READY_SLOTS``/``READY_NUMBERS`` per content looked up:
+#: the kernel hands out a page as it is first written (~0.35 ms a MB here, in 4 KB pages), which cost the
+#: call that doubled a 1M-slot table 2-4 ms when it came all at once. Between ``READY_FROM`` and half full
+#: the table takes ``size / 16`` contents, over which 32 slots (of the table twice as large) and 16 numbers
+#: each must be made ready: the rates below leave an eighth to spare.
+READY_FROM = 7 / 16
+READY_MIN = 1024
+READY_SLOTS = 36
+READY_NUMBERS = 18
+
+
+def _libc_madvise():
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_NOHUGEPAGE"):
+        return None
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise
+
+
+_MADVISE = _libc_madvise()
+
+
+def small_paged(n: int, dtype, fill=None) -> np.ndarray:
+    """An array of ``n`` (filled with ``fill``, if given) whose pages the kernel hands out 4 KB at a time as
+    they are first written. numpy asks for transparent huge pages for arrays from 4 MB on; the first write
+    into each 2 MB then waits for the kernel to find and zero a huge page, 5-7 ms on a busy machine whose
+    memory is fragmented (it compacts memory first), where 4 KB pages cost ~1.5 us each. For an array
+    written a little at a time on the scheduler thread, such a write is a stall."""
+    array = np.empty(n, dtype=dtype)
+    if _MADVISE is not None and array.nbytes >= 1 << 21:
+        start = -(-array.ctypes.data // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (array.ctypes.data + array.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            _MADVISE(start, end - start, mmap.MADV_NOHUGEPAGE)  # advice only: nothing to do if refused
+    if fill is not None:
+        array.fill(fill)
+    return array
 
 
 class ContentNumbers:
@@ -43,19 +88,25 @@ class ContentNumbers:
     statistics, never what the pool caches. ``_slot_fp``/``_slot_number`` is a linear-probing
     table of the numbered fingerprints (a slot holds number + 1, :data:`_FREE` none), at most
     half full; ``_number_fp[n]`` is number ``n``'s fingerprint, so recycling ``n`` deletes its entry.
+    Every table by number (:attr:`BY_NUMBER`) is ``min(len(_slot_fp) // 2, max_contents)`` long.
 
-    The table doubles as contents come, without stopping a call for a rehash (60 ms at 1M slots):
-    the entries of the table it outgrew (``_old_fp``/``_old_number``, empty when none) move over
-    2-8 slots per content looked up (``_moved``: how many of its slots were done), and one found
-    there first moves at once; every numbered fingerprint is in exactly one of the two tables,
-    and a slot of the old one that gave up its entry is :data:`_GONE`, so the old table's probe
-    runs stay whole. The old table is empty again before the new one is half full. (What a growth
-    still costs is the kernel zeroing the new table's pages as they are first written, in 2 MB huge
-    pages where numpy asks for them: a few ms from 1M slots on.) Memory grows
-    with the contents seen, to at most ``max_contents`` x 32-56 bytes (the table's 12-byte slots,
-    a power of two at most half full, and the 8-byte reverse map), and half as much again while
-    a grown table fills.
+    The table doubles as contents come without stopping a call, neither for a rehash (60 ms at 1M
+    slots) nor for the kernel's zeroing of new pages (2-4 ms at 1M slots). The tables that replace
+    the slot table and the tables by number are made ready ahead (``_next``: written a few thousand
+    entries a call from when the table is :data:`READY_FROM` full; ``_next_written`` slots of the slot
+    table, ``_copied`` numbers of the tables by number, copied from the current ones or filled; a write
+    by number below ``_copied`` goes to both, so the copy stays exact). Once it has doubled, the entries
+    of the table it outgrew (``_old_fp``/``_old_number``, empty when none) move over 2-8 slots per
+    content looked up (``_moved``: how many of its slots were done), and one found there first moves at
+    once; every numbered fingerprint is in exactly one of the two tables, and a slot of the old one that
+    gave up its entry is :data:`_GONE`, so the old table's probe runs stay whole. The old table is empty
+    again before the new one is half full. Memory grows with the contents seen, to at most
+    ``max_contents`` x 32-56 bytes (the table's 12-byte slots, a power of two at most half full, and
+    the 8-byte reverse map), and up to three times as much in the last sixteenth before a doubling.
     """
+
+    #: The tables indexed by content number: (attribute, dtype, what a number not handed out holds).
+    BY_NUMBER: tuple[tuple[str, type, int], ...] = (("_number_fp", np.int64, 0),)
 
     def __init__(self, max_contents: int) -> None:
         if max_contents < 1:
@@ -63,6 +114,8 @@ class ContentNumbers:
         self.max_contents = max_contents
         #: Old slots moved per call at least (a test sets it low to see the tables mid-move).
         self.move_min = MOVE_MIN
+        #: Slots and numbers made ready per call at least (a test sets it low to see them mid-way).
+        self.ready_min = READY_MIN
         self.clear()
 
     def clear(self) -> None:
@@ -72,8 +125,10 @@ class ContentNumbers:
         self._old_fp = np.zeros(0, dtype=np.int64)
         self._old_number = np.zeros(0, dtype=np.int32)
         self._moved = 0
-        self._number_fp = np.zeros(min(32, self.max_contents), dtype=np.int64)
+        for name, dtype, fill in self.BY_NUMBER:
+            setattr(self, name, np.full(min(32, self.max_contents), fill, dtype=dtype))
         self._seen = np.zeros(1, dtype=np.int64)  # distinct contents numbered so far (in the compiled call)
+        self._prepare(0)
 
     def __len__(self) -> int:
         """Contents holding a number now."""
@@ -86,29 +141,61 @@ class ContentNumbers:
         out = np.empty(n, dtype=np.int64)
         if n:
             self._reserve(n)
-            _number_all(self._slot_fp, self._slot_number, self._old_fp, self._old_number, self._number_fp, self._seen,
-                        self.max_contents, fingerprints, out)
+            _number_all(self._slot_fp, self._slot_number, self._old_fp, self._old_number, self._number_fp,
+                        self._next["_number_fp"], self._copied, self._seen, self.max_contents, fingerprints, out)
         return out
 
     def _reserve(self, n: int) -> None:
-        """Room for ``n`` more contents: the table at most half full, the reverse map long enough; and the
-        next slots of an outgrown table moved over."""
+        """Room for ``n`` more contents: the table at most half full, the tables by number long enough; the
+        next slots of an outgrown table moved over, and the tables that replace these made ready further."""
         if len(self._old_number):
             self._move(max(2 * n, min(8 * n, MOVE_CAP)) + self.move_min)
         live = min(int(self._seen[0]) + n, self.max_contents)
-        if len(self._number_fp) < live:
-            grown = np.zeros(min(max(live, 2 * len(self._number_fp)), self.max_contents), dtype=np.int64)
-            grown[: len(self._number_fp)] = self._number_fp
-            self._number_fp = grown
-        if 2 * live > len(self._slot_fp):
+        size = len(self._slot_fp)
+        if 2 * live > size:
+            grown = 2 * size
+            while 2 * live > grown:
+                grown *= 2
+            if len(self._next["_slot_number"]) != grown:  # (only a call of many contents comes here unready)
+                self._prepare(grown)
+            self._make_ready(grown, grown)
             if len(self._old_number):  # (only a call of more contents than the table held comes here)
                 self._move(len(self._old_number))
-            size = len(self._slot_fp)
-            while 2 * live > size:
-                size *= 2
             self._old_fp, self._old_number = self._slot_fp, self._slot_number
-            self._slot_fp, self._slot_number = np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int32)
+            for name, table in self._next.items():
+                setattr(self, name, table)
             self._moved = 0
+            self._prepare(0)
+        elif live > READY_FROM * size and size < 2 * self.max_contents:
+            if not len(self._next["_slot_number"]):
+                self._prepare(2 * size)
+            self._make_ready(READY_SLOTS * n + self.ready_min, READY_NUMBERS * n + self.ready_min)
+
+    def _prepare(self, size: int) -> None:
+        """Start the tables that replace these when the slot table grows to ``size`` slots (none for 0); their
+        pages are written by :meth:`_make_ready`, not here (a large array is only mapped until written)."""
+        by_number = min(size // 2, self.max_contents)
+        self._next = {"_slot_fp": small_paged(size, np.int64), "_slot_number": small_paged(size, np.int32),
+                      **{name: small_paged(by_number, dtype) for name, dtype, _ in self.BY_NUMBER}}
+        self._next_written = 0
+        self._copied = 0
+
+    def _make_ready(self, slots: int, numbers: int) -> None:
+        """Write the next ``slots`` slots of the next slot table (free) and the next ``numbers`` entries of
+        each next table by number (copied from the current one below its length, else its fill)."""
+        table_fp, table_number = self._next["_slot_fp"], self._next["_slot_number"]
+        start, end = self._next_written, min(self._next_written + slots, len(table_number))
+        table_fp[start:end] = 0
+        table_number[start:end] = _FREE
+        self._next_written = end
+        start = self._copied
+        end = min(start + numbers, len(self._next["_number_fp"]))
+        for name, _, fill in self.BY_NUMBER:
+            current, target = getattr(self, name), self._next[name]
+            kept = max(start, min(end, len(current)))
+            target[start:kept] = current[start:kept]
+            target[kept:end] = fill
+        self._copied = end
 
     def _move(self, budget: int) -> None:
         """Move the outgrown table's next ``budget`` slots over; drop it when all are."""
@@ -128,10 +215,10 @@ class RecentContentNumbers(ContentNumbers):
     content costs the base table's 32-56 bytes plus 8. Fingerprints and tables as in :class:`ContentNumbers`.
     """
 
+    BY_NUMBER = (*ContentNumbers.BY_NUMBER, ("_older", np.int32, _EMPTY), ("_newer", np.int32, _EMPTY))
+
     def clear(self) -> None:
         super().clear()
-        self._older = np.full(len(self._number_fp), _EMPTY, dtype=np.int32)
-        self._newer = np.full(len(self._number_fp), _EMPTY, dtype=np.int32)
         self._state = np.array([0, _EMPTY, _EMPTY], dtype=np.int64)
         self._seen = self._state[:1]
 
@@ -145,20 +232,15 @@ class RecentContentNumbers(ContentNumbers):
         n_recycled = 0
         if n:
             self._reserve(n)
+            following = self._next
             n_recycled = _number_all_recent(self._slot_fp, self._slot_number, self._old_fp, self._old_number,
-                                            self._number_fp, self._older, self._newer, self._state, self.max_contents,
-                                            fingerprints, out, recycled)
+                                            self._number_fp, self._older, self._newer, following["_number_fp"],
+                                            following["_older"], following["_newer"], self._copied, self._state,
+                                            self.max_contents, fingerprints, out, recycled)
         return out, recycled[:n_recycled]
 
     def numbers(self, contents: Sequence[Hashable]) -> np.ndarray:
         return self.renumber(contents)[0]
-
-    def _reserve(self, n: int) -> None:
-        super()._reserve(n)
-        size = len(self._number_fp)
-        if len(self._older) < size:
-            self._older = np.concatenate([self._older, np.full(size - len(self._older), _EMPTY, np.int32)])
-            self._newer = np.concatenate([self._newer, np.full(size - len(self._newer), _EMPTY, np.int32)])
 
 
 @njit(cache=True)
@@ -236,7 +318,8 @@ def _look_up(slot_fp, slot_number, old_fp, old_number, fingerprint, mask):
 
 
 @njit(cache=True)
-def _number_all(slot_fp, slot_number, old_fp, old_number, number_fp, seen, max_contents, fingerprints, out):
+def _number_all(slot_fp, slot_number, old_fp, old_number, number_fp, next_number_fp, copied, seen, max_contents,
+                fingerprints, out):
     mask = len(slot_fp) - 1
     for k in range(len(fingerprints)):
         fingerprint = fingerprints[k]
@@ -247,7 +330,7 @@ def _number_all(slot_fp, slot_number, old_fp, old_number, number_fp, seen, max_c
         number = seen[0] % max_contents
         if seen[0] >= max_contents:  # the number's old content is forgotten first
             i = _renumber(slot_fp, slot_number, old_fp, old_number, number_fp, number, fingerprint, mask)
-        _enter(slot_fp, slot_number, number_fp, i, number, fingerprint)
+        _enter(slot_fp, slot_number, number_fp, next_number_fp, copied, i, number, fingerprint)
         seen[0] += 1
         out[k] = number
 
@@ -273,15 +356,23 @@ def _renumber(slot_fp, slot_number, old_fp, old_number, number_fp, number, finge
 
 
 @njit(cache=True)
-def _enter(slot_fp, slot_number, number_fp, i, number, fingerprint):
+def _enter(slot_fp, slot_number, number_fp, next_number_fp, copied, i, number, fingerprint):
     slot_fp[i] = fingerprint
     slot_number[i] = number + 1
-    number_fp[number] = fingerprint
+    _put(number_fp, next_number_fp, copied, number, fingerprint)
 
 
 @njit(cache=True)
-def _number_all_recent(slot_fp, slot_number, old_fp, old_number, number_fp, older, newer, state, max_contents,
-                       fingerprints, out, recycled):
+def _put(table, next_table, copied, number, value):
+    """``table[number] = value``, and in the table that replaces it where that was copied already."""
+    table[number] = value
+    if number < copied:
+        next_table[number] = value
+
+
+@njit(cache=True)
+def _number_all_recent(slot_fp, slot_number, old_fp, old_number, number_fp, older, newer, next_number_fp, next_older,
+                       next_newer, copied, state, max_contents, fingerprints, out, recycled):
     """:class:`RecentContentNumbers`'s rule; returns how many numbers it wrote to ``recycled``."""
     mask = len(slot_fp) - 1
     n_recycled = 0
@@ -290,23 +381,23 @@ def _number_all_recent(slot_fp, slot_number, old_fp, old_number, number_fp, olde
         i = _look_up(slot_fp, slot_number, old_fp, old_number, fingerprint, mask)
         if slot_number[i] != _FREE:
             number = np.int64(slot_number[i] - 1)
-            _unlink(older, newer, state, number)
+            _unlink(older, newer, next_older, next_newer, copied, state, number)
         else:
             if state[0] < max_contents:
                 number = state[0]
                 state[0] += 1
             else:  # the least recently used content gives up its number
                 number = state[1]
-                _unlink(older, newer, state, number)
+                _unlink(older, newer, next_older, next_newer, copied, state, number)
                 i = _renumber(slot_fp, slot_number, old_fp, old_number, number_fp, number, fingerprint, mask)
                 recycled[n_recycled] = number
                 n_recycled += 1
-            _enter(slot_fp, slot_number, number_fp, i, number, fingerprint)
+            _enter(slot_fp, slot_number, number_fp, next_number_fp, copied, i, number, fingerprint)
         # the newest end of the recency list
-        older[number] = state[2]
-        newer[number] = _EMPTY
+        _put(older, next_older, copied, number, state[2])
+        _put(newer, next_newer, copied, number, _EMPTY)
         if state[2] != _EMPTY:
-            newer[state[2]] = number
+            _put(newer, next_newer, copied, state[2], number)
         else:
             state[1] = number
         state[2] = number
@@ -315,13 +406,13 @@ def _number_all_recent(slot_fp, slot_number, old_fp, old_number, number_fp, olde
 
 
 @njit(cache=True)
-def _unlink(older, newer, state, number):
+def _unlink(older, newer, next_older, next_newer, copied, state, number):
     before, after = older[number], newer[number]
     if before != _EMPTY:
-        newer[before] = after
+        _put(newer, next_newer, copied, before, after)
     else:
         state[1] = after
     if after != _EMPTY:
-        older[after] = before
+        _put(older, next_older, copied, after, before)
     else:
         state[2] = before
