@@ -173,7 +173,7 @@ def test_fit_cli_reports_cells_holdout_and_tuning(small_bailian, tmp_path):
     assert result.exit_code == 0, result.output
     assert "cells x reuse tiers" in result.stdout and "tuned on the fit window" in result.stdout
     data = json.loads(out.read_text())
-    assert data["schema"] == "kvprof.hp/5" and data["tuning"][0]["capacity"] == 128
+    assert data["schema"] == "kvprof.hp/6" and data["tuning"][0]["capacity"] == 128
     assert "learned" not in data["tuning"][0]  # opt-in: --learned
     # the long-output candidate's tuning, on or off, with what it measured
     limit = data["tuning"][0].get("long_output_tokens")

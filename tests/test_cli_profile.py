@@ -37,7 +37,7 @@ def test_synth_inspect_fit_show_round_trip(small_trace, tmp_path):
     result = invoke("show", hp_path)
     assert result.exit_code == 0 and "text_1" in result.stdout
     result = invoke("show", hp_path, "--json")
-    assert json.loads(result.stdout)["schema"] == "kvprof.hp/5"
+    assert json.loads(result.stdout)["schema"] == "kvprof.hp/6"
 
 
 def test_fit_recovers_planted_parameters_censored_and_naive(tmp_path):

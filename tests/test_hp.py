@@ -107,12 +107,42 @@ def _delete(data, dotted):
 HUGE = 10**400  # a JSON integer no float holds
 TEXT_SESSION = "sessions.text"
 NEXT_TURN = {"horizon_s": 30.0, "began": 100, "began_followed": 5, "continued": 40, "continued_followed": 12}
+RETENTION_ROW = {"requests": 10, "returned": 8, "share_returned": 0.85, "retention_s": [3.0, 40.0]}
+RETENTION = {"from": "arrival", "shares": [0.5, 0.9], "classes": {"text_1": {"tool_call": RETENTION_ROW}},
+             "default": {"any": RETENTION_ROW}}
 
 # (case, edit of the valid file's dict, JSON location the error must name, words the message must contain)
 LOADER_ERRORS = [
-    ("schema v6", lambda d: _set(d, "schema", "kvprof.hp/6"), "schema",
-     "schema 'kvprof.hp/6' is not supported; this kvprof reads kvprof.hp/1, kvprof.hp/2, kvprof.hp/3, kvprof.hp/4 and "
-     "kvprof.hp/5"),
+    ("schema v7", lambda d: _set(d, "schema", "kvprof.hp/7"), "schema",
+     "schema 'kvprof.hp/7' is not supported; this kvprof reads kvprof.hp/1, kvprof.hp/2, kvprof.hp/3, kvprof.hp/4, "
+     "kvprof.hp/5 and kvprof.hp/6"),
+    ("retention in a v5 file", lambda d: (_set(d, "schema", "kvprof.hp/5"), _set(d, "retention", RETENTION)),
+     "retention", "unknown key 'retention'"),
+    ("retention shares not rising", lambda d: _set(d, "retention", {**RETENTION, "shares": [0.9, 0.5]}),
+     "retention.shares", "must rise strictly within (0, 1]"),
+    ("retention share 0", lambda d: _set(d, "retention", {**RETENTION, "shares": [0.0, 0.5]}),
+     "retention.shares", "must rise strictly within (0, 1]"),
+    ("retention basis unknown", lambda d: _set(d, "retention", {**RETENTION, "from": "start"}),
+     "retention.from", "must be one of arrival, end"),
+    ("retention kind unknown", lambda d: _set(d, "retention", {**RETENTION, "default": {"release": RETENTION_ROW}}),
+     "retention.default.release", "unknown key 'release'"),
+    ("retention class name", lambda d: _set(d, "retention", {**RETENTION, "classes": {"<default>": {}}}),
+     "retention.classes.<default>", "not a usable class name"),
+    ("retention returned above requests",
+     lambda d: _set(d, "retention", {**RETENTION, "default": {"any": {**RETENTION_ROW, "returned": 11}}}),
+     "retention.default.any.returned", "from 0 to 10"),
+    ("retention waits one short",
+     lambda d: _set(d, "retention", {**RETENTION, "default": {"any": {**RETENTION_ROW, "retention_s": [3.0]}}}),
+     "retention.default.any.retention_s", "one wait per share (2), got 1"),
+    ("retention wait negative",
+     lambda d: _set(d, "retention", {**RETENTION, "default": {"any": {**RETENTION_ROW, "retention_s": [-1.0, 3.0]}}}),
+     "retention.default.any.retention_s[0]", "got float -1.0"),
+    ("retention waits falling",
+     lambda d: _set(d, "retention", {**RETENTION, "default": {"any": {**RETENTION_ROW, "retention_s": [9.0, 3.0]}}}),
+     "retention.default.any", "non-decreasing"),
+    ("retention wait null beside returns",
+     lambda d: _set(d, "retention", {**RETENTION, "default": {"any": {**RETENTION_ROW, "retention_s": [None, 3.0]}}}),
+     "retention.default.any", "all null (nothing returned)"),
     ("next_turn in a v4 file", lambda d: (_set(d, "schema", "kvprof.hp/4"), _set(d, "next_turn", NEXT_TURN)), "next_turn",
      "unknown key 'next_turn'"),
     ("next_turn followed above its requests", lambda d: _set(d, "next_turn", {**NEXT_TURN, "began_followed": 101}),
@@ -541,7 +571,8 @@ def test_show_names_the_schema_it_read_and_says_when_there_is_no_provenance(hp, 
 
 
 @pytest.mark.parametrize("schema, words", [
-    ("kvprof.result/1", "show reads hp files (kvprof.hp/1, kvprof.hp/2, kvprof.hp/3, kvprof.hp/4, kvprof.hp/5, or the "
+    ("kvprof.result/1", "show reads hp files (kvprof.hp/1, kvprof.hp/2, kvprof.hp/3, kvprof.hp/4, kvprof.hp/5, "
+                        "kvprof.hp/6, or the "
                         "published format) "
                         "and results files (kvprof.results/1)"),
     ("kvprof.results/2", 'results schema "kvprof.results/2" is not supported; this kvprof reads kvprof.results/1'),
@@ -620,7 +651,7 @@ def _learned_data(fitted_v2) -> dict:
 
 
 @pytest.mark.parametrize("edit, where, words", [
-    (lambda d: (d.pop("next_turn", None), d.update(schema="kvprof.hp/2")), "tuning[0].learned", "unknown key"),
+    (lambda d: (d.pop("next_turn", None), d.pop("retention", None), d.update(schema="kvprof.hp/2")), "tuning[0].learned", "unknown key"),
     (lambda d: d["tuning"][0]["learned"]["cell"].append(0.0), "tuning[0].learned.cell", "the file has"),
     (lambda d: d["tuning"][0]["learned"]["depth"].pop(), "tuning[0].learned.depth", "must hold 12 weights"),
     (lambda d: d["tuning"][0]["learned"]["tier"].__setitem__(1, "x"), "tuning[0].learned.tier[1]", "finite number"),
@@ -666,7 +697,7 @@ def test_a_version_4_file_with_an_output_limit_round_trips_and_adds_the_candidat
     path = tmp_path / "hp.json"
     path.write_text(json.dumps(data))
     loaded = load_hp(path)
-    assert loaded.schema == SCHEMA == "kvprof.hp/5" and loaded.to_dict() == data
+    assert loaded.schema == SCHEMA == "kvprof.hp/6" and loaded.to_dict() == data
     policy = make_policy("wa", loaded, capacity=500)
     assert policy.order_names[0] == "long-output" and policy.output_limit == 225.0
     assert policy._followed[0].limit == 225.0
@@ -675,7 +706,7 @@ def test_a_version_4_file_with_an_output_limit_round_trips_and_adds_the_candidat
 
 
 @pytest.mark.parametrize("edit, where, words", [
-    (lambda d: (d.pop("next_turn", None), d.update(schema="kvprof.hp/3")), "tuning[0].long_output_tokens",
+    (lambda d: (d.pop("next_turn", None), d.pop("retention", None), d.update(schema="kvprof.hp/3")), "tuning[0].long_output_tokens",
      "unknown key"),
     (lambda d: d["tuning"][0].update(long_output_tokens=-1), "tuning[0].long_output_tokens", "from 0 to"),
     (lambda d: d["tuning"][0].update(long_output_tokens="many"), "tuning[0].long_output_tokens", "finite number"),

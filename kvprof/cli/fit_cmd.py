@@ -33,7 +33,7 @@ from kvprof.cli.common import (
 )
 from kvprof.cli.fleet_cmd import (DEFAULT_REPLICAS, LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, check_router_knobs,
                                  fleet_recordings, joined_trace)
-from kvprof.cli.hp_tables import cells_table, horizons, next_turn_line, tuning_table
+from kvprof.cli.hp_tables import cells_table, horizons, next_turn_line, retention_line, tuning_table
 from kvprof.cli.output import print_json, say, show as show_table, status
 from kvprof.errors import KvprofError
 from kvprof.limits import BLOCK_TOKENS, COUNT, POSITIVE_SECONDS, SECONDS, Bound
@@ -432,8 +432,9 @@ def _report_fit(hp, output: Path, json_out: bool, title: str, learned: bool = Fa
         show_table(tuning_table(hp, learn_asked=learned))
     if no_holdout is not None:
         say(f"held-out quality -: {no_holdout}")
-    if (line := next_turn_line(hp)) is not None:
-        say(line)
+    for line in (next_turn_line(hp), retention_line(hp)):
+        if line is not None:
+            say(line)
     say(f"wrote {output} ({len(hp.cell_names()) - 1} cells from {len(hp.classes)} classes, {horizons(hp)})")
 
 

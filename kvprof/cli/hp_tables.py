@@ -156,3 +156,44 @@ def classes_table(hp, title: str):
             params.source,
         )
     return out
+
+
+#: What each hint kind's rows are taken over, as a retention table says it.
+_AFTER = {"tool_call": "a tool call", "end_turn": "an end of turn", "any": "any request"}
+
+
+def _wait(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:,.4g} s"
+
+
+def retention_table(hp):
+    """Per class (all classes pooled first) and hint kind: the requests, the share of their sessions that
+    came back, and the wait that catches each share of those returns."""
+    retention = hp.retention
+    shares = [f"{share:.0%}" if round(share * 100) == share * 100 else f"{share:.1%}" for share in retention.shares]
+    rows, more = first_rows([("(all classes)", retention.default), *sorted(retention.classes.items())], "classes",
+                            len(_AFTER))
+    out = table(f"retention to ask for (docs/hints.md): the wait from a request's {retention.basis} that catches a "
+                f"share of its session's returns", {"class": "left", "after": "left", "requests": "right",
+                                                     "returned": "right", "share returned": "right",
+                                                     **{f"{share} of returns": "right" for share in shares}},
+                caption=more)
+    for name, kinds in rows:
+        shown = [(kind, kinds[kind]) for kind in _AFTER if kind in kinds]
+        for i, (kind, row) in enumerate(shown):
+            out.add_row(name if i == 0 else "", _AFTER[kind], f"{row.requests:,}", f"{row.returned:,}",
+                        f"{row.share_returned:.1%}", *map(_wait, row.seconds), end_section=i == len(shown) - 1)
+    return out
+
+
+def retention_line(hp, share: float = 0.9) -> str | None:
+    """The pooled retention for ``share`` of the returns (or the file's nearest share) after each hint kind,
+    in one line; None where the file has no retention figures."""
+    retention = hp.retention
+    if retention is None:
+        return None
+    at = min(range(len(retention.shares)), key=lambda i: abs(retention.shares[i] - share))
+    kinds = [f"after {_AFTER[kind]} {_wait(row.seconds[at])} ({row.share_returned:.0%} of {row.requests:,} came back)"
+             for kind, row in retention.default.items()]
+    return (f"retention catching {retention.shares[at]:.0%} of a session's returns, from a request's "
+            f"{retention.basis}, all classes: {'; '.join(kinds)} (kvprof show: per class)")

@@ -10,7 +10,8 @@ from rich.text import Text
 
 from kvprof.cli.common import guarded, output_dir
 from kvprof.cli.fit_cmd import JsonOpt
-from kvprof.cli.hp_tables import cells_table, classes_table, fmt, horizons, next_turn_line, tuning_table
+from kvprof.cli.hp_tables import (cells_table, classes_table, fmt, horizons, next_turn_line, retention_table,
+                                  tuning_table)
 from kvprof.cli.output import first_rows, plain, print_json, printable, show as show_table, table
 from kvprof.errors import KvprofError
 
@@ -19,7 +20,7 @@ from kvprof.errors import KvprofError
 def show(
     paths: Annotated[
         list[Path],
-        typer.Argument(help="A hyperparameter file (kvprof.hp/5 to /1, or the published format), or one or more "
+        typer.Argument(help="A hyperparameter file (kvprof.hp/6 to /1, or the published format), or one or more "
                             "results.json files of compare, demo or replay to tabulate and plot together."),
     ],
     output: Annotated[
@@ -117,3 +118,5 @@ def _show_hp(hp_path: Path, raw: bytes, json_out: bool) -> None:
                              fmt(survival[2] if len(survival) > 2 else None, ".3f"),
                              fmt(think.get("mean")), fmt(think.get("median")))
         show_table(sessions)
+    if hp.retention is not None:
+        show_table(retention_table(hp))

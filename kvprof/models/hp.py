@@ -1,4 +1,4 @@
-"""The hyperparameter file: per-cell reuse models and per-class parameters, schema ``kvprof.hp/5``.
+"""The hyperparameter file: per-cell reuse models and per-class parameters, schema ``kvprof.hp/6``.
 
 The profiler writes it; the simulator and the vLLM plugin read it. Version 2 adds, for the
 ``wa`` policy, workload *cells* (the classes, or cells a learned :class:`~kvprof.cells.CellRule`
@@ -8,7 +8,9 @@ one-component rows). Version 3 adds to a tuning entry the ``learned`` candidate'
 (:class:`~kvprof.models.learned.LearnedModel`), version 4 the ``long-output`` candidate's limit
 (``long_output_tokens``), version 5 the fit window's next-turn counts (``next_turn``, a
 :class:`~kvprof.models.next_turn.NextTurnRates`: where they favour it, ``wa`` runs over the
-``first-turn`` candidate and LRU); files of versions 2 to 4 still load. The loader is strict (unknown
+``first-turn`` candidate and LRU), version 6 the retention a client should ask for (``retention``, a
+:class:`~kvprof.models.retention.Retention`: per class and hint kind, the wait that catches a share of a
+session's returns); files of versions 2 to 5 still load. The loader is strict (unknown
 keys, NaN, out-of-range values are errors naming the file and the JSON location) because a typo
 in a hand-edited file would otherwise silently fall back to defaults in production. It also reads
 the published profiler's ``{"a": {class: lambda}, "p": {class: p}}`` files unchanged. The layout
@@ -51,13 +53,14 @@ from kvprof.models.hp_loader import (  # noqa: F401 - LOG_ODDS, OPEN_PROBABILITY
 from kvprof.models.hp_params import DEFAULT_CLASS, REUSED_SUFFIX, SOURCES, ClassParams, ReuseRow  # noqa: F401 - imported from here
 from kvprof.models.learned import LearnedModel
 from kvprof.models.next_turn import NextTurnRates
+from kvprof.models.retention import Retention
 
-SCHEMA = "kvprof.hp/5"
-#: Versions this kvprof reads.
-SCHEMAS = ("kvprof.hp/1", "kvprof.hp/2", "kvprof.hp/3", "kvprof.hp/4", SCHEMA)
+SCHEMA = "kvprof.hp/6"
+#: Versions this kvprof reads, oldest first.
+SCHEMAS = ("kvprof.hp/1", "kvprof.hp/2", "kvprof.hp/3", "kvprof.hp/4", "kvprof.hp/5", SCHEMA)
 #: The candidates' own keys a tuning entry may hold, by version (:func:`~kvprof.models.hp_loader.read_tuning`).
 TUNING_EXTRAS = {"kvprof.hp/2": (), "kvprof.hp/3": ("learned",), "kvprof.hp/4": TUNED_CANDIDATE_KEYS,
-                 SCHEMA: TUNED_CANDIDATE_KEYS}
+                 "kvprof.hp/5": TUNED_CANDIDATE_KEYS, SCHEMA: TUNED_CANDIDATE_KEYS}
 #: :attr:`HpFile.schema` of a file in the published profiler's format (which has no schema).
 PUBLISHED_FORMAT = "published"
 #: Keys of a published-format file: ``{"a": {class: lambda}, "p": {class: p}}``.
@@ -119,6 +122,9 @@ class HpFile:
     next_turn : NextTurnRates or None
         How often the fit window's sessions came back within 30 s after a request that began them and
         after one that continued them (None: not counted, as in a file before version 5).
+    retention : Retention or None
+        Per class and hint kind, the wait after a request that catches a share of its session's returns
+        (None: not measured: a file before version 6, or a trace without sessions).
     """
 
     classes: dict[str, ClassParams]
@@ -134,6 +140,7 @@ class HpFile:
     cell_rule: CellRule | None = None
     tuning: tuple[dict, ...] = ()
     next_turn: NextTurnRates | None = None
+    retention: Retention | None = None
     #: The schema of the file this was read from (what ``to_dict`` writes is always :data:`SCHEMA`);
     #: not part of equality, so a v1 file saved again as v2 still equals what was read.
     schema: str = field(default=SCHEMA, compare=False)
@@ -270,6 +277,8 @@ class HpFile:
                 out["cell_rule"] = self.cell_rule.to_dict()
         if self.next_turn is not None:
             out["next_turn"] = self.next_turn.to_dict()
+        if self.retention is not None:
+            out["retention"] = self.retention.to_dict()
         if self.tuning:
             out["tuning"] = [{key: value.to_dict() if isinstance(value, LearnedModel) else value
                               for key, value in entry.items()} for entry in self.tuning]
@@ -300,7 +309,7 @@ class HpFile:
 
 
 def load_hp(path) -> HpFile:
-    """Read and validate a hyperparameter file (``kvprof.hp/5`` to ``/1`` or the published format).
+    """Read and validate a hyperparameter file (``kvprof.hp/6`` to ``/1`` or the published format).
 
     Raises
     ------
@@ -319,19 +328,19 @@ def load_hp(path) -> HpFile:
 # --- reading a document (its blocks: kvprof.models.hp_loader) ------------------------------------
 
 
-_V2_KEYS = ("tier_edges", "cells", "default_cell", "cell_rule", "tuning")
-#: Keys version 5 adds.
-_V5_KEYS = ("next_turn",)
+#: Top-level keys each version adds to the one before (version 1's are read by every version).
+_ADDED_KEYS = {"kvprof.hp/2": ("tier_edges", "cells", "default_cell", "cell_rule", "tuning"),
+               "kvprof.hp/5": ("next_turn",), "kvprof.hp/6": ("retention",)}
 
 
 def _read_schema(checks: JsonChecks, data) -> HpFile:
-    """A ``kvprof.hp/1`` to ``/5`` document (version 2: version 1 plus cells and tuning; version 3:
+    """A ``kvprof.hp/1`` to ``/6`` document (version 2: version 1 plus cells and tuning; version 3:
     tuning entries may hold a ``learned`` predictor; version 4: a ``long_output_tokens`` limit too;
-    version 5: ``next_turn``)."""
+    version 5: ``next_turn``; version 6: ``retention``)."""
     version = _check_schema(checks, data)  # before the keys: a newer file's new keys are not typos
+    added = [key for since in SCHEMAS[1:SCHEMAS.index(version) + 1] for key in _ADDED_KEYS.get(since, ())]
     checks.fields(data, None, required=("schema", "horizon_s", "class_rule", "classes", "default"),
-                  optional=("provenance", "min_gap_s", "block_size", "sessions",
-                            *(_V2_KEYS if version != "kvprof.hp/1" else ()), *(_V5_KEYS if version == SCHEMA else ())))
+                  optional=("provenance", "min_gap_s", "block_size", "sessions", *added))
     horizon = float(checks.bounded(data["horizon_s"], "horizon_s", POSITIVE_SECONDS))
     cells = read_cells(checks, data)
     hp = HpFile(
@@ -347,6 +356,7 @@ def _read_schema(checks: JsonChecks, data) -> HpFile:
         tuning=read_tuning(checks, data.get("tuning", []), "tuning", candidates=CANDIDATES,
                            extras=TUNING_EXTRAS.get(version, ())),
         next_turn=NextTurnRates.read(checks, data["next_turn"], "next_turn") if "next_turn" in data else None,
+        retention=Retention.read(checks, data["retention"], "retention") if "retention" in data else None,
         schema=version,
     )
     n_cells = len(hp.cell_names())

@@ -3,7 +3,7 @@
 Each is given the :class:`~kvprof.jsonfile.JsonChecks` of the file being read and the block's JSON
 location, and refuses unknown keys, wrong types, NaN and out-of-range values with an error naming
 the file and that location (``classes.text_1.p``). :mod:`kvprof.models.hp` reads a whole document
-(``kvprof.hp/4`` to ``/1`` or the published format) with them.
+(``kvprof.hp/6`` to ``/1`` or the published format) with them.
 """
 
 from __future__ import annotations

@@ -26,6 +26,17 @@ def _parent_rows(chat_id: np.ndarray, parent_chat_id: np.ndarray) -> tuple[np.nd
     return np.flatnonzero(found), order[position[found]]
 
 
+def next_request_rows(chat_id: np.ndarray, parent_chat_id: np.ndarray) -> np.ndarray:
+    """Each request's session's next request: the row of its earliest child (the rows in arrival
+    order), -1 where none is in the trace (int64)."""
+    n = chat_id.shape[0]
+    child_rows, parent_rows = _parent_rows(chat_id, parent_chat_id)
+    following = np.full(n, n, dtype=np.int64)
+    np.minimum.at(following, parent_rows, child_rows)
+    following[following == n] = -1
+    return following
+
+
 def _summary(values: np.ndarray) -> dict | None:
     if values.size == 0:
         return None

@@ -9,6 +9,8 @@ window's blocks (:mod:`kvprof.profiler.summary`) -> session statistics ->
 * the ``wa`` policy's cells (learned from request features, :mod:`kvprof.profiler.cells`, or
   the classes) and, per cell and reuse tier, a cure fraction with a mixture of exponentials
   (``cells``), shrunk toward the cell's data where a tier's data is thin;
+* per class and hint kind, the retention a client should ask for (``retention``,
+  :mod:`kvprof.models.retention`), from the requests alone;
 
 -> :class:`~kvprof.models.hp.HpFile` with provenance. Given a later window (``holdout``), each
 cell's diagnostics also say how well its scores predict reuse there (:mod:`kvprof.profiler.quality`).
@@ -33,6 +35,7 @@ from kvprof.models.exponential import fit_classes_of
 from kvprof.models.hp import REUSED_SUFFIX, HpFile, ReuseRow
 from kvprof.models.mixture import CureMixture, diagnose_mixture_of
 from kvprof.models.next_turn import NextTurnRates
+from kvprof.models.retention import fit_retention
 from kvprof.models.sessions import session_stats
 from kvprof.profiler.cells import cells_of_trace, fit_cell_rule, tree_sample
 from kvprof.profiler.classes import classify_trace
@@ -192,6 +195,7 @@ def fit_window(requests: Trace, codes: np.ndarray, names, shards: Shards, rule: 
         default_cell=default_cell,
         cell_rule=cell_rule,
         next_turn=next_turn,
+        retention=fit_retention(requests, codes, names),
     )
 
 
