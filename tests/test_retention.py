@@ -102,6 +102,8 @@ def test_fit_retention_takes_each_class_and_kind_over_its_requests():
     assert retention.classes["b"]["end_turn"] == RetentionRow(1, 0, 0.0, (None, None))
     assert retention.default["end_turn"].requests == 2 and retention.default["end_turn"].share_returned == 0.5
     assert retention.row("c", "tool_call") == retention.default["tool_call"]  # an unseen class: the pooled rows
+    assert retention.row("b", "tool_call") == retention.default["tool_call"]  # a kind the class did not have
+    assert retention.row("b", "end_turn") == retention.classes["b"]["end_turn"]
 
 
 def test_waits_count_from_the_recorded_end_where_every_request_has_one():

@@ -79,9 +79,9 @@ class Retention:
     default: dict[str, RetentionRow]
 
     def row(self, class_name: str, kind: str = "any") -> RetentionRow | None:
-        """The row of ``class_name`` (the pooled one for a class the file has no entry for) and ``kind``;
-        None where the window had no such request."""
-        return self.classes.get(class_name, self.default).get(kind)
+        """The row of ``class_name`` and ``kind``, the pooled one where the class had no request of that kind
+        (or the file has no entry for the class); None where no request of the window was of that kind."""
+        return self.classes.get(class_name, {}).get(kind) or self.default.get(kind)
 
     def to_dict(self) -> dict:
         def kinds(rows: dict[str, RetentionRow]) -> dict:
