@@ -80,6 +80,27 @@ def test_output_blocks_are_cached_and_evicted_like_the_servers():
     assert m.hits_device == 2
 
 
+@pytest.mark.parametrize("output,new_blocks,hits,evictions", [(1, 0, 2, 0), (2, 0, 2, 1), (3, 1, 1, 2)])
+@pytest.mark.parametrize("engine", ["python", "compiled"])
+def test_an_output_that_fills_the_prompts_partial_block_fills_it_in_place(output, new_blocks, hits, evictions,
+                                                                          engine):
+    """vLLM's allocate_slots: ``ceil((prompt + output - 1) / block)`` blocks in all (the last sampled
+    token's KV is never computed). A 63-token prompt (3 full blocks and 15 tokens) with 2 output
+    tokens fills its partial block in place: no new block, so nothing is evicted for it (issue 40
+    A1), and caches it (the last request evicts it for its own third block); with 3 output tokens
+    vLLM takes a fifth block, and LRU evicts one of an earlier prefix for it."""
+    rows = [(0.0, "a", 1, [7, 8]), (2.0, "a", 1, [1, 2, 3, 4]), (10.0, "a", 1, [7, 8, 9])]
+    trace = recorded(rows, [0.0, 2.0, 10.0], [1.0, 3.0, 11.0], output=[1, output, 1], short=[0, 1, 0])
+    timing = prepare_workload(trace, engine_block_size=16).timing
+    assert timing.n_new.tolist() == [0, new_blocks, 0]
+    second = timing.block[timing.offsets[1]:timing.offsets[2]]
+    # its 3 prompt blocks, then at the partial block's depth a content of its own once the output
+    # filled it (none while partial); the fifth block (3 outputs) stays partial, so has no content
+    assert len(second) == 4 and (second[:3] >= 0).all() and (second[3] == -1) == (output == 1)
+    m = run(trace, capacity=6, engine=engine)  # 2 blocks of request 0 kept, 4 empty ones for request 1
+    assert (m.hits_device, m.evictions) == (hits, evictions)
+
+
 @st.composite
 def recordings(draw):
     ids: dict[tuple, int] = {}

@@ -199,6 +199,31 @@ def allocate(pool, blocks, next_use, start, first, n_cacheable, n_total, now, wo
 
 
 @njit(cache=True)
+def cache_filled(pool, blocks, next_use, start, first, n_cacheable, n_held, now, workload, slots):
+    """Cache, in place, the held slots of depths ``first .. min(n_held, n_cacheable) - 1`` that have no
+    content yet (``PrefixCache.cache_filled``); the policy accesses them in one call."""
+    n = min(n_held, n_cacheable) - first
+    if n <= 0:
+        return
+    slot_block, block_slot = pool.slot_block, pool.block_slot
+    cached = np.empty(n, np.int64)
+    depths = np.empty(n, np.int64)
+    contents = np.empty(n, np.int64)
+    next_uses = np.empty(n)
+    n_cached = 0
+    for depth in range(first, first + n):
+        slot, block = slots[depth], blocks[start + depth]
+        if block != NONE and slot_block[slot] == NONE and block_slot[block] == NONE:
+            block_slot[block] = slot
+            slot_block[slot] = block
+            cached[n_cached], depths[n_cached], contents[n_cached] = slot, depth, block
+            next_uses[n_cached] = next_use[start + depth]
+            n_cached += 1
+    if n_cached:
+        pool.policy.access_n(cached, depths, contents, next_uses, n_cached, now, workload, False)
+
+
+@njit(cache=True)
 def release(pool, slots, n, now):
     """A request finished: unpin its slots tail-first; cached ones become evictable."""
     if n > len(pool.scratch):

@@ -2,8 +2,8 @@
 :class:`kvprof.sim.cache.HostCache` with the same rules, driving a compiled policy.
 
 The GPU tier is a pool of :mod:`kvprof.core.prefix_cache` over a whole policy; its functions
-(``cached_prefix``, ``pin_hits``, ``allocate``, ``release``, ``push_empty``, ``set_limit``,
-``n_free``, ``check_device``, ``reserve_contents``) are imported from there and used from here. Engine
+(``cached_prefix``, ``pin_hits``, ``allocate``, ``cache_filled``, ``release``, ``push_empty``,
+``set_limit``, ``n_free``, ``check_device``, ``reserve_contents``) are imported from there and used from here. Engine
 blocks are dense ids (numbered as the replay streams them, :mod:`kvprof.core.stream`), so the
 content-to-slot maps are arrays, grown as new contents come; the numbers of contents nothing holds
 any more go to new ones (:func:`recycle_contents`), so the arrays stay within a multiple of what
@@ -21,8 +21,8 @@ from kvprof.core.wa import (
     mark_policy, policy_access, policy_contains, policy_evict_n, policy_free, policy_remove, policy_type,
 )
 from kvprof.core.prefix_cache import (  # the GPU tier's rules, shared with wa's shadows; re-exported
-    allocate, cached_prefix, check_pool as check_device, init_pool, mark_pool, n_free, pin_hits, pool_fields,
-    push_empty, release, reserve_contents, set_limit,
+    allocate, cache_filled, cached_prefix, check_pool as check_device, init_pool, mark_pool, n_free, pin_hits,
+    pool_fields, push_empty, release, reserve_contents, set_limit,
 )
 from kvprof.core.structs import NONE
 
@@ -197,6 +197,6 @@ def counts_host(host):
     return host.evictions
 
 
-__all__ = ["allocate", "cached_prefix", "check_device", "check_host", "counts", "counts_host", "device_type",
-           "host_type", "load", "n_free", "new_device", "new_host", "pin_hits", "push_empty", "recycle_contents",
-           "release", "reserve_contents", "reserve_host_contents", "set_limit", "store"]
+__all__ = ["allocate", "cache_filled", "cached_prefix", "check_device", "check_host", "counts", "counts_host",
+           "device_type", "host_type", "load", "n_free", "new_device", "new_host", "pin_hits", "push_empty",
+           "recycle_contents", "release", "reserve_contents", "reserve_host_contents", "set_limit", "store"]

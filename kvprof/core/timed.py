@@ -22,6 +22,22 @@ from kvprof.core.seats import give_seat, new_free, take_seat
 from kvprof.core.structs import NONE
 
 
+def blocks_at_finish(prompt, output, n_full, n_prompt, block_size: int):
+    """``(n_new, n_filled)`` of requests of ``prompt`` and ``output`` tokens (numbers or arrays) that
+    took ``n_prompt`` blocks when scheduled, ``n_full`` of them full: the blocks each takes while it
+    decodes, and the blocks past ``n_full`` that are full when it finishes (its prompt's partial
+    last block first, filled in place, so not a new block).
+
+    vLLM's rule (``KVCacheManager.allocate_slots``): a request holds ``ceil(computed / block)``
+    blocks, ``computed // block`` of them full and cached, where ``computed = prompt + output - 1``:
+    the last sampled token is never fed back, so its KV is never computed.
+    """
+    computed = prompt + np.maximum(output, 1) - 1
+    n_new = np.maximum(-(-computed // block_size) - n_prompt, 0)
+    n_filled = np.maximum(computed // block_size - n_full, 0)
+    return n_new, n_filled
+
+
 @njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
 def admit(gpu, blocks, next_use, start, n_cacheable, n_lookup, n_total, now, workload, slots):
     """Give a request the blocks of its prompt: hits first, then new ones (full ones cached at
@@ -40,9 +56,12 @@ def admit(gpu, blocks, next_use, start, n_cacheable, n_lookup, n_total, now, wor
 
 
 @njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
-def finish(gpu, blocks, next_use, start, held, n_cacheable, n_new, now, workload, slots):
-    """A request finished: give it the blocks its output filled (depths ``held ..``, cached below
-    ``n_cacheable``), as decoding did, then free all of them tail first. Returns the blocks it held."""
+def finish(gpu, blocks, next_use, start, held, n_full, n_cacheable, n_new, now, workload, slots):
+    """A request finished: cache what its output filled, as decoding did (below ``n_cacheable``):
+    in place in the blocks it holds past its prompt's ``n_full`` full ones (the prompt's partial
+    last block), then in ``n_new`` new blocks (depths ``held ..``); then free all of them tail
+    first. Returns the blocks it held."""
+    tiers.cache_filled(gpu, blocks, next_use, start, n_full, n_cacheable, held, now, workload, slots)
     more = min(n_new, tiers.n_free(gpu))
     tiers.allocate(gpu, blocks, next_use, start, held, n_cacheable, held + more, now, workload, slots)
     tiers.release(gpu, slots, held + more, now)
@@ -59,9 +78,10 @@ class RecordedRequests(NamedTuple):
     :class:`kvprof.sim.recorded.RecordedTiming` with the workload's lookups and classes.
 
     Its blocks, by depth, are ``blocks[offsets[r]:offsets[r + 1]]`` (``next_use``: each one's next
-    access); the first ``n_full[r]`` are full (cacheable), ``n_prompt[r]`` are taken at its
-    admission, of which the first ``n_lookup[r]`` may be prefix hits, and ``n_new[r]`` more at its
-    finish. ``classes[r]`` is its workload class (int64), ``n_output[r]`` the tokens it generated.
+    access); the first ``n_full[r]`` are its prompt's full ones (cached at admission), the others
+    with a content are cached at its finish (its output filled them); ``n_prompt[r]`` are taken at
+    its admission, of which the first ``n_lookup[r]`` may be prefix hits, and ``n_new[r]`` more at
+    its finish. ``classes[r]`` is its workload class (int64), ``n_output[r]`` the tokens it generated.
     """
 
     blocks: np.ndarray
@@ -120,8 +140,8 @@ def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next
             seat = seat_of[r]
             policy_finish(gpu.policy, seat, event_time[e], blocks[offsets[r]:offsets[r + 1]], n_prompt[r] + n_new[r],
                           n_output[r])
-            held[r] = finish(gpu, blocks, next_use, offsets[r], held[r], offsets[r + 1] - offsets[r], n_new[r],
-                             event_time[e], classes[r], local[seat])
+            held[r] = finish(gpu, blocks, next_use, offsets[r], held[r], n_full[r], offsets[r + 1] - offsets[r],
+                             n_new[r], event_time[e], classes[r], local[seat])
             free_seats, n_free_seats = give_seat(free_seats, n_free_seats, seat)
         if check:
             tiers.check_device(gpu)

@@ -135,6 +135,21 @@ class PrefixCache:
             depth += 1
         out += new
 
+    def cache_filled(self, blocks: list[int], next_use: list[float], start: int, first: int, n_cacheable: int,
+                     slots: list[int], now: float, workload: int) -> None:
+        """Cache, in place, the held ``slots`` of depths ``first .. min(len(slots), n_cacheable) - 1``
+        that have no content yet: blocks a request filled while it ran (its prompt's partial last
+        block, which its output completes), cached once full as vLLM's ``cache_full_blocks`` does,
+        without a new slot. A content cached elsewhere, or ``NO_BLOCK``, leaves its slot uncached."""
+        block_slot, slot_block = self.block_slot, self.slot_block
+        access = self.policy.access
+        for depth in range(first, min(len(slots), n_cacheable)):
+            slot, block = slots[depth], blocks[start + depth]
+            if block != NO_BLOCK and slot_block[slot] == NO_BLOCK and block not in block_slot:
+                block_slot[block] = slot
+                slot_block[slot] = block
+                access(slot, now, workload, depth, hit=False, next_use=next_use[start + depth], content=block)
+
     def release(self, slots: list[int], now: float) -> None:
         """A request finished: unpin its slots tail-first; cached ones become evictable."""
         refs = self.refs

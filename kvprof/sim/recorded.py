@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvprof.core.timed import blocks_at_finish
 from kvprof.profiler.reuse import next_access
 from kvprof.profiler.trace import Trace
 from kvprof.recording import CHAT_IDS_PER_START, FILE, Recording, RecordingError
@@ -41,10 +42,13 @@ class RecordedTiming:
 
     Invariants: ``admit <= release`` wherever ``admit`` is finite (NaN: never scheduled). Request
     ``r``'s blocks, by depth, are ``block[offsets[r]:offsets[r + 1]]``: its prompt's ``n_full[r]``
-    full blocks (the workload's), ``NONE`` for its partial last prompt block if it has one (so
-    ``n_prompt[r]`` blocks are taken when it is scheduled), then the blocks its output filled, each
-    a content no other request names; at its finish it takes ``n_new[r]`` more blocks, those
-    first ones cached.
+    full blocks (the workload's), then the blocks full at its finish, each a content no other
+    request names (the first may be its prompt's partial last block, which its output filled in
+    place), then ``NONE`` for a partial last prompt block its output did not fill. It takes
+    ``n_prompt[r]`` blocks when scheduled and ``n_new[r]`` more at its finish, as vLLM's
+    ``allocate_slots`` does: ``ceil(written / block)`` blocks in all and ``written // block`` of
+    them full, where ``written = prompt + output - 1`` (the last sampled token's KV is never
+    computed).
 
     Attributes
     ----------
@@ -176,17 +180,15 @@ def recorded_timing(trace, origin: float, offsets: np.ndarray, block: np.ndarray
     size = engine_block_size
     n_full = np.diff(offsets)
     n_prompt = np.maximum(-(-prompt // size), n_full)
-    written = prompt + np.maximum(output, 1) - 1  # tokens whose KV the request computes
-    n_output_full = np.maximum(written // size - n_full, 0)
-    n_new = np.maximum(-(-written // size) - n_prompt, n_output_full)
-    length = n_prompt + n_output_full
+    n_new, n_filled = blocks_at_finish(prompt, output, n_full, n_prompt, size)
+    length = np.maximum(n_full + n_filled, n_prompt)
     new_offsets = np.zeros(offsets.size, dtype=np.int64)
     np.cumsum(length, out=new_offsets[1:])
     owner = np.repeat(np.arange(n_full.size), length)
     depth = np.arange(new_offsets[-1]) - new_offsets[owner]
     new_block = np.full(new_offsets[-1], NONE, dtype=np.int64)
     new_block[depth < n_full[owner]] = block
-    from_output = depth >= n_prompt[owner]
+    from_output = (depth >= n_full[owner]) & (depth < (n_full + n_filled)[owner])
     first_fresh = int(block.max()) + 1 if block.size else 0
     new_block[from_output] = np.arange(first_fresh, first_fresh + int(from_output.sum()))
     next_use = np.full(new_block.size, math.inf)

@@ -12,7 +12,10 @@ What the replay models as the server did, per request: when scheduled, it takes 
 (at most ``(prompt - 1) // block`` blocks, as vLLM) and new blocks for the rest of its prompt, the
 full ones cached at once; when it finishes, the blocks its output filled (``prompt + output - 1``
 tokens: the last sampled token is never written), cached too as vLLM caches them, though no
-later prompt of the recording names them; then it frees them all, tail first. Requests never
+later prompt of the recording names them: first its prompt's partial last block, filled in place
+(no new block, so nothing is evicted for it), then new blocks, as many as vLLM's
+``allocate_slots`` took (:func:`kvprof.sim.recorded.blocks_at_finish`); then it frees them all,
+tail first. Requests never
 scheduled (aborted while waiting) take nothing and are counted as not served, and so are requests
 whose prompt needs more blocks than the whole simulated cache (rejected, as on modelled timing: the
 server had room for them, a smaller cache would not). The policy hears of
@@ -55,6 +58,7 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu,
         else:
             gpu.policy.finish(r, now, blocks[start:offsets[r + 1]], n_blocks=n_prompt[r] + n_new[r],
                               n_output=n_output[r])
+            gpu.cache_filled(blocks, next_use, start, n_full[r], offsets[r + 1] - start, mine, now, classes[r])
             more = min(n_new[r], gpu.n_free)
             gpu.allocate(blocks, next_use, start, held[r], offsets[r + 1] - start, held[r] + more, now, classes[r],
                          mine)

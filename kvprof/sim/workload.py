@@ -128,11 +128,12 @@ class Workload:
         return self.cell if policy.keyed_by == "cell" else self.workload
 
     def blocks_needed(self, decode: bool) -> np.ndarray:
-        """Engine blocks each request holds while running, int64 (n,)."""
+        """Engine blocks each request holds while running, int64 (n,): with ``decode``, as many as
+        its prompt and output fill but the last output token, whose KV vLLM never computes."""
         if not decode:
             return self.n_blocks
         size = self.engine_block_size
-        return (self.prompt_tokens + self.output_tokens + size - 1) // size
+        return (self.prompt_tokens + np.maximum(self.output_tokens, 1) - 1 + size - 1) // size
 
 
 def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128, rate_scale: float = 1.0) -> Workload:

@@ -23,7 +23,7 @@ from kvprof.core.build import compile_policy
 from kvprof.core.wa import outcome, policy_admit, policy_finish
 from kvprof.core.structs import NONE
 from kvprof.core.twin import Seats
-from kvprof.core.timed import admit, finish, forget
+from kvprof.core.timed import admit, blocks_at_finish, finish, forget
 from kvprof.policy.base import EvictionPolicy
 from kvprof.vllm.numbering import RecentContentNumbers
 
@@ -130,11 +130,10 @@ class Counterfactual:
         size = self.block_size
         n_full = min(prompt_tokens // size, len(hashes))
         n_prompt = -(-prompt_tokens // size)
-        written = prompt_tokens + max(output_tokens, 1) - 1
-        n_output_full = max(min(written // size, len(hashes)) - n_full, 0)
-        n_new = max(-(-written // size) - n_prompt, n_output_full)
-        output = self._contents(hashes[n_full:n_full + n_output_full])
-        next_use = self._next_use(n_prompt + n_output_full)
+        n_new, n_filled = (int(n) for n in blocks_at_finish(prompt_tokens, output_tokens, n_full, n_prompt, size))
+        n_filled = min(n_filled, len(hashes) - n_full)
+        filled = self._contents(hashes[n_full:n_full + n_filled])
+        next_use = self._next_use(max(n_full + n_filled, n_prompt))
         seat = self._seats.give(key)
         n_lookup = self._lookups_of.pop(key, None)
         self.lookups += n_lookup or 0
@@ -144,11 +143,12 @@ class Counterfactual:
                 continue
             slots, held, workload, prompt, n_hit = entry
             tier.hits += n_hit
-            # the layout of RecordedTiming: the prompt's blocks (a full tier may give some only now), the output's
-            blocks = np.concatenate([prompt, output])
+            # the layout of RecordedTiming: the prompt's full blocks (a full tier may give some only now), those
+            # its output filled (the prompt's partial last block first), a partial block left NONE
+            blocks = np.concatenate([prompt[:n_full], filled, prompt[n_full + n_filled:]])
             slots = np.concatenate([slots, np.zeros(n_new, np.int64)])
             policy_finish(tier.compiled, seat, now, blocks, n_prompt + n_new, output_tokens)
-            finish(tier.gpu, blocks, next_use, 0, held, len(blocks), n_new, now, workload, slots)
+            finish(tier.gpu, blocks, next_use, 0, held, n_full, len(blocks), n_new, now, workload, slots)
         return n_lookup
 
     def forget_request(self, key: Hashable, now: float) -> None:
