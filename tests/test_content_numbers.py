@@ -34,7 +34,10 @@ keys = st.binary(min_size=1, max_size=2)  # few distinct keys, so chains repeat 
 def test_numbers_follow_the_twins_rule_with_recycling(max_contents, chains):
     compiled, model = ContentNumbers(max_contents), DictNumbers(max_contents)
     for chain in chains:
-        assert compiled.numbers(chain).tolist() == model.numbers(chain)
+        if len(chain) == 1:  # (decode numbers one content a call)
+            assert compiled.number(chain[0]) == model.numbers(chain)[0]
+        else:
+            assert compiled.numbers(chain).tolist() == model.numbers(chain)
     assert len(compiled) == len(model.ids)
 
 
@@ -80,8 +83,11 @@ class RecentDictNumbers:
 def test_recent_numbers_recycle_the_least_recently_seen_as_the_dict_did(max_contents, chains):
     compiled, model = RecentContentNumbers(max_contents), RecentDictNumbers(max_contents)
     for chain in chains:
-        numbers, recycled = compiled.renumber(chain)
-        assert (numbers.tolist(), recycled.tolist()) == model.renumber(chain)
+        if len(chain) == 1:
+            assert compiled.number(chain[0]) == model.renumber(chain)[0][0]
+        else:
+            numbers, recycled = compiled.renumber(chain)
+            assert (numbers.tolist(), recycled.tolist()) == model.renumber(chain)
     assert len(compiled) == len(model.ids)
 
 

@@ -516,10 +516,10 @@ class KvprofBlockPool(BlockPool):
             mask = kwargs.get("block_mask", args[2] if len(args) > 2 else None)
             uncached = mask is not None and not all(mask)
         if len(new) == 1 and block_ids[0] and not uncached:  # decode: a block at a time, no array
-            number = -1 if keys is None else int(self.contents.numbers(keys)[0])
+            number = -1 if keys is None else self.contents.number(keys[0])
             self._access_one(block_ids[0], num_cached_blocks, number, request)
             if keys is not None:
-                self._note_chain(request, [num_cached_blocks], [number], keys[0])
+                self._note_one(request, num_cached_blocks, number, keys[0])
             return
         ids = int64s(block_ids)
         depths = np.arange(num_cached_blocks, num_full_blocks, dtype=np.int64)
@@ -588,6 +588,19 @@ class KvprofBlockPool(BlockPool):
         if int(depths[0]) <= known and end - int(depths[0]) == len(depths):  # contiguous with what is known
             known = max(known, end)
         self._chain_numbers[request.request_id] = (known_numbers, known)
+
+    def _note_one(self, request, depth: int, number: int, key) -> None:
+        """:meth:`_note_chain` of one block (decode caches one a step), without arrays where the request's
+        numbers are long enough already."""
+        if request is None or not self._shadowed or not key.endswith(_GROUP0):
+            return
+        known_numbers, known = self._chain_numbers.get(request.request_id, (None, 0))
+        if known_numbers is None or len(known_numbers) <= depth:
+            self._note_chain(request, [depth], [number], key)
+            return
+        known_numbers[depth] = number
+        if depth == known:  # contiguous with what is known
+            self._chain_numbers[request.request_id] = (known_numbers, known + 1)
 
     def admit_request(self, request) -> None:
         """``request`` got its first blocks: its prompt's full blocks reach the policy as one chain.

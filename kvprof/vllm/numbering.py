@@ -145,6 +145,12 @@ class ContentNumbers:
                         self._next["_number_fp"], self._copied, self._seen, self.max_contents, fingerprints, out)
         return out
 
+    def number(self, content: Hashable) -> int:
+        """The number of ``content`` (not None), numbering it if new: :meth:`numbers` of one, without arrays."""
+        self._reserve(1)
+        return int(_number_one(self._slot_fp, self._slot_number, self._old_fp, self._old_number, self._number_fp,
+                               self._next["_number_fp"], self._copied, self._seen, self.max_contents, hash(content)))
+
     def _reserve(self, n: int) -> None:
         """Room for ``n`` more contents: the table at most half full, the tables by number long enough; the
         next slots of an outgrown table moved over, and the tables that replace these made ready further."""
@@ -242,6 +248,9 @@ class RecentContentNumbers(ContentNumbers):
     def numbers(self, contents: Sequence[Hashable]) -> np.ndarray:
         return self.renumber(contents)[0]
 
+    def number(self, content: Hashable) -> int:
+        return int(self.renumber((content,))[0][0])
+
 
 @njit(cache=True)
 def _home(fingerprint, mask):
@@ -320,19 +329,25 @@ def _look_up(slot_fp, slot_number, old_fp, old_number, fingerprint, mask):
 @njit(cache=True)
 def _number_all(slot_fp, slot_number, old_fp, old_number, number_fp, next_number_fp, copied, seen, max_contents,
                 fingerprints, out):
-    mask = len(slot_fp) - 1
     for k in range(len(fingerprints)):
-        fingerprint = fingerprints[k]
-        i = _look_up(slot_fp, slot_number, old_fp, old_number, fingerprint, mask)
-        if slot_number[i] != _FREE:
-            out[k] = slot_number[i] - 1
-            continue
-        number = seen[0] % max_contents
-        if seen[0] >= max_contents:  # the number's old content is forgotten first
-            i = _renumber(slot_fp, slot_number, old_fp, old_number, number_fp, number, fingerprint, mask)
-        _enter(slot_fp, slot_number, number_fp, next_number_fp, copied, i, number, fingerprint)
-        seen[0] += 1
-        out[k] = number
+        out[k] = _number_one(slot_fp, slot_number, old_fp, old_number, number_fp, next_number_fp, copied, seen,
+                             max_contents, fingerprints[k])
+
+
+@njit(cache=True)
+def _number_one(slot_fp, slot_number, old_fp, old_number, number_fp, next_number_fp, copied, seen, max_contents,
+                fingerprint):
+    """:class:`ContentNumbers`'s rule for one content; returns its number."""
+    mask = len(slot_fp) - 1
+    i = _look_up(slot_fp, slot_number, old_fp, old_number, fingerprint, mask)
+    if slot_number[i] != _FREE:
+        return np.int64(slot_number[i] - 1)
+    number = seen[0] % max_contents
+    if seen[0] >= max_contents:  # the number's old content is forgotten first
+        i = _renumber(slot_fp, slot_number, old_fp, old_number, number_fp, number, fingerprint, mask)
+    _enter(slot_fp, slot_number, number_fp, next_number_fp, copied, i, number, fingerprint)
+    seen[0] += 1
+    return number
 
 
 @njit(cache=True)
