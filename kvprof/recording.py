@@ -29,7 +29,8 @@ says what it could not read at its end.
      "starts": [{"time": 0.0, "pid": 4242, "model": "...", "vllm": "0.32.0", "kvprof": "0.1.0",
                  "num_gpu_blocks": 8192, "chat_id_base": 0, "policy": "lru", "hp_sha256": null,
                  "written": 1200, "dropped": {"queue_full": 0, "disk": 0, "error": 0},
-                 "rank": 0, "in_finished_files": 1000, "recovered": 0}]}
+                 "rank": 0, "in_finished_files": 1000, "recovered": 0, "key_id": null,
+                 "reloads": [{"time": 1800.0, "sha256": "9f2c...", "path": "hp.json"}]}]}
 
 One entry per server start and data-parallel rank (``time`` in seconds since ``origin``);
 ``chat_id_base`` keeps the chat ids of different entries apart. ``written`` counts the lines in
@@ -39,6 +40,9 @@ finished after it stopped (by its guard or a later start). ``rank``, ``in_finish
 ``recovered`` may be missing (recordings of kvprof before them: 0). ``key_id`` (may be missing: null)
 is the fingerprint of the block-id key the start shared with other servers (``--kv-record-key``),
 null where the start drew a key of its own: starts of equal ``key_id`` give a prefix the same ids.
+``reloads`` (may be missing: none) lists the hp files that came in force while the start ran, after
+the one it began with (``hp_sha256``), each ``{"time": ..., "sha256": ..., "path": ...}`` (``time``
+since ``origin``, ``path`` as the server was given it).
 """
 
 from __future__ import annotations
@@ -82,6 +86,19 @@ class RecordingError(JsonFileError):
     """A recording directory or its ``recording.json`` that cannot be used; names the file and the JSON path."""
 
 
+@dataclass(frozen=True)
+class Reload:
+    """An hp file that came in force while a start ran: when (seconds since the recording's
+    ``origin``), the sha256 of its bytes, and its path as the server was given it."""
+
+    time: float
+    sha256: str
+    path: str
+
+    def to_dict(self) -> dict:
+        return {"time": self.time, "sha256": self.sha256, "path": self.path}
+
+
 @dataclass
 class Start:
     """One server start of a recording (an entry of ``starts``)."""
@@ -103,13 +120,15 @@ class Start:
     #: Fingerprint of the block-id key the start shared with other servers (``--kv-record-key``);
     #: None: a key of its own, drawn at the start, whose ids match no other start's.
     key_id: str | None = None
+    #: The hp files that came in force after the start's (``hp_sha256``), in the order they did.
+    reloads: list[Reload] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"time": self.time, "pid": self.pid, "model": self.model, "vllm": self.vllm, "kvprof": self.kvprof,
                 "num_gpu_blocks": self.num_gpu_blocks, "chat_id_base": self.chat_id_base, "policy": self.policy,
                 "hp_sha256": self.hp_sha256, "written": self.written, "dropped": dict(self.dropped),
                 "rank": self.rank, "in_finished_files": self.in_finished_files, "recovered": self.recovered,
-                "key_id": self.key_id}
+                "key_id": self.key_id, "reloads": [reload.to_dict() for reload in list(self.reloads)]}
 
 
 @dataclass
@@ -198,7 +217,7 @@ def load_recording(directory: str | Path) -> Recording:
         where = f"starts[{i}]"
         check.fields(entry, where, required=("time", "pid", "model", "vllm", "kvprof", "num_gpu_blocks",
                                               "chat_id_base", "policy", "hp_sha256", "written", "dropped"),
-                     optional=("rank", "in_finished_files", "recovered", "key_id"))
+                     optional=("rank", "in_finished_files", "recovered", "key_id", "reloads"))
         dropped = check.fields(entry["dropped"], member(where, "dropped"), required=DROP_REASONS)
         base = check.integer(entry["chat_id_base"], member(where, "chat_id_base"))
         if base != i * CHAT_IDS_PER_START:
@@ -219,10 +238,22 @@ def load_recording(directory: str | Path) -> Recording:
             written=check.integer(entry["written"], member(where, "written")),
             dropped={k: check.integer(dropped[k], member(member(where, "dropped"), k), high=INT64_MAX)
                      for k in DROP_REASONS},
+            reloads=_reloads(check, entry.get("reloads", []), member(where, "reloads")),
             **{key: check.integer(entry[key], member(where, key), high=INT64_MAX)
                for key in ("rank", "in_finished_files", "recovered") if key in entry},
         ))
     return Recording(block_size=block_size, origin=origin, starts=starts)
+
+
+def _reloads(check: JsonChecks, value, where: str) -> list[Reload]:
+    reloads = []
+    for i, entry in enumerate(check.sequence(value, where)):
+        at = f"{where}[{i}]"
+        check.fields(entry, at, required=("time", "sha256", "path"))
+        reloads.append(Reload(time=check.number(entry["time"], member(at, "time"), low=0.0),
+                              sha256=_text(check, entry["sha256"], member(at, "sha256")),
+                              path=_text(check, entry["path"], member(at, "path"))))
+    return reloads
 
 
 def _text(check: JsonChecks, value, where: str) -> str:

@@ -391,3 +391,78 @@ def test_matplotlibs_notes_about_its_own_cache_do_not_reach_stderr(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLCONFIGDIR": str(tmp_path / "not-a-directory")}
     done = subprocess.run([sys.executable, "-c", "import kvprof.cli.plots"], capture_output=True, text=True, env=env)
     assert done.returncode == 0 and done.stderr == ""
+
+
+def test_the_per_interval_log_leaves_replays_test_request_out(caplog):
+    """Issue 40 A6: kvprof replay's probe (two tokens, tagged kvprof_probe) is no request of the traffic:
+    the server's interval lines sum to the requests replayed."""
+    import logging
+
+    from kvprof.recording import PROBE_TAG
+    from kvprof.vllm.live import LiveLoop
+    from kvprof.vllm.spec import PolicySpec
+    from tests.test_live import BS, fake_request
+
+    spec = PolicySpec.from_additional_config({"kv_policy": {"policy": "lru", "mode": "shadow"}})
+    loop = LiveLoop(spec, num_gpu_blocks=64, block_size=BS, start={})  # not begun: events handled here
+    probe = fake_request("probe", [], partial=2, tags={PROBE_TAG: 1})
+    traffic = fake_request("r0", [b"a", b"b", b"c"], tags={"type": "chat"})
+    with caplog.at_level(logging.INFO, logger="vllm.kvprof"):
+        for request in (probe, traffic):
+            loop._handle(("admit", 1.0, request))
+            loop._handle(("finish", 2.0, request, True, 0))
+        loop._log_interval(3.0)
+    (line,) = [r.getMessage() for r in caplog.records if "requests" in r.getMessage()]
+    assert "1 requests, 2 prompt blocks" in line, line
+    assert not [labels for _, labels, _ in loop.metrics.samples() if labels.get("class") == "<probe>"]
+
+
+def test_modelled_decoding_holds_the_blocks_vllm_holds():
+    """Issue 40 A1 on model timing: with --decode a request holds ceil((prompt + output - 1) / block)
+    blocks (the last output token's KV is never computed), not one more when that count fills a block."""
+    import dataclasses
+
+    import numpy as np
+
+    from kvprof.sim.workload import prepare_workload
+    from tests.helpers import make_trace
+
+    trace = dataclasses.replace(make_trace([(0.0, "a", 1, [1, 2, 3, 4])] * 4, block_size=16),
+                                input_length=np.full(4, 63), output_length=np.array([0, 1, 2, 3]))
+    workload = prepare_workload(trace, engine_block_size=16)
+    assert workload.blocks_needed(decode=True).tolist() == [4, 4, 4, 5]
+    assert workload.blocks_needed(decode=False).tolist() == [4, 4, 4, 4]
+
+
+def test_the_mixed_key_warning_counts_the_keys_not_the_servers(tmp_path):
+    """Issue 40 item 20: of 3 servers, 2 share a key: a prefix all 3 received has 2 different ids, not 3."""
+    from tests.helpers import one_line
+    from tests.test_fleet import _server
+
+    key = str(tmp_path / "fleet.key")
+    dirs = [_server(tmp_path / name, 1_000_000.0 + 50 * i, 10, system=[b"sys-a"], key_file=key_file)
+            for i, (name, key_file) in enumerate((("a", key), ("b", key), ("c", str(tmp_path / "other.key"))))]
+    result = invoke("fleet", *dirs, "--router", "round-robin", "--replicas", "1", "--policies", "lru",
+                    "--capacity", "6", "--eval-window", "0:", "-j", "1", "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "a prefix 3 servers all received counts as up to 2 different contents" in one_line(result.stderr)
+
+
+def test_the_session_row_of_a_fleet_of_recordings_says_it_is_not_the_live_routers_placement(tmp_path):
+    """Issue 40 A4: recordings renumber chat ids, so the session row over them routes conversations
+    otherwise than the live session router did: the note under the table says so, and only there."""
+    from tests.helpers import one_line
+    from tests.test_fleet import _server
+
+    key = str(tmp_path / "fleet.key")
+    dirs = [_server(tmp_path / name, 1_000_000.0 + 50 * i, 10, system=[b"sys-a"], key_file=key)
+            for i, name in enumerate("ab")]
+    common = ("--policies", "lru", "--capacity", "6", "--eval-window", "0:", "-j", "1")
+    shown = {}
+    for routers in ("recorded,session", "recorded,round-robin"):
+        result = invoke("fleet", *dirs, "--router", routers, *common, "-o", tmp_path / routers)
+        assert result.exit_code == 0, result.output
+        shown[routers] = one_line(result.stdout)
+    assert "session: hashes the chat ids the recorder numbered" in shown["recorded,session"]
+    assert "not where the live fleet's session router placed them" in shown["recorded,session"]
+    assert "chat ids the recorder numbered" not in shown["recorded,round-robin"]

@@ -341,7 +341,7 @@ def test_a_killed_writer_leaves_finished_files_and_true_counts_by_its_guard(tmp_
 def test_the_next_start_finishes_what_a_killed_one_left_and_says_so(tmp_path, caplog):
     _killed(tmp_path / "n", guard=False)
     assert [still_open for _, still_open in trace_files(tmp_path / "n")] == [True]
-    with caplog.at_level("WARNING", logger="vllm.kvprof"):
+    with caplog.at_level("INFO", logger="vllm.kvprof"):  # a warning where a frame was cut, else a note
         record(tmp_path / "n", [(request(2e9, [5]), 2e9, 2e9 + 1)], clock=Clock(2e9))
     assert "finished 1 file(s) a stopped server left open" in caplog.text
     files = trace_files(tmp_path / "n")
@@ -566,3 +566,96 @@ def test_a_recording_json_without_key_id_reads_as_keys_of_their_own(tmp_path):
     path.write_text(json.dumps(document))
     with pytest.raises(RecordingError, match=r"starts\[0\]\.key_id"):
         load_recording(tmp_path / "old")
+
+
+def test_each_reload_in_force_is_listed_in_recording_json_and_by_show(tmp_path):
+    """Issue 40 A5: a start lists the hp file it began with, and recording.json each one reloaded while
+    it ran (time since the origin, sha256, path as given); kvprof show of the directory lists them."""
+    from tests.helpers import invoke
+
+    clock = Clock(1_000_000.0)
+    recorder = Recorder(tmp_path / "r", block_size=BS, start={**START, "hp_sha256": "a" * 64}, clock=clock).begin()
+    clock.t += 90.5
+    recorder.reloaded("b" * 64, "hp/refit.json")
+    deadline = time.monotonic() + 10
+    while not load_recording(tmp_path / "r").starts[0].reloads and time.monotonic() < deadline:
+        time.sleep(0.05)  # saved by the writer thread without waiting for a request
+    assert [r.to_dict() for r in load_recording(tmp_path / "r").starts[0].reloads] == [
+        {"time": 90.5, "sha256": "b" * 64, "path": "hp/refit.json"}]
+    recorder.submit(request(clock.t, [1]), clock.t, 0, clock.t + 1)
+    recorder.close()
+    start = load_recording(tmp_path / "r").starts[0]
+    assert start.written == 1 and start.hp_sha256 == "a" * 64 and len(start.reloads) == 1
+    shown = invoke("show", tmp_path / "r")
+    assert shown.exit_code == 0, shown.output
+    assert "aaaaaaaaaaaa" in shown.stdout and "90.5" in shown.stdout and "bbbbbbbbbbbb" in shown.stdout
+    assert "hp/refit.json" in shown.stdout
+    as_json = invoke("show", tmp_path / "r", "--json")
+    assert json.loads(as_json.stdout)["starts"][0]["reloads"][0]["path"] == "hp/refit.json"
+
+
+def test_a_recording_without_reloads_says_so_and_bad_entries_are_named(tmp_path):
+    from tests.helpers import invoke
+
+    record(tmp_path / "q", [(request(1e6 + 1, [1]), 1e6 + 1, 1e6 + 2)])
+    assert "no hp file was reloaded" in " ".join(invoke("show", tmp_path / "q").stdout.split())
+    path = tmp_path / "q" / "recording.json"
+    document = json.loads(path.read_text())
+    del document["starts"][0]["reloads"]  # as kvprof wrote it before reloads were recorded
+    path.write_text(json.dumps(document))
+    assert load_recording(tmp_path / "q").starts[0].reloads == []
+    for entry, where in (({"time": 1.0, "sha256": 5, "path": "x"}, r"starts\[0\]\.reloads\[0\]\.sha256"),
+                         ({"time": 1.0, "sha256": "ab"}, r"starts\[0\]\.reloads\[0\]\.path")):
+        document["starts"][0]["reloads"] = [entry]
+        path.write_text(json.dumps(document))
+        with pytest.raises(RecordingError, match=where):
+            load_recording(tmp_path / "q")
+
+
+def test_a_reload_the_live_loop_puts_in_force_reaches_the_recording(tmp_path):
+    import hashlib
+
+    from kvprof.vllm.live import LiveLoop
+    from kvprof.vllm.spec import PolicySpec
+    from tests.test_live import HP
+
+    hp_path = tmp_path / "hp.json"
+    hp_path.write_text(json.dumps(HP))
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "mode": "shadow",
+                                                            "reload_interval_s": 0.1, "record": str(tmp_path / "r")}})
+    loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start=START).begin()
+    try:
+        refit = json.dumps(dict(HP, horizon_s=30.0))
+        hp_path.write_text(refit)
+        deadline = time.monotonic() + 10
+        while loop.spec.hp.horizon != 30.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        loop.close()
+    (reload,) = load_recording(tmp_path / "r").starts[0].reloads
+    assert reload.sha256 == hashlib.sha256(refit.encode()).hexdigest() and reload.path == str(hp_path)
+
+
+def test_the_guards_launcher_is_reaped_at_once(tmp_path):
+    """Issue 40 item 20: no exited launcher is left in the engine core's tree, for vLLM's shutdown to
+    force-kill and log at every stop; the guard itself lives on, out of the tree."""
+    recorder = Recorder(tmp_path / "g", block_size=BS, start=START).begin()
+    try:
+        deadline = time.monotonic() + 20
+        while recorder._guard.returncode is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert recorder._guard.returncode == 0  # waited for by the reaper thread, not by this test
+    finally:
+        recorder.close()
+
+
+@pytest.mark.parametrize("cut, level", [(0, "INFO"), (117, "WARNING")])
+def test_finishing_a_file_warns_only_where_requests_were_lost(tmp_path, caplog, cut, level):
+    """vLLM's default stop kills the engine core before it closes its file, so its guard finishes the
+    file at every ordinary stop: a note when every line was kept, a warning when a frame was cut."""
+    from kvprof.recording import Finished
+
+    with caplog.at_level("INFO", logger="vllm.kvprof"):
+        record_module._log_finished(tmp_path, [Finished(tmp_path / "a.part", tmp_path / "a", 12, cut)], "x left")
+    (entry,) = caplog.records
+    assert entry.levelname == level and "12 lines" in entry.getMessage()

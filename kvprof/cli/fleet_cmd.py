@@ -236,7 +236,7 @@ def fleet(
     if json_out:
         print_json(rows)
         return
-    show(_table(rows, document))
+    show(_table(rows, document, of_recordings=bool(recordings)))
     say(f"wrote {output / results_file.FILE} and {len(plots)} plots; routing and replaying took "
         f"{document['wall_s']:.1f} s")
 
@@ -332,9 +332,9 @@ def joined_trace(paths: list[Path], traces: list, recordings: list, routers: tup
     fleet = fleet_trace([(str(path), trace, recording) for path, trace, recording in zip(paths, traces, recordings)])
     if len(fleet.replicas) > 1 and fleet.unshared and any(name != RECORDED for name in routers):
         warn(f"{fleet.unshared} (the servers did not share one vllm serve --kv-record-key; docs/recording.md), so a "
-             f"prefix {len(fleet.replicas)} servers all received counts as up to {len(fleet.replicas)} different "
-             f"contents: routers other than {RECORDED} see the union of the traffic with no reuse across what those "
-             f"servers received, a lower bound on their hits (docs/fleet.md)")
+             f"prefix {len(fleet.replicas)} servers all received counts as up to {fleet.n_keys} different contents "
+             f"(one per key): routers other than {RECORDED} see the union of the traffic with no reuse across what "
+             f"those servers received, a lower bound on their hits (docs/fleet.md)")
     return fleet.trace
 
 
@@ -356,11 +356,16 @@ def run_configuration(shared, spec, replicas: int, policy: str, capacity: int, p
     return run_fleet(trace, workload, hp, spec, replicas, policy, capacity, config, hps), hps
 
 
-def _table(rows: list[dict], document: dict):
+def _table(rows: list[dict], document: dict, of_recordings: bool):
+    """The sweep's rows, with a note under them for what a row cannot say (rejected requests; the
+    ``session`` router over recordings)."""
     facts = document["inputs"]["trace"]
+    notes = [note for note, shown in (
+        (REJECTED_NOTE, any(row["n_rejected"] for row in rows)),
+        (SESSION_OF_RECORDINGS_NOTE, of_recordings and any(row["router"] == "session" for row in rows))) if shown]
     out = table(f"{facts['n_requests']:,} requests, {document['config']['engine_block_size']}-token engine blocks, "
                 f"capacity per replica", {c: "left" if c in ("router", "policy") else "right" for c in _COLUMNS},
-                caption=REJECTED_NOTE if any(row["n_rejected"] for row in rows) else None)
+                caption="\n".join(notes) or None)
     for row in rows:
         ratios = row["replica_token_hit_ratios"]
         out.add_row(row["router"], row["policy"] + (" (hp per replica)" if row["hp"] != "fleet" else ""),
@@ -372,6 +377,11 @@ def _table(rows: list[dict], document: dict):
                     qttft_cell(row["qttft_p99_s"], row["qttft_overloaded"]))
     return out
 
+
+#: Under the table of a fleet of recordings (docs/fleet.md, "A fleet of recordings").
+SESSION_OF_RECORDINGS_NOTE = (
+    "session: hashes the chat ids the recorder numbered, not the ids a live session router hashed, so it "
+    "places conversations as such a router would, not where the live fleet's session router placed them")
 
 _COLUMNS = ("router", "policy", "replicas", "capacity", "fleet hit ratio", "belady", "replica hit ratios",
             "rejected", "imbalance", "QTTFT mean (s)", "QTTFT p99 (s)")

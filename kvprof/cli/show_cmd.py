@@ -1,4 +1,4 @@
-"""``kvprof show``: an hp file pretty-printed, or results files side by side."""
+"""``kvprof show``: an hp file pretty-printed, results files side by side, or a recording's starts."""
 
 from __future__ import annotations
 
@@ -20,21 +20,28 @@ from kvprof.errors import KvprofError
 def show(
     paths: Annotated[
         list[Path],
-        typer.Argument(help="A hyperparameter file (kvprof.hp/6 to /1, or the published format), or one or more "
-                            "results.json files of compare, demo or replay to tabulate and plot together."),
+        typer.Argument(help="A hyperparameter file (kvprof.hp/6 to /1, or the published format), one or more "
+                            "results.json files of compare, demo or replay to tabulate and plot together, or a "
+                            "recording directory (vllm serve --kv-record)."),
     ],
     output: Annotated[
         Optional[Path], typer.Option("-o", "--output", help="Directory for the joint plots of results files (PNG, SVG).")
     ] = None,
     json_out: JsonOpt = False,
 ):
-    """Pretty-print a hyperparameter file after validating it, or put results files side by side.
+    """Pretty-print a hyperparameter file after validating it, put results files side by side, or list
+    a recording's server starts with the hp file each began with and those reloaded while it ran.
 
     Results files share one table and, with --output, compare's hit-ratio and QTTFT plots: a
     simulated sweep next to a live replay at the server's capacity (policy marked "(live)").
     """
     from kvprof.cli.show_results import show_results
+    from kvprof.recording import is_recording
     from kvprof.results import load_if_results
+
+    if len(paths) == 1 and is_recording(paths[0]) and output is None:
+        _show_recording(paths[0], json_out)
+        return
 
     if output is not None:
         from kvprof.cli.plots import FILES
@@ -120,3 +127,27 @@ def _show_hp(hp_path: Path, raw: bytes, json_out: bool) -> None:
         show_table(sessions)
     if hp.retention is not None:
         show_table(retention_table(hp))
+
+
+def _show_recording(directory: Path, json_out: bool) -> None:
+    """A recording's ``recording.json``: its starts, each with the hp file it began with and every
+    reload that came in force while it ran (time since the recording's origin, sha256, path)."""
+    from kvprof.recording import load_recording
+
+    recording = load_recording(directory)
+    if json_out:
+        print_json(recording.to_dict())
+        return
+    starts = table(plain(f"{directory} ({recording.block_size}-token blocks): server starts"),
+                   {column: "left" if column in ("policy", "hp file (sha256)") else "right"
+                    for column in ("start", "rank", "at (s)", "blocks", "policy", "hp file (sha256)", "written")})
+    reloads = table("hp files reloaded while a start ran",
+                    {column: "left" if column in ("sha256", "path") else "right"
+                     for column in ("start", "rank", "at (s)", "sha256", "path")})
+    for i, start in enumerate(recording.starts):
+        starts.add_row(str(i), str(start.rank), f"{start.time:,.1f}", f"{start.num_gpu_blocks:,}", plain(start.policy),
+                       plain(start.hp_sha256[:12] if start.hp_sha256 else "-"), f"{start.written:,}")
+        for reload in start.reloads:
+            reloads.add_row(str(i), str(start.rank), f"{reload.time:,.1f}", plain(reload.sha256[:12]), plain(reload.path))
+    show_table(starts)
+    show_table(reloads if reloads.row_count else plain("no hp file was reloaded while the recording ran"))

@@ -240,12 +240,15 @@ class FleetTrace:
     Invariant: ``trace.extra[REPLICA][i]`` is the replica that received request ``i``, in
     ``range(len(replicas))``; ``replicas[k]`` names replica ``k`` (its recording and rank).
     ``unshared`` is None when every server start recorded its block ids under one shared key
-    (``--kv-record-key``: a prefix has the same ids on every replica), else why not.
+    (``--kv-record-key``: a prefix has the same ids on every replica), else why not;
+    ``n_keys`` is how many different keys the starts drew or shared (a prefix gets as many
+    different ids at most).
     """
 
     trace: Trace
     replicas: tuple[str, ...]
     unshared: str | None = None
+    n_keys: int = 1
 
 
 def fleet_trace(parts: Sequence[tuple[str, Trace, Recording]]) -> FleetTrace:
@@ -289,8 +292,9 @@ def fleet_trace(parts: Sequence[tuple[str, Trace, Recording]]) -> FleetTrace:
         chat_base += len(recording.starts) * CHAT_IDS_PER_START
     merged = _concatenate(shifted, first_trace)
     merged = dataclasses.replace(merged, extra={**merged.extra, REPLICA: np.concatenate(replica).astype(np.int64)})
+    recordings = [(directory, recording) for directory, _, recording in parts]
     return FleetTrace(merged.select(np.argsort(merged.timestamp, kind="stable")), tuple(names),
-                      unshared_keys([(directory, recording) for directory, _, recording in parts]))
+                      unshared_keys(recordings), distinct_keys(recordings))
 
 
 def unshared_keys(recordings: Sequence[tuple[str, Recording]]) -> str | None:
@@ -307,6 +311,14 @@ def unshared_keys(recordings: Sequence[tuple[str, Recording]]) -> str | None:
         first, second = list(keys.values())[:2]
         return f"{first} and {second} recorded under different --kv-record-key files"
     return None
+
+
+def distinct_keys(recordings: Sequence[tuple[str, Recording]]) -> int:
+    """How many different block-id keys the starts of ``recordings`` used: one per shared key file
+    (``key_id``), one per start that drew a key of its own."""
+    starts = [start for _, recording in recordings for start in recording.starts]
+    return len({start.key_id for start in starts if start.key_id is not None}) + sum(
+        start.key_id is None for start in starts)
 
 
 def _on_clock(trace: Trace, shift: float, chat_base: int) -> Trace:

@@ -159,7 +159,13 @@ class LiveLoop:
             offload = sys.modules.get("kvprof.vllm.offload")  # imported only where vLLM offloads to CPU
             if offload is not None:
                 offload.replace_policies(spec, offloaded)
-            self.spec = spec
+            self._put_in_force(spec)
+
+    def _put_in_force(self, spec: PolicySpec) -> None:
+        """``spec``, a reloaded hp file's, is in force from now on (the recording lists it)."""
+        self.spec = spec
+        if self.recorder is not None:
+            self.recorder.reloaded(spec.hp_sha256, spec.config)
 
     def _put(self, event) -> None:
         if not self._events.put(event):
@@ -193,6 +199,8 @@ class LiveLoop:
                                              request.num_output_tokens, now)
         if not admitted or lookups is None:
             return
+        if PROBE_TAG in (request_extra_args(request) or {}):
+            return  # kvprof replay's test request (no full block): no class, no warning, not one of the traffic's
         # the same requests and prompt blocks the counterfactual counted: a window compares like with like
         cached = min(hit_tokens // self.block_size, lookups)
         label = self._class_label(request)
@@ -212,8 +220,6 @@ class LiveLoop:
     def _class_label(self, request) -> str:
         """The request's class for metric labels (a bounded set), counting unclassified requests."""
         tags = request_extra_args(request) or {}
-        if PROBE_TAG in tags:  # kvprof replay's test request: no class, no warning
-            return "<probe>"
         spec = self.spec
         if spec.hp is None:  # recording only: the type tag, while there are few of them
             kind = tags.get("type")
@@ -391,7 +397,7 @@ class LiveLoop:
             else:
                 if spec.policy in self.counterfactual.tiers:
                     self.counterfactual.replace(spec.policy, spec.reference_policy(self.capacity))
-                self.spec = spec
+                self._put_in_force(spec)
                 message = "in force now"
         self.metrics.inc("kvprof_reloads_total", result="ok")
         logger.info("kvprof: reloaded %s (sha256 %s), %s: %s", spec.config, sha256[:12], message,

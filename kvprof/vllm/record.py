@@ -56,8 +56,8 @@ import zstandard
 
 import kvprof
 from kvprof.recording import (
-    DROP_REASONS, FILE, FINISHED_SUFFIX, OPEN_SUFFIX, PROBE_TAG, Recording, RecordingError, Start, complete_frames,
-    finish_abandoned, finished_name, load_recording, locked, save_recording, trace_files,
+    DROP_REASONS, FILE, FINISHED_SUFFIX, OPEN_SUFFIX, PROBE_TAG, Recording, RecordingError, Reload, Start,
+    complete_frames, finish_abandoned, finished_name, load_recording, locked, save_recording, trace_files,
 )
 from kvprof.vllm.handoff import Handoff
 
@@ -147,6 +147,7 @@ class Recorder:
         self._use_guard = guard
         self._guard: subprocess.Popen | None = None
         self._saved = None  # the counts recording.json holds
+        self._reloads_unsaved = False  # a reload not yet in recording.json
         self._file_lines = 0  # lines in the closed frames of the open file
         self._file = None
         self._writer = None
@@ -174,6 +175,13 @@ class Recorder:
             return
         if not taken:
             self.start.dropped["queue_full"] += 1
+
+    def reloaded(self, sha256: str, path: str) -> None:
+        """The hp file ``path`` (as the server was given it), of bytes ``sha256``, is in force from
+        now on: a reload, which ``recording.json`` lists with its time (never raises)."""
+        self.start.reloads.append(Reload(time=round(self._clock() - self.recording.origin, 6), sha256=sha256,
+                                         path=path))
+        self._reloads_unsaved = True  # saved by the writer thread, the one that writes recording.json
 
     # -- lifecycle ------------------------------------------------------------------------
     def begin(self) -> Recorder:
@@ -225,6 +233,9 @@ class Recorder:
                 self._maybe_flush()
             except OSError as exc:
                 self._disk_error(exc, lost=0)
+            if self._reloads_unsaved:
+                self._reloads_unsaved = False
+                self._save_recording()
             time.sleep(0)  # hand the GIL to the scheduler thread if it waits for it
             if self._stop.is_set() and not len(self._queue):
                 break
@@ -471,12 +482,20 @@ def key_id(key: bytes) -> str:
     return hashlib.blake2b(b"kvprof recording key id", digest_size=8, key=key).hexdigest()
 
 
-def _log_finished(directory: Path, finished: list, who: str, log=logger.warning) -> None:
+def _log_finished(directory: Path, finished: list, who: str) -> None:
+    """Say what was finished: a warning where an unfinished frame was cut (its requests are lost), a
+    note where every line was kept (vLLM's default stop kills the engine core before it can close
+    its file, so its guard finishes it at every ordinary stop)."""
     if finished:
         lines = sum(f.lines for f in finished)
         cut = sum(f.cut_bytes for f in finished)
-        log("kvprof --kv-record %s: finished %d file(s) %s open (%d lines kept; %d bytes of an unfinished "
-            "zstd frame dropped)", directory, len(finished), who, lines, cut)
+        if cut:
+            logger.warning("kvprof --kv-record %s: finished %d file(s) %s open (%d lines kept; %d bytes of an "
+                           "unfinished zstd frame dropped, its requests lost)", directory, len(finished), who, lines,
+                           cut)
+        else:
+            logger.info("kvprof --kv-record %s: finished %d file(s) %s open (%d lines, none lost)", directory,
+                        len(finished), who, lines)
 
 
 def _start_guard(directory: Path) -> subprocess.Popen | None:
@@ -488,11 +507,16 @@ def _start_guard(directory: Path) -> subprocess.Popen | None:
     # SIGKILL it (a Python start takes seconds on a busy machine); without it the guard forks itself
     detach = shutil.which("setsid")
     try:
-        return subprocess.Popen([detach, "-f", *command] if detach else command, stdin=subprocess.PIPE, env=env)
+        launcher = subprocess.Popen([detach, "-f", *command] if detach else command, stdin=subprocess.PIPE, env=env)
     except OSError as exc:
         logger.error("kvprof --kv-record: cannot start the guard that finishes the recording after a stop (%s); "
                      "the next start finishes what a stop leaves", exc)
         return None
+    # The launcher exits once the guard has left the tree (setsid -f at once, the guard's own fork after its
+    # start): reaped then, so that no exited child is left in the engine core's tree for vLLM's shutdown to
+    # force-kill (and log) at every stop.
+    threading.Thread(target=launcher.wait, name="kvprof-guard-reaper", daemon=True).start()
+    return launcher
 
 
 def guard(directory: str, parent: int) -> None:
@@ -520,7 +544,7 @@ def guard(directory: str, parent: int) -> None:
                 break
     if b"closed" in said:
         return
-    logging.basicConfig(format="(kvprof guard) %(levelname)s %(message)s")
+    logging.basicConfig(format="(kvprof guard) %(levelname)s %(message)s", level=logging.INFO)
     mine = f"-{parent}-c"  # its files' names (another rank's open file is its own writer's)
     deadline = time.monotonic() + 10.0
     finished: list = []
@@ -535,7 +559,7 @@ def guard(directory: str, parent: int) -> None:
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    _log_finished(Path(directory), finished, f"the stopped engine core (pid {parent}) left", log=logger.warning)
+    _log_finished(Path(directory), finished, f"the stopped engine core (pid {parent}) left")
     if left:
         logger.error("kvprof --kv-record %s: %s still held after the engine core (pid %d) stopped; the next start "
                      "finishes it", directory, ", ".join(left), parent)
