@@ -43,8 +43,9 @@ END_FIELD = "finished"
 class RetentionRow:
     """The requests of one class and hint kind, and their sessions' returns.
 
-    Invariant: ``0 <= returned <= requests``; ``share_returned`` in ``[0, 1]``; ``seconds`` holds one wait
-    per share of the file, all None exactly when nothing returned, otherwise non-decreasing.
+    Invariant: ``0 <= returned <= requests``; ``share_returned`` in ``[0, 1]``, 0 exactly when nothing
+    returned; ``seconds`` holds one wait per share of the file, all None exactly when nothing returned,
+    otherwise non-decreasing.
     """
 
     requests: int
@@ -53,8 +54,10 @@ class RetentionRow:
     seconds: tuple[float | None, ...]
 
     def __post_init__(self):
-        if not 0 <= self.returned <= self.requests or not 0.0 <= self.share_returned <= 1.0:
-            raise ValueError(f"returned must be within 0 .. requests and its share within [0, 1], got {self}")
+        if (not 0 <= self.returned <= self.requests or not 0.0 <= self.share_returned <= 1.0
+                or (self.share_returned > 0) != (self.returned > 0)):
+            raise ValueError(f"returned must be within 0 .. requests and its share within [0, 1], 0 exactly when "
+                             f"none returned, got {self}")
         known = [s for s in self.seconds if s is not None]
         if (not known) != (not self.returned) or (known and len(known) != len(self.seconds)) or known != sorted(known):
             raise ValueError(f"retention times must be all null (nothing returned) or all set and non-decreasing, "
@@ -102,9 +105,9 @@ class Retention:
         if shares[0] <= 0 or any(a >= b for a, b in zip(shares, shares[1:])):
             checks.fail(at, f"must rise strictly within (0, 1], got {list(shares)}")
 
-        def kinds(value, at: str) -> dict[str, RetentionRow]:
-            rows = checks.fields(value, at, optional=tuple(HINT_KINDS))
-            return {kind: _read_row(checks, row, member(at, kind), len(shares)) for kind, row in rows.items()}
+        def kinds(value, place: str) -> dict[str, RetentionRow]:
+            rows = checks.fields(value, place, optional=tuple(HINT_KINDS))
+            return {kind: _read_row(checks, row, member(place, kind), len(shares)) for kind, row in rows.items()}
 
         classes = {class_name(checks, name, member(where, "classes")): kinds(rows, member(member(where, "classes"), name))
                    for name, rows in checks.mapping(data["classes"], member(where, "classes")).items()}
@@ -190,4 +193,4 @@ def _row(wait: np.ndarray, returned: np.ndarray, shares) -> RetentionRow:
     times = wait[returned]
     total = float(caught[-1])
     picks = np.minimum(np.searchsorted(caught, np.asarray(shares) * total * (1 - 1e-12)), caught.size - 1)
-    return RetentionRow(n, int(returned.sum()), round(total, 6), tuple(round(float(times[i]), 3) for i in picks))
+    return RetentionRow(n, int(returned.sum()), total, tuple(round(float(times[i]), 3) for i in picks))
