@@ -158,3 +158,26 @@ def test_a_version_5_file_loads_without_figures_and_saves_as_version_6(tmp_path)
     assert json.loads(path.read_text())["schema"] == "kvprof.hp/6"
     hp.save(path)
     assert load_hp(path) == hp and isinstance(load_hp(path), HpFile)
+
+
+def test_fit_gives_the_retention_for_the_shares_asked(tmp_path):
+    path, _ = synthetic(tmp_path, hours=0.2)
+    out = tmp_path / "hp.json"
+    fitted = invoke("fit", path, "-o", out, "--window", "0:360", "--retention-shares", "0.95,0.8")
+    assert fitted.exit_code == 0, fitted.output
+    retention = load_hp(out).retention
+    assert retention.shares == (0.8, 0.95) and all(len(row.seconds) == 2 for row in retention.default.values())
+    assert "retention catching 95% of a session's returns" in fitted.output  # the share nearest 90 %
+
+
+@pytest.mark.parametrize("text, words", [
+    ("0,0.5", "each share must be a finite number > 0 and <= 1, got '0'"),
+    ("0.5,1.5", "got '1.5'"),
+    ("0.9,0.9", "a share is given twice"),
+    ("0.5,,0.9", "has an empty item"),
+])
+def test_fit_refuses_a_share_outside_zero_to_one(tmp_path, text, words):
+    path, _ = synthetic(tmp_path, hours=0.05)
+    refused = invoke("fit", path, "-o", tmp_path / "hp.json", "--retention-shares", text)
+    assert refused.exit_code == 2 and "--retention-shares" in refused.output and words in refused.output
+    assert not (tmp_path / "hp.json").exists()

@@ -26,6 +26,7 @@ from kvprof.cli.common import (
     open_trace,
     output_dir,
     output_file,
+    parse_list,
     parse_window_option,
     recorded_capacity,
     trace_block_size,
@@ -218,6 +219,12 @@ def fit(
     block_size: BlockSizeOpt = None,
     skip_invalid: SkipOpt = False,
     rank: RankOpt = None,
+    retention_shares: Annotated[
+        Optional[str], typer.Option("--retention-shares", help="Comma-separated shares of a session's returns "
+                                                               "(each > 0 and <= 1) to give the retention a client "
+                                                               "should ask for, per class and hint kind "
+                                                               "(docs/hints.md; default: 0.5,0.9,0.99).")
+    ] = None,
     json_out: JsonOpt = False,
 ):
     """Fit per-workload reuse models on a trace window and write the hp file.
@@ -243,6 +250,7 @@ def fit(
     rule = class_rule(class_key, turn_cap, class_field)
     bounds = parse_window_option(window)
     fields = _cell_fields(cell_fields)
+    shares = _retention_shares(retention_shares)
     check_format(format)
     if spill_dir is not None and not sharded:
         raise typer.BadParameter("is where --sharded writes its shards: give it with --sharded", param_hint="--spill-dir")
@@ -263,7 +271,7 @@ def fit(
             hp = fit_sharded(shard_files(trace_path), rule, window=bounds, spill_dir=spill_dir, ray=ray,
                              read_options={"format": format, "block_size": block_size, "skip_invalid": skip_invalid},
                              horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
-                             cell_fields=fields, max_components=max_components)
+                             cell_fields=fields, max_components=max_components, retention_shares=shares)
         _report_fit(hp, output, json_out, f"{trace_path.name} {window}: {hp.provenance['n_requests']} requests")
         return
     recording = recordings[0] if recordings else None
@@ -306,7 +314,8 @@ def fit(
         title = f"{names} {window}, replica {replica} of {replicas} behind {router}: {fitted.n_requests} requests"
     with status(f"fitting reuse models on {fitted.n_requests:,} requests"):
         hp = fit_trace(fitted, rule, horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
-                       cell_fields=fields, max_components=max_components, holdout=holdout)
+                       cell_fields=fields, max_components=max_components, holdout=holdout,
+                       retention_shares=shares)
     if capacities:
         from kvprof.sim.config import SimConfig
 
@@ -317,6 +326,18 @@ def fit(
 
         hp = routed(hp, fleet_spec, replicas, replica)
     _report_fit(hp, output, json_out, title, learned, no_holdout)
+
+
+def _retention_shares(text: str | None) -> tuple[float, ...]:
+    """``--retention-shares``: distinct shares within (0, 1], in rising order (exit 2 otherwise)."""
+    from kvprof.models.retention import RETENTION_SHARES, SHARE
+
+    if text is None:
+        return RETENTION_SHARES
+    shares = parse_list(text, SHARE, "--retention-shares", "share")
+    if len(set(shares)) != len(shares):
+        raise typer.BadParameter("a share is given twice", param_hint="--retention-shares")
+    return tuple(sorted(shares))
 
 
 def _fleet_spec(replica: int | None, replicas: int | None, router: str | None, load_weight: float | None,

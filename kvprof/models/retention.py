@@ -24,13 +24,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvprof.jsonfile import JsonChecks, member
-from kvprof.limits import SECONDS
+from kvprof.limits import SECONDS, Bound
 from kvprof.models.finish import END_OF_TURN, TOOL_CALL
 from kvprof.models.hp_loader import class_name
 from kvprof.models.sessions import next_request_rows
 
-#: Shares of a session's returns the file gives a retention for.
+#: Shares of a session's returns the file gives a retention for (``fit --retention-shares``).
 RETENTION_SHARES = (0.5, 0.9, 0.99)
+#: What one share may be.
+SHARE = Bound(0.0, 1.0, low_open=True)
 #: Hint kinds, each the finish code of the requests it is taken over (None: every request).
 HINT_KINDS = {"tool_call": TOOL_CALL, "end_turn": END_OF_TURN, "any": None}
 #: What a wait is counted from.

@@ -35,7 +35,7 @@ from kvprof.models.exponential import fit_classes_of
 from kvprof.models.hp import REUSED_SUFFIX, HpFile, ReuseRow
 from kvprof.models.mixture import CureMixture, diagnose_mixture_of
 from kvprof.models.next_turn import NextTurnRates
-from kvprof.models.retention import fit_retention
+from kvprof.models.retention import RETENTION_SHARES, fit_retention
 from kvprof.models.sessions import session_stats
 from kvprof.profiler.cells import cells_of_trace, fit_cell_rule, tree_sample
 from kvprof.profiler.classes import classify_trace
@@ -65,6 +65,7 @@ def fit_trace(
     cell_fields=(),
     max_components: int = DEFAULT_MAX_COMPONENTS,
     holdout: Trace | None = None,
+    retention_shares=RETENTION_SHARES,
 ) -> HpFile:
     """Fit per-class and per-cell reuse models on a trace window.
 
@@ -90,6 +91,9 @@ def fit_trace(
         A later window: each cell tier's diagnostics then hold the held-out log-loss and Brier
         score of its score (:func:`kvprof.profiler.quality.score_quality`) beside those of a
         single cure exponential fitted to the same data (``holdout.single``).
+    retention_shares : sequence of float
+        Shares of a session's returns to give the retention for (:mod:`kvprof.models.retention`),
+        rising within (0, 1].
 
     Returns
     -------
@@ -105,7 +109,8 @@ def fit_trace(
             return holdout_counts(holdout, rule, cell_rule, cell_names, horizon, min_gap)
     return fit_window(trace, codes, names, shards, rule, n_accesses=trace.n_blocks, horizon=horizon, min_gap=min_gap,
                       min_samples=min_samples, max_cells=max_cells, cell_fields=cell_fields,
-                      max_components=max_components, holdout_counts=scored, next_turn=next_turn_rates(trace))
+                      max_components=max_components, holdout_counts=scored, next_turn=next_turn_rates(trace),
+                      retention_shares=retention_shares)
 
 
 def check_window(trace: Trace, horizon: float) -> None:
@@ -126,7 +131,8 @@ def classes_of(trace: Trace, rule: ClassRule) -> tuple[np.ndarray, tuple[str, ..
 
 def fit_window(requests: Trace, codes: np.ndarray, names, shards: Shards, rule: ClassRule, *, n_accesses: int,
                horizon: float, min_gap: float, min_samples: int, max_cells: int, cell_fields=(),
-               max_components: int, holdout_counts=None, next_turn: NextTurnRates | None = None) -> HpFile:
+               max_components: int, holdout_counts=None, next_turn: NextTurnRates | None = None,
+               retention_shares=RETENTION_SHARES) -> HpFile:
     """:func:`fit_trace` of a window given as its requests and the shards of its blocks' reuse.
 
     Parameters
@@ -195,7 +201,7 @@ def fit_window(requests: Trace, codes: np.ndarray, names, shards: Shards, rule: 
         default_cell=default_cell,
         cell_rule=cell_rule,
         next_turn=next_turn,
-        retention=fit_retention(requests, codes, names),
+        retention=fit_retention(requests, codes, names, retention_shares),
     )
 
 
