@@ -37,6 +37,13 @@ JSON shapes the renderers read (keys not named are ignored):
   {"requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "throughput_x_native",
   "ttft_p99_x_native", "token_hit_ratio"}}, "blocks", "block_size", "concurrency", "seconds", "rounds"}``;
   one table per run.
+- live.json: ``record live`` of bench_live.py --json: ``runs[i].report`` is ``{"prompt_blocks", "vllm",
+  "load_average_at_start", "in_process": {"requests", "per_step", "step_python_ms", "model_ms", "hooks_us",
+  "added_us", "written", "dropped", "events_dropped"}, "targets": [{"target", "measured", "met"}]}``, and
+  where measured ``"stall": {"prompt_blocks", "requests", "longest_recording_ms", "longest_alone_ms",
+  "over_1ms_recording", "over_1ms_alone"}``, ``"serve": {"plain": [{"requests_per_s"}], "record": [...],
+  "record_x_plain", "server_commit"}``, ``"startup": [{"start", "server_commit", "ready_s", "warm_up_s",
+  "first_request_s", "next_median_s"}]``; a target's ``met`` is true, false or null (not judged); one table per run.
 - free_queue.json: ``record free_queue --append`` of each mode's JSON, whose parts are
   ``{"per_block": {CLASSES: {BLOCKS: {QUEUE: [cycle_ns, remove_ns]}}}, "per_call": {CLASSES: {QUEUE: {N: us}}},
   "chain": {"blocks": K, "pool": P, "ns_per_block": {PHASE: ns}}, "caching": {"pool": P, "us_per_call":
@@ -473,6 +480,56 @@ def render_serve(document: dict) -> list[str]:
     return lines
 
 
+# --- the live loop in vLLM (bench_live.py --json, recorded) -------------------------------------------------
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.0f} ms"
+
+
+def render_live(document: dict) -> list[str]:
+    lines = []
+    for record in document["runs"]:
+        report = record["report"]
+        run = {**record["run"], "load_average_at_start": report.get("load_average_at_start")}
+        loop = report["in_process"]
+        dropped = loop["dropped"]
+        dropped = sum(dropped.values()) if isinstance(dropped, dict) else dropped
+        rows = [[f"the hooks' own calls, median per request ({loop['requests']:,} requests of {report['prompt_blocks']} "
+                 f"blocks, {loop['per_step']} scheduled and {loop['per_step']} finished per step of "
+                 f"{loop['step_python_ms']:g} ms Python + {loop['model_ms']:g} ms model, `--kv-record` on)",
+                 f"{loop['hooks_us']:.1f} us"],
+                ["added to the scheduler's Python time per request (the hooks + the GIL the writer and "
+                 "counterfactual threads hold)", f"{loop['added_us']:.1f} us"],
+                ["the recorder: requests written, dropped; events dropped",
+                 f"{loop['written']:,}, {dropped:,}; {loop['events_dropped'] or 0:,.0f}"]]
+        if "stall" in report:
+            stall = report["stall"]
+            rows.append([f"a busy scheduler thread's longest wait while the recorder writes {stall['requests']} requests "
+                         f"of {stall['prompt_blocks']:,} blocks / with no recorder",
+                         f"{stall['longest_recording_ms']:.2f} / {stall['longest_alone_ms']:.2f} ms "
+                         f"({stall['over_1ms_recording']} / {stall['over_1ms_alone']} pieces over 1 ms)"])
+        if "serve" in report:
+            serve = report["serve"]
+            runs = {name: ", ".join(f"{r['requests_per_s']:.2f}" for r in serve[name]) for name in ("plain", "record")}
+            rows.append(["`kvprof replay` against `vllm serve`, requests/s per run without / with `--kv-record`",
+                         f"{runs['plain']} / {runs['record']} ({serve['record_x_plain']:.3f}x)"])
+        for start in report.get("startup", []):
+            warm = "-" if start["warm_up_s"] is None else f"{start['warm_up_s']:.1f} s"
+            rows.append([f"{start['start']}: ready / kvprof's warm-up / first request / next ones",
+                         f"{start['ready_s']:.0f} s / {warm} / {_ms(start['first_request_s'])} / "
+                         f"{_ms(start['next_median_s'])}"])
+        version = f" vLLM {report['vllm']}." if report.get("vllm") else ""
+        servers = sorted({part["server_commit"] for part in [report.get("serve", {}), *report.get("startup", [])]
+                          if part.get("server_commit")})
+        if servers:
+            version += f" The servers ran kvprof as committed at {', '.join(servers)}."
+        verdict = {True: "met", False: "**missed**", None: "not judged"}
+        lines += ([""] if lines else []) + [provenance(run) + version, "", *table(["what", "measured"], rows),
+                                            "", "Targets:", ""]
+        lines += [f"- {verdict[t['met']]}: {t['target']}: {t['measured']}" for t in report["targets"]]
+    return lines
+
+
 #: block name -> (the JSON file under benchmarks/results/, its renderer)
 BLOCKS = {
     "quality": ("quality.json", render_quality),
@@ -488,6 +545,7 @@ BLOCKS = {
     "scheduler": ("scheduler.json", render_scheduler),
     "free-queue": ("free_queue.json", render_free_queue),
     "serve": ("serve.json", render_serve),
+    "live": ("live.json", render_live),
 }
 
 

@@ -101,6 +101,37 @@ def test_the_free_queue_json_of_the_documented_shape_renders(monkeypatch, tmp_pa
     assert "free 10.5, evict 62.4" in prose and "wa 7.77 (adds 6.75)" in prose
 
 
+def test_the_live_json_of_the_documented_shape_renders(monkeypatch, tmp_path):
+    report = {"prompt_blocks": 128, "block_size": 16, "vllm": "0.32.0+cpu", "load_average_at_start": 0.4,
+              "in_process": {"requests": 19996, "per_step": 4, "step_python_ms": 0.5, "model_ms": 20.0,
+                             "hooks_us": 12.94, "added_us": 20.12, "written": 19996,
+                             "dropped": {"queue_full": 0, "disk": 0, "error": 0}, "events_dropped": 0.0},
+              "stall": {"prompt_blocks": 8000, "requests": 20, "written": 20, "longest_recording_ms": 0.55,
+                        "longest_alone_ms": 0.9, "over_1ms_recording": 0, "over_1ms_alone": 0},
+              "serve": {"plain": [{"requests_per_s": 10.0, "ttft_mean_s": 0.1}, {"requests_per_s": 10.5,
+                                                                                  "ttft_mean_s": 0.1}],
+                        "record": [{"requests_per_s": 10.8, "ttft_mean_s": 0.1}], "record_x_plain": 1.054,
+                        "plain_spread": 0.049, "server_commit": "abc1234"},
+              "startup": [{"start": "first start (compiles)", "ready_s": 146.2, "warm_up_s": 93.0,
+                           "first_request_s": 0.095, "next_median_s": 0.039},
+                          {"start": "second start (cache)", "ready_s": 53.0, "warm_up_s": None,
+                           "first_request_s": 0.075, "next_median_s": 0.038}],
+              "targets": [{"target": "the live loop adds <= 20 us", "measured": "20.1 us", "met": False},
+                          {"target": "no wait over 1 ms", "measured": "8 ms; not judged", "met": None}]}
+    (tmp_path / "live.json").write_text(json.dumps({"runs": [{"run": RUN, "report": report}]}))
+    monkeypatch.setattr(render_results, "RESULTS", tmp_path)
+    text = render_results.render_block("live")
+    prose = " ".join(text.split())
+    assert "commit abc1234" in prose and "load average 0.4 at the start" in prose and "vLLM 0.32.0+cpu" in prose
+    assert "| 12.9 us |" in text and "| 20.1 us |" in text and "| 19,996, 0; 0 |" in text
+    assert "| 0.55 / 0.90 ms (0 / 0 pieces over 1 ms) |" in text
+    assert "| 10.00, 10.50 / 10.80 (1.054x) |" in text
+    assert "| 146 s / 93.0 s / 95 ms / 39 ms |" in text and "| 53 s / - / 75 ms / 38 ms |" in text
+    assert "- **missed**: the live loop adds <= 20 us: 20.1 us" in text
+    assert "- not judged: no wait over 1 ms: 8 ms; not judged" in text
+    assert "The servers ran kvprof as committed at abc1234." in prose
+
+
 def test_record_stores_provenance_and_no_machine_paths(monkeypatch, tmp_path):
     import io
 
