@@ -33,7 +33,11 @@ thread waits for work a GPU server would have done during the model's forward pa
 forward pass: the time a server's scheduler thread waits for the GPU. Step and call times are the
 scheduler thread's CPU time; its waits for kvprof's threads (on a lock, or for the GIL) show only in
 the wall-clock figures (``wall_*``, ``longest_wall_us``) and, for the shadow feed, in ``feed_waits``
-(per reason: count, total ms, longest ms).
+(per reason: count, total ms, longest ms). The call pass also times Python's automatic cyclic
+collections on the scheduler thread (``gc_collections``: per generation, count and longest us) and
+gives each call's longest less the collections that ran inside it (``longest_less_gc_us``,
+``max_kvprof_call_less_gc_us``): a collection runs in whichever call allocates past its threshold,
+native or kvprof's, and walks every young object (vLLM's new requests and their token lists).
 """
 
 from __future__ import annotations
@@ -162,25 +166,40 @@ def build_scheduler(config: str, args, work: Path):
 
 
 class CallTimer:
-    """Wraps kvprof's entry points on the scheduler thread; keeps the longest call of each."""
+    """Wraps kvprof's entry points on the scheduler thread; keeps the longest call of each, and of each the
+    longest less the time Python's cyclic GC collected inside it (a collection runs in whichever call
+    allocates past the threshold, mostly walking vLLM's young requests: the same pauses native's steps have)."""
 
     def __init__(self) -> None:
         self.longest: dict[str, float] = {}  # this thread's CPU time
+        self.longest_less_gc: dict[str, float] = {}  # the same, less the collections inside the call
         self.longest_wall: dict[str, float] = {}  # with its waits for other threads (and the machine's load)
+        self.collections: list[tuple[int, float]] = []  # (generation, CPU seconds) of each automatic collection
+        self._gc = [0.0, 0.0]  # CPU seconds collecting so far, and when the running collection started
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc[1] = time.thread_time()
+        else:
+            spent = time.thread_time() - self._gc[1]
+            self._gc[0] += spent
+            self.collections.append((info["generation"], spent))
 
     def wrap(self, obj, name: str, label: str) -> None:
         original = getattr(obj, name)
-        longest, longest_wall = self.longest, self.longest_wall
+        longest, longest_less_gc, longest_wall, collected = self.longest, self.longest_less_gc, self.longest_wall, self._gc
         clock, wall = time.thread_time, time.perf_counter
 
         def timed(*a, **k):
-            t, w = clock(), wall()
+            t, w, g = clock(), wall(), collected[0]
             try:
                 return original(*a, **k)
             finally:
                 dt, dw = clock() - t, wall() - w
                 if dt > longest.get(label, 0.0):
                     longest[label] = dt
+                if dt - (collected[0] - g) > longest_less_gc.get(label, 0.0):
+                    longest_less_gc[label] = dt - (collected[0] - g)
                 if dw > longest_wall.get(label, 0.0):
                     longest_wall[label] = dw
 
@@ -263,6 +282,8 @@ def run(config: str, args, work: Path, timed_calls: bool) -> dict:
     # collection never walks the pool's blocks while serving; without it one lands inside some
     # kvprof or vLLM call now and then and costs milliseconds.
     freeze_gc_heap()
+    if timer:
+        gc.callbacks.append(timer.on_gc)
     clock = time.thread_time  # this thread's CPU time: the shared machine's other jobs do not count
     wall, cpu_start, scheduler_start = [], time.process_time(), time.thread_time()
     wall_clock = time.perf_counter
@@ -294,6 +315,8 @@ def run(config: str, args, work: Path, timed_calls: bool) -> dict:
             traffic.finished(session, prompt, outputs[r] + [sampled[ids.index(r)][0]])
         while len(scheduler.running) + len(scheduler.waiting) < args.running and add():
             pass
+    if timer:
+        gc.callbacks.remove(timer.on_gc)
     other_threads_s = (time.process_time() - cpu_start) - (clock() - scheduler_start)
     feed = getattr(getattr(scheduler.kv_cache_manager.block_pool, "policy", None), "shadow_feed", None)
     feed_waits = {} if feed is None else {reason: [count, total * 1e3, longest * 1e3]
@@ -311,6 +334,12 @@ def run(config: str, args, work: Path, timed_calls: bool) -> dict:
     if timer:
         result["longest_us"] = {k: v * 1e6 for k, v in sorted(timer.longest.items())}
         result["max_kvprof_call_us"] = max(result["longest_us"].values(), default=0.0) if config != "native" else 0.0
+        result["longest_less_gc_us"] = {k: v * 1e6 for k, v in sorted(timer.longest_less_gc.items())}
+        result["max_kvprof_call_less_gc_us"] = (max(result["longest_less_gc_us"].values(), default=0.0)
+                                                if config != "native" else 0.0)
+        result["gc_collections"] = {f"gen{g}": [sum(1 for c in timer.collections if c[0] == g),
+                                                max((c[1] * 1e6 for c in timer.collections if c[0] == g), default=0.0)]
+                                    for g in range(3)}
         result["longest_wall_us"] = {k: v * 1e6 for k, v in sorted(timer.longest_wall.items())}
         result["max_kvprof_call_wall_us"] = (max(result["longest_wall_us"].values(), default=0.0)
                                              if config != "native" else 0.0)
@@ -401,8 +430,8 @@ def main() -> None:
                 rows[config] = best(run(config, args, work, timed_calls=False) for _ in range(args.repeat))
                 if not args.no_call_pass and config != "native":
                     calls = run(config, args, work, True)
-                    for key in ("max_kvprof_call_us", "longest_us", "max_kvprof_call_wall_us", "longest_wall_us",
-                                "feed_waits"):
+                    for key in ("max_kvprof_call_us", "longest_us", "max_kvprof_call_less_gc_us", "longest_less_gc_us",
+                                "gc_collections", "max_kvprof_call_wall_us", "longest_wall_us", "feed_waits"):
                         rows[config][key if key != "feed_waits" else "call_pass_feed_waits"] = calls[key]
                 if not args.json:
                     print(f"  {pool} {config}: {rows[config]}", file=sys.stderr, flush=True)
