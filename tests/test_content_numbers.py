@@ -47,7 +47,7 @@ def test_a_long_run_recycles_oldest_first_and_keeps_the_table_bounded():
         chain = [b"k%d" % i for i in range(start, start + 900)] + [b"k%d" % (start // 2)]
         assert compiled.numbers(chain).tolist() == model.numbers(chain)
     assert len(compiled) == 1000
-    assert len(compiled._slot_fp) <= 4096  # at most half full, never more than twice the bound rounded up
+    assert compiled.size <= 4096  # at most half full, never more than twice the bound rounded up
 
 
 def test_clear_restarts_at_zero():
@@ -100,7 +100,7 @@ def test_recent_numbers_keep_what_is_looked_up_and_stay_bounded():
         assert (numbers.tolist(), recycled.tolist()) == model.renumber(chain)
         assert numbers[:100].tolist() == list(range(100))  # the hot prefix is never the least recent
     assert len(compiled) == 1000
-    assert len(compiled._slot_fp) <= 4096 and len(compiled._older) <= 1000
+    assert compiled.size <= 4096 and len(compiled._older) <= 1000
     compiled.clear()
     assert compiled.numbers([b"b", b"a", b"b"]).tolist() == [0, 1, 0]
 
@@ -135,12 +135,12 @@ def test_a_grown_table_fills_over_many_calls_and_the_old_one_goes(recent):
         got = compiled.numbers(chain).tolist()
         want = model.renumber(chain)[0] if recent else model.numbers(chain)
         assert got == want
-        calls_mid_move += len(compiled._old_number) > 0
+        calls_mid_move += len(compiled._old) > 0
     assert calls_mid_move >= 5
-    assert len(compiled._slot_fp) <= 4096
+    assert compiled.size <= 4096
     for _ in range(200):  # lookups alone finish the move
         compiled.numbers([b"k0"])
-    assert len(compiled._old_number) == 0
+    assert len(compiled._old) == 0
 
 
 @pytest.mark.parametrize("recent", [False, True])
@@ -151,14 +151,14 @@ def test_the_next_tables_are_made_ready_over_many_calls_and_stay_exact(recent):
         (ContentNumbers(3000), DictNumbers(3000))
     compiled.ready_min = 0
     calls_mid_way = doublings = 0
-    size = len(compiled._slot_fp)
+    size = compiled.size
     for k in range(9000):
         chain = [b"k%d" % k, b"k%d" % (k * 7 % (k + 1))]  # a new content and one seen before
         got = compiled.numbers(chain).tolist()
         assert got == (model.renumber(chain)[0] if recent else model.numbers(chain))
         ready = len(compiled._next["_number_fp"])
         calls_mid_way += 0 < compiled._copied < ready
-        doublings += len(compiled._slot_fp) > size
-        size = len(compiled._slot_fp)
+        doublings += compiled.size > size
+        size = compiled.size
         assert all(len(getattr(compiled, name)) == min(size // 2, 3000) for name, _, _ in compiled.BY_NUMBER)
     assert doublings >= 5 and calls_mid_way >= 50

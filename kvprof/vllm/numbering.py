@@ -17,12 +17,13 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 from numba import njit
 
-#: ``_slot_number`` of a slot that holds no fingerprint (a slot holds its number + 1), so a new table is
-#: ``np.zeros``: memory the kernel hands out zeroed as it is first touched, where filling it would cost
-#: a pass over the table (~2 ms for 2M slots).
+#: A slot is three int32s, side by side so that a probe reads one cache line, not two: its fingerprint's
+#: low and high halves and what it holds, its number + 1 or :data:`_FREE` (no fingerprint).
 _FREE = 0
-#: ``_old_number`` of a slot whose entry moved to the new table or was forgotten (lookups go on past it).
+#: What a slot of the outgrown table holds once its entry moved to the new table or was forgotten
+#: (lookups go on past it).
 _GONE = -1
+_SLOT = 3
 #: ``_older``/``_newer``/``_state`` of no number.
 _EMPTY = -1
 #: Old slots moved per call while a grown table fills: this many, plus 8 per content looked up up to
@@ -85,10 +86,10 @@ class ContentNumbers:
     fingerprint (Python's ``hash``; vLLM's keys are cryptographic digests), so two contents with
     the same fingerprint share a number: with ``m`` contents numbered, a new one does with
     probability ``m / 2**64``, and like a recycled number it only shifts ``wa``'s ghost and shadow
-    statistics, never what the pool caches. ``_slot_fp``/``_slot_number`` is a linear-probing
-    table of the numbered fingerprints (a slot holds number + 1, :data:`_FREE` none), at most
-    half full; ``_number_fp[n]`` is number ``n``'s fingerprint, so recycling ``n`` deletes its entry.
-    Every table by number (:attr:`BY_NUMBER`) is ``min(len(_slot_fp) // 2, max_contents)`` long.
+    statistics, never what the pool caches. ``_slots`` is a linear-probing table of the numbered
+    fingerprints (:data:`_SLOT` int32s a slot: the fingerprint's halves, then number + 1, or
+    :data:`_FREE` for none), at most half full; ``_number_fp[n]`` is number ``n``'s fingerprint, so recycling ``n`` deletes its entry.
+    Every table by number (:attr:`BY_NUMBER`) is ``min(slots // 2, max_contents)`` long.
 
     The table doubles as contents come without stopping a call, neither for a rehash (60 ms at 1M
     slots) nor for the kernel's zeroing of new pages (2-4 ms at 1M slots). The tables that replace
@@ -96,7 +97,7 @@ class ContentNumbers:
     entries a call from when the table is :data:`READY_FROM` full; ``_next_written`` slots of the slot
     table, ``_copied`` numbers of the tables by number, copied from the current ones or filled; a write
     by number below ``_copied`` goes to both, so the copy stays exact). Once it has doubled, the entries
-    of the table it outgrew (``_old_fp``/``_old_number``, empty when none) move over 2-8 slots per
+    of the table it outgrew (``_old``, empty when none) move over 2-8 slots per
     content looked up (``_moved``: how many of its slots were done), and one found there first moves at
     once; every numbered fingerprint is in exactly one of the two tables, and a slot of the old one that
     gave up its entry is :data:`_GONE`, so the old table's probe runs stay whole. The old table is empty
@@ -120,10 +121,8 @@ class ContentNumbers:
 
     def clear(self) -> None:
         """Forget every content (numbering restarts at 0)."""
-        self._slot_fp = np.zeros(64, dtype=np.int64)
-        self._slot_number = np.zeros(64, dtype=np.int32)
-        self._old_fp = np.zeros(0, dtype=np.int64)
-        self._old_number = np.zeros(0, dtype=np.int32)
+        self._slots = np.zeros(64 * _SLOT, dtype=np.int32)
+        self._old = np.zeros(0, dtype=np.int32)
         self._moved = 0
         for name, dtype, fill in self.BY_NUMBER:
             setattr(self, name, np.full(min(32, self.max_contents), fill, dtype=dtype))
@@ -134,6 +133,11 @@ class ContentNumbers:
         """Contents holding a number now."""
         return int(min(self._seen[0], self.max_contents))
 
+    @property
+    def size(self) -> int:
+        """Slots of the table."""
+        return len(self._slots) // _SLOT
+
     def numbers(self, contents: Sequence[Hashable]) -> np.ndarray:
         """The numbers of ``contents`` (no None) in order, as int64, numbering the new ones."""
         n = len(contents)
@@ -141,39 +145,39 @@ class ContentNumbers:
         out = np.empty(n, dtype=np.int64)
         if n:
             self._reserve(n)
-            _number_all(self._slot_fp, self._slot_number, self._old_fp, self._old_number, self._number_fp,
-                        self._next["_number_fp"], self._copied, self._seen, self.max_contents, fingerprints, out)
+            _number_all(self._slots, self._old, self._number_fp, self._next["_number_fp"], self._copied, self._seen,
+                        self.max_contents, fingerprints, out)
         return out
 
     def number(self, content: Hashable) -> int:
         """The number of ``content`` (not None), numbering it if new: :meth:`numbers` of one, without arrays."""
         self._reserve(1)
-        return int(_number_one(self._slot_fp, self._slot_number, self._old_fp, self._old_number, self._number_fp,
-                               self._next["_number_fp"], self._copied, self._seen, self.max_contents, hash(content)))
+        return int(_number_one(self._slots, self._old, self._number_fp, self._next["_number_fp"], self._copied,
+                               self._seen, self.max_contents, hash(content)))
 
     def _reserve(self, n: int) -> None:
         """Room for ``n`` more contents: the table at most half full, the tables by number long enough; the
         next slots of an outgrown table moved over, and the tables that replace these made ready further."""
-        if len(self._old_number):
+        if len(self._old):
             self._move(max(2 * n, min(8 * n, MOVE_CAP)) + self.move_min)
         live = min(int(self._seen[0]) + n, self.max_contents)
-        size = len(self._slot_fp)
+        size = self.size
         if 2 * live > size:
             grown = 2 * size
             while 2 * live > grown:
                 grown *= 2
-            if len(self._next["_slot_number"]) != grown:  # (only a call of many contents comes here unready)
+            if len(self._next["_slots"]) != grown * _SLOT:  # (only a call of many contents comes here unready)
                 self._prepare(grown)
             self._make_ready(grown, grown)
-            if len(self._old_number):  # (only a call of more contents than the table held comes here)
-                self._move(len(self._old_number))
-            self._old_fp, self._old_number = self._slot_fp, self._slot_number
+            if len(self._old):  # (only a call of more contents than the table held comes here)
+                self._move(len(self._old) // _SLOT)
+            self._old = self._slots
             for name, table in self._next.items():
                 setattr(self, name, table)
             self._moved = 0
             self._prepare(0)
         elif live > READY_FROM * size and size < 2 * self.max_contents:
-            if not len(self._next["_slot_number"]):
+            if not len(self._next["_slots"]):
                 self._prepare(2 * size)
             self._make_ready(READY_SLOTS * n + self.ready_min, READY_NUMBERS * n + self.ready_min)
 
@@ -181,7 +185,7 @@ class ContentNumbers:
         """Start the tables that replace these when the slot table grows to ``size`` slots (none for 0); their
         pages are written by :meth:`_make_ready`, not here (a large array is only mapped until written)."""
         by_number = min(size // 2, self.max_contents)
-        self._next = {"_slot_fp": small_paged(size, np.int64), "_slot_number": small_paged(size, np.int32),
+        self._next = {"_slots": small_paged(size * _SLOT, np.int32),
                       **{name: small_paged(by_number, dtype) for name, dtype, _ in self.BY_NUMBER}}
         self._next_written = 0
         self._copied = 0
@@ -189,10 +193,9 @@ class ContentNumbers:
     def _make_ready(self, slots: int, numbers: int) -> None:
         """Write the next ``slots`` slots of the next slot table (free) and the next ``numbers`` entries of
         each next table by number (copied from the current one below its length, else its fill)."""
-        table_fp, table_number = self._next["_slot_fp"], self._next["_slot_number"]
-        start, end = self._next_written, min(self._next_written + slots, len(table_number))
-        table_fp[start:end] = 0
-        table_number[start:end] = _FREE
+        table = self._next["_slots"]
+        start, end = self._next_written, min(self._next_written + slots, len(table) // _SLOT)
+        table[start * _SLOT:end * _SLOT] = _FREE
         self._next_written = end
         start = self._copied
         end = min(start + numbers, len(self._next["_number_fp"]))
@@ -205,9 +208,9 @@ class ContentNumbers:
 
     def _move(self, budget: int) -> None:
         """Move the outgrown table's next ``budget`` slots over; drop it when all are."""
-        self._moved = _move(self._slot_fp, self._slot_number, self._old_fp, self._old_number, self._moved, budget)
-        if self._moved >= len(self._old_number):
-            self._old_fp, self._old_number = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+        self._moved = _move(self._slots, self._old, self._moved, budget)
+        if self._moved >= len(self._old) // _SLOT:
+            self._old = np.zeros(0, dtype=np.int32)
 
 
 class RecentContentNumbers(ContentNumbers):
@@ -239,7 +242,7 @@ class RecentContentNumbers(ContentNumbers):
         if n:
             self._reserve(n)
             following = self._next
-            n_recycled = _number_all_recent(self._slot_fp, self._slot_number, self._old_fp, self._old_number,
+            n_recycled = _number_all_recent(self._slots, self._old,
                                             self._number_fp, self._older, self._newer, following["_number_fp"],
                                             following["_older"], following["_newer"], self._copied, self._state,
                                             self.max_contents, fingerprints, out, recycled)
@@ -259,121 +262,136 @@ def _home(fingerprint, mask):
 
 
 @njit(cache=True)
-def _move(slot_fp, slot_number, old_fp, old_number, moved, budget):
+def _fp(slots, i):
+    """Slot ``i``'s fingerprint."""
+    return (np.int64(slots[_SLOT * i + 1]) << 32) | (np.int64(slots[_SLOT * i]) & np.int64(0xFFFFFFFF))
+
+
+@njit(cache=True)
+def _held(slots, i):
+    """What slot ``i`` holds: number + 1, :data:`_FREE` or :data:`_GONE`."""
+    return slots[_SLOT * i + 2]
+
+
+@njit(cache=True)
+def _fill(slots, i, fingerprint, held):
+    slots[_SLOT * i] = (fingerprint << 32) >> 32  # the low half, sign-extended: an int32
+    slots[_SLOT * i + 1] = fingerprint >> 32
+    slots[_SLOT * i + 2] = held
+
+
+@njit(cache=True)
+def _move(slots, old, moved, budget):
     """Move the entries of old slots ``moved`` .. ``moved + budget`` into the table; returns the slots done."""
-    mask = len(slot_fp) - 1
-    end = min(moved + budget, len(old_number))
+    mask = len(slots) // _SLOT - 1
+    end = min(moved + budget, len(old) // _SLOT)
     for k in range(moved, end):
-        if old_number[k] > _FREE:
-            i = _home(old_fp[k], mask)
-            while slot_number[i] != _FREE:
+        held = _held(old, k)
+        if held > _FREE:
+            fingerprint = _fp(old, k)
+            i = _home(fingerprint, mask)
+            while _held(slots, i) != _FREE:
                 i = (i + 1) & mask
-            slot_fp[i] = old_fp[k]
-            slot_number[i] = old_number[k]
-            old_number[k] = _GONE
+            _fill(slots, i, fingerprint, held)
+            old[_SLOT * k + 2] = _GONE
     return end
 
 
 @njit(cache=True)
-def _delete(slot_fp, slot_number, fingerprint, number, mask):
+def _delete(slots, fingerprint, number, mask):
     """Remove ``fingerprint``'s entry (holding ``number``), shifting its run back (no tombstones);
     False if the table has none."""
     i = _home(fingerprint, mask)
-    while not (slot_number[i] == number + 1 and slot_fp[i] == fingerprint):
-        if slot_number[i] == _FREE:
+    while not (_held(slots, i) == number + 1 and _fp(slots, i) == fingerprint):
+        if _held(slots, i) == _FREE:
             return False
         i = (i + 1) & mask
     j = i
     while True:
         j = (j + 1) & mask
-        if slot_number[j] == _FREE:
+        if _held(slots, j) == _FREE:
             break
-        home = _home(slot_fp[j], mask)
+        home = _home(_fp(slots, j), mask)
         # the entry at j may fill the hole at i when its home is not cyclically in (i, j]
         if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
-            slot_fp[i] = slot_fp[j]
-            slot_number[i] = slot_number[j]
+            for part in range(_SLOT):
+                slots[_SLOT * i + part] = slots[_SLOT * j + part]
             i = j
-    slot_number[i] = _FREE
+    slots[_SLOT * i + 2] = _FREE
     return True
 
 
 @njit(cache=True)
-def _find_old(old_fp, old_number, fingerprint, number):
+def _find_old(old, fingerprint, number):
     """The outgrown table's slot holding ``fingerprint`` (with ``number`` + 1 unless ``number`` < 0), or -1."""
-    if len(old_number) == 0:
+    if len(old) == 0:
         return -1
-    mask = len(old_number) - 1
+    mask = len(old) // _SLOT - 1
     i = _home(fingerprint, mask)
-    while old_number[i] != _FREE:
-        if old_number[i] > _FREE and old_fp[i] == fingerprint and (number < 0 or old_number[i] == number + 1):
+    while _held(old, i) != _FREE:
+        if _held(old, i) > _FREE and _fp(old, i) == fingerprint and (number < 0 or _held(old, i) == number + 1):
             return i
         i = (i + 1) & mask
     return -1
 
 
 @njit(cache=True)
-def _look_up(slot_fp, slot_number, old_fp, old_number, fingerprint, mask):
+def _look_up(slots, old, fingerprint, mask):
     """The slot holding ``fingerprint``, or the free slot that ends its run; one still in the outgrown table
     moves over first."""
-    i = _find(slot_fp, slot_number, fingerprint, mask)
-    if slot_number[i] == _FREE:
-        j = _find_old(old_fp, old_number, fingerprint, -1)
+    i = _find(slots, fingerprint, mask)
+    if _held(slots, i) == _FREE:
+        j = _find_old(old, fingerprint, -1)
         if j >= 0:
-            slot_fp[i] = fingerprint
-            slot_number[i] = old_number[j]
-            old_number[j] = _GONE
+            _fill(slots, i, fingerprint, _held(old, j))
+            old[_SLOT * j + 2] = _GONE
     return i
 
 
 @njit(cache=True)
-def _number_all(slot_fp, slot_number, old_fp, old_number, number_fp, next_number_fp, copied, seen, max_contents,
-                fingerprints, out):
+def _number_all(slots, old, number_fp, next_number_fp, copied, seen, max_contents, fingerprints, out):
     for k in range(len(fingerprints)):
-        out[k] = _number_one(slot_fp, slot_number, old_fp, old_number, number_fp, next_number_fp, copied, seen,
-                             max_contents, fingerprints[k])
+        out[k] = _number_one(slots, old, number_fp, next_number_fp, copied, seen, max_contents, fingerprints[k])
 
 
 @njit(cache=True)
-def _number_one(slot_fp, slot_number, old_fp, old_number, number_fp, next_number_fp, copied, seen, max_contents,
-                fingerprint):
+def _number_one(slots, old, number_fp, next_number_fp, copied, seen, max_contents, fingerprint):
     """:class:`ContentNumbers`'s rule for one content; returns its number."""
-    mask = len(slot_fp) - 1
-    i = _look_up(slot_fp, slot_number, old_fp, old_number, fingerprint, mask)
-    if slot_number[i] != _FREE:
-        return np.int64(slot_number[i] - 1)
+    mask = len(slots) // _SLOT - 1
+    i = _look_up(slots, old, fingerprint, mask)
+    if _held(slots, i) != _FREE:
+        return np.int64(_held(slots, i) - 1)
     number = seen[0] % max_contents
     if seen[0] >= max_contents:  # the number's old content is forgotten first
-        i = _renumber(slot_fp, slot_number, old_fp, old_number, number_fp, number, fingerprint, mask)
-    _enter(slot_fp, slot_number, number_fp, next_number_fp, copied, i, number, fingerprint)
+        i = _renumber(slots, old, number_fp, number, fingerprint, mask)
+    _enter(slots, number_fp, next_number_fp, copied, i, number, fingerprint)
     seen[0] += 1
     return number
 
 
 @njit(cache=True)
-def _find(slot_fp, slot_number, fingerprint, mask):
+def _find(slots, fingerprint, mask):
     """The slot holding ``fingerprint``, or the free slot that ends its run."""
     i = _home(fingerprint, mask)
-    while slot_number[i] != _FREE and slot_fp[i] != fingerprint:
+    while _held(slots, i) != _FREE and _fp(slots, i) != fingerprint:
         i = (i + 1) & mask
     return i
 
 
 @njit(cache=True)
-def _renumber(slot_fp, slot_number, old_fp, old_number, number_fp, number, fingerprint, mask):
+def _renumber(slots, old, number_fp, number, fingerprint, mask):
     """Forget ``number``'s content (in whichever table holds it); returns the free slot where ``fingerprint`` goes."""
     forgotten = number_fp[number]
-    if not _delete(slot_fp, slot_number, forgotten, number, mask):
-        j = _find_old(old_fp, old_number, forgotten, number)
+    if not _delete(slots, forgotten, number, mask):
+        j = _find_old(old, forgotten, number)
         if j >= 0:
-            old_number[j] = _GONE
-    return _find(slot_fp, slot_number, fingerprint, mask)
+            old[_SLOT * j + 2] = _GONE
+    return _find(slots, fingerprint, mask)
 
 
 @njit(cache=True)
-def _enter(slot_fp, slot_number, number_fp, next_number_fp, copied, i, number, fingerprint):
-    slot_fp[i] = fingerprint
-    slot_number[i] = number + 1
+def _enter(slots, number_fp, next_number_fp, copied, i, number, fingerprint):
+    _fill(slots, i, fingerprint, number + 1)
     _put(number_fp, next_number_fp, copied, number, fingerprint)
 
 
@@ -386,16 +404,16 @@ def _put(table, next_table, copied, number, value):
 
 
 @njit(cache=True)
-def _number_all_recent(slot_fp, slot_number, old_fp, old_number, number_fp, older, newer, next_number_fp, next_older,
-                       next_newer, copied, state, max_contents, fingerprints, out, recycled):
+def _number_all_recent(slots, old, number_fp, older, newer, next_number_fp, next_older, next_newer, copied, state,
+                       max_contents, fingerprints, out, recycled):
     """:class:`RecentContentNumbers`'s rule; returns how many numbers it wrote to ``recycled``."""
-    mask = len(slot_fp) - 1
+    mask = len(slots) // _SLOT - 1
     n_recycled = 0
     for k in range(len(fingerprints)):
         fingerprint = fingerprints[k]
-        i = _look_up(slot_fp, slot_number, old_fp, old_number, fingerprint, mask)
-        if slot_number[i] != _FREE:
-            number = np.int64(slot_number[i] - 1)
+        i = _look_up(slots, old, fingerprint, mask)
+        if _held(slots, i) != _FREE:
+            number = np.int64(_held(slots, i) - 1)
             _unlink(older, newer, next_older, next_newer, copied, state, number)
         else:
             if state[0] < max_contents:
@@ -404,10 +422,10 @@ def _number_all_recent(slot_fp, slot_number, old_fp, old_number, number_fp, olde
             else:  # the least recently used content gives up its number
                 number = state[1]
                 _unlink(older, newer, next_older, next_newer, copied, state, number)
-                i = _renumber(slot_fp, slot_number, old_fp, old_number, number_fp, number, fingerprint, mask)
+                i = _renumber(slots, old, number_fp, number, fingerprint, mask)
                 recycled[n_recycled] = number
                 n_recycled += 1
-            _enter(slot_fp, slot_number, number_fp, next_number_fp, copied, i, number, fingerprint)
+            _enter(slots, number_fp, next_number_fp, copied, i, number, fingerprint)
         # the newest end of the recency list
         _put(older, next_older, copied, number, state[2])
         _put(newer, next_newer, copied, number, _EMPTY)

@@ -63,6 +63,7 @@ def _drive_numbering() -> None:
     numbers = ContentNumbers(max_contents=33)
     numbers.numbers([bytes([i]) for i in range(40)])
     numbers.numbers([bytes([i]) for i in range(10, 20)])
+    numbers.number(b"one")  # a decode's one block
 
 
 def _drive_counterfactual(counterfactual: Counterfactual, block_size: int) -> None:
