@@ -71,6 +71,8 @@ REGISTERED: tuple[Registration, ...] = (
                  by_name=False, candidate=True),
     Registration("first-turn", "first_turn:FirstTurnLRU", "first_turn",
                  "LRU, the blocks of requests that began a session (inferred from the chains) first", candidate=True),
+    Registration("finish-reason", "finish_reason:FinishReasonLRU", "finish_reason",
+                 "LRU, the blocks of requests whose response ended the turn (not a tool call) first"),
 )
 
 

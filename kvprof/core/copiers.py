@@ -103,6 +103,7 @@ def copy_core(s):
     c.long_output_limit = s.long_output_limit
     c.long_output_freeing = s.long_output_freeing
     c.first_turn_memory = s.first_turn_memory
+    c.finish_reason_freeing = s.finish_reason_freeing
     return c
 
 

@@ -4,7 +4,7 @@ operations or of the registry's twins run ``python -m kvprof.core.dispatch``."""
 
 from numba import njit
 
-from kvprof.core.kinds import KIND, arc, belady, classed, first_turn, learned, lfu, long_output, lru, s3fifo, sieve
+from kvprof.core.kinds import KIND, arc, belady, classed, finish_reason, first_turn, learned, lfu, long_output, lru, s3fifo, sieve
 from kvprof.core.structs import holds, unlink
 
 LRU = KIND["lru"]
@@ -17,6 +17,7 @@ LEARNED = KIND["learned"]
 SIEVE = KIND["sieve"]
 LONG_OUTPUT = KIND["long_output"]
 FIRST_TURN = KIND["first_turn"]
+FINISH_REASON = KIND["finish_reason"]
 
 
 @njit(cache=True)
@@ -31,6 +32,7 @@ def init_kinds(core):
     sieve.init(core)
     long_output.init(core)
     first_turn.init(core)
+    finish_reason.init(core)
 
 
 @njit(cache=True, inline="always")
@@ -154,6 +156,8 @@ def free_kind_n(core, blocks, n, now):
         long_output.free_n(core, blocks, n)
     elif kind == FIRST_TURN:
         first_turn.free_n(core, blocks, n)
+    elif kind == FINISH_REASON:
+        finish_reason.free_n(core, blocks, n)
     elif kind == LFU:
         for i in range(n):
             lfu.free(core, blocks[i])
@@ -174,6 +178,16 @@ def finish_kind(core, n_output):
     kind = core.kind
     if kind == LONG_OUTPUT:
         long_output.finish(core, n_output)
+    elif kind == FINISH_REASON:
+        finish_reason.finish(core)
+
+
+@njit(cache=True, inline="always")
+def finish_reason_kind(core, code):
+    """The kind's part of ``core_finish_reason``."""
+    kind = core.kind
+    if kind == FINISH_REASON:
+        finish_reason.finish_reason(core, code)
 
 
 @njit(cache=True, inline="always")
@@ -242,6 +256,10 @@ def evict_kind_n(core, n, now, out, at):
     elif kind == FIRST_TURN:
         for i in range(at, at + n):
             out[i] = first_turn.evict(core)
+            core.size -= 1
+    elif kind == FINISH_REASON:
+        for i in range(at, at + n):
+            out[i] = finish_reason.evict(core)
             core.size -= 1
 
 

@@ -20,6 +20,7 @@ from numba.typed import List
 from kvprof.core import stream, structs, tiers
 from kvprof.core.build import compile_policy, write_back
 from kvprof.core.interrupts import compiled_call
+from kvprof.core.policies import core_finish_reason
 from kvprof.core.wa import policy_admit, policy_finish
 from kvprof.core.seats import give_seat, new_free, take_seat
 
@@ -78,19 +79,19 @@ def first_needed(st, has_host):
 
 
 @njit(cache=True)
-def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, next_use, base, loaded, n_lookup,
-           n_total, classes, host_classes, schedule_t, schedule_c, ebs, step_overhead, prefill_rate, max_batched,
-           max_seqs, decode, time_per_token, host_load_s, check):
+def replay(st, gpu, host, has_host, arrival, output, finish, prompt, offsets, blocks, next_use, base, loaded,
+           n_lookup, n_total, classes, host_classes, schedule_t, schedule_c, ebs, step_overhead, prefill_rate,
+           max_batched, max_seqs, decode, time_per_token, host_load_s, check):
     """Replay requests from the state ``st`` on; return True when every request is done, False
     (paused at the top of an engine step) when a request at or past ``loaded`` may be admitted.
 
     ``blocks``/``next_use`` hold the accesses of requests ``first_needed(st) .. loaded - 1``,
-    access ``j`` at ``j - base``. The other parameters are the workload's arrays and the cost
-    model's numbers as ``Replay`` reads them; ``schedule_t``/``schedule_c`` the capacity schedule
-    (its first entry already applied to ``gpu``); ``check`` verifies both tiers' invariants after
-    every admission and release. ``st`` ends with ``qttft``, ``served``, ``hits_device``,
-    ``hits_host``, ``computed``, ``now`` (the end) and ``request_hits`` (each request's device
-    hits, the length of the prefix it found).
+    access ``j`` at ``j - base``. The other parameters are the workload's arrays (``finish``: each
+    request's finish code, 0 unknown) and the cost model's numbers as ``Replay`` reads them;
+    ``schedule_t``/``schedule_c`` the capacity schedule (its first entry already applied to
+    ``gpu``); ``check`` verifies both tiers' invariants after every admission and release. ``st``
+    ends with ``qttft``, ``served``, ``hits_device``, ``hits_host``, ``computed``, ``now`` (the
+    end) and ``request_hits`` (each request's device hits, the length of the prefix it found).
     """
     n = len(arrival)
     qttft, served, request_hits, seat_of, seats = st.qttft, st.served, st.request_hits, st.seat_of, st.seats
@@ -106,7 +107,7 @@ def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, ne
             next_change += 1
         while decoding.n and decoding.a[0] <= now:
             r = structs.heap_pop(decoding)
-            _release(gpu, host, has_host, seats, seat_of[r], n_total[r], output[r], now, check)
+            _release(gpu, host, has_host, seats, seat_of[r], n_total[r], output[r], finish[r], now, check)
             free_seats, n_free_seats = give_seat(free_seats, n_free_seats, seat_of[r])
             n_running -= 1
         while next_arrival < n and arrival[next_arrival] <= now:
@@ -189,7 +190,7 @@ def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, ne
             if decode:
                 structs.heap_push(decoding, now + output[r] * time_per_token, 0.0, r, r)
             else:
-                _release(gpu, host, has_host, seats, seat_of[r], n_total[r], output[r], now, check)
+                _release(gpu, host, has_host, seats, seat_of[r], n_total[r], output[r], finish[r], now, check)
                 free_seats, n_free_seats = give_seat(free_seats, n_free_seats, seat_of[r])
                 n_running -= 1
     st.lookup, st.free_seats, st.n_free_seats = lookup, free_seats, n_free_seats
@@ -200,11 +201,22 @@ def replay(st, gpu, host, has_host, arrival, output, prompt, offsets, blocks, ne
 
 
 @njit(cache=True)
-def _release(gpu, host, has_host, seats, seat, n, n_output, now, check):
+def _release(gpu, host, has_host, seats, seat, n, n_output, code, now, check):
     policy_finish(gpu.policy, seat, now, seats[seat][:0], 0, n_output)  # no contents: admit had them all
+    if code:
+        _tell_finish_reason(gpu.policy, code)
     tiers.release(gpu, seats[seat], n, now)
     if check:
         _check(gpu, host, has_host)
+
+
+@njit(cache=True)
+def _tell_finish_reason(policy, code):
+    """The real cache's cores hear how the request just finished ended (``core_finish_reason``), its
+    free next; ``wa``'s shadows do not (yet): the finish-reason candidate is no order ``wa`` follows."""
+    core_finish_reason(policy.main, code)
+    for core in policy.followed:
+        core_finish_reason(core, code)
 
 
 @njit(cache=True)
@@ -262,7 +274,7 @@ def run(workload, policy, host_policy, config, schedule, check: bool = False, pe
     future = policy.offline or (has_host and host_policy.offline)
     with stream.next_uses(workload, chunk) if future else _no_next_uses() as later:
         while not compiled_call(replay, st, gpu, host, has_host, workload.arrival, workload.output_tokens,
-                                workload.prompt_tokens, offsets, blocks, next_use, offsets[first], loaded,
+                                workload.finish, workload.prompt_tokens, offsets, blocks, next_use, offsets[first], loaded,
                                 workload.n_lookup, n_total, classes, host_classes, schedule_t, schedule_c,
                                 workload.engine_block_size, cost.step_overhead_s, cost.prefill_tokens_per_s,
                                 cost.max_batched_tokens, cost.max_num_seqs, cost.decode,

@@ -31,8 +31,8 @@ from numba.experimental import structref
 from kvprof.core import structs
 from kvprof.core.dispatch import (
     ARC, CLASSED, S3FIFO, access_kind, access_kind_n, bounds_ghosts, contains_kind, evict_kind_n, finish_kind,
-    free_kind_n, init_kinds, remove_kind, removes_alone, reserve_kind, uses_content, uses_depth, uses_queue, uses_row,
-    uses_stamp,
+    finish_reason_kind, free_kind_n, init_kinds, remove_kind, removes_alone, reserve_kind, uses_content, uses_depth,
+    uses_queue, uses_row, uses_stamp,
 )
 from kvprof.core.kinds import NAMES, module
 from kvprof.core.kinds.classed import (  # noqa: F401 (wa's composite and the builders read them here)
@@ -164,8 +164,17 @@ def core_free(core, blocks, n, now):
 @njit(cache=True)
 def core_finish(core, n_output):
     """``EvictionPolicy.finish`` as a core hears it: how many tokens the request whose free comes next
-    generated (-1: unknown); only ``long-output`` listens."""
+    generated (-1: unknown); ``long-output`` listens, and ``finish-reason`` hears that the request's ending
+    is not known (:func:`core_finish_reason` may tell it next)."""
     finish_kind(core, n_output)
+
+
+@njit(cache=True)
+def core_finish_reason(core, code):
+    """After :func:`core_finish`, where the driver knows it: how the request's response ended (a code
+    of :mod:`kvprof.models.finish`, 0: unknown), which its free comes next; only ``finish-reason``
+    listens. A driver that cannot tell skips it: the core then takes the ending as unknown."""
+    finish_reason_kind(core, code)
 
 
 @njit(cache=True)

@@ -38,9 +38,10 @@ none of them (the default ignores them), ``wa``'s shadows live on them:
   blocks it was given then: its id, the contents of its full prompt blocks shallowest first
   (vLLM's ``request.block_hashes``), how many of them a prefix hit may cover and how many blocks
   it holds.
-* ``finish(request, now, contents=, n_blocks=, n_output=)`` when it finishes or is preempted,
-  before the ``free`` of its blocks; with its chain then (output blocks included) if it grew
-  since, and how many tokens it generated (``wa``'s long-output candidate reads it).
+* ``finish(request, now, contents=, n_blocks=, n_output=, finish=)`` when it finishes or is
+  preempted, before the ``free`` of its blocks; with its chain then (output blocks included) if it
+  grew since, how many tokens it generated (``wa``'s long-output candidate reads it) and how its
+  response ended, where the driver knows (the finish-reason candidate reads it).
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ class EvictionPolicy(ABC):
         """
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
-               n_blocks: int | None = None, n_output: int | None = None) -> None:
+               n_blocks: int | None = None, n_output: int | None = None, finish: int | None = None) -> None:
         """The request admitted as ``request`` finished or was preempted; the default ignores it.
 
         Parameters
@@ -211,6 +212,10 @@ class EvictionPolicy(ABC):
         n_output : int, optional
             Tokens it generated so far (vLLM's ``num_output_tokens``); None when the driver does
             not know.
+        finish : int, optional
+            How its response ended, a code of :mod:`kvprof.models.finish` (a tool call, an end of
+            turn, other); None or 0 when the driver does not know (a preemption, a server that
+            cannot tell).
         """
 
     @abstractmethod

@@ -40,5 +40,5 @@ class LongOutputLRU(DemotingLRU):
         self.limit = float(limit)
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
-               n_blocks: int | None = None, n_output: int | None = None) -> None:
+               n_blocks: int | None = None, n_output: int | None = None, finish: int | None = None) -> None:
         self._demoting = n_output is not None and n_output > self.limit

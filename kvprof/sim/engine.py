@@ -143,6 +143,7 @@ class Replay:
         self.host_classes = workload.codes_for(host.policy).tolist() if host else None
         self.prompt = workload.prompt_tokens.tolist()
         self.output = workload.output_tokens.tolist()
+        self.finish = workload.finish.tolist()
         self.held: dict[int, list[int]] = {}
 
     def over(self, gpu: PrefixCache) -> Replay:
@@ -187,7 +188,11 @@ class Replay:
             self.host.store(self.blocks, self.next_use, start, range(stop - start), now, self.host_classes[r])
 
     def release(self, r: int, now: float) -> None:
-        self.gpu.policy.finish(r, now, n_output=self.output[r])
+        code = self.finish[r]
+        if code:
+            self.gpu.policy.finish(r, now, n_output=self.output[r], finish=code)
+        else:  # not known, which is finish's default: a policy whose finish predates the codes runs unchanged
+            self.gpu.policy.finish(r, now, n_output=self.output[r])
         self.gpu.release(self.held.pop(r), now)
         if self.observer:
             self.observer(self.gpu, self.host)

@@ -57,6 +57,9 @@ class Workload:
     cell : int32 array, shape (n,)
         Cell index of each request (the hp file's ``cell_names()`` order): what policies keyed
         by cells (``keyed_by == "cell"``) are told instead of the class.
+    finish : int8 array, shape (n,)
+        How each request's response ended (:attr:`Trace.finish`, the codes of
+        :mod:`kvprof.models.finish`; 0 where not known): what ``policy.finish`` is told.
     class_names : tuple of str
     engine_block_size : int
         Tokens per engine block.
@@ -84,6 +87,7 @@ class Workload:
     group: int
     workload: np.ndarray
     cell: np.ndarray
+    finish: np.ndarray
     class_names: tuple[str, ...]
     engine_block_size: int
     duration: float
@@ -188,6 +192,7 @@ def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128, rate_s
         group=group,
         workload=workload,
         cell=_cells(trace, hp),
+        finish=trace.finish,
         class_names=names,
         engine_block_size=engine_block_size,
         duration=trace.duration / rate_scale,
