@@ -57,7 +57,7 @@ def run_case(case, trace, args) -> dict:
     fit_start, fit_end = case.fit
     fitted = trace.time_window(max(fit_start, fit_end - args.fit_seconds), fit_end)
     hp = tune(fit_trace(fitted), fitted, sorted(set(capacities.values())), config,
-              n_jobs=args.jobs) if needs_hp(args.policies) else None
+              n_jobs=args.jobs, refit=fit_trace) if needs_hp(args.policies) else None
     evaluated = trace.time_window(*case.evaluate)
     # the first requests of the window up to --max-accesses engine blocks (a trace's requests differ 100x in size)
     blocks = np.cumsum(-(-evaluated.input_length // case.engine_block))

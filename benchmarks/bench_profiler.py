@@ -65,12 +65,12 @@ trace, _ = read_trace(sys.argv[1])
 fitted = trace.time_window(0, 3600)
 hp = fit_trace(fitted, holdout=_holdout(trace, fitted))
 capacities = [int(c) for c in sys.argv[2].split(",")]
-tune(hp, fitted, capacities[:1], SimConfig())  # numba's cache warm
+tune(hp, fitted, capacities[:1], SimConfig(), refit=fit_trace)  # numba's cache warm
 walls = {False: [], True: []}
 for _ in range(int(sys.argv[3])):
     for learn in (False, True):
         start = time.perf_counter()
-        tune(hp, fitted, capacities, SimConfig(), learn=learn, holdout=_holdout(trace, fitted))
+        tune(hp, fitted, capacities, SimConfig(), learn=learn, holdout=_holdout(trace, fitted), refit=fit_trace)
         walls[learn].append(time.perf_counter() - start)
 print(json.dumps({"without": walls[False], "with": walls[True]}))
 """

@@ -2,6 +2,7 @@
 
     python research/bench_switching.py [-j N] [--traces weka,mooncake,...] [--capacities 1000,6000] [-o switching.json]
     python research/bench_switching.py --sweep m=0.002,m=0.01,w=64,m=0.01/w=64,p=4 [--traces ...] [-o sweep.json]
+    python research/bench_switching.py --sweep w=16,w=inf,w=inf/e=1 --windows [--traces weka,mooncake] [-o sweep.json]
     python research/bench_switching.py --starts [-j N] [--traces ...] [-o starts.json]
 
 For each trace and capacity of benchmarks/bench_quality.py, fit and tune on the fit window as the
@@ -22,9 +23,11 @@ suite does, then replay the evaluation window:
 All figures are token hit ratios of the evaluation window (hits x block tokens / prompt tokens).
 
 With ``--sweep``, instead: wa (compiled) tuned and replayed as the suite does under each setting of
-the switching constants of :mod:`kvprof.policy.wa` (``m`` SWITCH_MARGIN, ``w`` WINDOW_CAPACITIES,
-``p`` FOLLOW_PERIOD_SHARE; ``/`` joins several), each against the best baseline of the
-``--baseline`` table (bench_quality.py's JSON). The constants are module state, so the sweep runs in
+the switching constants of :mod:`kvprof.policy.wa` (``m`` SWITCH_MARGIN, ``w`` WINDOW_CAPACITIES (``inf``: no forgetting),
+``p`` FOLLOW_PERIOD_SHARE, ``e`` SWITCH_ERRORS; ``/`` joins several), each against the best baseline of the
+``--baseline`` table (bench_quality.py's JSON). With ``--windows`` as well, on the real traces' two
+other splits of benchmarks/bench_windows.py besides the suite's, each against the best baseline of
+benchmarks/results/windows.json for its split. The constants are module state, so the sweep runs in
 this process, one replay at a time.
 
 With ``--starts``, instead: what the candidate wa starts on is worth. Per trace and capacity, the
@@ -37,6 +40,7 @@ throughout (wa restricted to it: what a rule that never switches would get from 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -57,11 +61,12 @@ from kvprof.sim.workload import prepare_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the suite: bench_quality
 from bench_quality import REPO, chosen_traces  # the suite's traces, windows and sizes
+from bench_windows import splits  # the real traces' other splits
 from bench_shadows import led_by  # wa following one candidate throughout
 
 ALONE = ("lru", "s3fifo")
 #: ``--sweep`` keys: the switching constants of kvprof.policy.wa they set.
-CONSTANTS = {"m": "SWITCH_MARGIN", "w": "WINDOW_CAPACITIES", "p": "FOLLOW_PERIOD_SHARE"}
+CONSTANTS = {"m": "SWITCH_MARGIN", "w": "WINDOW_CAPACITIES", "p": "FOLLOW_PERIOD_SHARE", "e": "SWITCH_ERRORS"}
 
 
 class LoggedWA(WorkloadAwarePolicy):
@@ -99,7 +104,7 @@ def alone(workload, hp, capacity: int, name: str, config: SimConfig) -> tuple[fl
 def run_case(case, trace, capacities, jobs: int) -> list[dict]:
     config = SimConfig(engine_block_size=case.engine_block)
     fitted = trace.time_window(*case.fit)
-    hp = tune(fit_trace(fitted), fitted, capacities, config, n_jobs=jobs)
+    hp = tune(fit_trace(fitted), fitted, capacities, config, n_jobs=jobs, refit=fit_trace)
     workload = prepare_workload(trace.time_window(*case.evaluate), hp, case.engine_block)
     tasks = ([("logged", c, None) for c in capacities] + [("fixed", c, name) for c in capacities for name in DEFAULT_ORDERS]
              + [("alone", c, name) for c in capacities for name in ALONE])
@@ -125,7 +130,8 @@ def run_case(case, trace, capacities, jobs: int) -> list[dict]:
 
 
 def sweep(specs: list[str], cases, baseline: dict) -> list[dict]:
-    """wa's token hit ratio per case and capacity under each setting of the switching constants."""
+    """wa's token hit ratio per case and capacity under each setting of the switching constants
+    (``baseline``: ``(trace, fit start, capacity)`` -> the best baseline's ratio)."""
     rows = []
     for case, trace in cases:
         config = SimConfig(engine_block_size=case.engine_block)
@@ -137,15 +143,15 @@ def sweep(specs: list[str], cases, baseline: dict) -> list[dict]:
             for name, value in setting.items():
                 setattr(wa_module, name, int(value) if name == "FOLLOW_PERIOD_SHARE" else value)
             try:
-                hp = tune(fit, fitted, case.capacities, config)
+                hp = tune(fit, fitted, case.capacities, config, refit=fit_trace)
                 results = run_sweep(trace.time_window(*case.evaluate), hp, ("wa",), case.capacities, config)
             finally:
                 for name, value in saved.items():
                     setattr(wa_module, name, value)
             for capacity in case.capacities:
                 wa = results.get("wa", capacity).token_hit_ratio
-                best = baseline.get((case.name, capacity))
-                rows.append({"trace": case.name, "capacity": capacity, "setting": spec, "wa": wa,
+                best = baseline.get((case.name, case.fit[0], capacity))
+                rows.append({"trace": case.name, "fit": list(case.fit), "capacity": capacity, "setting": spec, "wa": wa,
                              "gain_over_best": None if best is None else (wa - best) / best})
             print(f"{case.name} {spec}: " + " ".join(f"{row['wa']:.4f}" for row in rows[-len(case.capacities):]),
                   file=sys.stderr)
@@ -156,7 +162,7 @@ def starts(case, trace, jobs: int) -> list[dict]:
     """wa on the evaluation window from each start and restricted to each candidate, and the fit window's choices."""
     config = SimConfig(engine_block_size=case.engine_block)
     fitted = trace.time_window(*case.fit)
-    hp = tune(fit_trace(fitted), fitted, case.capacities, config, n_jobs=jobs)
+    hp = tune(fit_trace(fitted), fitted, case.capacities, config, n_jobs=jobs, refit=fit_trace)
     whole = prepare_workload(fitted, hp, case.engine_block)
     evaluated = prepare_workload(trace.time_window(*case.evaluate), hp, case.engine_block)
 
@@ -194,25 +200,45 @@ def print_starts(rows: list[dict]) -> None:
 
 
 def best_baselines(path: Path) -> dict:
-    """``(trace, capacity) -> the best baseline's token hit ratio`` of a bench_quality.py JSON file."""
+    """``(trace, fit start, capacity) -> the best baseline's token hit ratio`` of a bench_quality.py JSON
+    file, and of bench_windows.py's beside it in benchmarks/results/ where that exists."""
     document = json.loads(path.read_text())
-    return {(case["trace"], row["capacity"]): row["token_hit_ratio"][row["best_baseline"]]
+    best = {(case["trace"], case["fit_window"][0], row["capacity"]): row["token_hit_ratio"][row["best_baseline"]]
             for case in document["cases"] for row in case["rows"]}
+    windows = REPO / "benchmarks" / "results" / "windows.json"
+    if windows.exists():
+        best.update({(row["trace"], row["fit"][0], row["capacity"]): row["best"]
+                     for row in json.loads(windows.read_text())["rows"]})
+    return best
+
+
+def with_windows(cases):
+    """Each real trace's case and its two other splits (bench_windows.py); synthetic cases as they are."""
+    for case, trace in cases:
+        yield case, trace
+        if not case.source.startswith("synth:"):
+            for fit, evaluate in splits(case):
+                yield dataclasses.replace(case, fit=fit, evaluate=evaluate), trace
 
 
 def print_sweep(rows: list[dict]) -> None:
     settings = list(dict.fromkeys(row["setting"] for row in rows))
-    points = list(dict.fromkeys((row["trace"], row["capacity"]) for row in rows))
-    by = {(row["trace"], row["capacity"], row["setting"]): row for row in rows}
-    print("| trace | capacity | " + " | ".join(settings) + " |")
-    print("|---|---|" + "---|" * len(settings))
-    for trace, capacity in points:
+    points = list(dict.fromkeys((row["trace"], tuple(row["fit"]), row["capacity"]) for row in rows))
+    by = {(row["trace"], tuple(row["fit"]), row["capacity"], row["setting"]): row for row in rows}
+    print("| trace | fit window (s) | capacity | " + " | ".join(settings) + " |")
+    print("|---|---|---|" + "---|" * len(settings))
+    for trace, fit, capacity in points:
         cells = []
         for setting in settings:
-            row = by.get((trace, capacity, setting))
+            row = by.get((trace, fit, capacity, setting))
             gain = row and row["gain_over_best"]
             cells.append("-" if row is None else f"{row['wa']:.4f}" + ("" if gain is None else f" ({gain:+.1%})"))
-        print(f"| {trace} | {capacity:,} | " + " | ".join(cells) + " |")
+        print(f"| {trace} | {fit[0]:g}-{fit[1]:g} | {capacity:,} | " + " | ".join(cells) + " |")
+    for setting in settings:
+        gains = [row["gain_over_best"] for row in rows if row["setting"] == setting and row["gain_over_best"] is not None]
+        if gains:
+            print(f"- {setting}: worst {min(gains):+.1%}, {sum(g < -0.01 for g in gains)} of {len(gains)} points "
+                  f"more than 1 % below the best baseline, mean {sum(gains) / len(gains):+.2%}")
 
 
 def main() -> int:
@@ -222,6 +248,7 @@ def main() -> int:
     parser.add_argument("--capacities", help="comma-separated capacities to run (default: each case's four)")
     parser.add_argument("--sweep", help="comma-separated settings of the switching constants (see the docstring)")
     parser.add_argument("--starts", action="store_true", help="wa from each start candidate (see the docstring)")
+    parser.add_argument("--windows", action="store_true", help="with --sweep: the real traces' other two splits too")
     parser.add_argument("--baseline", type=Path, default=REPO / "benchmarks" / "results" / "quality.json",
                         help="bench_quality.py's JSON: the best baselines the sweep is compared with (default: the "
                              "committed one docs/results.md renders)")
@@ -229,7 +256,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.sweep:
         started = time.perf_counter()
-        rows = sweep(args.sweep.split(","), chosen_traces(args.traces),
+        cases = chosen_traces(args.traces)
+        rows = sweep(args.sweep.split(","), with_windows(cases) if args.windows else cases,
                      best_baselines(args.baseline) if args.baseline.exists() else {})
         print_sweep(rows)
         atomic_write_text(args.output, json.dumps({"sweep": rows, "wall_s": time.perf_counter() - started}, indent=1)

@@ -441,7 +441,8 @@ def fit_and_tune(trace, bounds, capacities, sim_config, jobs: int, ray=None, eva
     with status(f"fitting reuse models on {window.n_requests:,} requests"):
         hp = fit_trace(window)
     return tune_with_progress(hp, window, capacities,
-                              dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()), jobs, ray)
+                              dataclasses.replace(sim_config, cpu_capacity=0, capacity_schedule=()), jobs, ray,
+                              refit=fit_trace)
 
 
 def _warn_if_overlapping(fitted, evaluated) -> None:
@@ -586,7 +587,7 @@ def _is_stream(path) -> bool:
 
 
 def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | None = None, holdout=None,
-                       learn: bool = False):
+                       learn: bool = False, refit=None):
     """``kvprof.sim.tune`` (fit's --capacity, compare without --config) with a progress bar of its replays."""
     from kvprof.sim.tune import tune
 
@@ -594,4 +595,4 @@ def tune_with_progress(hp, fitted, capacities, config, jobs: int, ray: str | Non
         f"compiles on first use)")
     with task_progress("tuning replays", None) as update:
         return tune(hp, fitted, capacities, config, n_jobs=jobs, ray=ray, holdout=holdout, learn=learn,
-                    progress=update)
+                    progress=update, refit=refit)

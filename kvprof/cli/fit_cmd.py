@@ -312,15 +312,17 @@ def fit(
         holdout, no_holdout = None, "the next window's traffic to the replica depends on routing beyond this one"
         timing = {"timing": "model"}  # as a fleet's replicas are timed
         title = f"{names} {window}, replica {replica} of {replicas} behind {router}: {fitted.n_requests} requests"
+    def refit(window, holdout=None):
+        return fit_trace(window, rule, horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
+                         cell_fields=fields, max_components=max_components, holdout=holdout, retention_shares=shares)
+
     with status(f"fitting reuse models on {fitted.n_requests:,} requests"):
-        hp = fit_trace(fitted, rule, horizon=horizon, min_gap=min_gap, min_samples=min_samples, max_cells=max_cells,
-                       cell_fields=fields, max_components=max_components, holdout=holdout,
-                       retention_shares=shares)
+        hp = refit(fitted, holdout)
     if capacities:
         from kvprof.sim.config import SimConfig
 
         hp = tune_with_progress(hp, fitted, capacities, SimConfig(engine_block_size=engine_block, **timing), jobs,
-                                ray, holdout=holdout, learn=learned)
+                                ray, holdout=holdout, learn=learned, refit=refit)
     if fleet_spec is not None:
         from kvprof.sim.fleet import routed
 

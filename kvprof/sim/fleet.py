@@ -421,7 +421,7 @@ def fit_per_replica(fit_window: Trace, spec: RouterSpec, replicas: int, capacity
     nothing."""
     config = _model_timed(config)
     shares = replica_shares(fit_window, spec, replicas, capacity, config)
-    return tuple(routed(tune(fit(share), share, [capacity], config), spec, replicas, j)
+    return tuple(routed(tune(fit(share), share, [capacity], config, refit=fit), spec, replicas, j)
                  if share is not None else fallback for j, share in enumerate(shares))
 
 

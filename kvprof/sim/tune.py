@@ -17,6 +17,13 @@ it). With ``learn``, the same part is replayed under Belady at each capacity to 
 too. The choices go into the hp file's ``tuning`` block; a policy built for a capacity takes the
 entry of the nearest tuned one (:meth:`kvprof.models.hp.HpFile.tuned`).
 
+With ``refit`` (the fit the hp file came from, as a function of a window), the replays that choose the
+horizon and the start judge the fitted orders out of sample: ``wa`` runs on a file fitted on the fit
+window before the replayed part, so the ``model`` order is not scored on the traffic it was fitted on
+while the parameter-free orders (LRU, segmented, S3-FIFO, ...) never are. Judged in sample, the model
+won starts it then lost on the traffic after the window (weka, fit 1800-5400 s, 16,000 blocks: tuned
+start ``model``, whose shadow then hit 7 % less than LRU's; docs/results.md, "`wa`'s switching").
+
 Where the fit window's next-turn counts put ``wa`` over the first-turn order and LRU
 (:func:`~kvprof.policy.wa.candidate_orders`), neither the horizon, the output limit, the predictor nor the
 start changes what it does: the part is replayed once under those candidates, at the fitted horizon, and
@@ -67,7 +74,8 @@ LIMIT_LEAD_ERRORS = 2.0
 
 def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig = SimConfig(), *,
          n_jobs: int = 1, ray: str | None = None, progress: Callable[[int, int], None] | None = None,
-         learn: bool = False, holdout: Trace | None = None) -> HpFile:
+         learn: bool = False, holdout: Trace | None = None,
+         refit: Callable[[Trace], HpFile] | None = None) -> HpFile:
     """``hp`` with a tuning entry per capacity, chosen by replaying the end of ``trace`` (the fit window).
 
     Parameters
@@ -96,6 +104,10 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     holdout : Trace or None
         The window after ``trace``: the start of it (as long as the replayed part) is labelled
         too, to measure the predictor on traffic it was not fitted on.
+    refit : callable(Trace) -> HpFile, optional
+        The fit ``hp`` came from (same options): with it, ``wa``'s replays run on a file fitted on
+        ``trace`` before the replayed part, so no fitted order is judged on its own fit data. Not
+        with ``learn`` (the predictor is trained for ``hp``'s cells).
 
     Returns
     -------
@@ -108,10 +120,11 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     end = trace.censor_time
     replayed = trace.time_window(end - (end - trace.first_arrival) * REPLAYED_SHARE, None)
     replayed = chain_sample(replayed if replayed.n_requests else trace, config.sample_rate)
-    workload = prepare_workload(replayed, hp, config.engine_block_size, config.rate_scale)
+    judged = _judged(hp, trace, replayed, refit) if not learn else hp
+    workload = prepare_workload(replayed, judged, config.engine_block_size, config.rate_scale)
     miniature = Miniature.of(replayed, workload, config.sample_rate)
     lost_shares(miniature, workload.blocks_needed(config.cost.decode), workload.prompt_tokens, capacities)
-    first_turn = candidate_orders(hp) == FIRST_TURN_ORDERS
+    first_turn = candidate_orders(hp) == FIRST_TURN_ORDERS  # the file's counts decide, as in serving
     horizons = [hp.horizon] if first_turn else [hp.horizon * factor for factor in HORIZON_FACTORS]
     learn = learn and not first_turn
     n_cells = len(hp.cell_names())
@@ -132,7 +145,8 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
                                        n_jobs=n_jobs, ray=ray)))
     output_limit = {capacity: _best_limit(alone, capacity, limits) for capacity in capacities}
     tasks = [(capacity, horizon) for capacity in capacities for horizon in horizons]
-    replays = run_tasks(_replay, workload, [(hp, miniature.capacity(capacity), horizon, miniature.config(config),
+    replays = run_tasks(_replay, workload, [(judged, miniature.capacity(capacity), horizon, miniature.config(config),
+                                             candidate_orders(hp, learned.get(capacity), output_limit[capacity]),
                                              learned.get(capacity), output_limit[capacity])
                                             for capacity, horizon in tasks],
                         n_jobs=n_jobs, ray=ray, progress=progress)
@@ -186,11 +200,19 @@ def _replay_simple(workload: Workload, capacity: int, output_limit: float | None
     return metrics.token_hit_ratio, metrics.hits_device
 
 
-def _replay(workload: Workload, hp: HpFile, capacity: int, horizon: float, config: SimConfig,
+def _judged(hp: HpFile, trace: Trace, replayed: Trace, refit: Callable[[Trace], HpFile] | None) -> HpFile:
+    """The file ``wa``'s tuning replays run on: ``refit`` of ``trace`` before ``replayed`` (``hp`` without
+    ``refit`` or where nothing comes before)."""
+    if refit is None:
+        return hp
+    earlier = trace.time_window(None, replayed.window[0])
+    return refit(earlier) if earlier.n_requests else hp
+
+
+def _replay(workload: Workload, hp: HpFile, capacity: int, horizon: float, config: SimConfig, orders: tuple,
             learned: LearnedModel | None = None, output_limit: float | None = None) -> tuple[float, dict]:
-    """Token hit ratio of ``wa`` at ``horizon`` (with the ``learned`` and ``long-output`` candidates where
-    given) and its shadows' hits by candidate."""
-    policy = make_policy("wa", hp, horizon=horizon, orders=candidate_orders(hp, learned, output_limit),
-                         learned=learned, output_limit=output_limit)
+    """Token hit ratio of ``wa`` over ``orders`` at ``horizon`` (with the ``learned`` and ``long-output``
+    candidates where given) and its shadows' hits by candidate."""
+    policy = make_policy("wa", hp, horizon=horizon, orders=orders, learned=learned, output_limit=output_limit)
     metrics = simulate(workload, policy, capacity, config)
     return metrics.token_hit_ratio, policy.shadow_hits()
