@@ -131,7 +131,7 @@ def run_case(case, trace, capacities, jobs: int) -> list[dict]:
 
 def sweep(specs: list[str], cases, baseline: dict) -> list[dict]:
     """wa's token hit ratio per case and capacity under each setting of the switching constants
-    (``baseline``: ``(trace, fit start, capacity)`` -> the best baseline's ratio)."""
+    (``baseline``: ``(trace, fit window, capacity)`` -> the best baseline's ratio)."""
     rows = []
     for case, trace in cases:
         config = SimConfig(engine_block_size=case.engine_block)
@@ -150,7 +150,7 @@ def sweep(specs: list[str], cases, baseline: dict) -> list[dict]:
                     setattr(wa_module, name, value)
             for capacity in case.capacities:
                 wa = results.get("wa", capacity).token_hit_ratio
-                best = baseline.get((case.name, case.fit[0], capacity))
+                best = baseline.get((case.name, tuple(case.fit), capacity))
                 rows.append({"trace": case.name, "fit": list(case.fit), "capacity": capacity, "setting": spec, "wa": wa,
                              "gain_over_best": None if best is None else (wa - best) / best})
             print(f"{case.name} {spec}: " + " ".join(f"{row['wa']:.4f}" for row in rows[-len(case.capacities):]),
@@ -200,14 +200,14 @@ def print_starts(rows: list[dict]) -> None:
 
 
 def best_baselines(path: Path) -> dict:
-    """``(trace, fit start, capacity) -> the best baseline's token hit ratio`` of a bench_quality.py JSON
+    """``(trace, fit window, capacity) -> the best baseline's token hit ratio`` of a bench_quality.py JSON
     file, and of bench_windows.py's beside it in benchmarks/results/ where that exists."""
     document = json.loads(path.read_text())
-    best = {(case["trace"], case["fit_window"][0], row["capacity"]): row["token_hit_ratio"][row["best_baseline"]]
+    best = {(case["trace"], tuple(case["fit_window"]), row["capacity"]): row["token_hit_ratio"][row["best_baseline"]]
             for case in document["cases"] for row in case["rows"]}
     windows = REPO / "benchmarks" / "results" / "windows.json"
     if windows.exists():
-        best.update({(row["trace"], row["fit"][0], row["capacity"]): row["best"]
+        best.update({(row["trace"], tuple(row["fit"]), row["capacity"]): row["best"]
                      for row in json.loads(windows.read_text())["rows"]})
     return best
 
