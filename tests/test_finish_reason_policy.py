@@ -144,6 +144,23 @@ def test_the_engine_tells_each_finish_its_code_and_without_codes_the_order_is_lr
             outcome(simulate(workload, LRUPolicy(), capacity, config, engine=engine))
 
 
+class Untold(LRUPolicy):
+    """LRU whose ``finish`` predates the ``finish`` keyword."""
+
+    def finish(self, request, now, contents=None, *, n_blocks=None, n_output=None) -> None:
+        pass
+
+
+@settings(max_examples=30, deadline=None)
+@given(replays_with_stops())
+def test_a_policy_whose_finish_predates_the_codes_is_told_none(case):
+    trace, capacity, config = case
+    config = dataclasses.replace(config, cpu_capacity=0)
+    workload = prepare_workload(trace, engine_block_size=config.engine_block_size)
+    assert outcome(simulate(workload, Untold(), capacity, config, engine="python")) == \
+        outcome(simulate(workload, LRUPolicy(), capacity, config, engine="python"))
+
+
 @settings(max_examples=60, deadline=None)
 @given(replays_with_stops(), st.floats(0.0, 1.0))
 def test_decisions_never_read_the_future(case, cut):

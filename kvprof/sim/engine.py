@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import heapq
+import inspect
 import math
 from collections import deque
 from collections.abc import Callable
@@ -144,6 +145,7 @@ class Replay:
         self.prompt = workload.prompt_tokens.tolist()
         self.output = workload.output_tokens.tolist()
         self.finish = workload.finish.tolist()
+        self.tells_finish = _takes_finish(gpu.policy)
         self.held: dict[int, list[int]] = {}
 
     def over(self, gpu: PrefixCache) -> Replay:
@@ -151,6 +153,7 @@ class Replay:
         read-only per-request columns: one replica of a fleet (:mod:`kvprof.sim.fleet`)."""
         replica = copy.copy(self)
         replica.gpu, replica.host, replica.held = gpu, None, {}
+        replica.tells_finish = _takes_finish(gpu.policy)
         return replica
 
     def admit(self, r: int, now: float) -> tuple[int, int] | None:
@@ -188,10 +191,9 @@ class Replay:
             self.host.store(self.blocks, self.next_use, start, range(stop - start), now, self.host_classes[r])
 
     def release(self, r: int, now: float) -> None:
-        code = self.finish[r]
-        if code:
-            self.gpu.policy.finish(r, now, n_output=self.output[r], finish=code)
-        else:  # not known, which is finish's default: a policy whose finish predates the codes runs unchanged
+        if self.tells_finish:
+            self.gpu.policy.finish(r, now, n_output=self.output[r], finish=self.finish[r] or None)
+        else:
             self.gpu.policy.finish(r, now, n_output=self.output[r])
         self.gpu.release(self.held.pop(r), now)
         if self.observer:
@@ -295,6 +297,13 @@ class Replay:
         self.outcome = {"qttft": qttft[served], "served": served, "hits_device": hits_device, "hits_host": hits_host,
                         "computed": computed, "end": now, "evictions": gpu.evictions, "dropped": gpu.dropped,
                         "host_evictions": host_evictions}
+
+
+def _takes_finish(policy: EvictionPolicy) -> bool:
+    """Whether ``policy.finish`` takes the ``finish`` code by name: one whose ``finish`` predates the
+    keyword (written before it, or a wrapper passing on what it is told) is told no code and runs as
+    before."""
+    return "finish" in inspect.signature(policy.finish).parameters
 
 
 class Arrivals:

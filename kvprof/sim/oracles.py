@@ -167,9 +167,9 @@ class ToldPolicy(EvictionPolicy):
     def admit(self, request, contents, now, workload=0, *, n_lookup=None, n_blocks=None) -> None:
         self.base.admit(request, contents, now, workload, n_lookup=n_lookup, n_blocks=n_blocks)
 
-    def finish(self, request, now, contents=None, **told) -> None:
+    def finish(self, request, now, contents=None, *, n_blocks=None, n_output=None) -> None:
         self._freeing = request
-        self.base.finish(request, now, contents, **told)  # as told: a base whose finish predates a keyword runs
+        self.base.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
         kept = []
