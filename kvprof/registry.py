@@ -72,7 +72,7 @@ REGISTERED: tuple[Registration, ...] = (
     Registration("first-turn", "first_turn:FirstTurnLRU", "first_turn",
                  "LRU, the blocks of requests that began a session (inferred from the chains) first", candidate=True),
     Registration("finish-reason", "finish_reason:FinishReasonLRU", "finish_reason",
-                 "LRU, the blocks of requests whose response ended the turn (not a tool call) first"),
+                 "LRU, the blocks of requests whose response ended the turn (not a tool call) first", candidate=True),
 )
 
 

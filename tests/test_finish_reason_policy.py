@@ -19,6 +19,7 @@ from kvprof.policy.finish_reason import FinishReasonLRU
 from kvprof.policy.lru import LRUPolicy
 from kvprof.sim.engine import simulate
 from kvprof.sim.workload import prepare_workload
+from tests.test_policies import LAM, P, wa_policy
 from tests.test_sim_engine import random_replays
 
 #: ``stop`` values of each code (None: absent), as a trace carries them.
@@ -190,3 +191,19 @@ def test_decisions_never_read_the_future(case, cut):
     before, after = log(trace), log(dataclasses.replace(trace, extra={FINISH_FIELD: swapped}))
     first = next((i for i, entry in enumerate(before) if entry[0] == "finish" and changed[entry[2]]), len(before))
     assert after[:first] == before[:first]
+
+
+@settings(deadline=None)
+@given(replays_with_stops(), st.sampled_from([("finish-reason", "lru"), ("lru", "finish-reason", "segmented")]))
+def test_wa_following_the_candidate_runs_its_twin_as_the_reference(case, orders):
+    """``wa`` carrying the candidate (a followed core, a shadow each): both engines tell every core and
+    shadow each finish's code, and the leader, shadow hits, hits and evictions agree."""
+    trace, capacity, config = case
+    workload = prepare_workload(trace, engine_block_size=config.engine_block_size)
+    host = (lambda: LRUPolicy()) if config.cpu_capacity else (lambda: None)
+    runs = []
+    for engine in ("python", "compiled"):
+        policy = wa_policy(P, LAM, orders=orders, safety_net=True, capacity=capacity)
+        run = simulate(workload, policy, capacity, config, host_policy=host(), engine=engine)
+        runs.append((outcome(run), policy.order_name, policy.shadow_hits()))
+    assert runs[0] == runs[1]

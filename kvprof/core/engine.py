@@ -20,7 +20,6 @@ from numba.typed import List
 from kvprof.core import stream, structs, tiers
 from kvprof.core.build import compile_policy, write_back
 from kvprof.core.interrupts import compiled_call
-from kvprof.core.policies import core_finish_reason
 from kvprof.core.wa import policy_admit, policy_finish
 from kvprof.core.seats import give_seat, new_free, take_seat
 
@@ -202,21 +201,10 @@ def replay(st, gpu, host, has_host, arrival, output, finish, prompt, offsets, bl
 
 @njit(cache=True)
 def _release(gpu, host, has_host, seats, seat, n, n_output, code, now, check):
-    policy_finish(gpu.policy, seat, now, seats[seat][:0], 0, n_output)  # no contents: admit had them all
-    if code:
-        _tell_finish_reason(gpu.policy, code)
+    policy_finish(gpu.policy, seat, now, seats[seat][:0], 0, n_output, code)  # no contents: admit had them all
     tiers.release(gpu, seats[seat], n, now)
     if check:
         _check(gpu, host, has_host)
-
-
-@njit(cache=True)
-def _tell_finish_reason(policy, code):
-    """The real cache's cores hear how the request just finished ended (``core_finish_reason``), its
-    free next; ``wa``'s shadows do not (yet): the finish-reason candidate is no order ``wa`` follows."""
-    core_finish_reason(policy.main, code)
-    for core in policy.followed:
-        core_finish_reason(core, code)
 
 
 @njit(cache=True)

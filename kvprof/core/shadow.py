@@ -13,7 +13,7 @@ from numba.experimental import structref
 from numba.typed import List
 
 from kvprof.core import structs
-from kvprof.core.policies import core_finish, core_type
+from kvprof.core.policies import core_finish, core_finish_reason, core_type
 from kvprof.core.prefix_cache import (
     allocate, cached_prefix, init_pool, make_room, n_free, pin_hits, pool_fields, release, reserve_contents,
 )
@@ -81,15 +81,17 @@ def shadow_admit(shadow, seat, contents, n_lookup, n_blocks, now, workload, neve
 
 
 @njit(cache=True)
-def shadow_finish(shadow, seat, now, contents, n_blocks, n_output, never):
+def shadow_finish(shadow, seat, now, contents, n_blocks, n_output, never, code=0):
     """``ShadowCache.finish``: the request of ``seat`` (which generated ``n_output`` tokens, -1:
-    unknown) is told to the core, caches what it filled since admission (``contents``, its whole
+    unknown, and ended as ``code`` says, 0: unknown) is told to the core, caches what it filled since admission (``contents``, its whole
     chain now, may be empty, ``NONE`` where a depth has no content: a replay's partial prompt
     block, never cached; it holds ``n_blocks`` now), then frees its slots tail-first."""
     held = shadow.seat_n[seat] if seat < len(shadow.seat_n) else 0
     if not held:
         return
     core_finish(shadow.policy, n_output)
+    if code:
+        core_finish_reason(shadow.policy, code)
     slots = shadow.seats[seat]
     workload = shadow.seat_workload[seat]
     n_full = len(contents)

@@ -27,8 +27,8 @@ from numba.typed import List
 from kvprof.core import structs
 from kvprof.core.copiers import copy_core
 from kvprof.core.policies import (
-    ORDER_FREQUENCY, core_access, core_access_n, core_contains, core_evict_n, core_finish, core_free, core_remove,
-    core_remove_held_n, core_type, remember,
+    ORDER_FREQUENCY, core_access, core_access_n, core_contains, core_evict_n, core_finish, core_finish_reason, core_free,
+    core_remove, core_remove_held_n, core_type, remember,
 )
 from kvprof.core.prefix_cache import mark_pool, register_pool_protocol, set_limit
 from kvprof.core.shadow import shadow_admit, shadow_finish, shadow_type
@@ -338,31 +338,37 @@ def in_sample(policy, contents, size):
 
 
 @njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
-def policy_finish(policy, seat, now, contents, n_blocks, n_output):
+def policy_finish(policy, seat, now, contents, n_blocks, n_output, code=0):
     """``EvictionPolicy.finish`` of the request numbered ``seat`` (``contents`` empty: none given),
-    which generated ``n_output`` tokens (-1: unknown).
+    which generated ``n_output`` tokens (-1: unknown) and ended as ``code`` says
+    (:mod:`kvprof.models.finish`; 0: unknown).
 
     Two parts, as :func:`policy_admit`'s: what the real cache's cores hear (:func:`count_finish`)
     and what the shadows do (:func:`feed_finish`)."""
-    count_finish(policy, n_output)
-    feed_finish(policy, seat, now, contents, n_blocks, n_output)
+    count_finish(policy, n_output, code)
+    feed_finish(policy, seat, now, contents, n_blocks, n_output, code)
 
 
 @njit(cache=True)
-def count_finish(policy, n_output):
-    """The real cache's part of a finish: its cores hear the output length (the free comes next)."""
+def count_finish(policy, n_output, code=0):
+    """The real cache's part of a finish: its cores hear the output length and, where known, how the
+    response ended (the free comes next)."""
     core_finish(policy.main, n_output)
+    if code:
+        core_finish_reason(policy.main, code)
     for core in policy.followed:
         core_finish(core, n_output)
+        if code:
+            core_finish_reason(core, code)
 
 
 @njit(cache=True)
-def feed_finish(policy, seat, now, contents, n_blocks, n_output):
+def feed_finish(policy, seat, now, contents, n_blocks, n_output, code=0):
     """The shadows' part of a finish, as :func:`feed_admit`'s: it touches what that touches."""
     if n_blocks > len(policy.never):
         policy.never = np.full(max(n_blocks, 2 * len(policy.never)), np.inf)
     for shadow in policy.shadows:
-        shadow_finish(shadow, seat, now, contents, n_blocks, n_output, policy.never)
+        shadow_finish(shadow, seat, now, contents, n_blocks, n_output, policy.never, code)
 
 
 @njit(cache=True)

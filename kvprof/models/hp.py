@@ -49,6 +49,7 @@ from kvprof.models.hp_loader import (  # noqa: F401 - LOG_ODDS, OPEN_PROBABILITY
     read_sessions,
     read_tuning,
     TUNED_CANDIDATE_KEYS,
+    TUNED_CANDIDATE_KEYS_6,
 )
 from kvprof.models.hp_params import DEFAULT_CLASS, REUSED_SUFFIX, SOURCES, ClassParams, ReuseRow  # noqa: F401 - imported from here
 from kvprof.models.learned import LearnedModel
@@ -60,7 +61,7 @@ SCHEMA = "kvprof.hp/6"
 SCHEMAS = ("kvprof.hp/1", "kvprof.hp/2", "kvprof.hp/3", "kvprof.hp/4", "kvprof.hp/5", SCHEMA)
 #: The candidates' own keys a tuning entry may hold, by version (:func:`~kvprof.models.hp_loader.read_tuning`).
 TUNING_EXTRAS = {"kvprof.hp/2": (), "kvprof.hp/3": ("learned",), "kvprof.hp/4": TUNED_CANDIDATE_KEYS,
-                 "kvprof.hp/5": TUNED_CANDIDATE_KEYS, SCHEMA: TUNED_CANDIDATE_KEYS}
+                 "kvprof.hp/5": TUNED_CANDIDATE_KEYS, SCHEMA: TUNED_CANDIDATE_KEYS_6}
 #: :attr:`HpFile.schema` of a file in the published profiler's format (which has no schema).
 PUBLISHED_FORMAT = "published"
 #: Keys of a published-format file: ``{"a": {class: lambda}, "p": {class: p}}``.

@@ -127,8 +127,10 @@ def _feature(checks: JsonChecks, name, where: str, fields: list[str]) -> str:
     return name
 
 
-#: The keys of a tuning entry that hold a candidate's own parameters (:func:`read_tuning`).
+#: The keys of a tuning entry that hold a candidate's own parameters (:func:`read_tuning`); version 6 adds
+#: ``finish_reason`` (true: ``wa`` carries the finish-reason candidate at that capacity).
 TUNED_CANDIDATE_KEYS = ("learned", "long_output_tokens")
+TUNED_CANDIDATE_KEYS_6 = (*TUNED_CANDIDATE_KEYS, "finish_reason")
 #: Bound of the long-output candidate's limit: output tokens, any number a request may generate.
 OUTPUT_LIMIT = Bound(0.0, float(INT32_MAX))
 
@@ -138,7 +140,8 @@ def read_tuning(checks: JsonChecks, data, where: str, *, candidates: tuple[str, 
     """Entries of ``capacity`` (blocks, each tuned once), ``horizon_s`` and ``start`` (one of ``candidates``,
     the orders ``wa`` may start on), plus what tuning ``measured`` and those of the candidates' own
     keys the file's version has (``extras``: ``learned``, the predictor, since version 3;
-    ``long_output_tokens``, the long-output candidate's limit, since version 4)."""
+    ``long_output_tokens``, the long-output candidate's limit, since version 4; ``finish_reason``, true
+    where ``wa`` carries the finish-reason candidate, since version 6)."""
     entries = []
     for i, entry in enumerate(checks.sequence(data, where)):
         at = f"{where}[{i}]"
@@ -160,6 +163,11 @@ def read_tuning(checks: JsonChecks, data, where: str, *, candidates: tuple[str, 
             entry = {**entry, "long_output_tokens": float(limit)}
         elif entry["start"] == "long-output":
             checks.fail(member(at, "start"), "is 'long-output' but the entry has no long_output_tokens")
+        if "finish_reason" in entry:
+            if checks.boolean(entry["finish_reason"], member(at, "finish_reason")) is not True:
+                checks.fail(member(at, "finish_reason"), "is false: leave it out where wa does not carry the candidate")
+        elif entry["start"] == "finish-reason":
+            checks.fail(member(at, "start"), "is 'finish-reason' but the entry has no finish_reason")
         entries.append(entry)
     return tuple(entries)
 
@@ -202,15 +210,17 @@ def _read_learned(checks: JsonChecks, data, where: str) -> LearnedModel:
 def _check_measured(checks: JsonChecks, data, where: str, candidates: tuple[str, ...]) -> None:
     """What tuning measured: ``hit_ratio_by_horizon_s`` (horizon -> hit ratio in [0, 1]),
     ``shadow_hits`` (one of ``candidates`` -> hits), ``hit_ratio_by_output_limit`` (the long-output
-    candidate's limit in tokens -> its hit ratio alone) and ``lru_hit_ratio``, each optional."""
+    candidate's limit in tokens -> its hit ratio alone), ``lru_hit_ratio`` and ``finish_reason_hit_ratio``
+    (the finish-reason candidate's alone), each optional."""
     checks.fields(data, where, optional=("hit_ratio_by_horizon_s", "shadow_hits", "hit_ratio_by_output_limit",
-                                         "lru_hit_ratio"))
+                                         "lru_hit_ratio", "finish_reason_hit_ratio"))
     for key in ("hit_ratio_by_horizon_s", "hit_ratio_by_output_limit"):
         ratios = member(where, key)
         for name, ratio in checks.mapping(data.get(key, {}), ratios).items():
             checks.number(ratio, member(ratios, name), high=1.0)
-    if "lru_hit_ratio" in data:
-        checks.number(data["lru_hit_ratio"], member(where, "lru_hit_ratio"), high=1.0)
+    for key in ("lru_hit_ratio", "finish_reason_hit_ratio"):
+        if key in data:
+            checks.number(data[key], member(where, key), high=1.0)
     hits = member(where, "shadow_hits")
     for order, count in checks.mapping(data.get("shadow_hits", {}), hits).items():
         checks.one_of(order, member(hits, order), candidates)

@@ -209,8 +209,9 @@ class ShadowCache(PrefixCache):
         return n_hits
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] = (), n_blocks: int = 0,
-               n_output: int | None = None) -> None:
-        """``request`` finished: its policy is told (``n_output``: the tokens it generated), then its
+               n_output: int | None = None, finish: int | None = None) -> None:
+        """``request`` finished: its policy is told (``n_output``: the tokens it generated, ``finish``: how
+        its response ended, :mod:`kvprof.models.finish`), then its
         slots are freed tail-first (unknown requests are ignored).
 
         With ``contents`` (its whole chain now), the blocks it filled since admission are cached
@@ -223,7 +224,7 @@ class ShadowCache(PrefixCache):
         if slots is None:
             return
         workload = self.workload.pop(request)
-        self.policy.finish(request, now, n_output=n_output)
+        self.policy.finish(request, now, n_output=n_output, finish=finish)
         held = len(slots)
         for depth in range(min(held, len(contents))):
             slot, content = slots[depth], contents[depth]

@@ -15,6 +15,7 @@ from kvprof.models.hp import CANDIDATES
 from kvprof.models.learned import LearnedModel
 from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 from kvprof.policy.classed import ClassedLRUPolicy, _as_list
+from kvprof.policy.finish_reason import FinishReasonLRU
 from kvprof.policy.first_turn import FirstTurnLRU
 from kvprof.policy.learned import LearnedPolicy
 from kvprof.policy.long_output import LongOutputLRU
@@ -26,13 +27,15 @@ from kvprof.policy.shadow import ChainSample, ShadowCache, scaled_size
 ROW_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency")
 #: Candidate policies with a structure of their own, kept in step with the real cache's blocks.
 FOLLOWED_POLICIES: dict[str, type[EvictionPolicy]] = {"s3fifo": S3FIFOPolicy, "learned": LearnedPolicy,
-                                                      "long-output": LongOutputLRU, "first-turn": FirstTurnLRU}
+                                                      "long-output": LongOutputLRU, "first-turn": FirstTurnLRU,
+                                                      "finish-reason": FinishReasonLRU}
 ORDER_NAMES = ROW_ORDERS + tuple(FOLLOWED_POLICIES)
 if set(ORDER_NAMES) != set(CANDIDATES):  # the hp loader checks tuned start orders against CANDIDATES
     raise ImportError(f"wa's candidate orders {ORDER_NAMES} differ from kvprof.models.hp.CANDIDATES {CANDIDATES}")
 #: The candidates by default, the fitted model first: followed until a shadow beats it (a file
 #: tuned for the capacity names the order to start on instead). ``learned`` joins them where the
-#: hp file has a predictor for the capacity, ``long-output`` where it has an output limit.
+#: hp file has a predictor for the capacity, ``long-output`` where it has an output limit,
+#: ``finish-reason`` where its tuning found the trace's finish codes worth following.
 DEFAULT_ORDERS = ("model", "lru", "segmented", "frequency", "strict-frequency", "s3fifo")
 #: The candidates where the fit window's sessions come back soon after a continued request far more often
 #: than after a first one: on Mooncake's three fit windows ``wa`` over these beat its default candidates at
@@ -65,14 +68,16 @@ SHADOW_SAMPLE = 0.1
 SHADOW_SAMPLE_MIN_BLOCKS = 16384
 
 
-def candidate_orders(hp, learned: LearnedModel | None = None, output_limit: float | None = None) -> tuple[str, ...]:
+def candidate_orders(hp, learned: LearnedModel | None = None, output_limit: float | None = None,
+                     finish_reason: bool = False) -> tuple[str, ...]:
     """The candidates ``wa`` runs on ``hp`` (a :class:`~kvprof.models.hp.HpFile`): :data:`FIRST_TURN_ORDERS`
     where its next-turn counts favour them, else :data:`DEFAULT_ORDERS` with ``learned`` where a predictor is
-    given and ``long-output`` where an output limit is."""
+    given, ``long-output`` where an output limit is and ``finish-reason`` where ``finish_reason``."""
     if hp.next_turn is not None and hp.next_turn.favours_first_turn():
         return FIRST_TURN_ORDERS
     return (DEFAULT_ORDERS + (("learned",) if learned is not None else ())
-            + (("long-output",) if output_limit is not None else ()))
+            + (("long-output",) if output_limit is not None else ())
+            + (("finish-reason",) if finish_reason else ()))
 
 
 def default_sample(capacity: int | None) -> float:
@@ -292,7 +297,7 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
         if output_limit is not None:
             kwargs.setdefault("output_limit", output_limit)
         if "orders" not in kwargs:
-            orders = candidate_orders(hp, learned, output_limit)
+            orders = candidate_orders(hp, learned, output_limit, bool(tuned.get("finish_reason")))
             start = tuned.get("start", orders[0])
             if start in orders and orders != FIRST_TURN_ORDERS:  # where the counts decide, first-turn leads
                 orders = (start, *(name for name in orders if name != start))
@@ -446,14 +451,14 @@ class WorkloadAwarePolicy(ClassedLRUPolicy):
             self._unweighed = 0
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
-               n_blocks: int | None = None, n_output: int | None = None) -> None:
+               n_blocks: int | None = None, n_output: int | None = None, finish: int | None = None) -> None:
         """Tell the followed policies (the real cache's free comes next); free the request's slots in
         every shadow (after caching what it filled since admission)."""
         n_blocks = finished_size(contents, n_blocks)
         for policy in self._followed.values():
-            policy.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output)
+            policy.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output, finish=finish)
         for shadow in self._shadows:
-            shadow.finish(request, now, () if contents is None else contents, n_blocks, n_output)
+            shadow.finish(request, now, () if contents is None else contents, n_blocks, n_output, finish)
 
     def _size(self) -> int:
         """The real cache's size in blocks: as given, else the most blocks it has held at once (now included)."""

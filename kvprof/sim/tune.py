@@ -12,7 +12,10 @@ Before those replays, the same part is replayed under the ``long-output`` candid
 window's output lengths, and under LRU: the median's limit, or a quartile's that hit clearly more
 (:data:`LIMIT_LEAD_ERRORS`), becomes the candidate's where it hit more than LRU, and the candidate
 takes part in ``wa``'s replays (its shadow decides, there and in serving, whether ``wa`` follows
-it). With ``learn``, the same part is replayed under Belady at each capacity to train the
+it). Where the window's requests carry finish codes (the trace's ``stop``, :mod:`kvprof.models.finish`)
+and some ended the turn, the part is replayed under the ``finish-reason`` candidate alone too (LRU that
+evicts first the blocks of requests whose response ended the turn), and ``wa`` carries it
+(``finish_reason``) where it hit more than LRU. With ``learn``, the same part is replayed under Belady at each capacity to train the
 ``learned`` candidate's predictor (:mod:`kvprof.sim.learn`), which then takes part as a candidate
 too. The choices go into the hp file's ``tuning`` block; a policy built for a capacity takes the
 entry of the nearest tuned one (:meth:`kvprof.models.hp.HpFile.tuned`).
@@ -39,10 +42,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from kvprof.cells import TIER_EDGES
+from kvprof.models.finish import END_OF_TURN
 from kvprof.models.hp import HpFile
 from kvprof.models.learned import LearnedModel
 from kvprof.parallel import run_tasks
 from kvprof.policy import make_policy
+from kvprof.policy.base import EvictionPolicy
+from kvprof.policy.finish_reason import FinishReasonLRU
 from kvprof.policy.long_output import LongOutputLRU
 from kvprof.policy.lru import LRUPolicy
 from kvprof.policy.wa import FIRST_TURN_ORDERS, candidate_orders
@@ -53,6 +59,8 @@ from kvprof.sim.learn import belady_labels, fit_learned
 from kvprof.sim.sample import Miniature, chain_sample, lost_shares
 from kvprof.sim.workload import Workload, prepare_workload
 
+#: The tuning replays' key of the finish-reason candidate run alone (beside LRU's, None, and each output limit).
+FINISH_REASON = "finish-reason"
 #: Horizons tried, as multiples of the fitted one.
 HORIZON_FACTORS = (0.25, 1.0, 4.0)
 #: The share of the fit window, its end, that the tuning replays.
@@ -139,14 +147,19 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
                            for capacity in capacities], n_jobs=n_jobs, ray=ray))) if learn else {}
     limits = ([float(np.percentile(trace.output_length, q)) for q in OUTPUT_PERCENTILES]
               if trace.n_requests and not first_turn else [])
-    simple = [(capacity, limit) for capacity in capacities for limit in [None, *limits]] if limits else []
-    alone = dict(zip(simple, run_tasks(_replay_simple, workload, [(miniature.capacity(capacity), limit,
-                                                                   miniature.config(config)) for capacity, limit in simple],
+    ends = not first_turn and bool(np.any(trace.finish == END_OF_TURN))  # what finish-reason demotes
+    variants = [*limits, *([FINISH_REASON] if ends else [])]
+    simple = [(capacity, variant) for capacity in capacities for variant in [None, *variants]] if variants else []
+    alone = dict(zip(simple, run_tasks(_replay_alone, workload, [(miniature.capacity(capacity), _alone(variant),
+                                                                  miniature.config(config)) for capacity, variant in simple],
                                        n_jobs=n_jobs, ray=ray)))
     output_limit = {capacity: _best_limit(alone, capacity, limits) for capacity in capacities}
+    finish_reason = {capacity: ends and alone[(capacity, FINISH_REASON)][0] > alone[(capacity, None)][0]
+                     for capacity in capacities}
     tasks = [(capacity, horizon) for capacity in capacities for horizon in horizons]
     replays = run_tasks(_replay, workload, [(judged, miniature.capacity(capacity), horizon, miniature.config(config),
-                                             candidate_orders(hp, learned.get(capacity), output_limit[capacity]),
+                                             candidate_orders(hp, learned.get(capacity), output_limit[capacity],
+                                                              finish_reason[capacity]),
                                              learned.get(capacity), output_limit[capacity])
                                             for capacity, horizon in tasks],
                         n_jobs=n_jobs, ray=ray, progress=progress)
@@ -162,9 +175,12 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
                                                                   key=shadow_hits.get),
             "measured": {"hit_ratio_by_horizon_s": {f"{h:g}": ratio for h, (ratio, _) in tried.items()},
                          "shadow_hits": shadow_hits,
-                         **({"hit_ratio_by_output_limit": {f"{limit:g}": alone[(capacity, limit)][0] for limit in limits},
-                             "lru_hit_ratio": alone[(capacity, None)][0]} if limits else {})},
+                         **({"hit_ratio_by_output_limit": {f"{limit:g}": alone[(capacity, limit)][0] for limit in limits}}
+                            if limits else {}),
+                         **({"lru_hit_ratio": alone[(capacity, None)][0]} if variants else {}),
+                         **({"finish_reason_hit_ratio": alone[(capacity, FINISH_REASON)][0]} if ends else {})},
             **({"long_output_tokens": output_limit[capacity]} if output_limit[capacity] is not None else {}),
+            **({"finish_reason": True} if finish_reason[capacity] else {}),
             **({"learned": learned[capacity]} if learned.get(capacity) is not None else {}),
         })
     return dataclasses.replace(hp, tuning=tuple(entries))
@@ -193,9 +209,16 @@ def _best_limit(alone: dict, capacity: int, limits: list[float]) -> float | None
     return best if alone[(capacity, best)][0] > alone[(capacity, None)][0] else None
 
 
-def _replay_simple(workload: Workload, capacity: int, output_limit: float | None, config: SimConfig) -> tuple[float, int]:
-    """Token hit ratio and hit blocks of the long-output candidate alone at ``output_limit`` (None: of LRU)."""
-    policy = LRUPolicy() if output_limit is None else LongOutputLRU(output_limit)
+def _alone(variant: float | str | None) -> EvictionPolicy:
+    """The policy a tuning replay runs alone: LRU (None), the finish-reason candidate (:data:`FINISH_REASON`)
+    or the long-output candidate at the limit ``variant``."""
+    if variant is None:
+        return LRUPolicy()
+    return FinishReasonLRU() if variant == FINISH_REASON else LongOutputLRU(variant)
+
+
+def _replay_alone(workload: Workload, capacity: int, policy: EvictionPolicy, config: SimConfig) -> tuple[float, int]:
+    """Token hit ratio and hit blocks of ``policy`` (a fresh instance) alone."""
     metrics = simulate(workload, policy, capacity, config)
     return metrics.token_hit_ratio, metrics.hits_device
 
