@@ -64,7 +64,8 @@ def test_a_bad_flag_is_refused_naming_it(argv, message, hp_file, tmp_path):
     ({"mode": 0}, "mode (--kv-policy-mode) must be one of enforce, shadow, got 0"),
     ({"mode": {}}, "mode (--kv-policy-mode) must be one of enforce, shadow, got {}"),
     ({"mode": ""}, "mode (--kv-policy-mode) must be one of enforce, shadow, got ''"),
-    ({"policy": False}, "policy (--kv-policy) must be one of lru, wa, wa-paper, lfu, s3fifo, arc, sieve, first-turn, got False"),
+    ({"policy": False}, "policy (--kv-policy) must be one of lru, wa, wa-paper, lfu, s3fifo, arc, sieve, first-turn, "
+                        "finish-reason, got False"),
     ({"policy": "nope"}, "unknown policy 'nope'; live policies: lru, wa, wa-paper, lfu, s3fifo, arc"),
     ({"log_interval_s": 10 ** 400}, "log_interval_s (--kv-log-interval) must be"),
     ({"log_interval_s": True}, "log_interval_s (--kv-log-interval) must be"),
@@ -168,3 +169,16 @@ def test_the_shared_record_key_is_made_at_start_up_and_handed_to_the_engine_core
     (tmp_path / "bad.key").write_text("not a key")
     with pytest.raises(KvPolicyConfigError, match=r"--kv-record-key .*bad\.key: is not a recording key"):
         share_record_key("bad.key")
+
+
+def test_a_start_refused_for_its_recording_key_leaves_no_recording_directory(tmp_path, monkeypatch):
+    from kvprof.vllm.plugin import check_recording
+    from kvprof.vllm.record import RECORD_KEY_ENV
+
+    monkeypatch.delenv(RECORD_KEY_ENV, raising=False)
+    key = tmp_path / "key"
+    key.write_text("not a key\n")
+    spec = spec_of(policy="lru", record=str(tmp_path / "rec"), record_key=str(key))
+    with pytest.raises(KvPolicyConfigError, match="is not a recording key"):
+        check_recording(spec, 16)
+    assert not (tmp_path / "rec").exists()

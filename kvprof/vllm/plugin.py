@@ -211,9 +211,19 @@ def validate_vllm_config(vllm_config) -> PolicySpec | None:
         if not issubclass(scheduler_cls, Scheduler):
             raise KvPolicyConfigError(f"scheduler class {scheduler_cls!r} is not a vLLM Scheduler subclass")
     if spec.record:
-        check_recording_dir(spec.record, cache_config.block_size)
-        share_record_key(spec.record_key)
+        check_recording(spec, cache_config.block_size)
     return spec
+
+
+def check_recording(spec: PolicySpec, block_size: int) -> None:
+    """The recording's key, then its directory: a start refused for its key leaves no directory behind.
+
+    Raises
+    ------
+    KvPolicyConfigError
+    """
+    share_record_key(spec.record_key)
+    check_recording_dir(spec.record, block_size)
 
 
 def share_record_key(path: str | None) -> None:
