@@ -723,3 +723,39 @@ def test_a_bad_output_limit_is_a_located_error(fitted_v2, tmp_path, edit, where,
     data = _long_output_data(fitted_v2)
     edit(data)
     _assert_located_error(data, tmp_path, where, words)
+
+
+def _finish_reason_data(hp: HpFile) -> dict:
+    """``hp`` tuned for one capacity where ``wa`` carries the finish-reason candidate and starts on it, as JSON."""
+    import dataclasses
+
+    tuned = {"capacity": 512, "horizon_s": 15.0, "start": "finish-reason", "finish_reason": True,
+             "measured": {"lru_hit_ratio": 0.29, "finish_reason_hit_ratio": 0.31}}
+    return dataclasses.replace(hp, tuning=(tuned,)).to_dict()
+
+
+def test_a_version_6_file_that_carries_the_finish_reason_candidate_round_trips_and_adds_it(fitted_v2, tmp_path):
+    from kvprof.policy import make_policy
+
+    data = _finish_reason_data(fitted_v2)
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(data))
+    loaded = load_hp(path)
+    assert loaded.to_dict() == data
+    policy = make_policy("wa", loaded, capacity=500)
+    assert policy.order_names[0] == "finish-reason" and policy.order_name == "finish-reason"
+    assert "finish-reason" not in make_policy("wa", fitted_v2, capacity=500).order_names
+
+
+@pytest.mark.parametrize("edit, where, words", [
+    (lambda d: (d.pop("retention", None), d.update(schema="kvprof.hp/5")), "tuning[0].finish_reason", "unknown key"),
+    (lambda d: d["tuning"][0].update(finish_reason=False), "tuning[0].finish_reason", "leave it out"),
+    (lambda d: d["tuning"][0].update(finish_reason=1), "tuning[0].finish_reason", "true or false"),
+    (lambda d: d["tuning"][0].pop("finish_reason"), "tuning[0].start", "no finish_reason"),
+    (lambda d: d["tuning"][0]["measured"].update(finish_reason_hit_ratio=2.0),
+     "tuning[0].measured.finish_reason_hit_ratio", "from 0 to 1"),
+])
+def test_a_bad_finish_reason_entry_is_a_located_error(fitted_v2, tmp_path, edit, where, words):
+    data = _finish_reason_data(fitted_v2)
+    edit(data)
+    _assert_located_error(data, tmp_path, where, words)
