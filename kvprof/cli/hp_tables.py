@@ -84,17 +84,22 @@ def cells_table(hp, title: str):
 
 def tuning_table(hp, learn_asked: bool = False):
     entries, more = first_rows(list(hp.tuning), "capacities")
+    # the finish-reason column only where the window's requests carried finish codes
+    codes = any("finish_reason_hit_ratio" in entry.get("measured", {}) or "finish_reason" in entry for entry in entries)
     out = table("tuned on the fit window (wa's token hit ratio per horizon H; wa's horizon: the one a server runs "
                 "at that size; start: best shadow; long-output: the candidate's limit in output tokens, and its hit ratio "
-                "alone per limit tried vs LRU's; learned: accesses whose block Belady kept to its next use, and the "
-                "predictor's held-out log-loss vs the base rate's, accuracy)",
+                "alone per limit tried vs LRU's; "
+                + ("finish-reason: carried or off, its hit ratio alone vs LRU's; " if codes else "")
+                + "learned: accesses whose block Belady kept to its next use, and "
+                "the predictor's held-out log-loss vs the base rate's, accuracy)",
                 {"capacity": "right", "hit ratio by H": "left", "wa's horizon (s)": "right", "start": "left",
-                 "long-output": "left", "learned": "left"}, caption=more)
+                 "long-output": "left", **({"finish-reason": "left"} if codes else {}), "learned": "left"}, caption=more)
     first_turn = hp.next_turn is not None and hp.next_turn.favours_first_turn()
     for entry in entries:
         tried = entry.get("measured", {}).get("hit_ratio_by_horizon_s", {})
         out.add_row(f"{entry['capacity']:,}", ", ".join(f"{h} s: {r:.4f}" for h, r in tried.items()),
                     f"{entry['horizon_s']:g}", entry["start"], _long_output_text(entry),
+                    *([_finish_reason_text(entry)] if codes else []),
                     NOT_TRAINED if first_turn and learn_asked else _learned_text(entry.get("learned"), learn_asked))
     return out
 
@@ -109,6 +114,16 @@ def _long_output_text(entry: dict) -> str:
     tried = ", ".join(f"{name}: {ratio:.4f}" for name, ratio in by_limit.items())
     lru = measured.get("lru_hit_ratio")
     return (f"{limit:g} tokens" if limit is not None else "off") + f" ({tried}; lru {fmt(lru, '.4f')})"
+
+
+def _finish_reason_text(entry: dict) -> str:
+    """Whether ``wa`` carries the finish-reason candidate and what the tuning measured of it ("-": not tuned)."""
+    measured = entry.get("measured", {})
+    alone = measured.get("finish_reason_hit_ratio")
+    carried = "carried" if entry.get("finish_reason") else "off"
+    if alone is None:
+        return carried if entry.get("finish_reason") else "-"
+    return f"{carried} ({alone:.4f}; lru {fmt(measured.get('lru_hit_ratio'), '.4f')})"
 
 
 #: Why ``fit --learned`` learned nothing at a capacity (:func:`kvprof.sim.learn.fit_learned`).
