@@ -25,6 +25,7 @@ JSON shapes the renderers read (keys not named are ignored):
 - quality.json: bench_quality.py -o (``run``, ``policies``, ``baselines``, ``cases[].rows[]``, ``targets``;
   with --sample also ``samples[]``, which the ``quality-samples`` block renders).
 - windows.json: bench_windows.py -o (``run``, ``rows[]``).
+- unseen.json: bench_quality.py --unseen -o (as quality.json, on the synthetic traces no rule was chosen on).
 - profiler.json, sim.json, memory.json: bench_profiler.py / bench_sim.py / bench_memory.py -o.
 - fleet.json, fleet-weka.json: bench_fleet.py -o (``run``, ``cases[].rows[]``; weka at more accesses).
 - demo.json: ``record demo`` of ``kvprof demo --json``: ``runs[0].report`` a kvprof.results/1 document.
@@ -536,6 +537,7 @@ BLOCKS = {
     "readme-quality": ("quality.json", render_readme_quality),
     "quality-samples": ("quality.json", render_quality_samples),
     "windows": ("windows.json", render_windows),
+    "unseen": ("unseen.json", render_quality),
     "demo": ("demo.json", render_demo),
     "profiler": ("profiler.json", render_profiler),
     "sim": ("sim.json", render_sim),
