@@ -128,11 +128,12 @@ def tune(hp: HpFile, trace: Trace, capacities: Sequence[int], config: SimConfig 
     end = trace.censor_time
     replayed = trace.time_window(end - (end - trace.first_arrival) * REPLAYED_SHARE, None)
     replayed = chain_sample(replayed if replayed.n_requests else trace, config.sample_rate)
-    judged = _judged(hp, trace, replayed, refit) if not learn else hp
+    first_turn = candidate_orders(hp) == FIRST_TURN_ORDERS  # the file's counts decide, as in serving
+    # first-turn and LRU fit nothing to the window: only the default candidates' model needs judging apart
+    judged = hp if learn or first_turn else _judged(hp, trace, replayed, refit)
     workload = prepare_workload(replayed, judged, config.engine_block_size, config.rate_scale)
     miniature = Miniature.of(replayed, workload, config.sample_rate)
     lost_shares(miniature, workload.blocks_needed(config.cost.decode), workload.prompt_tokens, capacities)
-    first_turn = candidate_orders(hp) == FIRST_TURN_ORDERS  # the file's counts decide, as in serving
     horizons = [hp.horizon] if first_turn else [hp.horizon * factor for factor in HORIZON_FACTORS]
     learn = learn and not first_turn
     n_cells = len(hp.cell_names())
