@@ -1,0 +1,146 @@
+"""What a client tells the server about a request's cache when its response ends: a retention hint.
+
+The anchors agree on the shape (SGLang's ``retention_seconds``, TensorRT-LLM's retention priority and
+duration, LMCache's per-request TTL under a byte budget): keep this request's blocks for a while
+(soft, lapsing when the time passes), with a priority among retained blocks, or release them (the
+session is done). A trace carries hints per request in four optional fields (docs/cli.md):
+
+================  =======  ==========================================================================
+field             default  meaning
+================  =======  ==========================================================================
+``retain_s``      0        seconds to retain the request's blocks after it ends (0: no retention)
+``retain_priority`` 50     0-99: among retained blocks, the lowest priority is evicted first
+``release``       false    the session is done: its blocks are evicted before any other
+``hint_tag``      0        the client (tenant) the retention is charged to, for the hint budget
+================  =======  ==========================================================================
+
+A request without ``retain_s > 0`` and without ``release`` has no hint: its blocks are ordered by the
+policy as always. ``release`` with ``retain_s > 0`` contradicts itself and is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+RETAIN_FIELD, PRIORITY_FIELD, RELEASE_FIELD, TAG_FIELD = "retain_s", "retain_priority", "release", "hint_tag"
+#: The trace fields of a hint, in the order docs list them.
+HINT_FIELDS = (RETAIN_FIELD, PRIORITY_FIELD, RELEASE_FIELD, TAG_FIELD)
+DEFAULT_PRIORITY = 50
+MAX_PRIORITY = 99
+#: The longest retention a hint may ask for (a year: beyond it a number is a mistake, not a retention).
+MAX_RETAIN_S = 365 * 86400.0
+MAX_TAG = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Hint:
+    """One request's hint. Invariant: ``0 <= retain_s <= MAX_RETAIN_S`` (finite),
+    ``0 <= priority <= MAX_PRIORITY``, ``0 <= tag <= MAX_TAG``, not both ``release`` and ``retain_s > 0``."""
+
+    retain_s: float = 0.0
+    priority: int = DEFAULT_PRIORITY
+    release: bool = False
+    tag: int = 0
+
+    def __post_init__(self):
+        for name, value in zip(HINT_FIELDS, (self.retain_s, self.priority, self.release, self.tag)):
+            problem = hint_problem(name, value)
+            if problem is not None:
+                raise ValueError(f"hint field '{name}' {problem[1]}")
+        if self.release and self.retain_s > 0:
+            raise ValueError(f"a hint's {CONTRADICTION}")
+
+    @property
+    def retains(self) -> bool:
+        return self.retain_s > 0
+
+
+#: Why a hint that both releases and retains is refused.
+CONTRADICTION = f"'{RELEASE_FIELD}' and '{RETAIN_FIELD}' > 0 contradict each other (give one)"
+
+
+def hint_problem(name: str, value) -> tuple[str, str] | None:
+    """Why ``value`` cannot be hint field ``name``: ``(kind, message)``, kind ``wrong_type`` or
+    ``bad_value`` (the reader's problem kinds); None where it can (None itself: the field is absent)."""
+    if value is None:
+        return None
+    if name == RELEASE_FIELD:
+        return None if type(value) is bool else ("wrong_type", f"must be true or false, got {_describe(value)}")
+    if name == RETAIN_FIELD:
+        if type(value) not in (int, float):
+            return ("wrong_type", f"must be a number of seconds, got {_describe(value)}")
+        if not (math.isfinite(value) and 0 <= value <= MAX_RETAIN_S):
+            return ("bad_value", f"must be from 0 to {MAX_RETAIN_S:g} seconds, got {value!r}")
+        return None
+    bound = MAX_PRIORITY if name == PRIORITY_FIELD else MAX_TAG
+    if type(value) is not int:
+        return ("wrong_type", f"must be an integer, got {_describe(value)}")
+    if not 0 <= value <= bound:
+        return ("bad_value", f"must be from 0 to {bound}, got {value}")
+    return None
+
+
+def _describe(value) -> str:
+    return f"{type(value).__name__} {value!r:.40}"
+
+
+@dataclass(frozen=True, eq=False)
+class HintColumns:
+    """Every request's hint, column-wise (shape ``(n,)`` each): what a workload carries.
+
+    Invariant: each row is a valid :class:`Hint` (the defaults where a request has none).
+    """
+
+    retain_s: np.ndarray  # float64
+    priority: np.ndarray  # int64
+    release: np.ndarray  # bool
+    tag: np.ndarray  # int64
+
+    @classmethod
+    def empty(cls, n: int) -> HintColumns:
+        """``n`` requests without hints."""
+        return cls(np.zeros(n), np.full(n, DEFAULT_PRIORITY, dtype=np.int64), np.zeros(n, dtype=bool),
+                   np.zeros(n, dtype=np.int64))
+
+    @classmethod
+    def of_extra(cls, extra: dict[str, np.ndarray], n: int) -> HintColumns | None:
+        """The hints of a trace's extra columns (the reader checked each value), None where it has no hint field."""
+        if not any(name in extra for name in HINT_FIELDS):
+            return None
+        empty = cls.empty(n)
+        return cls(*(_column(extra.get(name), getattr(empty, attr)) for name, attr in
+                     zip(HINT_FIELDS, ("retain_s", "priority", "release", "tag"))))
+
+    def to_extra(self) -> dict[str, np.ndarray]:
+        """The trace fields of these hints (what :meth:`of_extra` reads back)."""
+        return {RETAIN_FIELD: self.retain_s, PRIORITY_FIELD: self.priority, RELEASE_FIELD: self.release,
+                TAG_FIELD: self.tag}
+
+    @property
+    def n_hinted(self) -> int:
+        return int(((self.retain_s > 0) | self.release).sum())
+
+    def hints(self) -> list[Hint | None]:
+        """Each request's :class:`Hint`, None where it has none (what a replay tells the policy)."""
+        hinted = (self.retain_s > 0) | self.release
+        out: list[Hint | None] = [None] * len(hinted)
+        cache: dict[tuple, Hint] = {}  # few distinct hints against a row per request
+        for i in np.flatnonzero(hinted).tolist():
+            key = (float(self.retain_s[i]), int(self.priority[i]), bool(self.release[i]), int(self.tag[i]))
+            out[i] = cache.get(key) or cache.setdefault(key, Hint(*key))
+        return out
+
+
+def _column(column: np.ndarray | None, default: np.ndarray) -> np.ndarray:
+    """A hint field's extra column in the default's dtype, the default where a request has no value."""
+    if column is None:
+        return default
+    if column.dtype != object:
+        return column.astype(default.dtype)
+    present = np.array([v is not None for v in column], dtype=bool)
+    out = default.copy()
+    out[present] = np.array(column[present].tolist(), dtype=default.dtype)
+    return out
