@@ -61,6 +61,7 @@ from kvprof.cli.output import print_json, say, show, status, table, task_progres
 from kvprof import results as results_file
 from kvprof.atomic import staged
 from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE
+from kvprof.models.retention import SHARE
 from kvprof.sim.config import (
     COST_BOUNDS,
     TIMINGS,
@@ -74,6 +75,8 @@ from kvprof.sim.config import (
 DEMO_CAPACITIES = tuple(range(1024, 8193, 1024))
 DEFAULT_CAPACITIES = "1024,2048,4096,8192"
 DEMO_POLICIES = ("lru", "wa-paper", "wa", "belady")
+HINT_SOURCES = ("trace", "stop")
+_HINTS = "Client hints (docs/hints.md; replayed on the Python engine)"
 SeedOpt = Annotated[int, number_option("--seed", bound=COUNT, help="Seed of the synthetic trace.")]
 _COST = "Modelled server (default: the published A800 node; see --cost)"
 
@@ -134,6 +137,38 @@ def compare(
         number_option("--seed", bound=COUNT,
                       help="Recorded in results.json; replays are deterministic and draw no random numbers."),
     ] = 0,
+    hints: Annotated[
+        str,
+        typer.Option("--hints", help="Where hints come from: trace (the trace's retain_s/retain_priority/release/"
+                                     "hint_tag fields, docs/cli.md) or stop (what an agent runtime sends from each "
+                                     "response's stop and the hp file's fitted retention). Where there are hints, "
+                                     "each online policy P is replayed also as P+hints, honouring them.",
+                     rich_help_panel=_HINTS),
+    ] = "trace",
+    hint_share: Annotated[
+        float, number_option("--hint-share", bound=SHARE,
+                             help="With --hints stop: the share of a session's returns the retention asked for "
+                                  "catches (one of the hp file's retention shares; default 0.9).",
+                             rich_help_panel=_HINTS),
+    ] = 0.9,
+    hint_end_turn: Annotated[
+        str,
+        typer.Option("--hint-end-turn", help="With --hints stop: what an end of turn sends: release (the session's "
+                                             "blocks go first) or retain (for the end-of-turn retention).",
+                     rich_help_panel=_HINTS),
+    ] = "release",
+    hint_max_fraction: Annotated[
+        Optional[float],
+        number_option("--hint-max-fraction", bound=SHARE,
+                      help="Budget: one hint tag's retained blocks hold at most this share of the cache; beyond "
+                           "it the tag's oldest retention lapses (default: no budget).", rich_help_panel=_HINTS),
+    ] = None,
+    ignore_hints: Annotated[
+        bool,
+        typer.Option("--ignore-hints", help="Replay without hints: no P+hints rows (the rows without them are the "
+                                            "same traffic without hints, what the hints are measured against).",
+                     rich_help_panel=_HINTS),
+    ] = False,
     json_out: JsonOpt = False,
     output: OutputOpt = Path("results"),
     format: FormatOpt = None,
@@ -186,6 +221,7 @@ def compare(
     from kvprof.cli.plots import FILES
 
     names = policy_list(policies)
+    _check_hint_options(hints, hint_end_turn)
     schedule = _schedule(capacity_schedule)
     if timing not in TIMINGS:
         raise typer.BadParameter(f"{timing!r} is not one of {', '.join(TIMINGS)}", param_hint="--timing")
@@ -197,7 +233,7 @@ def compare(
     fit_bounds = parse_window_option(fit_window, "--fit-window")
     eval_bounds = parse_window_option(eval_window, "--eval-window")
     check_format(format)
-    fits = config is None and needs_hp(names)
+    fits = config is None and (needs_hp(names) or (hints == "stop" and not ignore_hints))
     output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ())],
                inputs=[trace_path, config, cost_file])
     recording = recording_of(trace_path)
@@ -238,8 +274,13 @@ def compare(
         hp_input = {"fitted_on_window": fit_window, "path": str(output / FITTED_HP)}
     document_inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit,
                        "seed": seed}
+    evaluated, names, hint_facts = _hinted(evaluated, hp, names, hints, hint_share, hint_end_turn, hint_max_fraction,
+                                           ignore_hints)
+    if hint_facts is not None:
+        document_inputs["hints"] = hint_facts
     _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, document_inputs, fitted,
-                    default_block=block_size is None and recording is None, cost_file=cost_file, ray=ray)
+                    default_block=block_size is None and recording is None, cost_file=cost_file, ray=ray,
+                    hint_max_fraction=hint_max_fraction)
 
 
 @guarded
@@ -273,15 +314,52 @@ def demo(
                         json_out, inputs, hp)
 
 
+def _check_hint_options(hints: str, end_turn: str) -> None:
+    from kvprof.sim.hints import END_TURN_HINTS
+
+    if hints not in HINT_SOURCES:
+        raise typer.BadParameter(f"{hints!r} is not one of {', '.join(HINT_SOURCES)}", param_hint="--hints")
+    if end_turn not in END_TURN_HINTS:
+        raise typer.BadParameter(f"{end_turn!r} is not one of {', '.join(END_TURN_HINTS)}",
+                                 param_hint="--hint-end-turn")
+
+
+def _hinted(trace, hp, names, source, share, end_turn, max_fraction, ignore):
+    """The evaluated trace with the hints to replay, the policies with their ``+hints`` twins (online
+    policies only: an offline yardstick is told the future already), and what results.json records of
+    the hints (None: none replayed)."""
+    from kvprof.policy import POLICIES
+    from kvprof.sim.hints import HINTED, stop_hints, with_hints
+
+    if ignore:
+        return with_hints(trace, None), names, {"source": "ignored"}
+    if source == "stop":
+        try:
+            trace = with_hints(trace, stop_hints(trace, hp, share, end_turn))
+        except SimulationError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--hints") from None
+    if trace.hints is None or not trace.hints.n_hinted:
+        if source == "trace" and max_fraction is not None:
+            warn("--hint-max-fraction: the trace carries no hints (its requests have no retain_s or release), "
+                 "so nothing is replayed with them")
+        return trace, names, None
+    with_twins = tuple(twin for name in names
+                       for twin in ((name,) if POLICIES[name].offline else (name, f"{name}{HINTED}")))
+    facts = {"source": source, "hinted_requests": trace.hints.n_hinted, "max_fraction": max_fraction}
+    if source == "stop":
+        facts.update(share=share, end_turn=end_turn)
+    return trace, with_twins, facts
+
+
 def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs, fitted,
-                    default_block=False, cost_file=None, ray=None) -> None:
+                    default_block=False, cost_file=None, ray=None, hint_max_fraction=None) -> None:
     """Sweep; then the fitted hp file, results.json and the plots, put in place together; print the table."""
     from kvprof.cli.plots import plot_results
     from kvprof.sim.sweep import run_sweep
 
     with task_progress("replaying", len(policies) * len(capacities), json_out) as update:
         results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, ray=ray, inputs=inputs,
-                            progress=update)
+                            progress=update, hint_max_fraction=hint_max_fraction)
     document = results.to_dict()
     with made_dir(output), staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
         if fitted is not None:

@@ -21,7 +21,10 @@ Decisions worth knowing (the README documents them):
 * Types are strict JSON types: integers must be JSON integers (``3.0`` and ``true`` are not),
   timestamps may be integers or floats, ``type`` is a string, ``hash_ids`` a list of integers.
   ``stop`` (how the response ended, :mod:`kvprof.models.finish`) is a string or null where a line
-  has it; it stays in ``Trace.extra`` and ``Trace.finish`` codes it per request.
+  has it; it stays in ``Trace.extra`` and ``Trace.finish`` codes it per request. The hint fields
+  (``retain_s``, ``retain_priority``, ``release``, ``hint_tag``: :mod:`kvprof.models.hints`) are checked
+  where a line has them (type and range, ``wrong_type``/``bad_value`` of that field) and read by
+  ``Trace.hints``.
   A key repeated in a line is a ``malformed_json`` error of that line (the decoder would keep the
   last value silently); lines are checked for it only when they hold more colons than keys.
 * Values: timestamps finite, >= 0 and below 2**43 seconds (beyond it a float no longer holds a

@@ -4,7 +4,7 @@ Each line is decoded by orjson, or by :func:`json.loads` where the two could dif
 :func:`_fast_decode`: a line orjson refuses, a number beyond 64 bits, and any line the checks
 refuse, so errors and values are json's). A record is checked for what needs it (an object, no
 repeated key, the format's required fields with strict JSON types, ``stop`` a string where given,
-one format per file) and its scalars go to per-column buffers (:class:`Rows`), its hash ids to one
+the hint fields of :mod:`kvprof.models.hints` where given, one format per file) and its scalars go to per-column buffers (:class:`Rows`), its hash ids to one
 growing int64 buffer, so no list of records is ever kept. Checks on values run later, vectorised (:mod:`kvprof.profiler.value_checks`).
 """
 
@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from kvprof.models.finish import FINISH_FIELD
+from kvprof.models.hints import CONTRADICTION, HINT_FIELDS, RELEASE_FIELD, RETAIN_FIELD, hint_problem
 
 #: Fields each format requires, with the JSON types they may have.
 _INT, _NUMBER, _STR, _INT_LIST = "an integer", "a number", "a string", "a list of integers"
@@ -122,6 +123,10 @@ class Rows:
         if finish is not None and type(finish) is not str:
             return Problem("wrong_type", line_no, FINISH_FIELD, f"must be a string (how the response ended: "
                                                                 f"tool_use, end_turn, ...) or null, got {_describe(finish)}")
+        if len(record) > len(self.required):
+            problem = _hint_problem(line_no, record)
+            if problem is not None:
+                return problem
         n_ints, n_times = len(self.ints), len(self.timestamp)
         try:
             self.ints.extend(ints)
@@ -228,6 +233,17 @@ class Rows:
 
 
 _MISSING = object()
+
+
+def _hint_problem(line_no: int, record: dict) -> Problem | None:
+    """The first of the record's hint fields (:mod:`kvprof.models.hints`) that is not a valid value."""
+    for name in HINT_FIELDS:
+        problem = hint_problem(name, record.get(name))
+        if problem is not None:
+            return Problem(problem[0], line_no, name, problem[1])
+    if record.get(RELEASE_FIELD) and (record.get(RETAIN_FIELD) or 0) > 0:
+        return Problem("bad_value", line_no, RELEASE_FIELD, CONTRADICTION)
+    return None
 
 
 def _describe(value) -> str:

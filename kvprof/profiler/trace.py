@@ -14,6 +14,7 @@ import numpy as np
 
 from kvprof.limits import WINDOW_SECONDS
 from kvprof.models.finish import FINISH_FIELD, finish_codes
+from kvprof.models.hints import HintColumns
 
 #: Trace formats kvprof reads, with their native block size in tokens.
 FORMAT_BLOCK_SIZE = {"bailian": 16, "mooncake": 512}
@@ -106,6 +107,12 @@ class Trace:
         """How each request's response ended (int8, shape (n,)): the codes of :mod:`kvprof.models.finish`
         (1 tool call, 2 end of turn, 3 other, 0 not known), from the ``stop`` field of ``extra``."""
         return finish_codes(self.extra.get(FINISH_FIELD), self.n_requests)
+
+    @cached_property
+    def hints(self) -> HintColumns | None:
+        """Each request's client hint (retain, release, priority, tag: :mod:`kvprof.models.hints`), from the
+        hint fields of ``extra``; None where the trace has none."""
+        return HintColumns.of_extra(self.extra, self.n_requests)
 
     def blocks_of(self, i: int) -> np.ndarray:
         """Hash ids of request ``i``."""

@@ -146,6 +146,7 @@ class Replay:
         self.output = workload.output_tokens.tolist()
         self.finish = workload.finish.tolist()
         self.tells_finish = _takes_finish(gpu.policy)
+        self.hints = _hints_for(gpu.policy, workload)
         self.held: dict[int, list[int]] = {}
 
     def over(self, gpu: PrefixCache) -> Replay:
@@ -154,6 +155,7 @@ class Replay:
         replica = copy.copy(self)
         replica.gpu, replica.host, replica.held = gpu, None, {}
         replica.tells_finish = _takes_finish(gpu.policy)
+        replica.hints = _hints_for(gpu.policy, self.w)
         return replica
 
     def admit(self, r: int, now: float) -> tuple[int, int] | None:
@@ -191,10 +193,10 @@ class Replay:
             self.host.store(self.blocks, self.next_use, start, range(stop - start), now, self.host_classes[r])
 
     def release(self, r: int, now: float) -> None:
-        if self.tells_finish:
-            self.gpu.policy.finish(r, now, n_output=self.output[r], finish=self.finish[r] or None)
-        else:
-            self.gpu.policy.finish(r, now, n_output=self.output[r])
+        told = {"finish": self.finish[r] or None} if self.tells_finish else {}
+        if self.hints is not None:
+            told["hint"] = self.hints[r]
+        self.gpu.policy.finish(r, now, n_output=self.output[r], **told)
         self.gpu.release(self.held.pop(r), now)
         if self.observer:
             self.observer(self.gpu, self.host)
@@ -304,6 +306,14 @@ def _takes_finish(policy: EvictionPolicy) -> bool:
     keyword (written before it, or a wrapper passing on what it is told) is told no code and runs as
     before."""
     return "finish" in inspect.signature(policy.finish).parameters
+
+
+def _hints_for(policy: EvictionPolicy, workload: Workload) -> list | None:
+    """Each request's hint (None: none) where the policy takes hints (``finish``'s ``hint``) and the
+    workload carries them; None otherwise (nothing is told)."""
+    if workload.hints is None or "hint" not in inspect.signature(policy.finish).parameters:
+        return None
+    return workload.hints.hints()
 
 
 class Arrivals:

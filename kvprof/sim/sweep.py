@@ -20,6 +20,7 @@ from kvprof.policy import make_policy
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig, SimulationError, check_memory
 from kvprof.sim.engine import simulate
+from kvprof.sim.hints import base_name, make_hinted_policy
 from kvprof.sim.metrics import RunMetrics
 from kvprof.sim.sample import Miniature, chain_sample, lost_shares, sample_facts
 from kvprof.sim.workload import Workload, prepare_workload
@@ -93,6 +94,7 @@ def run_sweep(
     ray: str | None = None,
     progress: Progress | None = None,
     inputs: dict | None = None,
+    hint_max_fraction: float | None = None,
 ) -> Results:
     """Replay ``trace`` under every policy at every capacity.
 
@@ -103,7 +105,8 @@ def run_sweep(
     hp : HpFile or None
         Classes for the workload and parameters for the policies that need them.
     policies : sequence of str
-        ``make_policy`` names, e.g. ``["lru", "wa", "belady"]``.
+        ``make_policy`` names, e.g. ``["lru", "wa", "belady"]``; ``<name>+hints`` replays ``name``
+        honouring the trace's hints (:mod:`kvprof.sim.hints`, on the Python engine).
     capacities : sequence of int
         GPU capacities in engine blocks; with ``config.capacity_schedule`` pass one (its start).
     config : SimConfig
@@ -117,6 +120,9 @@ def run_sweep(
         ``progress(done, total)`` after each run.
     inputs : dict or None
         Provenance to record (trace file, hp file ...); trace facts are added.
+    hint_max_fraction : float or None
+        The hinted policies' budget: a tag's retained blocks hold at most this share of the cache
+        (None: no budget).
 
     Returns
     -------
@@ -140,7 +146,7 @@ def run_sweep(
         raise SimulationError(f"capacities must be > 0 blocks, got {', '.join(map(str, capacities))}")
     if config.capacity_schedule and capacities != (config.capacity_schedule[0][1],):
         raise SimulationError("with a capacity schedule, sweep the one capacity the schedule starts with")
-    for name in {*policies, config.cpu_policy}:
+    for name in {*map(base_name, policies), config.cpu_policy}:
         try:
             make_policy(name, hp)  # fail here, once, rather than in every worker
         except ValueError as exc:
@@ -156,8 +162,8 @@ def run_sweep(
                        [*capacities, *(c for _, c in config.capacity_schedule)])
     # Slow policies first, LRU (the cheapest) last, so no worker is left with a long run alone.
     schedule = sorted(range(len(tasks)), key=lambda i: tasks[i][0] == BASELINE)
-    outputs = run_tasks(_run_one, workload, [(hp, *tasks[i], config, miniature) for i in schedule], n_jobs=n_jobs,
-                        ray=ray, progress=progress)
+    outputs = run_tasks(_run_one, workload, [(hp, *tasks[i], config, miniature, hint_max_fraction) for i in schedule],
+                        n_jobs=n_jobs, ray=ray, progress=progress)
     runs = [None] * len(tasks)
     for i, metrics in zip(schedule, outputs):
         runs[i] = metrics
@@ -185,12 +191,14 @@ def run_sweep(
 
 
 def _run_one(workload: Workload, hp, policy: str, capacity: int, config: SimConfig,
-             miniature: Miniature = Miniature()) -> RunMetrics:
+             miniature: Miniature = Miniature(), hint_max_fraction: float | None = None) -> RunMetrics:
     """One replay; of a sample, at caches scaled to it, labelled ``capacity`` and with policies
-    built for the full sizes (their tuning's)."""
+    built for the full sizes (their tuning's; a hint budget is a share of the cache replayed)."""
     host = make_policy(config.cpu_policy, hp, config.cpu_capacity) if config.cpu_capacity else None
-    metrics = simulate(workload, make_policy(policy, hp, capacity), miniature.capacity(capacity),
-                       miniature.config(config), host_policy=host)
+    replayed = miniature.capacity(capacity)
+    budget = None if hint_max_fraction is None else int(hint_max_fraction * replayed)
+    metrics = simulate(workload, make_hinted_policy(policy, hp, capacity, budget), replayed, miniature.config(config),
+                       host_policy=host)
     return dataclasses.replace(metrics, capacity=capacity)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from kvprof.models.hints import HintColumns
 from kvprof.profiler.classes import classify_trace
 from kvprof.profiler.cells import cells_of_trace
 from kvprof.profiler.reuse import next_access
@@ -74,6 +75,9 @@ class Workload:
         Where ``timing`` is None, why (no recorded times, another block size or rate, bad values).
     timing_error : bool
         Whether that is bad recorded values (an error wherever recorded timing would run).
+    hints : HintColumns or None
+        Each request's client hint (:attr:`Trace.hints`), None where the trace has none; a replay
+        tells them to a policy that takes them (:class:`~kvprof.policy.hinted.HintedPolicy`).
     """
 
     arrival: np.ndarray
@@ -95,6 +99,7 @@ class Workload:
     timing: RecordedTiming | None = None
     timing_problem: str | None = None
     timing_error: bool = False
+    hints: HintColumns | None = None
 
     @property
     def n_requests(self) -> int:
@@ -197,6 +202,7 @@ def prepare_workload(trace: Trace, hp=None, engine_block_size: int = 128, rate_s
         engine_block_size=engine_block_size,
         duration=trace.duration / rate_scale,
         rate_scale=rate_scale,
+        hints=trace.hints,
     )
     # The recorded times are the server's: only at its own block size and speed do they apply.
     problem = timing_absent(trace, engine_block_size, rate_scale)

@@ -1,0 +1,95 @@
+"""Hints to replay: the trace's own, or those an agent runtime would send from how each response ended.
+
+A replay honours hints through :class:`~kvprof.policy.hinted.HintedPolicy` over a base policy (named
+``<base>+hints``), told each request's hint from the workload (:attr:`Workload.hints`). Only the
+Python engine tells hints: the compiled engine and the vLLM plugin do not honour them yet.
+
+``stop`` hints (:func:`stop_hints`) are what a runtime knows when a response arrives (weka's ``stop``,
+:mod:`kvprof.models.finish`): after a tool call it asks to retain the session's blocks for the fitted
+retention (``hp.retention``, :mod:`kvprof.models.retention`: the wait that catches a share of the
+returns, for the request's class); after an end of turn it releases them, or retains them for that
+kind's own figure (``end_turn="retain"``); other requests send no hint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from kvprof.models.finish import END_OF_TURN, TOOL_CALL
+from kvprof.models.hints import HINT_FIELDS, HintColumns
+from kvprof.policy import make_policy
+from kvprof.policy.base import EvictionPolicy
+from kvprof.policy.hinted import HintedPolicy
+from kvprof.profiler.classes import classify_trace
+from kvprof.profiler.trace import Trace
+from kvprof.sim.config import SimulationError
+
+#: The suffix of a policy name replayed with hints (``lru+hints``).
+HINTED = "+hints"
+#: What an end of turn sends as a ``stop`` hint.
+END_TURN_HINTS = ("release", "retain")
+
+
+def is_hinted(name: str) -> bool:
+    return name.endswith(HINTED)
+
+
+def base_name(name: str) -> str:
+    """The base policy of a (possibly hinted) policy name."""
+    return name[: -len(HINTED)] if is_hinted(name) else name
+
+
+def make_hinted_policy(name: str, hp, capacity: int, budget_blocks: int | None = None) -> EvictionPolicy:
+    """``make_policy(name)``, or for ``<base>+hints`` the hint layer over ``base`` with a budget of
+    ``budget_blocks`` retained blocks per tag (None: no budget)."""
+    base = make_policy(base_name(name), hp, capacity)
+    return HintedPolicy(base, budget_blocks=budget_blocks) if is_hinted(name) else base
+
+
+def with_hints(trace: Trace, hints: HintColumns | None) -> Trace:
+    """The trace with ``hints`` as its hint fields (None: without any)."""
+    extra = {name: column for name, column in trace.extra.items() if name not in HINT_FIELDS}
+    if hints is not None:
+        extra.update(hints.to_extra())
+    return dataclasses.replace(trace, extra=extra)
+
+
+def stop_hints(trace: Trace, hp, share: float = 0.9, end_turn: str = "release") -> HintColumns:
+    """The hints a runtime sends from each request's ``stop`` and the hp file's fitted retention.
+
+    Raises
+    ------
+    SimulationError
+        A trace without ``stop``, an hp file without ``retention`` or without ``share`` among its
+        shares, or an ``end_turn`` other than those of :data:`END_TURN_HINTS`.
+    """
+    if end_turn not in END_TURN_HINTS:
+        raise SimulationError(f"an end of turn sends one of {', '.join(END_TURN_HINTS)}, not {end_turn!r}")
+    finish = trace.finish
+    if not (finish != 0).any():
+        raise SimulationError("stop hints need the trace's 'stop' field (how each response ended); it has none")
+    retention = getattr(hp, "retention", None)
+    if retention is None:
+        raise SimulationError("stop hints need the hp file's retention figures (kvprof fit on a trace whose "
+                              "requests name their parents)")
+    if share not in retention.shares:
+        raise SimulationError(f"the hp file has retention for shares {', '.join(f'{s:g}' for s in retention.shares)}"
+                              f", not {share:g}")
+    at = retention.shares.index(share)
+    codes, names = classify_trace(trace, hp.class_rule)
+    columns = HintColumns.empty(trace.n_requests)
+    kinds = [("tool_call", TOOL_CALL)] + ([("end_turn", END_OF_TURN)] if end_turn == "retain" else [])
+    for kind, code in kinds:
+        per_class = np.array([_seconds(retention.row(name, kind), at) for name in names])
+        chosen = finish == code
+        columns.retain_s[chosen] = per_class[codes[chosen]]
+    if end_turn == "release":
+        columns.release[finish == END_OF_TURN] = True
+    return columns
+
+
+def _seconds(row, at: int) -> float:
+    """A row's retention at share index ``at`` (0: no row, or nothing returned)."""
+    return 0.0 if row is None or row.seconds[at] is None else float(row.seconds[at])

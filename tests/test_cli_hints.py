@@ -1,0 +1,147 @@
+"""Client hints end to end: trace fields read and checked, ``compare`` replaying them, stop hints."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kvprof.models.hints import Hint
+from kvprof.profiler.reader import read_trace
+from kvprof.profiler.synth import generate, write_jsonl
+from tests.helpers import invoke, one_line
+
+WINDOWS = ("--fit-window", "0:360", "--eval-window", "360:", "-j", "1")
+
+
+def _records(seed: int = 5) -> list[dict]:
+    return list(generate("bailian-a", 0.2, seed))
+
+
+@pytest.fixture(scope="module")
+def hinted_trace(tmp_path_factory):
+    """A small trace whose requests carry hints: every third retains for 30 s (tag 1, priority 70),
+    every fifth releases, the rest none."""
+    records = _records()
+    for i, record in enumerate(records):
+        if i % 3 == 0:
+            record.update(retain_s=30.0, retain_priority=70, hint_tag=1)
+        elif i % 5 == 0:
+            record["release"] = True
+    path = tmp_path_factory.mktemp("hints") / "hinted.jsonl"
+    write_jsonl(path, records)
+    return path
+
+
+def test_the_reader_keeps_each_requests_hint(hinted_trace):
+    trace = read_trace(hinted_trace)[0]
+    hints = trace.hints.hints()
+    assert hints[0] == Hint(30.0, 70, False, 1)
+    assert hints[5] == Hint(release=True)
+    assert hints[1] is None
+    assert trace.hints.n_hinted == sum(1 for i in range(trace.n_requests) if i % 3 == 0 or i % 5 == 0)
+    assert read_trace(hinted_trace)[0].select(np.array([0, 1])).hints.hints() == hints[:2]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("retain_s", -1, "retain_s': must be from 0"),
+    ("retain_s", "10", "retain_s': must be a number of seconds, got str"),
+    ("retain_priority", 100, "retain_priority': must be from 0 to 99, got 100"),
+    ("retain_priority", 5.0, "retain_priority': must be an integer, got float"),
+    ("release", 1, "release': must be true or false, got int"),
+    ("hint_tag", -2, "hint_tag': must be from 0"),
+])
+def test_a_bad_hint_field_is_an_error_naming_file_line_and_field(tmp_path, field, value, message):
+    records = _records()[:8]
+    records[4][field] = value
+    path = tmp_path / "bad.jsonl"
+    write_jsonl(path, records)
+    result = invoke("compare", path, "--policies", "lru", "--capacity", "64", "-o", tmp_path / "out", "-j", "1")
+    assert result.exit_code != 0
+    assert f"bad.jsonl, line 5, field '{message}" in one_line(result.output)
+    assert not (tmp_path / "out").exists()
+
+
+def test_release_and_retain_together_are_refused(tmp_path):
+    records = _records()[:8]
+    records[2].update(release=True, retain_s=5)
+    path = tmp_path / "both.jsonl"
+    write_jsonl(path, records)
+    result = invoke("compare", path, "--policies", "lru", "--capacity", "64", "-o", tmp_path / "out", "-j", "1")
+    assert result.exit_code != 0 and "line 3, field 'release'" in one_line(result.output)
+    assert "contradict" in result.output
+
+
+def test_compare_replays_trace_hints_beside_the_same_traffic_without_them(hinted_trace, tmp_path):
+    out = tmp_path / "out"
+    result = invoke("compare", hinted_trace, "--policies", "lru,belady", "--capacity", "64,256", "-o", out,
+                    "--hint-max-fraction", "0.5", *WINDOWS)
+    assert result.exit_code == 0, result.output
+    document = json.loads((out / "results.json").read_text())
+    assert document["config"]["policies"] == ["lru", "lru+hints", "belady"]
+    assert document["inputs"]["hints"]["source"] == "trace"
+    assert document["inputs"]["hints"]["max_fraction"] == 0.5
+    ratios = {(run["policy"], run["capacity"]): run["token_hit_ratio"] for run in document["runs"]}
+    assert any(ratios[("lru+hints", c)] != ratios[("lru", c)] for c in (64, 256))  # the hints changed something
+    assert "lru+hints" in result.stdout
+
+    ignored = invoke("compare", hinted_trace, "--policies", "lru,belady", "--capacity", "64,256", "-o",
+                     tmp_path / "ignored", "--ignore-hints", *WINDOWS)
+    assert ignored.exit_code == 0, ignored.output
+    plain = json.loads((tmp_path / "ignored" / "results.json").read_text())
+    assert plain["config"]["policies"] == ["lru", "belady"]
+    assert {(r["policy"], r["capacity"]): r["token_hit_ratio"] for r in plain["runs"]}[("lru", 64)] == ratios[("lru", 64)]
+
+
+def test_a_trace_without_hints_replays_as_before(tmp_path):
+    path = tmp_path / "plain.jsonl"
+    write_jsonl(path, _records())
+    result = invoke("compare", path, "--policies", "lru", "--capacity", "64", "-o", tmp_path / "out", *WINDOWS)
+    assert result.exit_code == 0, result.output
+    document = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert document["config"]["policies"] == ["lru"] and "hints" not in document["inputs"]
+
+
+def _stopped(tmp_path):
+    """The small trace with a ``stop`` per request: a tool call where the session goes on, else an end of turn."""
+    records = _records()
+    parents = {r["parent_chat_id"] for r in records}
+    for record in records:
+        record["stop"] = "tool_use" if record["chat_id"] in parents else "end_turn"
+    path = tmp_path / "stopped.jsonl"
+    write_jsonl(path, records)
+    return path
+
+
+def test_stop_hints_from_the_fitted_retention(tmp_path):
+    path = _stopped(tmp_path)
+    out = tmp_path / "out"
+    result = invoke("compare", path, "--policies", "lru,belady", "--capacity", "64,256", "-o", out, "--hints", "stop",
+                    "--hint-end-turn", "retain", *WINDOWS)
+    assert result.exit_code == 0, result.output
+    document = json.loads((out / "results.json").read_text())
+    assert document["inputs"]["hints"] == {"source": "stop", "hinted_requests": document["inputs"]["hints"]["hinted_requests"],
+                                           "max_fraction": None, "share": 0.9, "end_turn": "retain"}
+    assert document["inputs"]["hints"]["hinted_requests"] > 0
+    assert "lru+hints" in document["config"]["policies"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--hints", "stop"), "stop hints need the trace's 'stop' field"),
+    (("--hints", "nope"), "'nope' is not one of trace, stop"),
+    (("--hints", "stop", "--hint-end-turn", "keep"), "'keep' is not one of release, retain"),
+    (("--hint-max-fraction", "1.5"), "--hint-max-fraction"),
+    (("--hints", "stop", "--hint-share", "0.8"), "not 0.8"),
+])
+def test_bad_hint_options_exit_2_naming_them(tmp_path, args, message):
+    path = tmp_path / "plain.jsonl"
+    records = _records()
+    if "--hint-share" in args:
+        path = _stopped(tmp_path)
+    else:
+        write_jsonl(path, records)
+    result = invoke("compare", path, "--policies", "lru", "--capacity", "64", "-o", tmp_path / "out", *args, *WINDOWS)
+    assert result.exit_code == 2, result.output
+    assert message in one_line(result.output)
+
