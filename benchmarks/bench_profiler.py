@@ -15,6 +15,10 @@ numba's cached code and peak RSS (the child's own) are counted as a user's run c
    candidate adds to ``kvprof fit --capacity`` (target <= 2 s): the tuning with and without it
    (``tune(learn=...)``, the Belady replays that label the frees, the regression, and the learned
    shadow in every tuning replay), side by side in one child, alternating, best of ``--repeat``.
+5. With ``--sharded-hours`` (24 by default; 0 skips it): ``kvprof fit --sharded --window :`` of a
+   bailian-b trace that long, beside ``kvprof fit --window :`` of its first hour in memory, each in
+   a fresh process: peak RSS and CPU per block access (targets: peak RSS < 4 GB; CPU per access
+   <= 1.3x the in-memory fit's).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ mark("imports")
 trace, _ = read_trace(sys.argv[1])
 mark("read")
 fitted = trace.time_window(0, 3600)
-hp = fit_trace(fitted, holdout=_holdout(trace, fitted))
+hp = fit_trace(fitted, holdout=_holdout(trace, fitted)[0])
 mark("fit")
 hp.save(sys.argv[2])
 mark("write")
@@ -63,14 +67,14 @@ from kvprof.sim.config import SimConfig
 from kvprof.sim.tune import tune
 trace, _ = read_trace(sys.argv[1])
 fitted = trace.time_window(0, 3600)
-hp = fit_trace(fitted, holdout=_holdout(trace, fitted))
+hp = fit_trace(fitted, holdout=_holdout(trace, fitted)[0])
 capacities = [int(c) for c in sys.argv[2].split(",")]
 tune(hp, fitted, capacities[:1], SimConfig(), refit=fit_trace)  # numba's cache warm
 walls = {False: [], True: []}
 for _ in range(int(sys.argv[3])):
     for learn in (False, True):
         start = time.perf_counter()
-        tune(hp, fitted, capacities, SimConfig(), learn=learn, holdout=_holdout(trace, fitted), refit=fit_trace)
+        tune(hp, fitted, capacities, SimConfig(), learn=learn, holdout=_holdout(trace, fitted)[0], refit=fit_trace)
         walls[learn].append(time.perf_counter() - start)
 print(json.dumps({"without": walls[False], "with": walls[True]}))
 """
@@ -86,16 +90,36 @@ def child_env() -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
-def kvprof_fit(path: Path, out: Path) -> dict:
-    """``kvprof fit`` as a user runs it, timed from outside; peak RSS from the kernel's accounting."""
+def kvprof_fit(path: Path, out: Path, *options: str) -> dict:
+    """``kvprof fit`` as a user runs it, timed from outside; peak RSS and CPU time (user + system) from the
+    kernel's accounting."""
     command = [sys.executable, "-c", "import sys; from kvprof.cli.app import main; sys.argv[0] = 'kvprof'; main()",
-               "fit", str(path), "-o", str(out)]
+               "fit", str(path), *options, "-o", str(out)]
     start = time.perf_counter()
-    done = subprocess.run(["/usr/bin/time", "-f", "%M", *command], capture_output=True, text=True, env=child_env())
+    done = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", *command], capture_output=True, text=True,
+                          env=child_env())
     wall = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f"kvprof fit failed:\n{done.stderr}")
-    return {"wall_s": wall, "peak_rss_mb": int(done.stderr.strip().splitlines()[-1]) / 1024}
+    peak_kb, user, system = done.stderr.strip().splitlines()[-1].split()
+    return {"wall_s": wall, "peak_rss_mb": int(peak_kb) / 1024, "cpu_s": float(user) + float(system)}
+
+
+def sharded_fit(hours: float, seed: int, scratch: Path) -> list[dict]:
+    """``kvprof fit --sharded`` of ``hours`` of bailian-b, and the in-memory fit of its first hour: each one's
+    size, peak RSS and CPU time, from a fresh process."""
+    from kvprof.profiler.synth import generate, write_jsonl
+
+    rows = []
+    for span, options in ((1.0, ()), (hours, ("--sharded",))):
+        path, out = scratch / f"bailian-b-{span:g}h.jsonl.zst", scratch / "sharded-hp.json"
+        write_jsonl(path, generate("bailian-b", span, seed))
+        measured = kvprof_fit(path, out, *options, "--window", ":")
+        fitted = json.loads(out.read_text())["provenance"]
+        rows.append({"hours": span, "sharded": bool(options), "requests": fitted["n_requests"],
+                     "block_accesses": fitted["n_block_accesses"], **measured})
+        path.unlink()
+    return rows
 
 
 def steps(path: Path, out: Path) -> dict:
@@ -111,6 +135,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--capacity", default="256,1024,4096,16384",
                         help="capacities of the tuning measured with and without the learned candidate ('': skip it)")
+    parser.add_argument("--sharded-hours", type=float, default=24.0,
+                        help="hours of bailian-b fitted with --sharded beside one hour in memory (0: skip it)")
     parser.add_argument("-o", "--output", type=Path, help="also write the figures as JSON (benchmarks/render_results.py "
                                                           "renders them)")
     args = parser.parse_args()
@@ -128,6 +154,7 @@ def main() -> None:
         runs = [kvprof_fit(path, out) for _ in range(args.repeat)]
         parts = [steps(path, out) for _ in range(args.repeat)]
         tuned = tuning(path, args.capacity, args.repeat) if args.capacity else None
+        sharded = sharded_fit(args.sharded_hours, args.seed, Path(tmp)) if args.sharded_hours else None
 
     best = min(runs, key=lambda r: r["wall_s"])
     part = min(parts, key=lambda r: sum(w for w, _ in r["steps"].values()))
@@ -148,6 +175,14 @@ def main() -> None:
         print(f"fit --capacity {args.capacity}: tuning {without:.2f} s without the learned candidate, "
               f"{with_learned:.2f} s with it (best of {args.repeat}): it adds {added:.2f} s [target <= 2 s: "
               f"{'met' if added <= 2 else 'MISSED'}]")
+    if sharded:
+        memory, spilled = sharded
+        per_access = [row["cpu_s"] / row["block_accesses"] * 1e6 for row in sharded]
+        print(f"fit --sharded of {spilled['hours']:g} h bailian-b seed {args.seed} ({spilled['block_accesses']:,} block "
+              f"accesses): peak RSS {spilled['peak_rss_mb'] / 1024:.2f} GB [target < 4 GB: "
+              f"{'met' if spilled['peak_rss_mb'] < 4096 else 'MISSED'}], {per_access[1]:.2f} us of CPU per access "
+              f"against {per_access[0]:.2f} us for {memory['hours']:g} h in memory [target <= 1.3x: "
+              f"{'met' if per_access[1] <= 1.3 * per_access[0] else 'MISSED'}]")
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     if args.output:
         document = {
@@ -160,6 +195,7 @@ def main() -> None:
             "read_block_ids_per_s": ids_per_s, "read_peak_rss_mb": part["peak_rss_mb"],
             "tuning": None if not tuned else {"capacities": args.capacity, "without_s": min(tuned["without"]),
                                               "with_learned_s": min(tuned["with"])},
+            "sharded": None if not sharded else {"preset": "bailian-b", "seed": args.seed, "fits": sharded},
             "load_average_at_end": os.getloadavg()[0],
         }
         atomic_write_text(args.output, json.dumps(document, indent=2) + "\n")
