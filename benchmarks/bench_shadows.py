@@ -13,6 +13,9 @@ evaluation window once per candidate order with wa following that candidate thro
   counterfactual the safety net decides on; the table gives the one farthest from real.
 
 Errors are absolute, in token hit ratio. The issue's target: within 0.5 %.
+
+The JSON (``-o``; benchmarks/render_results.py renders it) holds the run's provenance
+(benchmarks/provenance.py), one row per trace, capacity and candidate as above, and the wall time.
 """
 
 from __future__ import annotations
@@ -67,9 +70,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=-1, help="joblib workers (-1: all cores)")
     parser.add_argument("--traces", help="comma-separated case names to run (default: all)")
-    parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "shadows.json")
+    parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "shadows.json",
+                        help="the rows as JSON with the run's provenance (benchmarks/results/shadows.json is the "
+                             "one docs/results.md renders)")
     args = parser.parse_args()
-    rows = []
+    from provenance import facts  # beside this script
+
+    run, rows = facts(), []
     started = time.perf_counter()
     for case, trace in chosen_traces(args.traces):
         rows += run_case(case, trace, args.jobs)
@@ -85,7 +92,7 @@ def main() -> int:
     cross = [abs(v - row["real"]) for row in rows for v in row["in_others_runs"].values()]
     print(f"\nlargest error: own shadow {own:.4f}; in the others' runs {max(cross):.4f} "
           f"(mean {sum(cross) / len(cross):.4f}, {sum(e <= 0.005 for e in cross) / len(cross):.0%} within 0.005)")
-    atomic_write_text(args.output, json.dumps({"rows": rows, "wall_s": time.perf_counter() - started}, indent=1) + "\n")
+    atomic_write_text(args.output, json.dumps({"run": run, "rows": rows, "wall_s": time.perf_counter() - started}, indent=1) + "\n")
     return 0
 
 
