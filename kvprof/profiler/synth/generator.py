@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvprof.profiler.synth.hints import HintSpec, future_hints, hint_fields
 from kvprof.profiler.synth.presets import BLOCK_SIZE, PRESETS, SynthPreset, TypeProfile
 
 #: Decimal places kept on timestamps (microseconds; ties between a parent and its child are
@@ -125,8 +126,10 @@ def _plan_type(
     return plan.prefix_of_sessions((timestamp < duration) & (input_length <= max_input_tokens))
 
 
-def emit(plan: Plan, type_names: tuple[str, ...], first_fresh_id: int, rng) -> Iterator[dict]:
-    """Stream the plan's requests as Bailian records, in timestamp order."""
+def emit(plan: Plan, type_names: tuple[str, ...], first_fresh_id: int, rng, hints: HintSpec | None = None,
+         hint_rng=None) -> Iterator[dict]:
+    """Stream the plan's requests as Bailian records, in timestamp order; with ``hints``, each with
+    the hint fields :func:`~kvprof.profiler.synth.hints.future_hints` makes from its session's future."""
     n = plan.timestamp.shape[0]
     if n == 0:
         return
@@ -138,6 +141,10 @@ def emit(plan: Plan, type_names: tuple[str, ...], first_fresh_id: int, rng) -> I
     chat_id = rng.permutation(n)  # randomised ids, as in the published files
     parent_chat_id = np.where(plan.turn > 1, np.roll(chat_id, 1), -1)
     is_last_turn = np.append(plan.turn[1:] == 1, True)
+    hinted = None
+    if hints is not None:  # the plan's rows are sessions' turns in order: the next row is the next request
+        gap = np.where(is_last_turn, np.inf, np.append(timestamp[1:], np.inf) - timestamp)
+        hinted = future_hints(gap, plan.type_code, hints, hint_rng)
 
     columns = (chat_id, parent_chat_id, timestamp, plan.input_length, plan.output_length,
                plan.type_code, plan.turn, plan.inherited, plan.shared_base, fresh, is_last_turn)  # fmt: skip
@@ -151,7 +158,7 @@ def emit(plan: Plan, type_names: tuple[str, ...], first_fresh_id: int, rng) -> I
         hash_ids.extend(range(start, start + n_fresh))
         if not last:
             live[row] = hash_ids.copy()  # a copy: the caller may modify the record it gets
-        yield {
+        record = {
             "chat_id": cid,
             "parent_chat_id": pid,
             "timestamp": ts,
@@ -161,6 +168,9 @@ def emit(plan: Plan, type_names: tuple[str, ...], first_fresh_id: int, rng) -> I
             "turn": turn,
             "hash_ids": hash_ids,
         }
+        if hinted is not None:
+            record.update(hint_fields(hinted, row))
+        yield record
 
 
 def check_hours(hours: float) -> float:
@@ -169,7 +179,7 @@ def check_hours(hours: float) -> float:
     return float(hours)
 
 
-def generate(preset: str | SynthPreset, hours: float, seed: int) -> Iterator[dict]:
+def generate(preset: str | SynthPreset, hours: float, seed: int, hints: HintSpec | None = None) -> Iterator[dict]:
     """Synthetic Bailian records calibrated to a preset.
 
     Parameters
@@ -180,6 +190,9 @@ def generate(preset: str | SynthPreset, hours: float, seed: int) -> Iterator[dic
         Trace length in hours; arrivals fall in ``[0, 3600 * hours)`` seconds.
     seed : int
         Same seed, same trace (byte for byte once written).
+    hints : HintSpec or None
+        Add client hints made from each session's future (:mod:`kvprof.profiler.synth.hints`); the
+        requests are the same as without them.
 
     Yields
     ------
@@ -193,7 +206,8 @@ def generate(preset: str | SynthPreset, hours: float, seed: int) -> Iterator[dic
             raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
         preset = PRESETS[preset]
     duration = 3600.0 * check_hours(hours)
-    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(preset.types) + 1)]
+    # One stream more for the hints: the first ones (the trace's) are the same with or without it.
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(preset.types) + 2)]
     pools = [profile.system_pool()[1] // BLOCK_SIZE for profile in preset.types]
     pool_ends = np.cumsum([blocks.sum() for blocks in pools])
     plans = []
@@ -201,4 +215,4 @@ def generate(preset: str | SynthPreset, hours: float, seed: int) -> Iterator[dic
         pool_base = end - np.cumsum(blocks[::-1])[::-1]  # ids [0, pool_ends[-1]) hold the system prompts
         plans.append(_plan_type(profile, code, duration, rng, pool_base, preset.max_input_tokens))
     type_names = tuple(profile.name for profile in preset.types)
-    yield from emit(Plan.concat(plans), type_names, int(pool_ends[-1]), streams[-1])
+    yield from emit(Plan.concat(plans), type_names, int(pool_ends[-1]), streams[-2], hints, streams[-1])
