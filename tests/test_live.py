@@ -396,10 +396,10 @@ def test_a_log_line_counts_the_server_and_lru_over_the_same_requests(caplog):
     first, second = fake_request("r0", chain), fake_request("r1", chain)
     with caplog.at_level(logging.INFO, logger="vllm.kvprof"):
         loop._handle(("admit", 1.0, first))
-        loop._handle(("finish", 2.0, first, True, 0))
+        loop._handle(("finish", 2.0, first, True, 0, 0))
         loop._handle(("admit", 3.0, second))  # will hit 2 blocks (its prompt's last block is never looked up)
         loop._log_interval(4.0)
-        loop._handle(("finish", 5.0, second, True, 2 * BS))
+        loop._handle(("finish", 5.0, second, True, 2 * BS, 0))
         loop._log_interval(6.0)
     lines = [r.getMessage() for r in caplog.records if "last" in r.getMessage()]
     assert len(lines) == 2, lines

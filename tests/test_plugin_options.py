@@ -52,6 +52,11 @@ def spec_of_flags(*argv: str) -> PolicySpec:
     (("--kv-record", "rec\0",), "record (--kv-record) must be a path (non-empty, no NUL byte)"),
     (("--kv-record-rotate", "60",), "record_rotate_s (--kv-record-rotate) is about a recording: it needs --kv-record"),
     (("--kv-log-interval", "5",), "nothing to serve or record: pass --kv-policy-config PATH"),
+    (("--kv-tool-call-tokens", "151657,x", "--kv-policy-config", "{hp}"),
+     "tool_call_tokens (--kv-tool-call-tokens) must be token ids, comma-separated integers in [0, 2147483648), "
+     "got '151657,x'"),
+    (("--kv-tool-call-tokens", "-1", "--kv-policy-config", "{hp}"), "tool_call_tokens (--kv-tool-call-tokens) must be"),
+    (("--kv-tool-call-tokens", "", "--kv-policy-config", "{hp}"), "tool_call_tokens (--kv-tool-call-tokens) must be"),
 ])
 def test_a_bad_flag_is_refused_naming_it(argv, message, hp_file, tmp_path):
     argv = tuple(a.replace("{hp}", hp_file).replace("{rec}", str(tmp_path / "rec")) for a in argv)
@@ -75,6 +80,10 @@ def test_a_bad_flag_is_refused_naming_it(argv, message, hp_file, tmp_path):
     ({"config": 3}, "config (--kv-policy-config) must be a path"),
     ({"record_rotate_s": 60}, "it needs --kv-record DIR"),
     ({}, "nothing to serve or record"),
+    ({"tool_call_tokens": []}, "tool_call_tokens (--kv-tool-call-tokens) must be token ids"),
+    ({"tool_call_tokens": [True]}, "tool_call_tokens (--kv-tool-call-tokens) must be token ids"),
+    ({"tool_call_tokens": [2 ** 31]}, "tool_call_tokens (--kv-tool-call-tokens) must be token ids"),
+    ({"tool_call_tokens": 5}, "tool_call_tokens (--kv-tool-call-tokens) must be token ids"),
 ])
 def test_a_bad_additional_config_value_is_refused_naming_it(entry, message, hp_file):
     entry = {"config": hp_file, **entry} if "config" not in entry and entry and "record_rotate_s" not in entry \
@@ -94,6 +103,9 @@ def test_good_values_pass_by_flag_and_by_json_alike(hp_file, tmp_path):
             ("wa", "enforce", 0.0, 0.5, 1.0)
     defaults = spec_of(config=hp_file)
     assert (defaults.log_interval_s, defaults.reload_interval_s, defaults.record_rotate_s) == (300.0, 10.0, 3600.0)
+    assert defaults.tool_call_tokens == frozenset()
+    assert spec_of_flags("--kv-policy-config", hp_file, "--kv-tool-call-tokens", "151657, 7").tool_call_tokens == \
+        spec_of(config=hp_file, tool_call_tokens=[7, 151657]).tool_call_tokens == frozenset({7, 151657})
 
 
 def test_help_states_each_default_once():

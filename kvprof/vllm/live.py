@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 
+from kvprof.models.finish import UNKNOWN
 from kvprof.policy import make_policy
 from kvprof.recording import PROBE_TAG
 from kvprof.vllm.handoff import Handoff
@@ -139,12 +140,13 @@ class LiveLoop:
         """``request`` got its first blocks at ``now`` (seconds since the epoch)."""
         self._put(("admit", now, request))
 
-    def finished(self, request, scheduled: float | None, hit_tokens: int, now: float) -> None:
+    def finished(self, request, scheduled: float | None, hit_tokens: int, now: float, code: int = UNKNOWN) -> None:
         """vLLM freed ``request`` at ``now``; ``scheduled`` is when it got its first blocks (None:
-        never), with ``hit_tokens`` of its prompt found in the prefix cache."""
+        never), with ``hit_tokens`` of its prompt found in the prefix cache; it ended as finish
+        ``code`` says (:mod:`kvprof.vllm.finish`)."""
         if self.recorder is not None:
-            self.recorder.submit(request, scheduled, hit_tokens, now)
-        self._put(("finish", now, request, scheduled is not None, hit_tokens))
+            self.recorder.submit(request, scheduled, hit_tokens, now, code)
+        self._put(("finish", now, request, scheduled is not None, hit_tokens, code))
 
     def poll(self) -> None:
         """Swap in a reloaded policy, if one is ready (the scheduler thread, between its calls to the pool)."""
@@ -194,9 +196,9 @@ class LiveLoop:
             index = self._class_index(request)
             self.counterfactual.admit(key, request.block_hashes, request.num_prompt_tokens, (index, index), now)
             return
-        admitted, hit_tokens = event[3:]
+        admitted, hit_tokens, code = event[3:]
         lookups = self.counterfactual.finish(key, request.block_hashes, request.num_prompt_tokens,
-                                             request.num_output_tokens, now)
+                                             request.num_output_tokens, now, code)
         if not admitted or lookups is None:
             return
         if PROBE_TAG in (request_extra_args(request) or {}):

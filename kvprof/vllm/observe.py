@@ -24,6 +24,7 @@ from kvprof.core.wa import outcome, policy_admit, policy_finish
 from kvprof.core.structs import NONE
 from kvprof.core.twin import Seats
 from kvprof.core.timed import admit, blocks_at_finish, finish, forget
+from kvprof.models.finish import UNKNOWN
 from kvprof.policy.base import EvictionPolicy
 from kvprof.vllm.numbering import RecentContentNumbers
 
@@ -123,10 +124,12 @@ class Counterfactual:
             policy_admit(tier.compiled, seat, blocks[:n_full], n_lookup, n_prompt, now, workload)
             tier.running[key] = (slots, int(held), workload, blocks, int(n_hit))
 
-    def finish(self, key: Hashable, hashes: Sequence, prompt_tokens: int, output_tokens: int, now: float) -> int | None:
-        """Request ``key`` finished at ``now``: the blocks its output filled are cached (their
-        hashes follow the prompt's in ``hashes``), then all its blocks are freed. Its lookups and
-        hits are counted now; returns its lookups (None: it was never admitted)."""
+    def finish(self, key: Hashable, hashes: Sequence, prompt_tokens: int, output_tokens: int, now: float,
+               code: int = UNKNOWN) -> int | None:
+        """Request ``key`` finished at ``now``, ending as finish ``code`` says (:mod:`kvprof.models.finish`):
+        the blocks its output filled are cached (their hashes follow the prompt's in ``hashes``), then
+        all its blocks are freed. Its lookups and hits are counted now; returns its lookups (None: it
+        was never admitted)."""
         size = self.block_size
         n_full = min(prompt_tokens // size, len(hashes))
         n_prompt = -(-prompt_tokens // size)
@@ -147,7 +150,7 @@ class Counterfactual:
             # its output filled (the prompt's partial last block first), a partial block left NONE
             blocks = np.concatenate([prompt[:n_full], filled, prompt[n_full + n_filled:]])
             slots = np.concatenate([slots, np.zeros(n_new, np.int64)])
-            policy_finish(tier.compiled, seat, now, blocks, n_prompt + n_new, output_tokens)
+            policy_finish(tier.compiled, seat, now, blocks, n_prompt + n_new, output_tokens, code)
             finish(tier.gpu, blocks, next_use, 0, held, n_full, len(blocks), n_new, now, workload, slots)
         return n_lookup
 

@@ -8,7 +8,8 @@ Hooks, all installed once per process and all pass-through unless ``kv_policy`` 
 
 * ``EngineArgs.add_cli_args`` -- adds kvprof's flags (group "kvprof": ``--kv-policy-config``,
   ``--kv-policy``, ``--kv-policy-mode``, ``--kv-record``, ``--kv-record-rotate``,
-  ``--kv-record-key``, ``--kv-policy-reload-interval``, ``--kv-log-interval``) to ``vllm serve``;
+  ``--kv-record-key``, ``--kv-policy-reload-interval``, ``--kv-log-interval``, ``--kv-tool-call-tokens``)
+  to ``vllm serve``;
 * ``EngineArgs.from_cli_args`` -- carries them into ``additional_config={"kv_policy": {...}}``
   (:mod:`kvprof.vllm.spec`; ``--additional-config`` and offline ``LLM(..., additional_config=...)``
   reach the same place directly);
@@ -35,6 +36,8 @@ import logging
 import os
 import time
 
+from kvprof.models.finish import UNKNOWN
+from kvprof.vllm.finish import engine_finish_code
 from kvprof.vllm.spec import (
     CONFIG_KEY, FLAG_OF, KvPolicyConfigError, PolicySpec, check_version, policy_help, shadow_thread,
 )
@@ -113,6 +116,10 @@ FLAGS = (
     ("log_interval_s", "SECONDS",
      "Log the hit ratio of what serves and of LRU on the same traffic every SECONDS, at least 1 "
      "(default 300; 0: never)."),
+    ("tool_call_tokens", "IDS",
+     "Comma-separated token ids that mark a response as a tool call (e.g. the id of <tool_call> for Qwen 2.5/3, "
+     "<|python_tag|> for Llama 3.1): each finished request is told to the policy and the recording as a tool call "
+     "or an end of turn (wa's finish-reason candidate, kvprof fit's retention per hint kind)."),
 )
 
 
@@ -432,6 +439,18 @@ def _never_raise(call, *args) -> None:
         _logger().exception("kvprof: the policy's request hook failed (serving goes on)")
 
 
+def _finish_code(request, tool_call_tokens: frozenset[int]) -> int:
+    """How ``request`` ended (:func:`kvprof.vllm.finish.engine_finish_code`); unknown where it cannot be
+    told (no tool-call tokens given) or an error, which is logged, never raised into vLLM's scheduler."""
+    if not tool_call_tokens:
+        return UNKNOWN
+    try:
+        return engine_finish_code(request, tool_call_tokens)
+    except Exception:  # noqa: BLE001 - kvprof must never stop serving
+        _logger().exception("kvprof: could not tell how a request ended (serving goes on)")
+        return UNKNOWN
+
+
 def _data_parallel_rank(scheduler) -> int:
     """The engine core's data-parallel rank (0 without data parallelism).
 
@@ -503,6 +522,7 @@ def track_requests(scheduler, manager, pool, live) -> None:
 
     @functools.wraps(original_free)
     def _free_request(request, *args, **kwargs):
+        code = _finish_code(request, live.spec.tool_call_tokens)
         if pool is not None and request.request_id in first_scheduled:
             # the coordinator's own list of the request's blocks (group 0), not a KVCacheBlocks built to count them
             _never_raise(lambda: pool.finish_request(request, len(manager.coordinator.get_blocks(request.request_id)[0])))
@@ -512,7 +532,7 @@ def track_requests(scheduler, manager, pool, live) -> None:
             if pool is not None:
                 _never_raise(pool.request_freed)
             scheduled, hit_tokens = first_scheduled.pop(request.request_id, (None, 0))
-            live.finished(request, scheduled, hit_tokens, clock())
+            live.finished(request, scheduled, hit_tokens, clock(), code)
 
     original_schedule = scheduler.schedule
 

@@ -59,6 +59,8 @@ from kvprof.recording import (
     DROP_REASONS, FILE, FINISHED_SUFFIX, OPEN_SUFFIX, PROBE_TAG, Recording, RecordingError, Reload, Start,
     complete_frames, finish_abandoned, finished_name, load_recording, locked, save_recording, trace_files,
 )
+from kvprof.models.finish import FINISH_FIELD, UNKNOWN
+from kvprof.vllm.finish import stop_value
 from kvprof.vllm.handoff import Handoff
 
 logger = logging.getLogger("vllm.kvprof")
@@ -160,15 +162,16 @@ class Recorder:
         self._thread = threading.Thread(target=self._run, name="kvprof-recorder", daemon=True)
 
     # -- scheduler thread -----------------------------------------------------------------
-    def submit(self, request, scheduled: float | None, cached_tokens: int, finished: float) -> None:
+    def submit(self, request, scheduled: float | None, cached_tokens: int, finished: float, code: int = UNKNOWN) -> None:
         """Queue a finished vLLM ``Request`` that found ``cached_tokens`` of its prompt in the
-        prefix cache (references only; never blocks, never raises)."""
+        prefix cache and ended as finish ``code`` says (:mod:`kvprof.vllm.finish`; references only;
+        never blocks, never raises)."""
         try:
             params = request.sampling_params
             taken = self._queue.put((
                 request.arrival_time, scheduled, finished, request.num_prompt_tokens, request.num_output_tokens,
                 request.get_finished_reason(), params.extra_args if params is not None else None,
-                request.block_hashes, cached_tokens,
+                request.block_hashes, cached_tokens, code,
             ))
         except Exception:  # noqa: BLE001 - a record must never disturb serving
             self.start.dropped["error"] += 1
@@ -247,7 +250,7 @@ class Recorder:
 
     def _line(self, item) -> bytes | None:
         """The record's trace line, None for a replay's test request."""
-        arrival, scheduled, finished, n_prompt, n_output, reason, tags, hashes, cached_tokens = item
+        arrival, scheduled, finished, n_prompt, n_output, reason, tags, hashes, cached_tokens, code = item
         if tags and PROBE_TAG in tags:
             return None
         origin, size = self.recording.origin, self.block_size
@@ -259,6 +262,8 @@ class Recorder:
                   "scheduled": None if scheduled is None else round(scheduled - origin, 6),
                   "finished": round(finished - origin, 6),
                   "finish_reason": "" if reason is None else str(reason), "cached_tokens": cached_tokens}
+        if code != UNKNOWN:  # the engine told a tool call from an end of turn; a client's own tag still wins
+            record[FINISH_FIELD] = stop_value(code, reason)
         if tags:
             self._tag(record, tags)
         fields = json.dumps(record, ensure_ascii=True, allow_nan=False, separators=(",", ":"))

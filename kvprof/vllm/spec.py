@@ -16,6 +16,9 @@ The configuration (every key optional; ``vllm serve`` flags in brackets)::
         "record_key": "FILE",         # [--kv-record-key] the block-id key a fleet's servers share
         "reload_interval_s": 10,      # [--kv-policy-reload-interval] re-read a changed hp file; 0: never
         "log_interval_s": 300,        # [--kv-log-interval] seconds between hit-ratio log lines; 0: never
+        "tool_call_tokens": [151657], # [--kv-tool-call-tokens] token ids that mark a response as a tool
+                                      #   call: each finish tells the policy and the recording how the
+                                      #   request ended (kvprof.vllm.finish)
     }}
 
 ``policy`` defaults to ``wa`` when ``config`` is given; a policy that needs no hp file (NO_HP_POLICIES)
@@ -82,7 +85,8 @@ SECONDS_SETTINGS = {"record_rotate_s": Seconds(3600.0, Bound(1.0, 1e9), False),
 #: Every key of ``kv_policy`` and the ``vllm serve`` flag that sets it.
 FLAG_OF = {"config": "--kv-policy-config", "policy": "--kv-policy", "mode": "--kv-policy-mode",
            "record": "--kv-record", "record_rotate_s": "--kv-record-rotate", "record_key": "--kv-record-key",
-           "reload_interval_s": "--kv-policy-reload-interval", "log_interval_s": "--kv-log-interval"}
+           "reload_interval_s": "--kv-policy-reload-interval", "log_interval_s": "--kv-log-interval",
+           "tool_call_tokens": "--kv-tool-call-tokens"}
 _KEYS = tuple(FLAG_OF)
 
 
@@ -161,6 +165,9 @@ class PolicySpec:
         a key of this start's own (unless the environment names one: :mod:`kvprof.vllm.record`).
     record_rotate_s, reload_interval_s, log_interval_s : float
         See the module's configuration; 0 turns reloading or logging off.
+    tool_call_tokens : frozenset of int
+        Token ids that mark a response as a tool call (``--kv-tool-call-tokens``); empty: the engine
+        tells no finish code (:mod:`kvprof.vllm.finish`).
     """
 
     policy: str | None
@@ -174,6 +181,7 @@ class PolicySpec:
     record_rotate_s: float = 3600.0
     reload_interval_s: float = 10.0
     log_interval_s: float = 300.0
+    tool_call_tokens: frozenset[int] = frozenset()
     hp_sha256: str | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
@@ -202,7 +210,8 @@ class PolicySpec:
         offline = [r.name for r in registry.by_name() if r.offline]
         name = _choice(raw, "policy", live, *offline)
         mode = _choice(raw, "mode", MODES) or "enforce"
-        seconds = {key: _seconds(key, raw.get(key), setting) for key, setting in SECONDS_SETTINGS.items()}
+        settings = {key: _seconds(key, raw.get(key), setting) for key, setting in SECONDS_SETTINGS.items()}
+        settings["tool_call_tokens"] = _token_ids("tool_call_tokens", raw.get("tool_call_tokens"))
         for key in ("record_rotate_s", "record_key"):
             if raw.get(key) is not None and record is None:
                 raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) is about a recording: it needs {FLAG_OF['record']} DIR")
@@ -214,7 +223,7 @@ class PolicySpec:
             if mode == "shadow":
                 raise KvPolicyConfigError("shadow mode runs a policy beside vLLM's eviction: pass --kv-policy-config "
                                           "PATH (and --kv-policy NAME for another policy than wa)")
-            return cls(policy=None, config=None, mode=mode, record=record, record_key=record_key, **seconds)
+            return cls(policy=None, config=None, mode=mode, record=record, record_key=record_key, **settings)
         from kvprof.policy import POLICIES
 
         if name in offline:
@@ -228,7 +237,7 @@ class PolicySpec:
                 f"(or additional_config={{'kv_policy': {{'config': PATH}}}})"
             )
         spec = cls(policy=name, config=None if path is None else str(path), hp=hp, keyed_by=POLICIES[name].keyed_by,
-                   mode=mode, record=record, record_key=record_key, hp_sha256=sha256, **seconds)
+                   mode=mode, record=record, record_key=record_key, hp_sha256=sha256, **settings)
         if hp is not None:
             spec.class_names = tuple(hp.table()[0])
         spec.reference_policy()  # fail here, not in the engine core, if the hp file does not fit the policy
@@ -451,6 +460,30 @@ def _seconds(key: str, value, setting: Seconds) -> float:
     except ValueError:
         raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) must be {rule} seconds, got {_shown(value)}") from None
     return float(number)
+
+
+#: Token ids are below this (vocabularies are far smaller; vLLM keeps ids as 32-bit ints).
+_TOKEN_ID_LIMIT = 2**31
+
+
+def _token_ids(key: str, value) -> frozenset[int]:
+    """``value``, token ids as a list of ints or their comma-separated ASCII text (the command line), as a
+    set; absent: empty."""
+    if value is None:
+        return frozenset()
+    items = value.split(",") if type(value) is str else value
+    ids = []
+    if isinstance(items, (list, tuple)) and items:
+        for item in items:
+            text = item.strip() if type(item) is str else None
+            number = int(text) if text is not None and text.isascii() and text.isdigit() else item
+            if type(number) is not int or not 0 <= number < _TOKEN_ID_LIMIT:
+                break
+            ids.append(number)
+        else:
+            return frozenset(ids)
+    raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) must be token ids, comma-separated integers in "
+                              f"[0, {_TOKEN_ID_LIMIT}), got {_shown(value)}")
 
 
 def request_extra_args(request) -> dict | None:
