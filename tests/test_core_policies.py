@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvprof.core.twin import CompiledTwin
+from kvprof.core.twin import JOURNAL_LIMIT, CompiledTwin
 from kvprof.models.learned import N_LOG_BINS, LearnedModel
 from kvprof.policy import POLICIES, make_policy
 from kvprof.policy.learned import LearnedPolicy
@@ -149,6 +149,54 @@ def test_taken_blocks_reach_the_core_before_anything_else(name):
     twin.take(-5)  # never a block
     with pytest.raises(KeyError, match="not evictable"):
         twin.order(1e9)
+
+
+@pytest.mark.parametrize("name", ["lru", "s3fifo", "wa+shadows"])
+def test_touches_are_each_blocks_last_access_or_free_under_every_policy(name):
+    """What a reload reads back (:meth:`CompiledTwin.touches`, :meth:`CompiledTwin.hits_since_cached`):
+    the ``now`` of each block's last access or free, the depth of its last access and its hits since
+    its last miss, whether the core keeps the first two (``wa``) or the twin's journal writes them
+    (``lru``, ``s3fifo``); journaled frees and one-block accesses included."""
+    twin = CompiledTwin(build(name), n_blocks=64)
+    rng = np.random.default_rng(3)
+    stamp, depth, hits = np.full(64, -np.inf), np.zeros(64, np.int64), np.zeros(64, np.int64)
+    evictable: set[int] = set()
+    for step in range(300):
+        now = float(step)
+        held = [b for b in rng.permutation(64).tolist() if b not in evictable][:4]
+        hit = step % 3 == 1  # on both kinds of access
+        if step % 2:
+            for d, block in enumerate(held):
+                twin.access_one(block, d + step % 5, block % 7, now, step % 3, hit=hit)
+        else:
+            twin.access_chain(held, [d + step % 5 for d in range(len(held))], [b % 7 for b in held], now, step % 3,
+                              hit=hit)
+        stamp[held], depth[held] = now, [d + step % 5 for d in range(len(held))]
+        hits[held] = hits[held] + 1 if hit else 0
+        twin.free(held[::-1], now + 0.5)
+        stamp[held] = now + 0.5
+        evictable.update(held)
+        for block in rng.choice(sorted(evictable), size=min(2, len(evictable)), replace=False).tolist():
+            twin.take(block)
+            evictable.discard(block)
+        if len(evictable) > 40:
+            evictable.difference_update(twin.evict_n(8, now + 0.7))
+        if step % 25 == 0:
+            stamps, depths = twin.touches(np.arange(64, dtype=np.int64))
+            assert stamps.tolist() == stamp.tolist() and depths.tolist() == depth.tolist()
+            assert twin.hits_since_cached(np.arange(64, dtype=np.int64)).tolist() == hits.tolist()
+            assert len(twin) == len(evictable)
+
+
+def test_a_journal_that_only_frees_is_applied_before_it_grows_past_its_limit():
+    twin = CompiledTwin(build("lru"), n_blocks=1 << 17)
+    blocks = list(range(1 << 17))
+    for start in range(0, len(blocks), 1 << 12):
+        twin.access_chain(blocks[start:start + (1 << 12)], [0] * (1 << 12), [None] * (1 << 12), 0.0, 0, hit=False)
+    for start in range(0, len(blocks), 1 << 10):
+        twin.free(blocks[start:start + (1 << 10)], 1.0)
+        assert len(twin._journal) <= JOURNAL_LIMIT + (1 << 10) + 2
+    assert len(twin) == len(blocks) and twin.evict_n(3, 2.0) == [0, 1, 2]
 
 
 def test_a_cleared_twin_starts_over():

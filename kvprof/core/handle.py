@@ -8,7 +8,8 @@ The address stays valid while the Python handle (:class:`kvprof.core.wa.Policy`)
 whoever holds the address must hold the handle.
 
 Every function is the :mod:`kvprof.core.wa` function of the same name with the policy behind
-an address, plus batch forms vLLM's events come in (a chain of accesses, a batch of removals).
+an address, plus batch forms vLLM's events come in (a chain of accesses), and the journal of
+:class:`kvprof.core.twin.CompiledTwin` applied before an eviction or a chain of accesses.
 """
 
 from __future__ import annotations
@@ -59,10 +60,99 @@ def access(address, block, now, workload, depth, hit, next_use, content):
     core.policy_access(policy_at(address), block, now, workload, depth, hit, next_use, content)
 
 
+# -- the journal (kvprof.core.twin.CompiledTwin): events noted as ints, applied in one call ----------
+#: An entry of a journal is a take (``remove`` of an evictable block: the block id itself) or starts
+#: with a tag: ``JOURNAL_FREE, n, blocks...`` (``free`` of ``n`` blocks), ``JOURNAL_ACCESS, block,
+#: depth, content, workload, hit`` (``access`` of one block), ``JOURNAL_FINISH, n_output``
+#: (``count_finish``). The tags lie far below any id a take could be given by mistake.
+JOURNAL_FREE = -(1 << 62)
+JOURNAL_ACCESS = JOURNAL_FREE + 1
+JOURNAL_FINISH = JOURNAL_FREE + 2
+
+#: Hits since a block was last accessed as a miss are noted up to this many (int8).
+HITS_NOTED = 127
+
+
 @njit(cache=True)
-def access_n(address, blocks, depths, contents, n, now, workload, hit):
-    """``access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for ``i < n``, in order."""
-    core.policy_access_n(policy_at(address), blocks, depths, contents, np.full(n, np.inf), n, now, workload, hit)
+def note_access(notes, block, now, depth, hit):
+    """Note an access of ``block`` in the twin's tables ``notes`` (when, depth, hits since its last miss;
+    the first two empty where the core keeps them)."""
+    touched_at, touched_depth, hits = notes
+    if 0 <= block < len(touched_at):
+        touched_at[block] = now
+        touched_depth[block] = depth
+    if 0 <= block < len(hits):
+        hits[block] = min(hits[block] + 1, HITS_NOTED) if hit else 0
+
+
+@njit(cache=True)
+def _apply_journal(policy, journal, n, stamps, notes):
+    """``journal[:n]``'s events in order (``stamps``: the ``now`` of each free and access, in order),
+    each access and free noted in ``notes`` (:func:`note_access`); the index of the first take of
+    a block that was not evictable, where applying stopped, else -1."""
+    touched_at = notes[0]
+    i = 0
+    s = 0
+    while i < n:
+        tag = journal[i]
+        if tag == JOURNAL_FREE:
+            k = journal[i + 1]
+            blocks = journal[i + 2:i + 2 + k]
+            core.policy_free(policy, blocks, k, stamps[s])
+            for b in blocks:
+                if 0 <= b < len(touched_at):
+                    touched_at[b] = stamps[s]
+            s += 1
+            i += 2 + k
+        elif tag == JOURNAL_ACCESS:
+            block, depth, hit = journal[i + 1], journal[i + 2], journal[i + 5] != 0
+            core.policy_access(policy, block, stamps[s], journal[i + 4], depth, hit, np.inf, journal[i + 3])
+            note_access(notes, block, stamps[s], depth, hit)
+            s += 1
+            i += 6
+        elif tag == JOURNAL_FINISH:
+            core.count_finish(policy, journal[i + 1])
+            i += 2
+        else:  # a run of takes
+            j = i + 1
+            while j < n and journal[j] > JOURNAL_FINISH:
+                j += 1
+            removed = core.policy_remove_held_n(policy, journal[i:j], j - i)
+            if removed < j - i:
+                return i + removed
+            i = j
+    return -1
+
+
+@njit(cache=True)
+def apply_journal(address, journal, n, stamps, notes):
+    """:func:`_apply_journal` on the policy at ``address``."""
+    return _apply_journal(policy_at(address), journal, n, stamps, notes)
+
+
+@njit(cache=True)
+def journal_then_evict_n(address, journal, n_journal, stamps, notes, n, now, out):
+    """The journal applied, then ``evict_n`` into ``out[:n]`` (one call where an eviction names victims);
+    as :func:`apply_journal`'s, the first take that failed (nothing evicted then), else -1."""
+    policy = policy_at(address)
+    failed = _apply_journal(policy, journal, n_journal, stamps, notes)
+    if failed < 0:
+        core.policy_evict_n(policy, n, now, out, 0)
+    return failed
+
+
+@njit(cache=True)
+def journal_then_access_n(address, journal, n_journal, stamps, notes, blocks, depths, contents, n, now, workload, hit):
+    """The journal applied, then ``access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for
+    ``i < n``, in order, each noted as the journal's; as :func:`apply_journal`'s, the first take that
+    failed (nothing accessed then), else -1."""
+    policy = policy_at(address)
+    failed = _apply_journal(policy, journal, n_journal, stamps, notes)
+    if failed < 0:
+        core.policy_access_n(policy, blocks, depths, contents, np.full(n, np.inf), n, now, workload, hit)
+        for i in range(n):
+            note_access(notes, blocks[i], now, depths[i], hit)
+    return failed
 
 
 @njit(cache=True)
@@ -118,18 +208,6 @@ def eviction_reads_shadows(address):
 
 
 @njit(cache=True)
-def free(address, blocks, n, now):
-    core.policy_free(policy_at(address), blocks, n, now)
-
-
-@njit(cache=True)
-def free_one(address, block, now):
-    blocks = np.empty(1, np.int64)
-    blocks[0] = block
-    core.policy_free(policy_at(address), blocks, 1, now)
-
-
-@njit(cache=True)
 def remove(address, block):
     """``remove`` if ``block`` is evictable; whether it was."""
     policy = policy_at(address)
@@ -140,26 +218,8 @@ def remove(address, block):
 
 
 @njit(cache=True)
-def remove_n(address, blocks, n):
-    """``remove`` of ``blocks[:n]`` in order, stopping at the first that is not evictable;
-    its index, or -1 when all were removed."""
-    removed = core.policy_remove_held_n(policy_at(address), blocks, n)
-    return -1 if removed == n else removed
-
-
-@njit(cache=True)
-def evict_n(address, n, now, out):
-    core.policy_evict_n(policy_at(address), n, now, out, 0)
-
-
-@njit(cache=True)
 def order(address, n, now, out):
     core.policy_order(policy_at(address), n, now, out)
-
-
-@njit(cache=True)
-def size(address):
-    return core.policy_size(policy_at(address))
 
 
 @njit(cache=True)

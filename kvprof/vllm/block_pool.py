@@ -15,7 +15,10 @@ replacement with the same methods, split in three parts that are always consumed
 3. **back** -- hash-less blocks appended as last-resort candidates (``BlockPool.unpin_blocks``).
 
 The policy sees block ids only, never vLLM objects; per-block state (class of the last toucher,
-depth, last access) lives in the compiled core's tables, indexed by block id.
+depth, last access) lives in the compiled twin's tables, indexed by block id. What changes the
+policy but names no victim (a free, a take, a decode's one-block access) the twin notes in its
+journal, which reaches the core with the next call that needs it, so a vLLM call that asks for no
+victim costs a few list appends.
 All ordering logic is the policy's; this module only feeds it vLLM's events:
 
 * ``access(hit=False)`` when :meth:`KvprofBlockPool.cache_full_blocks` caches newly computed blocks
@@ -47,6 +50,7 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group_id
 
 from kvprof.cells import TIER_EDGES
+from kvprof.core.handle import HITS_NOTED
 from kvprof.vllm.carry import Held, carry_over
 from kvprof.vllm.numbering import ContentNumbers
 from kvprof.vllm.spec import PolicySpec, request_extra_args, shadow_thread
@@ -67,11 +71,11 @@ _SEARCHED = 64
 #: Whether vLLM's blocks keep the token count their hash covers (0.32 on; :func:`chain_depths`).
 _HAS_TOKEN_COUNT = hasattr(KVCacheBlock, "_block_hash_num_tokens")
 
-#: A block's hits since it was cached are kept (int8) up to where the reuse tiers end: all a reload
-#: replays of them (:func:`kvprof.vllm.carry.carry_over`).
+#: A block's hits since it was cached are carried over by a reload up to where the reuse tiers end: all
+#: it replays of them (:func:`kvprof.vllm.carry.carry_over`); the policy notes them up to HITS_NOTED.
 _HITS_KEPT = TIER_EDGES[-1]
-if _HITS_KEPT > np.iinfo(np.int8).max:
-    raise ImportError(f"kvprof: the pool keeps hit counts as int8, but the tiers end at {_HITS_KEPT} hits")
+if _HITS_KEPT > HITS_NOTED:
+    raise ImportError(f"kvprof: the policy notes up to {HITS_NOTED} hits a block, but the tiers end at {_HITS_KEPT}")
 
 #: Whether vLLM's ``BlockPool.touch`` is the plain loop (reference counts, the free queue's ``remove``, the
 #: metrics collector) that :meth:`KvprofBlockPool._touch_plainly` does itself; else the pool calls it.
@@ -201,9 +205,6 @@ class PolicyFreeQueue:
         self._blocks = blocks
         #: Cached blocks the policy evicted so far.
         self.evictions = 0
-        #: When each block was last accessed or freed (the policy's clock), for a reload; None while
-        #: the policy's core keeps it (:attr:`~kvprof.core.twin.CompiledTwin.keeps_touches`).
-        self.last_touch: np.ndarray | None = None
         # The same blocks as an object array: victims come back as an id array, and one gather
         # turns it into blocks three times faster than a list comprehension would.
         self._block_array = np.empty(len(blocks), dtype=object)
@@ -216,15 +217,10 @@ class PolicyFreeQueue:
         self.num_free_blocks = self._front.size + self._n_cached
 
     def use(self, policy) -> None:
-        """Order the cached blocks by ``policy`` from now on (it holds them already); ``last_touch`` is
-        kept here only for a policy whose core does not keep it (a new table's entries are 0)."""
+        """Order the cached blocks by ``policy`` from now on (it holds them already)."""
         self.policy = policy
         self._take = policy.take
         self._n_cached = len(policy)
-        if policy.keeps_touches:
-            self.last_touch = None
-        elif self.last_touch is None:
-            self.last_touch = np.zeros(len(self._blocks))
 
     def taken_back(self, n: int) -> None:
         """``n`` cached free blocks were taken back with :attr:`_take` (``policy.take``) directly."""
@@ -304,12 +300,7 @@ class PolicyFreeQueue:
             self._back.extend(block for block in blocks if block._block_hash is None)
         if cached:
             self._n_cached += len(cached)
-            now = self._clock()
-            if len(cached) > 1:
-                cached = int64s(cached)
-            if self.last_touch is not None:
-                self.last_touch[cached] = now
-            self.policy.free(cached, now)
+            self.policy.free(cached, self._clock())  # noted in the policy's journal
 
     def prepend_n(self, blocks) -> None:
         """Blocks to reuse first, the first of ``blocks`` first."""
@@ -417,11 +408,10 @@ class KvprofBlockPool(BlockPool):
     wrapper around ``KVCacheManager.allocate_slots`` so that hits know their class.
 
     For a reload (:meth:`replace_policy`) the pool remembers of every cached block what the new
-    policy is told again: how often it was hit since it was cached (up to where the reuse tiers
-    end), the tags and prompt length of the request that last accessed it (``_hits``,
-    ``_owner``), and, unless the policy's core keeps them
-    (:attr:`~kvprof.core.twin.CompiledTwin.keeps_touches`, ``wa``: then ``_depth`` is None),
-    its depth (``_depth``) and when it was last accessed or freed (the queue's ``last_touch``).
+    policy is told again: the tags and prompt length of the request that last accessed it
+    (``_owner``); how often it was hit since it was cached, its depth and when it was last accessed
+    or freed the policy keeps (:meth:`~kvprof.core.twin.CompiledTwin.hits_since_cached`,
+    :meth:`~kvprof.core.twin.CompiledTwin.touches`).
     """
 
     def __init__(self, *args, kvprof_spec: PolicySpec, clock=time.monotonic, **kwargs) -> None:
@@ -431,8 +421,6 @@ class KvprofBlockPool(BlockPool):
         self.current_request = None
         self._clock = clock
         n = len(self.blocks)
-        self._depth: np.ndarray | None = None
-        self._hits = np.zeros(n, dtype=np.int8)  # capped at _HITS_KEPT
         self._owner = np.empty(n, dtype=object)  # (extra_args, prompt tokens) of the last request to access it
         self._none = np.full(64, -1, dtype=np.int64)  # the contents of a chain to a policy that reads none
         #: The content numbers every chain reaches the policy with (compiled lookups, the twin's rule).
@@ -454,17 +442,12 @@ class KvprofBlockPool(BlockPool):
         ``_shadowed``: whether it has shadows (``wa``), the only policies whose ``admit``/``finish``
         do anything, so for the others the pool neither tells them nor keeps requests' chains; the
         shadows are fed on a thread of their own, off the scheduler thread (unless turned off).
-        ``_depth`` (and the queue's ``last_touch``) kept only where its core does not keep them.
         """
         self.policy = policy
         self._shadowed = policy_has_shadows(policy)
         if shadow_thread():
             policy.feed_shadows_in_background()
         self.free_block_queue.use(policy)
-        if policy.keeps_touches:
-            self._depth = None
-        elif self._depth is None:
-            self._depth = np.zeros(len(self.blocks), dtype=np.int32)
 
     def touch(self, blocks, *args, **kwargs) -> None:
         if _PLAIN_TOUCH and not self.metrics_collector and not args and not kwargs:
@@ -553,25 +536,15 @@ class KvprofBlockPool(BlockPool):
     def _access_one(self, block_id: int, depth: int, number: int, request) -> None:
         """:meth:`_access_numbered` of one block a request cached (not a hit), without arrays."""
         owner, cls = self._request_facts(request)
-        now = self._clock()
-        if self._depth is not None:  # else the policy's core keeps both
-            self._depth[block_id] = depth
-            self.free_block_queue.last_touch[block_id] = now
-        self._hits[block_id] = 0
         self._owner[block_id] = owner[0]
-        self.policy.access_one(block_id, depth, number, now, cls)
+        self.policy.access_one(block_id, depth, number, self._clock(), cls)  # noted in the policy's journal
 
     def _access_numbered(self, ids: np.ndarray, depths: np.ndarray, numbers: np.ndarray, request, hit: bool) -> None:
         """The policy accesses blocks ``ids`` at ``depths`` with contents ``numbers`` for ``request``
         (one compiled call), and the pool notes what a reload would tell a new policy of them."""
         owner, cls = self._request_facts(request)
-        now = self._clock()
-        if self._depth is not None:  # else the policy's core keeps both
-            self._depth[ids] = depths
-            self.free_block_queue.last_touch[ids] = now
-        self._hits[ids] = np.minimum(self._hits[ids] + 1, _HITS_KEPT) if hit else 0
         self._owner[ids] = owner
-        self.policy.access_numbered(ids, depths, numbers, now, cls, hit=hit)
+        self.policy.access_numbered(ids, depths, numbers, self._clock(), cls, hit=hit)
 
     def _note_chain(self, request, depths: np.ndarray | list[int], numbers: np.ndarray | list[int], first_key) -> None:
         """Remember ``numbers`` at chain positions ``depths`` of ``request`` (group 0's keys only)."""
@@ -662,17 +635,15 @@ class KvprofBlockPool(BlockPool):
         """
         cached = [block for block in self.blocks if block._block_hash is not None and not block.is_null]
         ids = np.array([block.block_id for block in cached], dtype=np.int64)
-        if self._depth is None:
-            stamps, depths = self.policy.touches(ids)
-        else:
-            stamps, depths = self.free_block_queue.last_touch[ids], self._depth[ids]
+        stamps, depths = self.policy.touches(ids)
+        hits = np.minimum(self.policy.hits_since_cached(ids), _HITS_KEPT).tolist()
         held = []
-        for block, stamp, depth in zip(cached, stamps.tolist(), depths.tolist()):
+        for block, stamp, depth, hit_count in zip(cached, stamps.tolist(), depths.tolist(), hits):
             i = block.block_id
             owner = self._owner[i]
             held.append(Held(i, depth, block.block_hash, stamp,
                              spec.default_index if owner is None else spec.class_index(*owner),
-                             int(self._hits[i]), block.ref_cnt == 0))
+                             hit_count, block.ref_cnt == 0))
         number = self.contents.numbers
         carry_over(held,
                    lambda item, hit: policy.access_numbered(np.array([item.id]), np.array([item.depth]),
@@ -682,9 +653,6 @@ class KvprofBlockPool(BlockPool):
         self.kvprof_spec = spec
         self._request_classes.clear()  # classes under the old hp file
         self._install(policy)
-        if self._depth is not None:  # the new policy's were told as the old one kept them
-            self._depth[ids] = depths
-            self.free_block_queue.last_touch[ids] = stamps
 
     def close(self) -> None:
         """Stop the policy's thread, if any (the scheduler shuts down)."""
