@@ -26,7 +26,18 @@ JSON shapes the renderers read (keys not named are ignored):
   with --sample also ``samples[]``, which the ``quality-samples`` block renders).
 - windows.json: bench_windows.py -o (``run``, ``rows[]``).
 - unseen.json: bench_quality.py --unseen -o (as quality.json, on the synthetic traces no rule was chosen on).
-- profiler.json, sim.json, memory.json: bench_profiler.py / bench_sim.py / bench_memory.py -o.
+- profiler.json, sim.json, memory.json: bench_profiler.py / bench_sim.py / bench_memory.py -o; profiler.json's
+  ``sharded`` (with --sharded-hours) is ``{"preset", "seed", "fits": [{"hours", "sharded", "requests",
+  "block_accesses", "peak_rss_mb", "cpu_s", "wall_s"}]}``, one fit in memory and one --sharded.
+- learned.json: bench_learned.py --compare -o (``run``, ``mode`` "compare", ``rows[]`` of ``trace``,
+  ``capacity``, ``token_hit_ratio`` (lru, the baselines, wa, belady), ``best_baseline``, ``wa_learned``,
+  ``start``, ``learned_shadow_led`` (null where no predictor was trained) and ``predictor`` (its quality, or null)).
+- hints.json: bench_hints.py --json (``run``, ``cases[]`` of ``trace``, ``n_requests`` and ``rows[]``, one per size:
+  ``capacity``, ``token_hit_ratio`` (the baselines, belady), ``best_baseline``, ``continues`` ({base:
+  {"token_hit_ratio", "gap_closed"}}) and ``hinted`` ({label: {"scenario", "base", "budget_fraction",
+  "token_hit_ratio", "gap_closed"}}, the same labels at every size); ``targets[]`` as quality.json's).
+- shadows.json: bench_shadows.py -o (``run``, ``rows[]`` of ``trace``, ``capacity``, ``candidate``, ``real``,
+  ``own_shadow`` and ``in_others_runs`` ({leader: the shadow's prediction in the run it led})).
 - fleet.json, fleet-weka.json: bench_fleet.py -o (``run``, ``cases[].rows[]``; weka at more accesses).
 - demo.json: ``record demo`` of ``kvprof demo --json``: ``runs[0].report`` a kvprof.results/1 document.
 - scheduler.json: ``record scheduler --append`` of bench_scheduler.py --json, once per shape:
@@ -147,9 +158,13 @@ def render_quality(document: dict) -> list[str]:
                      signed(row["wa_gap_closed"])])
     lines = [provenance(document.get("run")), "",
              *table(["trace", "GPU blocks", *policies, "wa vs best baseline", "wa's share of the gap to Belady"], rows),
-             "", "Targets:", ""]
-    lines += [f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['measured']}" for t in document["targets"]]
+             "", *target_lines(document["targets"])]
     return lines
+
+
+def target_lines(targets: list[dict]) -> list[str]:
+    """A benchmark's targets, each met or missed, with what was measured."""
+    return ["Targets:", "", *(f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['measured']}" for t in targets)]
 
 
 def quality_summary(document: dict) -> str:
@@ -258,11 +273,31 @@ def render_profiler(document: dict) -> list[str]:
         rows.append([f"`fit --capacity {t['capacities']}`: what the learned candidate adds to tuning",
                      f"{added:+.2f} s ({t['without_s']:.2f} s without, {t['with_learned_s']:.2f} s with)",
                      f"<= 2 s: {'met' if added <= 2 else '**missed**'}"])
+    if document.get("sharded"):
+        rows += _sharded_rows(document["sharded"])
     return [provenance(document.get("run")), "",
             f"Trace: {trace['hours']:g} h {trace['preset']} seed {trace['seed']}: {trace['requests']:,} requests, "
             f"{trace['block_ids']:,} block ids ({trace['jsonl_mb']:.1f} MB of JSONL); fit window 0:3600 "
             f"({trace['fit_block_ids']:,} block ids), held-out scores on hour two.", "",
             *table(["step", "measured", "target"], rows)]
+
+
+def _sharded_rows(sharded: dict) -> list[list[str]]:
+    """The sharded fit's rows: its peak RSS, and its CPU per block access against the in-memory fit's."""
+    memory, spilled = (next(f for f in sharded["fits"] if f["sharded"] is on) for on in (False, True))
+
+    def per_access(fit: dict) -> float:
+        return fit["cpu_s"] / fit["block_accesses"] * 1e6
+
+    x = per_access(spilled) / per_access(memory)
+    return [[f"`kvprof fit --sharded --window :` of {spilled['hours']:g} h {sharded['preset']} seed {sharded['seed']} "
+             f"({spilled['requests']:,} requests, {spilled['block_accesses'] / 1e6:,.1f} M block ids)",
+             f"peak RSS {spilled['peak_rss_mb'] / 1024:.2f} GB, {spilled['wall_s']:,.0f} s wall",
+             f"< 4 GB: {'met' if spilled['peak_rss_mb'] < 4096 else '**missed**'}"],
+            [f"its CPU per block access, against `kvprof fit --window :` of the first {memory['hours']:g} h in memory "
+             f"({memory['block_accesses'] / 1e6:,.1f} M block ids)",
+             f"{per_access(spilled):.2f} us against {per_access(memory):.2f} us ({x:.2f}x)",
+             f"<= 1.3x: {'met' if x <= 1.3 else '**missed**'}"]]
 
 
 # --- simulator speed (bench_sim.py) ------------------------------------------------------------------------
@@ -383,6 +418,109 @@ def render_fleet(document: dict) -> list[str]:
             lines += ["", *table(["router", "replicas", "wa, one hp file", "wa, one hp file per replica",
                                   "per replica vs one"], per_replica)]
     return lines
+
+
+# --- wa's shadows (bench_shadows.py) ----------------------------------------------------------------------------
+
+def render_shadows(document: dict) -> list[str]:
+    """Per trace and size: the own shadow's largest error, the largest in the runs other candidates led (and
+    whose shadow, under which leader), the mean and the share within 0.005; then the target."""
+    groups = {}
+    for row in document["rows"]:
+        groups.setdefault((row["trace"], row["capacity"]), []).append(row)
+    body, errors, worst = [], [], None
+    for (trace, capacity), rows in groups.items():
+        own = max(abs(r["own_shadow"] - r["real"]) for r in rows)
+        cross = [(v - r["real"], r["candidate"], leader, trace, capacity) for r in rows
+                 for leader, v in r["in_others_runs"].items()]
+        far = max(cross, key=lambda c: abs(c[0]))
+        worst = far if worst is None or abs(far[0]) > abs(worst[0]) else worst
+        errors += [abs(c[0]) for c in cross]
+        body.append([trace, count(capacity), f"{own:.4f}", f"{far[0]:+.4f} ({far[1]} under {far[2]})",
+                     f"{sum(abs(c[0]) for c in cross) / len(cross):.4f}",
+                     f"{sum(abs(c[0]) <= 0.005 for c in cross) / len(cross) * 100:.0f} %"])
+    within = sum(e <= 0.005 for e in errors) / len(errors)
+    return [provenance(document.get("run")), "",
+            *table(["trace", "GPU blocks", "own shadow: largest error",
+                    "others' runs: largest error (shadow under leader)", "others' runs: mean error", "within 0.005"],
+                   body), "",
+            f"- {'met' if abs(worst[0]) <= 0.005 else '**missed**'}: every shadow within 0.005 of its candidate's real "
+            f"token hit ratio in the runs the others led: {abs(worst[0]):.4f} at worst ({worst[3]}, {count(worst[4])} "
+            f"blocks, {worst[1]} under {worst[2]}), mean {sum(errors) / len(errors):.4f}, {within * 100:.0f} % of "
+            f"{len(errors):,} predictions within"]
+
+
+# --- the learned candidate (bench_learned.py --compare) -----------------------------------------------------------
+
+def render_learned(document: dict) -> list[str]:
+    if document.get("mode") != "compare":
+        raise RenderError("learned.json is not a bench_learned.py --compare run")
+    body, moves, trained, below, led = [], [], 0, 0, 0
+    for row in document["rows"]:
+        hits, best = row["token_hit_ratio"], row["best_baseline"]
+        gap = hits["belady"] - hits[best]
+        quality = row.get("predictor") or {}
+        if row["learned_shadow_led"] is not None:
+            trained += 1
+            led += row["learned_shadow_led"]
+        held = "-"
+        if "holdout_log_loss" in quality:
+            below += quality["holdout_log_loss"] < quality["holdout_base_log_loss"]
+            held = f"{quality['holdout_log_loss']:.3f} ({quality['holdout_base_log_loss']:.3f})"
+        moves.append((row["wa_learned"] - hits["wa"], row["trace"], row["capacity"]))
+
+        def closed(value: float) -> str:
+            return f"{(value - hits[best]) / gap * 100:+.0f} %" if gap > 1e-9 else "-"
+
+        body.append([row["trace"], count(row["capacity"]), ratio(hits["lru"]), f"{ratio(hits[best])} ({best})",
+                     ratio(hits["wa"]), ratio(row["wa_learned"]), f"{row['wa_learned'] - hits['wa']:+.4f}",
+                     f"{closed(hits['wa'])} / {closed(row['wa_learned'])}", row["start"] or "-",
+                     {None: "not trained", True: "yes", False: "no"}[row["learned_shadow_led"]], held,
+                     ratio(hits["belady"])])
+    up, down = max(moves), min(moves)
+    return [provenance(document.get("run")), "",
+            *table(["trace", "GPU blocks", "lru", "best baseline", "wa", "wa with learned", "with learned - without",
+                    "gap to Belady closed: wa / with learned", "tuned start (with learned)",
+                    "learned shadow led the tuning replay", "predictor held-out log-loss (base rate's)", "belady"], body),
+            "", f"With the learned candidate `wa` moves by {up[0]:+.4f} at best ({up[1]}, {count(up[2])} blocks) and "
+                f"{down[0]:+.4f} at worst ({down[1]}, {count(down[2])} blocks). The predictor was trained at {trained} of "
+                f"{len(moves)} points (tuning trains none where `wa` runs over `first-turn` and LRU, nor where Belady's "
+                f"labels hold one class); its shadow led the tuning replay at {led} of them, and its held-out log-loss "
+                f"is below the base rate's at {below}."]
+
+
+# --- client hints (bench_hints.py --json) --------------------------------------------------------------------------
+
+def render_hints(document: dict) -> list[str]:
+    """Per trace: a row per hint scenario over LRU and over the size's best baseline, a column per size, each
+    cell the token hit ratio and its share of the best-baseline-to-Belady gap; the best baseline, the
+    continuation oracle and Belady beside them; then the targets."""
+    lines = [provenance(document.get("run"))]
+    for case in document["cases"]:
+        rows, sizes = case["rows"], [count(row["capacity"]) for row in case["rows"]]
+        scenarios = {entry["scenario"]: entry.get("budget_fraction") for entry in rows[0]["hinted"].values()}
+
+        def cell(entry: dict) -> str:
+            closed = entry.get("gap_closed")
+            return ratio(entry["token_hit_ratio"]) + ("" if closed is None else f" ({closed * 100:+.0f} %)")
+
+        def over(row: dict, base: str, scenario: str | None = None) -> str:
+            """The entry over ``base`` (lru, or the size's best baseline): the oracle's, or the scenario's."""
+            name = row["best_baseline"] if base == "best" else "lru"
+            return cell(row["continues"][name] if scenario is None else row["hinted"][f"{scenario} over {name}"])
+
+        body = [["best baseline", "", *(f"{ratio(r['token_hit_ratio'][r['best_baseline']])} ({r['best_baseline']})"
+                                        for r in rows)]]
+        for name, budget in {"continuation oracle": None, **scenarios}.items():
+            scenario = None if name == "continuation oracle" else name
+            shown = name + ("" if budget is None else f" ({budget:g} of the cache a tag)")
+            body += [[shown, "lru" if base == "lru" else "best baseline", *(over(r, base, scenario) for r in rows)]
+                     for base in ("lru", "best")]
+        body.append(["belady", "", *(ratio(r["token_hit_ratio"]["belady"]) for r in rows)])
+        lines += ["", f"**{case['trace']}**: {case['n_requests']:,} requests of the evaluation window; token hit "
+                      "ratio (share of the best-baseline-to-Belady gap closed) at each size in GPU blocks.", "",
+                  *table(["hints", "over", *sizes], body)]
+    return [*lines, "", *target_lines(document["targets"])]
 
 
 # --- the scheduler (bench_scheduler.py --json, recorded) ----------------------------------------------------
@@ -539,11 +677,14 @@ BLOCKS = {
     "windows": ("windows.json", render_windows),
     "unseen": ("unseen.json", render_quality),
     "demo": ("demo.json", render_demo),
+    "learned": ("learned.json", render_learned),
+    "shadows": ("shadows.json", render_shadows),
     "profiler": ("profiler.json", render_profiler),
     "sim": ("sim.json", render_sim),
     "memory": ("memory.json", render_memory),
     "fleet": ("fleet.json", render_fleet),
     "fleet-weka": ("fleet-weka.json", render_fleet),
+    "hints": ("hints.json", render_hints),
     "scheduler": ("scheduler.json", render_scheduler),
     "free-queue": ("free_queue.json", render_free_queue),
     "serve": ("serve.json", render_serve),

@@ -188,3 +188,91 @@ def test_every_link_into_the_results_page_names_one_of_its_headings():
     assert len(links) > 10
     broken = [f"{path.relative_to(REPO)}: #{anchor}" for path, anchor in links if anchor not in anchors]
     assert not broken, f"links to no heading of docs/results.md: {broken}"
+
+
+def test_the_shadows_json_of_the_documented_shape_renders(monkeypatch, tmp_path):
+    rows = [{"trace": "weka", "capacity": 3000, "candidate": "lru", "real": 0.10, "own_shadow": 0.10,
+             "in_others_runs": {"s3fifo": 0.104, "model": 0.099}},
+            {"trace": "weka", "capacity": 3000, "candidate": "s3fifo", "real": 0.12, "own_shadow": 0.1201,
+             "in_others_runs": {"lru": 0.1280, "model": 0.1195}}]
+    (tmp_path / "shadows.json").write_text(json.dumps({"run": RUN, "rows": rows, "wall_s": 1.0}))
+    monkeypatch.setattr(render_results, "RESULTS", tmp_path)
+    text = render_results.render_block("shadows")
+    # the own shadow's largest error; the largest elsewhere, whose shadow under which leader; mean; share within
+    assert "| weka | 3,000 | 0.0001 | +0.0080 (s3fifo under lru) | 0.0034 | 75 % |" in text
+    prose = " ".join(text.split())
+    assert "- **missed**: every shadow within 0.005" in prose and "0.0080 at worst (weka, 3,000 blocks" in prose
+    assert "75 % of 4 predictions within" in prose
+
+
+def test_the_learned_json_of_the_documented_shape_renders(monkeypatch, tmp_path):
+    hits = {"lru": 0.10, "s3fifo": 0.12, "wa": 0.132, "belady": 0.20}
+    rows = [{"trace": "weka", "capacity": 3000, "token_hit_ratio": hits, "best_baseline": "s3fifo",
+             "wa_learned": 0.136, "start": "segmented", "learned_shadow_led": False,
+             "predictor": {"holdout_log_loss": 0.532, "holdout_base_log_loss": 0.508}},
+            {"trace": "mooncake", "capacity": 1000, "token_hit_ratio": hits, "best_baseline": "s3fifo",
+             "wa_learned": 0.128, "start": "first-turn", "learned_shadow_led": None, "predictor": None}]
+    (tmp_path / "learned.json").write_text(json.dumps({"run": RUN, "mode": "compare", "rows": rows}))
+    monkeypatch.setattr(render_results, "RESULTS", tmp_path)
+    text = render_results.render_block("learned")
+    assert "| weka | 3,000 | .1000 | .1200 (s3fifo) | .1320 | .1360 | +0.0040 | +15 % / +20 % | segmented | no | " \
+           "0.532 (0.508) | .2000 |" in text
+    assert "| mooncake | 1,000 | .1000 | .1200 (s3fifo) | .1320 | .1280 | -0.0040 | +15 % / +10 % | first-turn | " \
+           "not trained | - | .2000 |" in text
+    prose = " ".join(text.split())
+    assert "+0.0040 at best (weka, 3,000 blocks) and -0.0040 at worst (mooncake, 1,000 blocks)" in prose
+    assert "trained at 1 of 2 points" in prose and "led the tuning replay at 0 of them" in prose
+    assert "below the base rate's at 0" in prose
+    (tmp_path / "learned.json").write_text(json.dumps({"run": RUN, "mode": "ablation", "rows": []}))
+    with pytest.raises(render_results.RenderError, match="--compare"):
+        render_results.render_block("learned")
+
+
+def test_the_profiler_json_renders_the_sharded_fit_beside_the_in_memory_one(monkeypatch, tmp_path):
+    document = {"run": RUN, "trace": {"preset": "bailian-a", "hours": 2, "seed": 0, "requests": 43572,
+                                      "block_ids": 6273782, "fit_block_ids": 2749272, "jsonl_mb": 55.6},
+                "repeat": 3, "fit_best_wall_s": 3.8, "fit_peak_rss_mb": 695.0,
+                "steps": {"read": {"wall_s": 0.72, "cpu_s": 0.72}}, "read_block_ids_per_s": 8.71e6, "tuning": None,
+                "sharded": {"preset": "bailian-b", "seed": 0, "fits": [
+                    {"hours": 1.0, "sharded": False, "requests": 86000, "block_accesses": 10_000_000,
+                     "peak_rss_mb": 900.0, "cpu_s": 22.1, "wall_s": 23.0},
+                    {"hours": 24.0, "sharded": True, "requests": 2068266, "block_accesses": 254_600_000,
+                     "peak_rss_mb": 2785.0, "cpu_s": 297.9, "wall_s": 310.0}]}}
+    (tmp_path / "profiler.json").write_text(json.dumps(document))
+    monkeypatch.setattr(render_results, "RESULTS", tmp_path)
+    text = render_results.render_block("profiler")
+    assert ("| `kvprof fit --sharded --window :` of 24 h bailian-b seed 0 (2,068,266 requests, 254.6 M block ids) | "
+            "peak RSS 2.72 GB, 310 s wall | < 4 GB: met |") in text
+    assert "| 1.17 us against 2.21 us (0.53x) | <= 1.3x: met |" in text
+
+
+def test_the_hints_json_of_the_documented_shape_renders(monkeypatch, tmp_path):
+    def entry(scenario, base, hits, closed, budget=None):
+        return {"scenario": scenario, "base": base, "budget_fraction": budget, "token_hit_ratio": hits,
+                "gap_closed": closed}
+
+    rows = [{"capacity": 1000, "token_hit_ratio": {"lru": 0.11, "s3fifo": 0.12, "belady": 0.31},
+             "best_baseline": "s3fifo",
+             "continues": {"lru": {"token_hit_ratio": 0.17, "gap_closed": 0.25},
+                           "s3fifo": {"token_hit_ratio": 0.171, "gap_closed": 0.2545}},
+             "hinted": {"perfect over lru": entry("perfect", "lru", 0.109, -0.074),
+                        "perfect over s3fifo": entry("perfect", "s3fifo", 0.1104, -0.07),
+                        "random, budget over lru": entry("random, budget", "lru", 0.1116, -0.06, 0.1),
+                        "random, budget over s3fifo": entry("random, budget", "s3fifo", 0.1081, -0.08, 0.1)}},
+            {"capacity": 8000, "token_hit_ratio": {"lru": 0.49, "s3fifo": 0.48, "belady": 0.66},
+             "best_baseline": "lru",  # the best baseline is lru here: both rows read the runs over lru
+             "continues": {"lru": {"token_hit_ratio": 0.57, "gap_closed": 0.47}},
+             "hinted": {"perfect over lru": entry("perfect", "lru", 0.5697, 0.46),
+                        "random, budget over lru": entry("random, budget", "lru", 0.3765, -0.71, 0.1)}}]
+    document = {"run": RUN, "cases": [{"trace": "mooncake", "n_requests": 2507, "rows": rows}],
+                "targets": [{"target": "perfect hints: at least the oracle's share", "met": False, "measured": "-7%"}]}
+    (tmp_path / "hints.json").write_text(json.dumps(document))
+    monkeypatch.setattr(render_results, "RESULTS", tmp_path)
+    text = render_results.render_block("hints")
+    assert "| hints | over | 1,000 | 8,000 |" in text
+    assert "| best baseline |  | .1200 (s3fifo) | .4900 (lru) |" in text
+    assert "| continuation oracle | best baseline | .1710 (+25 %) | .5700 (+47 %) |" in text
+    assert "| perfect | lru | .1090 (-7 %) | .5697 (+46 %) |" in text
+    assert "| random, budget (0.1 of the cache a tag) | best baseline | .1081 (-8 %) | .3765 (-71 %) |" in text
+    assert "| belady |  | .3100 | .6600 |" in text
+    assert "- **missed**: perfect hints: at least the oracle's share: -7%" in text
