@@ -103,11 +103,11 @@ def test_every_block_in_exactly_one_pool_and_budget_kept(ops, budget):
 
 def check_evict_order(driver: Driver) -> None:
     """The victim comes from the released pool while it has blocks, then the base, then the
-    retained pool's lowest priority, earliest expiry."""
+    retained pool's lowest priority, latest expiry."""
     policy = driver.policy
     policy._lapse(driver.now)
     released, retained, base = pools(policy)
-    keys = {block: policy._retention[block][1::-1] for block in retained}  # (priority, expiry)
+    keys = {block: (policy._retention[block][1], -policy._retention[block][0]) for block in retained}
     oldest_released = next(iter(policy._released), None)
     driver.step(("evict",))
     victim = driver.victims[-1]
@@ -137,7 +137,7 @@ def test_without_hints_it_is_the_base_policy(ops, base, budget):
         assert hinted.policy.order(hinted.now) == bare.policy.order(bare.now)
 
 
-def test_released_then_base_then_retained_by_priority_and_expiry():
+def test_released_then_base_then_retained_by_priority_then_latest_expiry():
     policy = HintedPolicy(make_policy("lru"))
     policy.finish(1, 0.0, hint=Hint(retain_s=10.0, priority=50))
     policy.free([1, 2], 0.0)
@@ -149,8 +149,8 @@ def test_released_then_base_then_retained_by_priority_and_expiry():
     policy.free([5, 6], 0.0)
     policy.finish(5, 0.0, hint=Hint(release=True))
     policy.free([7], 0.0)
-    assert policy.order(1.0) == [7, 5, 6, 4, 3, 1, 2]
-    assert policy.evict_n(7, 1.0) == [7, 5, 6, 4, 3, 1, 2]
+    assert policy.order(1.0) == [7, 5, 6, 4, 1, 2, 3]
+    assert policy.evict_n(7, 1.0) == [7, 5, 6, 4, 1, 2, 3]
     assert policy.counters.released_evicted == 1
 
 
@@ -162,7 +162,7 @@ def test_expiry_returns_blocks_to_the_base_order_in_expiry_order():
     policy.free([2], 0.0)
     policy.finish(3, 0.5)
     policy.free([3], 0.5)
-    assert policy.order(0.9) == [3, 2, 1]  # retained, out of the base
+    assert policy.order(0.9) == [3, 1, 2]  # retained, out of the base, latest expiry first
     assert policy.n_retained == 2
     policy.finish(4, 3.0)
     policy.free([4], 3.0)  # the lapses come first: 2 (at 1 s), then 1 (at 2 s), then the new free

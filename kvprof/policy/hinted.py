@@ -5,7 +5,10 @@ of its blocks). At that free its blocks go to one of three places:
 
 * ``release``: a *released* pool, evicted before anything else, oldest-freed first;
 * ``retain_s > 0``: *retained* until ``now + retain_s``, out of the base order; evicted only when
-  the released pool and the base are empty, lowest priority first, then earliest expiry. Retention
+  the released pool and the base are empty, lowest priority first, then latest expiry first: a
+  retention is the client's word on when it will want the blocks back, and the one wanted last is
+  Belady's victim (measured against earliest expiry first and oldest-retained first in
+  docs/hints.md: earliest expiry evicts the blocks wanted soonest). Retention
   is soft: when its time passes the block lapses into the base order (freed into the base then:
   lapses are applied lazily, before each free, evict, order or count, in expiry order). A block
   keeps its retention while a hit holds it: a later free (hinted or not) retains it again until
@@ -74,7 +77,7 @@ class HintedPolicy(EvictionPolicy):
         self._retention: dict[int, tuple[float, int, int]] = {}  # block -> (expiry, priority, tag)
         self._by_tag: dict[int, OrderedDict[int, None]] = {}  # tag -> its retained blocks, earliest retained first
         self._expiries: list[tuple[float, int, int]] = []  # (expiry, seq, block)
-        self._victims: list[tuple[int, float, int, int]] = []  # (priority, expiry, seq, block)
+        self._victims: list[tuple[int, float, int, int]] = []  # (priority, -expiry, seq, block)
         self._seq = 0
 
     # Requests ---------------------------------------------------------------------------------
@@ -195,7 +198,7 @@ class HintedPolicy(EvictionPolicy):
         self._retained[block] = self._seq
         self._retention[block] = (expiry, priority, tag)
         heapq.heappush(self._expiries, (expiry, self._seq, block))
-        heapq.heappush(self._victims, (priority, expiry, self._seq, block))
+        heapq.heappush(self._victims, (priority, -expiry, self._seq, block))
         held = self._by_tag.setdefault(tag, OrderedDict())
         held[block] = None
         if self.budget_blocks is not None and len(held) > self.budget_blocks:
