@@ -64,12 +64,19 @@ def trace_file(tmp_path_factory):
     return synthetic(tmp_path_factory.mktemp("files"), hours=0.3, seed=6)[0]
 
 
-def test_a_file_fitted_in_shards_on_disk_writes_fit_traces_file_held_out_scores_included(trace_file):
-    from kvprof.profiler.shards import fit_sharded
+@pytest.mark.parametrize("scan_blocks", [None, 5_000])
+def test_a_file_fitted_in_shards_on_disk_writes_fit_traces_file_held_out_scores_included(trace_file, scan_blocks,
+                                                                                          monkeypatch):
+    """Also where the next-turn counts scan the spilled chains in many pieces (``scan_blocks``)."""
+    from kvprof.profiler import shards
 
+    if scan_blocks is not None:
+        monkeypatch.setattr(shards, "SCAN_BLOCKS", scan_blocks)
     trace = read_trace(trace_file)[0]
     whole = fit_trace(trace.time_window(0, 500), holdout=trace.time_window(500, 1000))
-    sharded = fit_sharded([trace_file], window=(0, 500), shard_accesses=40_000)
+    sharded = shards.fit_sharded([trace_file], window=(0, 500), shard_accesses=40_000)
+    assert trace.time_window(0, 500).n_blocks > 4 * 5_000
+    assert sharded.next_turn is not None and sharded.next_turn.to_dict() == whole.next_turn.to_dict()
     assert _document(sharded) == _document(whole)
     assert any("holdout" in (row.diagnostics or {}) for tiers in sharded.cells.values() for row in tiers)
 

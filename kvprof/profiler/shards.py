@@ -48,6 +48,8 @@ from kvprof.recording import FILE as RECORDING_FILE
 
 #: Block accesses per shard by default: a shard's samples take ~60 bytes each while it is processed.
 SHARD_ACCESSES = 4_000_000
+#: Block ids the next-turn counts scan at a time (with their temporaries, ~40 bytes each).
+SCAN_BLOCKS = 1 << 22
 #: Every this-many-th block id read is kept to place the shards' boundaries.
 _BOUNDARY_SAMPLE = 64
 
@@ -184,12 +186,16 @@ def _next_turns(spill: Path, indices: list[int], n_fit: int, timestamp: np.ndarr
     """Step 1's last part: the fit window's :func:`~kvprof.profiler.turns.next_turn_rates`, as
     :func:`~kvprof.profiler.fit.fit_trace` counts them, from the spilled chains of files ``indices`` read
     one at a time: first each fit-window request's tail (its last full block), then of each chain only
-    the full blocks that are some request's tail (no other block can end an earlier chain)."""
+    the full blocks that are some request's tail (no other block can end an earlier chain). A file's
+    blocks are mapped, not loaded, and scanned :data:`SCAN_BLOCKS` at a time, so memory holds the
+    requests' columns and what is kept, never a file's blocks with their per-block temporaries."""
 
     def files():  # each file's rows' places in the time order, chain offsets, full blocks, and blocks
         for index in indices:
+            blocks = spill / f"file{index}-blocks.bin"
             yield (np.load(spill / f"file{index}-rank.npy"), np.load(spill / f"file{index}-offsets.npy"),
-                   np.load(spill / f"file{index}-full.npy"), np.fromfile(spill / f"file{index}-blocks.bin", np.int64))
+                   np.load(spill / f"file{index}-full.npy"),
+                   np.memmap(blocks, np.int64, mode="r") if blocks.stat().st_size else np.zeros(0, np.int64))
 
     tails = np.full(n_fit, -1, np.int64)
     for rank, offsets, n_full, blocks in files():
@@ -197,13 +203,21 @@ def _next_turns(spill: Path, indices: list[int], n_fit: int, timestamp: np.ndarr
         tails[rank[ends]] = blocks[offsets[:-1][ends] + n_full[ends] - 1]
     known_tails = np.unique(tails[tails >= 0])
     rows, depths, found = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for rank, offsets, n_full, blocks in files():
-        row = np.repeat(np.arange(rank.size), np.diff(offsets))
-        depth = np.arange(blocks.size) - offsets[row]
-        kept = (rank[row] < n_fit) & (depth < n_full[row]) & np.isin(blocks, known_tails)
-        rows.append(rank[row[kept]])
-        depths.append(depth[kept])
-        found.append(blocks[kept])
+    for rank, offsets, n_full, blocks in files() if known_tails.size else ():
+        first = 0
+        while first < rank.size:  # rows first .. stop - 1: about SCAN_BLOCKS blocks (at least one row)
+            stop = max(int(np.searchsorted(offsets, offsets[first] + SCAN_BLOCKS, side="right")) - 1, first + 1)
+            stop = min(stop, rank.size)
+            start = offsets[first]
+            row = np.repeat(np.arange(first, stop), np.diff(offsets[first:stop + 1]))
+            depth = np.arange(start, offsets[stop]) - offsets[row]
+            chunk = np.asarray(blocks[start:offsets[stop]])
+            place = np.minimum(np.searchsorted(known_tails, chunk), known_tails.size - 1)
+            kept = (rank[row] < n_fit) & (depth < n_full[row]) & (known_tails[place] == chunk)
+            rows.append(rank[row[kept]])
+            depths.append(depth[kept])
+            found.append(chunk[kept])
+            first = stop
     rows, depths, found = (np.concatenate(parts) for parts in (rows, depths, found))
     order = np.lexsort((depths, rows))  # by request in time order, each chain's blocks shallowest first
     offsets = np.searchsorted(rows[order], np.arange(n_fit + 1))
