@@ -21,9 +21,8 @@ block) and of prefill chunks, where fixed costs per call matter more than cost p
 
 ``--chain K`` instead times ``wa``'s twin alone (no queue) on a long prefix chain, per phase, in
 ns/block: a pool of ``--pool`` blocks (the rest freed in chains of 64), a chain of ``K`` blocks in
-random order freed tail first, each block taken back (``take``; both only noted in the twin's
-journal), the journal applied (the frees and takes reach the core: what the next call does first),
-and accessed again as hits; every third round the whole pool is evicted (``evict``)
+random order freed tail first, each block taken back (``take``), the takes applied (the next call:
+``remove_n``), and accessed again as hits; every third round the whole pool is evicted (``evict``)
 and the chain allocated again (``access_miss``: ghost recalls). Min over ``--repeat`` rounds (x3).
 
 ``--caching`` instead times the pool's ``cache_full_blocks`` of one block, as each decode step calls
@@ -195,7 +194,7 @@ def bench_chain(pool, k, repeat):
     chain, depths = rng.permutation(k).astype(np.int64), np.arange(k, dtype=np.int64)
     numbers, tail_first = twin.numbers([("chain", i) for i in range(k)]), chain[::-1].copy()
     twin.access_numbered(chain, depths, numbers, next(tick), 6, hit=False)
-    phases = {name: [] for name in ("free", "take", "apply_journal", "access_hit", "evict", "access_miss")}
+    phases = {name: [] for name in ("free", "take", "apply_taken", "access_hit", "evict", "access_miss")}
 
     def timed(name, fn, per=k):
         start = time.perf_counter_ns()
@@ -210,7 +209,7 @@ def bench_chain(pool, k, repeat):
     for r in range(3 * repeat):
         timed("free", lambda: twin.free(tail_first, next(tick)))
         timed("take", take_back)
-        timed("apply_journal", twin._apply_journal)
+        timed("apply_taken", twin._apply_taken)
         timed("access_hit", lambda: twin.access_numbered(chain, depths, numbers, next(tick), 6, hit=True))
         if r % 3 == 2:  # the chain evicted with the whole pool, then allocated again
             twin.free(tail_first, next(tick))

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvprof.core.twin import JOURNAL_LIMIT, CompiledTwin
+from kvprof.core.twin import CompiledTwin
 from kvprof.models.learned import N_LOG_BINS, LearnedModel
 from kvprof.policy import POLICIES, make_policy
 from kvprof.policy.learned import LearnedPolicy
@@ -155,8 +155,8 @@ def test_taken_blocks_reach_the_core_before_anything_else(name):
 def test_touches_are_each_blocks_last_access_or_free_under_every_policy(name):
     """What a reload reads back (:meth:`CompiledTwin.touches`, :meth:`CompiledTwin.hits_since_cached`):
     the ``now`` of each block's last access or free, the depth of its last access and its hits since
-    its last miss, whether the core keeps the first two (``wa``) or the twin's journal writes them
-    (``lru``, ``s3fifo``); journaled frees and one-block accesses included."""
+    its last miss, whether the core keeps the first two (``wa``) or the twin's tables do (``lru``,
+    ``s3fifo``); one-block accesses and chains, takes and evictions between them."""
     twin = CompiledTwin(build(name), n_blocks=64)
     rng = np.random.default_rng(3)
     stamp, depth, hits = np.full(64, -np.inf), np.zeros(64, np.int64), np.zeros(64, np.int64)
@@ -186,17 +186,6 @@ def test_touches_are_each_blocks_last_access_or_free_under_every_policy(name):
             assert stamps.tolist() == stamp.tolist() and depths.tolist() == depth.tolist()
             assert twin.hits_since_cached(np.arange(64, dtype=np.int64)).tolist() == hits.tolist()
             assert len(twin) == len(evictable)
-
-
-def test_a_journal_that_only_frees_is_applied_before_it_grows_past_its_limit():
-    twin = CompiledTwin(build("lru"), n_blocks=1 << 17)
-    blocks = list(range(1 << 17))
-    for start in range(0, len(blocks), 1 << 12):
-        twin.access_chain(blocks[start:start + (1 << 12)], [0] * (1 << 12), [None] * (1 << 12), 0.0, 0, hit=False)
-    for start in range(0, len(blocks), 1 << 10):
-        twin.free(blocks[start:start + (1 << 10)], 1.0)
-        assert len(twin._journal) <= JOURNAL_LIMIT + (1 << 10) + 2
-    assert len(twin) == len(blocks) and twin.evict_n(3, 2.0) == [0, 1, 2]
 
 
 def test_a_cleared_twin_starts_over():

@@ -8,15 +8,18 @@ The address stays valid while the Python handle (:class:`kvprof.core.wa.Policy`)
 whoever holds the address must hold the handle.
 
 Every function is the :mod:`kvprof.core.wa` function of the same name with the policy behind
-an address, plus batch forms vLLM's events come in (a chain of accesses), and the journal of
-:class:`kvprof.core.twin.CompiledTwin` applied before an eviction or a chain of accesses.
+an address, plus batch forms vLLM's events come in (a chain of accesses, a batch of removals).
+Those that access or free blocks also note, in the twin's tables at ``notes_address``
+(:func:`notes_at`), what a reload reads back of each block: when it was last accessed or freed,
+the depth of its last access (where the policy's core keeps neither) and its hits since its last
+access that was not a hit; so a driver keeps no per-block table of its own.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -55,28 +58,32 @@ def address_of(policy):
     return _address(policy)
 
 
-@njit(cache=True)
-def access(address, block, now, workload, depth, hit, next_use, content):
-    core.policy_access(policy_at(address), block, now, workload, depth, hit, next_use, content)
-
-
-# -- the journal (kvprof.core.twin.CompiledTwin): events noted as ints, applied in one call ----------
-#: An entry of a journal is a take (``remove`` of an evictable block: the block id itself) or starts
-#: with a tag: ``JOURNAL_FREE, n, blocks...`` (``free`` of ``n`` blocks), ``JOURNAL_ACCESS, block,
-#: depth, content, workload, hit`` (``access`` of one block), ``JOURNAL_FINISH, n_output``
-#: (``count_finish``). The tags lie far below any id a take could be given by mistake.
-JOURNAL_FREE = -(1 << 62)
-JOURNAL_ACCESS = JOURNAL_FREE + 1
-JOURNAL_FINISH = JOURNAL_FREE + 2
-
-#: Hits since a block was last accessed as a miss are noted up to this many (int8).
+#: Hits since a block's last access that was not a hit are noted up to this many (int8).
 HITS_NOTED = 127
 
 
+@intrinsic
+def _pointer(typingctx, address):
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(types.int64), codegen
+
+
 @njit(cache=True)
-def note_access(notes, block, now, depth, hit):
-    """Note an access of ``block`` in the twin's tables ``notes`` (when, depth, hits since its last miss;
-    the first two empty where the core keeps them)."""
+def notes_at(notes_address):
+    """The twin's tables found through ``notes_address`` (:class:`kvprof.core.twin.CompiledTwin` keeps
+    them; an address is an int, which a call takes faster than arrays): five int64s there give the
+    address of when each block was last accessed or freed (float64), of the depth of its last access
+    (int64), their length (0 where the core keeps both), the address of its hits since its last miss
+    (int8) and that table's length."""
+    at_address, depth_address, n_touched, hits_address, n_hits = carray(_pointer(notes_address), 5, np.int64)
+    return (carray(_pointer(at_address), n_touched, np.float64), carray(_pointer(depth_address), n_touched, np.int64),
+            carray(_pointer(hits_address), n_hits, np.int8))
+
+
+@njit(cache=True)
+def _note_access(notes, block, now, depth, hit):
     touched_at, touched_depth, hits = notes
     if 0 <= block < len(touched_at):
         touched_at[block] = now
@@ -86,73 +93,26 @@ def note_access(notes, block, now, depth, hit):
 
 
 @njit(cache=True)
-def _apply_journal(policy, journal, n, stamps, notes):
-    """``journal[:n]``'s events in order (``stamps``: the ``now`` of each free and access, in order),
-    each access and free noted in ``notes`` (:func:`note_access`); the index of the first take of
-    a block that was not evictable, where applying stopped, else -1."""
+def _note_free(notes, blocks, n, now):
     touched_at = notes[0]
-    i = 0
-    s = 0
-    while i < n:
-        tag = journal[i]
-        if tag == JOURNAL_FREE:
-            k = journal[i + 1]
-            blocks = journal[i + 2:i + 2 + k]
-            core.policy_free(policy, blocks, k, stamps[s])
-            for b in blocks:
-                if 0 <= b < len(touched_at):
-                    touched_at[b] = stamps[s]
-            s += 1
-            i += 2 + k
-        elif tag == JOURNAL_ACCESS:
-            block, depth, hit = journal[i + 1], journal[i + 2], journal[i + 5] != 0
-            core.policy_access(policy, block, stamps[s], journal[i + 4], depth, hit, np.inf, journal[i + 3])
-            note_access(notes, block, stamps[s], depth, hit)
-            s += 1
-            i += 6
-        elif tag == JOURNAL_FINISH:
-            core.count_finish(policy, journal[i + 1])
-            i += 2
-        else:  # a run of takes
-            j = i + 1
-            while j < n and journal[j] > JOURNAL_FINISH:
-                j += 1
-            removed = core.policy_remove_held_n(policy, journal[i:j], j - i)
-            if removed < j - i:
-                return i + removed
-            i = j
-    return -1
+    for i in range(n):
+        if 0 <= blocks[i] < len(touched_at):
+            touched_at[blocks[i]] = now
 
 
 @njit(cache=True)
-def apply_journal(address, journal, n, stamps, notes):
-    """:func:`_apply_journal` on the policy at ``address``."""
-    return _apply_journal(policy_at(address), journal, n, stamps, notes)
+def access(address, block, now, workload, depth, hit, next_use, content, notes_address):
+    core.policy_access(policy_at(address), block, now, workload, depth, hit, next_use, content)
+    _note_access(notes_at(notes_address), block, now, depth, hit)
 
 
 @njit(cache=True)
-def journal_then_evict_n(address, journal, n_journal, stamps, notes, n, now, out):
-    """The journal applied, then ``evict_n`` into ``out[:n]`` (one call where an eviction names victims);
-    as :func:`apply_journal`'s, the first take that failed (nothing evicted then), else -1."""
-    policy = policy_at(address)
-    failed = _apply_journal(policy, journal, n_journal, stamps, notes)
-    if failed < 0:
-        core.policy_evict_n(policy, n, now, out, 0)
-    return failed
-
-
-@njit(cache=True)
-def journal_then_access_n(address, journal, n_journal, stamps, notes, blocks, depths, contents, n, now, workload, hit):
-    """The journal applied, then ``access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for
-    ``i < n``, in order, each noted as the journal's; as :func:`apply_journal`'s, the first take that
-    failed (nothing accessed then), else -1."""
-    policy = policy_at(address)
-    failed = _apply_journal(policy, journal, n_journal, stamps, notes)
-    if failed < 0:
-        core.policy_access_n(policy, blocks, depths, contents, np.full(n, np.inf), n, now, workload, hit)
-        for i in range(n):
-            note_access(notes, blocks[i], now, depths[i], hit)
-    return failed
+def access_n(address, blocks, depths, contents, n, now, workload, hit, notes_address):
+    """``access`` of ``blocks[i]`` at ``depths[i]`` with ``contents[i]`` for ``i < n``, in order."""
+    core.policy_access_n(policy_at(address), blocks, depths, contents, np.full(n, np.inf), n, now, workload, hit)
+    notes = notes_at(notes_address)
+    for i in range(n):
+        _note_access(notes, blocks[i], now, depths[i], hit)
 
 
 @njit(cache=True)
@@ -208,6 +168,20 @@ def eviction_reads_shadows(address):
 
 
 @njit(cache=True)
+def free(address, blocks, n, now, notes_address):
+    core.policy_free(policy_at(address), blocks, n, now)
+    _note_free(notes_at(notes_address), blocks, n, now)
+
+
+@njit(cache=True)
+def free_one(address, block, now, notes_address):
+    blocks = np.empty(1, np.int64)
+    blocks[0] = block
+    core.policy_free(policy_at(address), blocks, 1, now)
+    _note_free(notes_at(notes_address), blocks, 1, now)
+
+
+@njit(cache=True)
 def remove(address, block):
     """``remove`` if ``block`` is evictable; whether it was."""
     policy = policy_at(address)
@@ -218,8 +192,26 @@ def remove(address, block):
 
 
 @njit(cache=True)
+def remove_n(address, blocks, n):
+    """``remove`` of ``blocks[:n]`` in order, stopping at the first that is not evictable;
+    its index, or -1 when all were removed."""
+    removed = core.policy_remove_held_n(policy_at(address), blocks, n)
+    return -1 if removed == n else removed
+
+
+@njit(cache=True)
+def evict_n(address, n, now, out):
+    core.policy_evict_n(policy_at(address), n, now, out, 0)
+
+
+@njit(cache=True)
 def order(address, n, now, out):
     core.policy_order(policy_at(address), n, now, out)
+
+
+@njit(cache=True)
+def size(address):
+    return core.policy_size(policy_at(address))
 
 
 @njit(cache=True)

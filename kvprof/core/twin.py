@@ -1,18 +1,14 @@
 """A compiled policy behind the :class:`~kvprof.policy.base.EvictionPolicy` interface.
 
-What drivers that speak the interface run (the vLLM adaptor, the differential tests): compiled
-calls by address (:mod:`kvprof.core.handle`, ~0.15 us a call), with batch forms for what vLLM does
-in batches (a chain of accesses, removals on prefix hits). What only changes the policy (a free, a
-take, a one-block access, an output length) is noted in a journal of plain ints and reaches the
-core with the next call that needs it (an eviction, an order, a chain of accesses): vLLM calls the
-free queue many times a step, and a compiled call with its arrays costs more than the work. The
+What drivers that speak the interface run (the vLLM adaptor, the differential tests): one
+compiled call per protocol call, by address (:mod:`kvprof.core.handle`, ~0.15 us a call), with
+batch forms for what vLLM does in batches (a chain of accesses, removals on prefix hits). The
 simulator's compiled engine drives the core directly instead.
 """
 
 from __future__ import annotations
 
 import math
-from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
@@ -27,12 +23,6 @@ from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 
 #: The chain of a request that holds no seat: nothing to number.
 NO_NUMBERS = np.zeros(0, np.int64)
-
-#: Journal entries held at most: past it a free applies the journal (a driver that only frees).
-JOURNAL_LIMIT = 1 << 16
-#: From this many entries on, the journal reaches the core through ``array('q')`` (faster than numpy's
-#: conversion of a list from a few hundred ints on; slower below).
-_LONG = 128
 
 
 def output_code(n_output: int | None) -> int:
@@ -55,27 +45,24 @@ class CompiledTwin(EvictionPolicy):
     bounded in a server that runs for weeks, at the price that a content first seen
     ``max_contents`` contents ago may be taken for another in a ghost or shadow (all of them
     together hold about 9 times the pool's blocks, so with the default this is rare and only
-    shifts the safety net's statistics; the cache itself never depends on it). ``_journal`` holds,
-    in the order they were called, the events the core has not been told yet (takes, frees,
-    one-block accesses, output lengths: :data:`kvprof.core.handle.JOURNAL_FREE`'s encoding; the
-    ``now`` of each free and access in ``_stamps``), and every method that reaches the core
-    applies it first, in the same compiled call where it can, so the core sees the same
-    operations in the same order, with the same times, as the reference would; ``_journaled``
-    counts its entries that are not takes. ``_seats`` numbers the running requests (:meth:`admit`
+    shifts the safety net's statistics; the cache itself never depends on it). ``_taken`` lists
+    blocks taken back with :meth:`take` that the core still holds as evictable, and every method
+    that reaches the core hands them to it first, so the core sees the same operations in the
+    same order as the reference would; ``_seats`` numbers the running requests (:meth:`admit`
     to :meth:`finish`) with the lowest numbers free, the ids the core knows them by;
-    ``_size`` is the number of evictable blocks once the journal's takes are applied (the
-    takes pending are ``len(_journal) - _journaled``), kept here because every change of it
-    passes through this class. ``_block_content[b]`` is the content number block ``b`` was last
-    accessed with (what :meth:`remembered` gives for a hit, so a prefix hit costs no key lookup
-    per block), kept only where the core does not keep a cached block's content itself
-    (``_contents_in_core``: then it is empty and :meth:`remembered` reads the core's; empty too
-    where the core reads no contents: ``reads_contents`` False, and then a driver may pass -1 for
-    every content). ``keeps_touches``: the core keeps when each block was last accessed or freed
-    and at what depth; where it does not, the twin's ``_notes`` keep them for blocks below
-    ``n_blocks`` (when, depth; else empty), with the hits since each block's last access that
-    was not a hit (capped at :data:`~kvprof.core.handle.HITS_NOTED`), all written by the compiled
-    calls that apply the journal, so that :meth:`touches` and :meth:`hits_since_cached` answer
-    for every policy and a driver need not keep them too. ``shadow_feed``, once :meth:`feed_shadows_in_background` was called, takes every
+    ``_size`` is the number of evictable blocks (the core's count less ``_taken``), kept here
+    because every change of it passes through this class; ``_block_content[b]`` is the content
+    number block ``b`` was last accessed with (what :meth:`remembered` gives for a hit, so a
+    prefix hit costs no key lookup per block), kept only where the core does not keep a cached
+    block's content itself (``_contents_in_core``: then it is empty and :meth:`remembered`
+    reads the core's; empty too where the core reads no contents: ``reads_contents`` False, and
+    then a driver may pass -1 for every content). ``keeps_touches``: the core keeps when each block
+    was last accessed or freed and at what depth; where it does not, ``_notes`` keeps them for
+    the blocks below ``n_blocks`` (when, depth; else empty), beside each one's hits since its last
+    access that was not a hit (up to :data:`~kvprof.core.handle.HITS_NOTED`), all written by the
+    compiled calls that access or free (:func:`kvprof.core.handle.notes_at`), so that
+    :meth:`touches` and :meth:`hits_since_cached` answer for every policy and a driver need not
+    keep them too. ``shadow_feed``, once :meth:`feed_shadows_in_background` was called, takes every
     admission and finish (:class:`~kvprof.core.shadow_feed.ShadowFeed`), and every eviction and
     reading of the shadows goes through it first (its thread lives until :meth:`close`, which
     whoever drops such a twin calls, and which ends it for good).
@@ -99,15 +86,12 @@ class CompiledTwin(EvictionPolicy):
         self.max_contents = max_contents or max(CONTENTS_PER_BLOCK * n_blocks, MIN_CONTENTS)
         self._content_id: OrderedDict[Hashable, int] = OrderedDict()
         self._seats = Seats()
-        self._journal: list[int] = []
-        self._stamps: list[float] = []
-        self._journaled = 0
-        self._accessed = False  # whether the journal holds an access
+        self._taken: list[int] = []
         #: ``take(block)``: :meth:`remove` of a block the caller knows is evictable, applied
-        #: with the journal (vLLM takes back a free block on every prefix hit: one list append
-        #: here instead of a compiled call each). A block that was not evictable raises KeyError
-        #: at the call that applies it. Bound to the list, so no Python frame.
-        self.take = self._journal.append
+        #: before the next call that reaches the core (vLLM takes back a free block on every
+        #: prefix hit: one list append here instead of a compiled call each). A block that was
+        #: not evictable raises KeyError at that next call. Bound to the list, so no Python frame.
+        self.take = self._taken.append
         self._out = np.empty(16, dtype=np.int64)  # victims of one call: grown to the most asked for
         self.shadow_feed: ShadowFeed | None = None
         self._build()
@@ -119,6 +103,9 @@ class CompiledTwin(EvictionPolicy):
         self._block_content = np.full(max(n_blocks, 16) if self._notes_contents else 0, -1, dtype=np.int32)
         kept = 0 if self.keeps_touches else n_blocks
         self._notes = (np.full(kept, -np.inf), np.zeros(kept, np.int64), np.zeros(n_blocks, np.int8))
+        at, depth, hits = self._notes  # where the compiled calls find them (handle.notes_at)
+        self._notes_table = np.array([at.ctypes.data, depth.ctypes.data, kept, hits.ctypes.data, n_blocks], np.int64)
+        self._notes_address = self._notes_table.ctypes.data
 
     def _build(self) -> None:
         self.handle = compile_policy(self.reference, self._n_blocks)
@@ -141,29 +128,13 @@ class CompiledTwin(EvictionPolicy):
             self.shadow_feed.close()
             self.shadow_feed = None  # a later clear() starts none
 
-    def _journal_arrays(self) -> tuple[np.ndarray, int, np.ndarray]:
-        """The journal as the compiled calls take it (entries, their count, the stamps), emptied here:
-        the takes among them counted off ``_size``."""
-        journal, n = self._journal, len(self._journal)
-        entries = np.frombuffer(array("q", journal), np.int64) if n >= _LONG else np.array(journal, dtype=np.int64)
-        stamps = np.array(self._stamps, dtype=np.float64)
-        self._size -= n - self._journaled
-        journal.clear()
-        self._stamps.clear()
-        self._journaled = 0
-        self._accessed = False
-        return entries, n, stamps
-
-    @staticmethod
-    def _failed(entries: np.ndarray, failed: int) -> None:
-        """Raise for the journal's take at ``failed`` (-1: none failed), whose block was not evictable
-        (the journal after it was dropped)."""
-        if failed >= 0:
-            raise KeyError(f"block {entries[failed]} was taken back but was not evictable")
-
-    def _apply_journal(self) -> None:
-        entries, n, stamps = self._journal_arrays()
-        self._failed(entries, handle.apply_journal(self._address, entries, n, stamps, self._notes))
+    def _apply_taken(self) -> None:
+        taken = np.fromiter(self._taken, np.int64, len(self._taken))  # (a third faster than np.array of a list)
+        self._taken.clear()
+        first_absent = handle.remove_n(self._address, taken, len(taken))
+        self._size = handle.size(self._address)
+        if first_absent >= 0:
+            raise KeyError(f"block {taken[first_absent]} was taken back but was not evictable")
 
     def _contents(self, contents: Iterable[Hashable | None]) -> list[int]:
         get, number = self._content_id.get, self._number
@@ -202,21 +173,15 @@ class CompiledTwin(EvictionPolicy):
                    next_use: float = math.inf) -> None:
         """:meth:`access` with the content as its :meth:`numbers` number (-1: none): one compiled call,
         no array (a decode step caches one block a request)."""
+        if self._taken:
+            self._apply_taken()
         if self._notes_contents:
             if block < len(self._block_content):
                 self._block_content[block] = number
             else:  # the table grows (a simulator's pool)
                 self._remember_contents(np.array([block], dtype=np.int64), np.array([number], dtype=np.int64))
-        if next_use != math.inf:  # the journal has no room for it (only an oracle reads it)
-            if self._journal:
-                self._apply_journal()
-            handle.access(self._address, block, float(now), workload, depth, hit, float(next_use), number)
-            handle.note_access(self._notes, block, float(now), depth, hit)
-            return
-        self._journal += (handle.JOURNAL_ACCESS, block, depth, number, workload, 1 if hit else 0)
-        self._stamps.append(float(now))
-        self._journaled += 6
-        self._accessed = True
+        handle.access(self._address, block, float(now), workload, depth, hit, float(next_use), number,
+                      self._notes_address)
 
     def access_chain(self, blocks: Sequence[int], depths: Sequence[int], contents: Sequence[Hashable | None],
                      now: float, workload: int, *, hit: bool) -> None:
@@ -229,15 +194,12 @@ class CompiledTwin(EvictionPolicy):
     def access_numbered(self, blocks: np.ndarray, depths: np.ndarray, numbers: np.ndarray, now: float,
                         workload: int, *, hit: bool) -> None:
         """:meth:`access_chain` with the contents as :meth:`numbers` (int64 arrays, one compiled call)."""
+        if self._taken:
+            self._apply_taken()
         n = len(blocks)
         if n:
             self._remember_contents(blocks, numbers)
-            entries, n_entries, stamps = self._journal_arrays()
-            self._failed(entries, handle.journal_then_access_n(
-                self._address, entries, n_entries, stamps, self._notes, blocks, depths, numbers, n, float(now),
-                workload, hit))
-        elif self._journal:
-            self._apply_journal()
+            handle.access_n(self._address, blocks, depths, numbers, n, float(now), workload, hit, self._notes_address)
 
     def remembered(self, blocks: np.ndarray) -> np.ndarray | None:
         """The content numbers ``blocks`` (int64) were cached with (last accessed with, where the core
@@ -246,8 +208,6 @@ class CompiledTwin(EvictionPolicy):
         if not self.reads_contents:
             return np.full(len(blocks), -1, dtype=np.int64)
         if self._contents_in_core:
-            if self._accessed:  # a cached block's content is set by an access only
-                self._apply_journal()
             numbers = np.empty(len(blocks), dtype=np.int64)
             return numbers if handle.contents_of(self._address, blocks, numbers) else None
         if len(blocks) and int(blocks.max()) >= len(self._block_content):
@@ -270,8 +230,8 @@ class CompiledTwin(EvictionPolicy):
     def touches(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """When each of ``blocks`` (int64) was last accessed or freed (the ``now`` of that call) and the
         depth of its last access (``-inf`` and 0 for a block never accessed)."""
-        if self._journal:
-            self._apply_journal()
+        if self._taken:
+            self._apply_taken()
         stamps, depths = np.empty(len(blocks)), np.empty(len(blocks), dtype=np.int64)
         if self.keeps_touches:
             handle.touches(self._address, blocks, stamps, depths)
@@ -285,8 +245,6 @@ class CompiledTwin(EvictionPolicy):
     def hits_since_cached(self, blocks: np.ndarray) -> np.ndarray:
         """How many times each of ``blocks`` (int64, below ``n_blocks``) was accessed as a hit since its
         last access that was not one, up to :data:`~kvprof.core.handle.HITS_NOTED` (int8)."""
-        if self._journal:
-            self._apply_journal()
         return self._notes[2][blocks]
 
     def admit(self, request: Hashable, contents: Sequence[Hashable], now: float, workload: int = 0, *,
@@ -302,8 +260,6 @@ class CompiledTwin(EvictionPolicy):
         policy's from now on (a shadow feed reads it later), the caller does not change it."""
         if request in self._seats:
             raise ValueError(f"request {request!r} was admitted before and has not finished")
-        if self._journal:  # an admission reads the real cache's size and hits
-            self._apply_journal()
         seat = self._seats.take(request)
         if self.shadow_feed is None:
             handle.admit(self._address, seat, numbers, n_lookup, n_blocks, float(now), workload)
@@ -323,8 +279,6 @@ class CompiledTwin(EvictionPolicy):
         request never admitted, as the reference's followed policies do; its shadows know none."""
         seat = self._seats.give(request)
         n_output = output_code(n_output)
-        if self._journal:
-            self._apply_journal()
         if seat < 0:
             handle.count_finish(self._address, n_output)
         elif self.shadow_feed is None:
@@ -333,25 +287,20 @@ class CompiledTwin(EvictionPolicy):
             self.shadow_feed.finish(seat, float(now), numbers, n_blocks, n_output)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
-        """Noted in the journal (see the class)."""
-        journal = self._journal
-        before = len(journal)
-        journal += (handle.JOURNAL_FREE, 0)
-        journal += blocks.tolist() if isinstance(blocks, np.ndarray) else blocks
-        n = len(journal) - before - 2
-        if not n:
-            del journal[before:]
-            return
-        journal[before + 1] = n
-        self._stamps.append(float(now))
-        self._journaled += n + 2
+        if self._taken:
+            self._apply_taken()
+        if not isinstance(blocks, (list, tuple, np.ndarray)):
+            blocks = list(blocks)
+        n = len(blocks)
+        if n == 1:
+            handle.free_one(self._address, blocks[0], float(now), self._notes_address)
+        elif n:
+            handle.free(self._address, np.asarray(blocks, dtype=np.int64), n, float(now), self._notes_address)
         self._size += n
-        if len(journal) > JOURNAL_LIMIT:
-            self._apply_journal()
 
     def remove(self, block: int) -> None:
-        if self._journal:
-            self._apply_journal()
+        if self._taken:
+            self._apply_taken()
         if not handle.remove(self._address, block):
             raise KeyError(block)
         self._size -= 1
@@ -371,17 +320,17 @@ class CompiledTwin(EvictionPolicy):
         if n > len(self):
             raise IndexError(f"{n} victims asked for, {len(self)} evictable")
         if n:
+            if self._taken:
+                self._apply_taken()
             if self.shadow_feed is not None:
                 self.shadow_feed.before_eviction()
-            entries, n_entries, stamps = self._journal_arrays()
-            self._failed(entries, handle.journal_then_evict_n(self._address, entries, n_entries, stamps, self._notes, n,
-                                                              float(now), out))
+            handle.evict_n(self._address, n, float(now), out)
             self._size -= n
         return out
 
     def order(self, now: float, limit: int | None = None) -> list[int]:
-        if self._journal:
-            self._apply_journal()
+        if self._taken:
+            self._apply_taken()
         n = len(self) if limit is None else min(limit, len(self))
         out = np.empty(n, dtype=np.int64)
         if n:
@@ -392,18 +341,14 @@ class CompiledTwin(EvictionPolicy):
 
     def tell_output(self, n_output: int | None) -> None:
         """Tell the cores how many tokens the request whose blocks are freed next generated (None: the
-        frees to come are no finished request's, e.g. a preempted one's): ``finish``'s part for them,
-        noted in the journal."""
-        self._journal += (handle.JOURNAL_FINISH, output_code(n_output))
-        self._journaled += 2
+        frees to come are no finished request's, e.g. a preempted one's): ``finish``'s part for them."""
+        handle.count_finish(self._address, output_code(n_output))
 
     def safety_net(self) -> tuple[int, np.ndarray] | None:
         """``wa``'s leading candidate (its index in ``reference.order_names``) and each shadow's
         hits so far; None for a policy without a safety net."""
         if not getattr(self.reference, "_shadows", None):
             return None
-        if self._journal:
-            self._apply_journal()
         if self.shadow_feed is not None:
             self.shadow_feed.settle()
         leader, hits = outcome(self.handle)
@@ -412,19 +357,16 @@ class CompiledTwin(EvictionPolicy):
     def clear(self) -> None:
         self._content_id.clear()
         self._seats.clear()
-        self._journal.clear()
-        self._stamps.clear()
-        self._journaled = 0
-        self._accessed = False
+        self._taken.clear()
         self._block_content.fill(-1)
         for table, empty in zip(self._notes, (-np.inf, 0, 0)):
             table.fill(empty)
         self._build()
 
     def __len__(self) -> int:
-        return self._size - (len(self._journal) - self._journaled)
+        return self._size - len(self._taken)
 
     def __contains__(self, block: int) -> bool:
-        if self._journal:
-            self._apply_journal()
+        if self._taken:
+            self._apply_taken()
         return handle.contains(self._address, block)

@@ -15,10 +15,8 @@ replacement with the same methods, split in three parts that are always consumed
 3. **back** -- hash-less blocks appended as last-resort candidates (``BlockPool.unpin_blocks``).
 
 The policy sees block ids only, never vLLM objects; per-block state (class of the last toucher,
-depth, last access) lives in the compiled twin's tables, indexed by block id. What changes the
-policy but names no victim (a free, a take, a decode's one-block access) the twin notes in its
-journal, which reaches the core with the next call that needs it, so a vLLM call that asks for no
-victim costs a few list appends.
+depth, last access, hits since cached) lives in the compiled twin's tables, indexed by block id,
+written by the compiled calls themselves (no numpy call per vLLM call for them).
 All ordering logic is the policy's; this module only feeds it vLLM's events:
 
 * ``access(hit=False)`` when :meth:`KvprofBlockPool.cache_full_blocks` caches newly computed blocks
@@ -300,7 +298,7 @@ class PolicyFreeQueue:
             self._back.extend(block for block in blocks if block._block_hash is None)
         if cached:
             self._n_cached += len(cached)
-            self.policy.free(cached, self._clock())  # noted in the policy's journal
+            self.policy.free(cached if len(cached) == 1 else int64s(cached), self._clock())
 
     def prepend_n(self, blocks) -> None:
         """Blocks to reuse first, the first of ``blocks`` first."""
@@ -537,7 +535,7 @@ class KvprofBlockPool(BlockPool):
         """:meth:`_access_numbered` of one block a request cached (not a hit), without arrays."""
         owner, cls = self._request_facts(request)
         self._owner[block_id] = owner[0]
-        self.policy.access_one(block_id, depth, number, self._clock(), cls)  # noted in the policy's journal
+        self.policy.access_one(block_id, depth, number, self._clock(), cls)
 
     def _access_numbered(self, ids: np.ndarray, depths: np.ndarray, numbers: np.ndarray, request, hit: bool) -> None:
         """The policy accesses blocks ``ids`` at ``depths`` with contents ``numbers`` for ``request``
