@@ -8,13 +8,14 @@ of its blocks). At that free its blocks go to one of three places:
   the released pool and the base are empty, lowest priority first, then latest expiry first: a
   retention is the client's word on when it will want the blocks back, and the one wanted last is
   Belady's victim (measured against earliest expiry first and oldest-retained first in
-  docs/hints.md: earliest expiry evicts the blocks wanted soonest). Retention
-  is soft: when its time passes the block lapses into the base order (freed into the base then:
-  lapses are applied lazily, before each free, evict, order or count, in expiry order). A block
-  keeps its retention while a hit holds it: a later free (hinted or not) retains it again until
-  the later of the two expiries, so a hit extends nothing but a hinted free does (SGLang's
-  refresh). A release does not cancel a live retention (another request's claim on a shared block);
-- no hint, and no live retention: the base order, exactly as without the layer.
+  docs/hints.md: earliest expiry evicts the blocks wanted soonest). Retention is soft: when its
+  time passes the block lapses into the base order (freed into the base then: lapses are applied
+  lazily, before each free, evict or order, in expiry order). A block keeps its retention while a
+  hit holds it: a later free (hinted or not) retains it again until the later of the two expiries,
+  so the hit itself extends nothing, the hinted free that follows it does (where SGLang's proposal
+  extends a retention on the hit). A release does not cancel a live retention (another request's
+  claim on a shared block);
+* no hint, and no live retention: the base order, exactly as without the layer.
 
 The budget: a tag's retained blocks number at most ``budget_blocks``; retaining one more lapses the
 tag's oldest retention (earliest retained) into the base order, so a client that retains everything
