@@ -221,8 +221,8 @@ class PolicyPool:
     def admit(self, request, contents, now, workload, n_lookup, n_blocks):
         self.policy.admit(request, contents, now, workload, n_lookup=n_lookup, n_blocks=n_blocks)
 
-    def finish(self, request, now, contents=None, n_blocks=None, n_output=None):
-        self.policy.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output)
+    def finish(self, request, now, contents=None, n_blocks=None, n_output=None, finish=None):
+        self.policy.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output, finish=finish)
 
     def note_access(self, block, now, workload, depth, hit, next_use, content):
         self.policy.access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
@@ -260,7 +260,8 @@ class Scenario:
     evicted contents being recomputed. Every pool given sees the same requests in the same order,
     each request announced whole after its blocks (``admit``, its hit and new contents as its
     chain, some of them not hittable) and ``finish`` before its free (mostly with its chain grown
-    by output blocks, which only shadows cache), with its output's length in tokens or none.
+    by output blocks, which only shadows cache), with its output's length in tokens or none and its
+    finish code or none.
     """
 
     def __init__(self, pools, n_classes: int = 4, pressure: bool = True):
@@ -332,8 +333,9 @@ class Scenario:
                 self.fresh += a // 3 % 3
                 n_blocks = max(len(blocks), len(contents)) + a // 9 % 2
             n_output = None if a % 5 == 0 else a // 5 % 100  # the long-output candidate's limit is 50
+            finish = a // 500 % 4 or None  # how it ended (kvprof.models.finish), or not known
             for pool in self.pools:
-                pool.finish(request, self.now, contents, n_blocks, n_output)
+                pool.finish(request, self.now, contents, n_blocks, n_output, finish)
                 pool.free_blocks(reversed(blocks), self.now)  # vLLM frees a chain tail-first
 
     def evict(self, k: int):

@@ -141,7 +141,7 @@ def recorded_requests(workload):
     return RecordedRequests(blocks=timing.block, offsets=timing.offsets, n_full=timing.n_full,
                             n_prompt=timing.n_prompt, n_lookup=workload.n_lookup, n_new=timing.n_new,
                             classes=workload.workload.astype(np.int64), next_use=timing.next_use,
-                            n_output=workload.output_tokens)
+                            n_output=workload.output_tokens, finish=workload.finish.astype(np.int64))
 
 
 @settings(max_examples=60, deadline=None)

@@ -36,13 +36,14 @@ class NumberedTwin(CompiledTwin):
         n_lookup, n_blocks = request_sizes(contents, n_lookup, n_blocks)
         self.admit_numbered(request, self.numbers(contents), now, workload, n_lookup=n_lookup, n_blocks=n_blocks)
 
-    def finish(self, request, now, contents=None, *, n_blocks=None, n_output=None):
+    def finish(self, request, now, contents=None, *, n_blocks=None, n_output=None, finish=None):
         n_blocks = finished_size(contents, n_blocks)
         self.finish_numbered(request, now, self.numbers(() if contents is None else contents), n_blocks=n_blocks,
-                             n_output=n_output)
+                             n_output=n_output, finish=finish)
 
 
-@pytest.mark.parametrize("name", ["lru", "s3fifo", "arc", "wa+shadows", "wa default orders", "wa every order"])
+@pytest.mark.parametrize("name", ["lru", "s3fifo", "arc", "finish-reason", "wa+shadows", "wa default orders",
+                                  "wa every order"])
 @settings(max_examples=25, deadline=None)
 @given(ops=OPS, num_blocks=st.integers(4, 24))
 def test_the_numbered_twin_evicts_what_the_reference_evicts(name, ops, num_blocks):

@@ -121,14 +121,14 @@ def admit(address, seat, contents, n_lookup, n_blocks, now, workload):
 
 
 @njit(cache=True)
-def finish(address, seat, now, contents, n_blocks, n_output):
-    core.policy_finish(policy_at(address), seat, now, contents, n_blocks, n_output)
+def finish(address, seat, now, contents, n_blocks, n_output, code):
+    core.policy_finish(policy_at(address), seat, now, contents, n_blocks, n_output, code)
 
 
 @njit(cache=True)
-def count_finish(address, n_output):
-    """``wa.count_finish``: the real cache's cores hear the output length."""
-    core.count_finish(policy_at(address), n_output)
+def count_finish(address, n_output, code):
+    """``wa.count_finish``: the real cache's cores hear the output length and the finish code."""
+    core.count_finish(policy_at(address), n_output, code)
 
 
 # -- wa's shadows fed on a thread of their own (kvprof.core.shadow_feed) --------------------------
@@ -158,7 +158,7 @@ def feed_n(address, numbers, nows, starts, contents, first, at):
             if item[6]:
                 core._weigh(policy, item[6], item[5], item[7])
         else:
-            core.feed_finish(policy, item[1], nows[i], chain, item[3], item[2])
+            core.feed_finish(policy, item[1], nows[i], chain, item[3], item[2], item[4])
 
 
 @njit(cache=True)

@@ -21,6 +21,7 @@ from collections import deque
 import numpy as np
 
 from kvprof.core import handle
+from kvprof.models.finish import UNKNOWN
 
 logger = logging.getLogger("kvprof")
 
@@ -73,10 +74,11 @@ class ShadowFeed:
         if lookups:
             self._checkpoint = self.put
 
-    def finish(self, seat: int, now: float, contents: np.ndarray, n_blocks: int, n_output: int) -> None:
+    def finish(self, seat: int, now: float, contents: np.ndarray, n_blocks: int, n_output: int,
+               code: int = UNKNOWN) -> None:
         """:func:`~kvprof.core.wa.policy_finish`: the real cache's cores told now, the shadows' part queued."""
-        handle.count_finish(self._address, n_output)
-        self._put((FINISH, seat, n_output, n_blocks, 0, 0, 0, 0), now, contents)
+        handle.count_finish(self._address, n_output, code)
+        self._put((FINISH, seat, n_output, n_blocks, code, 0, 0, 0), now, contents)
 
     def _put(self, numbers: tuple, now: float, contents: np.ndarray) -> None:
         if len(self._items) >= self.limit:

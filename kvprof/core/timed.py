@@ -81,7 +81,8 @@ class RecordedRequests(NamedTuple):
     access); the first ``n_full[r]`` are its prompt's full ones (cached at admission), the others
     with a content are cached at its finish (its output filled them); ``n_prompt[r]`` are taken at
     its admission, of which the first ``n_lookup[r]`` may be prefix hits, and ``n_new[r]`` more at
-    its finish. ``classes[r]`` is its workload class (int64), ``n_output[r]`` the tokens it generated.
+    its finish. ``classes[r]`` is its workload class (int64), ``n_output[r]`` the tokens it generated,
+    ``finish[r]`` how it ended (int64, :mod:`kvprof.models.finish`; 0: not known).
     """
 
     blocks: np.ndarray
@@ -93,6 +94,7 @@ class RecordedRequests(NamedTuple):
     classes: np.ndarray
     next_use: np.ndarray
     n_output: np.ndarray
+    finish: np.ndarray
 
 
 def replay(gpu, requests: RecordedRequests, events: tuple[np.ndarray, np.ndarray, np.ndarray], *,
@@ -120,8 +122,9 @@ def replay(gpu, requests: RecordedRequests, events: tuple[np.ndarray, np.ndarray
 
 
 @njit(cache=True)
-def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, n_output, event_request, event_admits,
-          event_time, check, start, stop, hits, held, seats, seat_of, free_seats, n_free_seats):
+def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next_use, n_output, finish_code,
+          event_request, event_admits, event_time, check, start, stop, hits, held, seats, seat_of, free_seats,
+          n_free_seats):
     """Events ``start .. stop - 1`` of :func:`replay` (``blocks .. next_use``: its
     :class:`RecordedRequests`); its state in ``hits .. n_free_seats``.
     Returns ``(free_seats, n_free_seats)`` (the array may have grown)."""
@@ -139,7 +142,7 @@ def _play(gpu, blocks, offsets, n_full, n_prompt, n_lookup, n_new, classes, next
         else:
             seat = seat_of[r]
             policy_finish(gpu.policy, seat, event_time[e], blocks[offsets[r]:offsets[r + 1]], n_prompt[r] + n_new[r],
-                          n_output[r])
+                          n_output[r], finish_code[r])
             held[r] = finish(gpu, blocks, next_use, offsets[r], held[r], n_full[r], offsets[r + 1] - offsets[r],
                              n_new[r], event_time[e], classes[r], local[seat])
             free_seats, n_free_seats = give_seat(free_seats, n_free_seats, seat)

@@ -19,6 +19,7 @@ from kvprof.core.build import compile_policy
 from kvprof.core.seats import Seats
 from kvprof.core.shadow_feed import ShadowFeed
 from kvprof.core.wa import outcome
+from kvprof.models.finish import UNKNOWN
 from kvprof.policy.base import EvictionPolicy, finished_size, request_sizes
 
 #: The chain of a request that holds no seat: nothing to number.
@@ -267,24 +268,25 @@ class CompiledTwin(EvictionPolicy):
             self.shadow_feed.admit(seat, numbers, n_lookup, n_blocks, float(now), workload)
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
-               n_blocks: int | None = None, n_output: int | None = None) -> None:
+               n_blocks: int | None = None, n_output: int | None = None, finish: int | None = None) -> None:
         n_blocks = finished_size(contents, n_blocks)
         numbers = self.numbers(() if contents is None else contents) if request in self._seats else NO_NUMBERS
-        self.finish_numbered(request, now, numbers, n_blocks=n_blocks, n_output=n_output)
+        self.finish_numbered(request, now, numbers, n_blocks=n_blocks, n_output=n_output, finish=finish)
 
     def finish_numbered(self, request: Hashable, now: float, numbers: np.ndarray, *, n_blocks: int,
-                        n_output: int | None = None) -> None:
+                        n_output: int | None = None, finish: int | None = None) -> None:
         """:meth:`finish` with the chain as :meth:`numbers` and the size given (``numbers``: as
-        :meth:`admit_numbered`'s). The cores hear ``n_output`` (tokens generated) even for a
-        request never admitted, as the reference's followed policies do; its shadows know none."""
+        :meth:`admit_numbered`'s). The cores hear ``n_output`` (tokens generated) and ``finish`` (how the
+        response ended, :mod:`kvprof.models.finish`; None: not known) even for a request never
+        admitted, as the reference's followed policies do; its shadows know none."""
         seat = self._seats.give(request)
-        n_output = output_code(n_output)
+        n_output, code = output_code(n_output), finish or UNKNOWN
         if seat < 0:
-            handle.count_finish(self._address, n_output)
+            handle.count_finish(self._address, n_output, code)
         elif self.shadow_feed is None:
-            handle.finish(self._address, seat, float(now), numbers, n_blocks, n_output)
+            handle.finish(self._address, seat, float(now), numbers, n_blocks, n_output, code)
         else:
-            self.shadow_feed.finish(seat, float(now), numbers, n_blocks, n_output)
+            self.shadow_feed.finish(seat, float(now), numbers, n_blocks, n_output, code)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
         if self._taken:
@@ -342,7 +344,7 @@ class CompiledTwin(EvictionPolicy):
     def tell_output(self, n_output: int | None) -> None:
         """Tell the cores how many tokens the request whose blocks are freed next generated (None: the
         frees to come are no finished request's, e.g. a preempted one's): ``finish``'s part for them."""
-        handle.count_finish(self._address, output_code(n_output))
+        handle.count_finish(self._address, output_code(n_output), UNKNOWN)
 
     def safety_net(self) -> tuple[int, np.ndarray] | None:
         """``wa``'s leading candidate (its index in ``reference.order_names``) and each shadow's

@@ -47,6 +47,7 @@ none of them (the default ignores them), ``wa``'s shadows live on them:
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Sequence
@@ -66,6 +67,13 @@ def request_sizes(contents: Sequence, n_lookup: int | None, n_blocks: int | None
         raise ValueError(f"a request needs 0 <= n_lookup <= len(contents) <= n_blocks; got n_lookup={n_lookup}, "
                          f"{n_full} contents, n_blocks={n_blocks}")
     return n_lookup, n_blocks
+
+
+def takes_finish(policy: EvictionPolicy) -> bool:
+    """Whether ``policy.finish`` takes the ``finish`` code by name: one whose ``finish`` predates the
+    keyword (written before it, or a wrapper passing on what it is told) is told no code and runs as
+    before."""
+    return "finish" in inspect.signature(policy.finish).parameters
 
 
 def finished_size(contents: Sequence | None, n_blocks: int | None) -> int:

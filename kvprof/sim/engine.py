@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kvprof.core import has_twin
-from kvprof.policy.base import EvictionPolicy
+from kvprof.policy.base import EvictionPolicy, takes_finish
 from kvprof.sim.cache import HostCache, PrefixCache
 from kvprof.sim.config import SimConfig, SimulationError
 from kvprof.sim.metrics import RunMetrics, metrics
@@ -145,7 +145,7 @@ class Replay:
         self.prompt = workload.prompt_tokens.tolist()
         self.output = workload.output_tokens.tolist()
         self.finish = workload.finish.tolist()
-        self.tells_finish = _takes_finish(gpu.policy)
+        self.tells_finish = takes_finish(gpu.policy)
         self.hints = _hints_for(gpu.policy, workload)
         self.held: dict[int, list[int]] = {}
 
@@ -154,7 +154,7 @@ class Replay:
         read-only per-request columns: one replica of a fleet (:mod:`kvprof.sim.fleet`)."""
         replica = copy.copy(self)
         replica.gpu, replica.host, replica.held = gpu, None, {}
-        replica.tells_finish = _takes_finish(gpu.policy)
+        replica.tells_finish = takes_finish(gpu.policy)
         replica.hints = _hints_for(gpu.policy, self.w)
         return replica
 
@@ -299,13 +299,6 @@ class Replay:
         self.outcome = {"qttft": qttft[served], "served": served, "hits_device": hits_device, "hits_host": hits_host,
                         "computed": computed, "end": now, "evictions": gpu.evictions, "dropped": gpu.dropped,
                         "host_evictions": host_evictions}
-
-
-def _takes_finish(policy: EvictionPolicy) -> bool:
-    """Whether ``policy.finish`` takes the ``finish`` code by name: one whose ``finish`` predates the
-    keyword (written before it, or a wrapper passing on what it is told) is told no code and runs as
-    before."""
-    return "finish" in inspect.signature(policy.finish).parameters
 
 
 def _hints_for(policy: EvictionPolicy, workload: Workload) -> list | None:

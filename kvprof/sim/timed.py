@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvprof.policy.base import takes_finish
 from kvprof.sim.config import SimulationError
 from kvprof.sim.metrics import metrics
 from kvprof.sim.recorded import NO_TIERS, RecordedTiming
@@ -43,6 +44,7 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu,
     offsets = timing.offsets.tolist()
     n_full, n_prompt, n_new = timing.n_full.tolist(), timing.n_prompt.tolist(), timing.n_new.tolist()
     n_lookup, n_output = workload.n_lookup.tolist(), workload.output_tokens.tolist()
+    codes = workload.finish.tolist() if takes_finish(gpu.policy) else None  # how each request ended
     n = len(n_prompt)
     hits, held, slots = [0] * n, [0] * n, [[] for _ in range(n)]
     for r, admits, now in zip(*(a.tolist() for a in events)):
@@ -56,8 +58,9 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu,
             gpu.policy.admit(r, blocks[start:start + n_full[r]], now, classes[r], n_lookup=n_lookup[r],
                              n_blocks=n_prompt[r])
         else:
+            told = {} if codes is None else {"finish": codes[r] or None}
             gpu.policy.finish(r, now, blocks[start:offsets[r + 1]], n_blocks=n_prompt[r] + n_new[r],
-                              n_output=n_output[r])
+                              n_output=n_output[r], **told)
             gpu.cache_filled(blocks, next_use, start, n_full[r], offsets[r + 1] - start, mine, now, classes[r])
             more = min(n_new[r], gpu.n_free)
             gpu.allocate(blocks, next_use, start, held[r], offsets[r + 1] - start, held[r] + more, now, classes[r],
@@ -92,7 +95,8 @@ def simulate_recorded(workload, policy, capacity: int, config, engine: str):
         gpu = tiers.new_device(compiled, capacity, timing.n_contents)
         requests = RecordedRequests(blocks=timing.block, offsets=timing.offsets, n_full=timing.n_full,
                                     n_prompt=timing.n_prompt, n_lookup=workload.n_lookup, n_new=timing.n_new,
-                                    classes=classes, next_use=timing.next_use, n_output=workload.output_tokens)
+                                    classes=classes, next_use=timing.next_use, n_output=workload.output_tokens,
+                                    finish=workload.finish.astype(np.int64))
         hits, held = replay(gpu, requests, events)
         write_back(policy, compiled)
         evictions, dropped = tiers.counts(gpu)

@@ -49,6 +49,8 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group
 
 from kvprof.cells import TIER_EDGES
 from kvprof.core.handle import HITS_NOTED
+from kvprof.core.twin import NO_NUMBERS
+from kvprof.models.finish import UNKNOWN
 from kvprof.vllm.carry import Held, carry_over
 from kvprof.vllm.numbering import ContentNumbers
 from kvprof.vllm.spec import PolicySpec, request_extra_args, shadow_thread
@@ -591,23 +593,29 @@ class KvprofBlockPool(BlockPool):
                                    n_lookup=min(max(request.num_tokens - 1, 0) // size, n_full),
                                    n_blocks=-(-prompt // size))
 
-    def finish_request(self, request, n_blocks: int) -> None:
+    def finish_request(self, request, n_blocks: int, code: int = UNKNOWN) -> None:
         """``request``, holding ``n_blocks`` blocks, is about to be freed: its whole chain of computed
-        full blocks (the output's too) reaches the policy, which caches what the output filled, and
-        how many tokens it generated (``wa``'s long-output candidate sorts its blocks by that)."""
+        full blocks (the output's too) reaches the policy, which caches what the output filled, how
+        many tokens it generated (``wa``'s long-output candidate sorts its blocks by that) and how it
+        ended, finish ``code`` (:mod:`kvprof.vllm.finish`; the finish-reason candidate reads it).
+        A policy without shadows hears only the code, where one is known."""
         self._request_classes.pop(request.request_id, None)
         if not self._shadowed:
             self._chain_numbers.pop(request.request_id, None)  # kept under a policy served before a reload
+            if code != UNKNOWN:
+                self.policy.finish_numbered(request.request_id, self._clock(), NO_NUMBERS, n_blocks=n_blocks,
+                                            n_output=request.num_output_tokens, finish=code)
             return
         numbers = self._chain_of(request, request.num_computed_tokens)
         self._chain_numbers.pop(request.request_id, None)
-        self.policy.finish_numbered(request.request_id, self._clock(), numbers,
-                                    n_blocks=max(n_blocks, len(numbers)), n_output=request.num_output_tokens)
+        self.policy.finish_numbered(request.request_id, self._clock(), numbers, n_blocks=max(n_blocks, len(numbers)),
+                                    n_output=request.num_output_tokens, finish=code)
 
     def request_freed(self) -> None:
         """vLLM freed the finished request's blocks: what it frees until the next finish (a preempted
-        request's blocks, a sliding window's) is no finished request's, so the policy hears of no output."""
-        if self._shadowed:
+        request's blocks, a sliding window's) is no finished request's, so the policy hears of no output
+        and no finish code."""
+        if self._shadowed or self.kvprof_spec.tool_call_tokens:
             self.policy.tell_output(None)
 
     def _chain_of(self, request, n_tokens: int) -> np.ndarray:

@@ -525,7 +525,8 @@ def track_requests(scheduler, manager, pool, live) -> None:
         code = _finish_code(request, live.spec.tool_call_tokens)
         if pool is not None and request.request_id in first_scheduled:
             # the coordinator's own list of the request's blocks (group 0), not a KVCacheBlocks built to count them
-            _never_raise(lambda: pool.finish_request(request, len(manager.coordinator.get_blocks(request.request_id)[0])))
+            _never_raise(lambda: pool.finish_request(request, len(manager.coordinator.get_blocks(request.request_id)[0]),
+                                                     code))
         try:
             return original_free(request, *args, **kwargs)
         finally:
