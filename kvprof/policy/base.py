@@ -69,11 +69,11 @@ def request_sizes(contents: Sequence, n_lookup: int | None, n_blocks: int | None
     return n_lookup, n_blocks
 
 
-def takes_finish(policy: EvictionPolicy) -> bool:
-    """Whether ``policy.finish`` takes the ``finish`` code by name: one whose ``finish`` predates the
-    keyword (written before it, or a wrapper passing on what it is told) is told no code and runs as
-    before."""
-    return "finish" in inspect.signature(policy.finish).parameters
+def finish_takes(policy: EvictionPolicy, keyword: str) -> bool:
+    """Whether ``policy.finish`` takes ``keyword`` (``finish``, the code; ``hint``) by name: one whose
+    ``finish`` predates the keyword (written before it, or a wrapper passing on what it is told) is
+    not told it and runs as before."""
+    return keyword in inspect.signature(policy.finish).parameters
 
 
 def finished_size(contents: Sequence | None, n_blocks: int | None) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import heapq
-import inspect
 import math
 from collections import deque
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kvprof.core import has_twin
-from kvprof.policy.base import EvictionPolicy, takes_finish
+from kvprof.policy.base import EvictionPolicy, finish_takes
 from kvprof.sim.cache import HostCache, PrefixCache
 from kvprof.sim.config import SimConfig, SimulationError
 from kvprof.sim.metrics import RunMetrics, metrics
@@ -145,7 +144,7 @@ class Replay:
         self.prompt = workload.prompt_tokens.tolist()
         self.output = workload.output_tokens.tolist()
         self.finish = workload.finish.tolist()
-        self.tells_finish = takes_finish(gpu.policy)
+        self.tells_finish = finish_takes(gpu.policy, "finish")
         self.hints = _hints_for(gpu.policy, workload)
         self.held: dict[int, list[int]] = {}
 
@@ -154,7 +153,7 @@ class Replay:
         read-only per-request columns: one replica of a fleet (:mod:`kvprof.sim.fleet`)."""
         replica = copy.copy(self)
         replica.gpu, replica.host, replica.held = gpu, None, {}
-        replica.tells_finish = takes_finish(gpu.policy)
+        replica.tells_finish = finish_takes(gpu.policy, "finish")
         replica.hints = _hints_for(gpu.policy, self.w)
         return replica
 
@@ -304,7 +303,7 @@ class Replay:
 def _hints_for(policy: EvictionPolicy, workload: Workload) -> list | None:
     """Each request's hint (None: none) where the policy takes hints (``finish``'s ``hint``) and the
     workload carries them; None otherwise (nothing is told)."""
-    if workload.hints is None or "hint" not in inspect.signature(policy.finish).parameters:
+    if workload.hints is None or not finish_takes(policy, "hint"):
         return None
     return workload.hints.hints()
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvprof.policy.base import takes_finish
+from kvprof.policy.base import finish_takes
 from kvprof.sim.config import SimulationError
 from kvprof.sim.metrics import metrics
 from kvprof.sim.recorded import NO_TIERS, RecordedTiming
@@ -44,7 +44,7 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu,
     offsets = timing.offsets.tolist()
     n_full, n_prompt, n_new = timing.n_full.tolist(), timing.n_prompt.tolist(), timing.n_new.tolist()
     n_lookup, n_output = workload.n_lookup.tolist(), workload.output_tokens.tolist()
-    codes = workload.finish.tolist() if takes_finish(gpu.policy) else None  # how each request ended
+    codes = workload.finish.tolist() if finish_takes(gpu.policy, "finish") else None  # how each request ended
     n = len(n_prompt)
     hits, held, slots = [0] * n, [0] * n, [[] for _ in range(n)]
     for r, admits, now in zip(*(a.tolist() for a in events)):

@@ -442,8 +442,6 @@ def _never_raise(call, *args) -> None:
 def _finish_code(request, tool_call_tokens: frozenset[int]) -> int:
     """How ``request`` ended (:func:`kvprof.vllm.finish.engine_finish_code`); unknown where it cannot be
     told (no tool-call tokens given) or an error, which is logged, never raised into vLLM's scheduler."""
-    if not tool_call_tokens:
-        return UNKNOWN
     try:
         return engine_finish_code(request, tool_call_tokens)
     except Exception:  # noqa: BLE001 - kvprof must never stop serving
