@@ -20,6 +20,10 @@ of its blocks). At that free its blocks go to one of three places:
 The budget: a tag's retained blocks number at most ``budget_blocks``; retaining one more lapses the
 tag's oldest retention (earliest retained) into the base order, so a client that retains everything
 holds at most its budget and its other blocks compete in the base order like anyone's.
+
+The bookkeeping is one class, :class:`HintLayer`, over any base order: the simulator's
+:class:`HintedPolicy` runs it over a reference policy, vLLM's pool over the compiled twin that orders
+its free queue (tests/test_hint_pool.py: the same decisions).
 """
 
 from __future__ import annotations
@@ -52,27 +56,32 @@ class HintCounters:
     hinted_hits: int = 0
 
 
-class HintedPolicy(EvictionPolicy):
-    """``base``'s order plus a released pool evicted first and a retained pool evicted last.
+class HintLayer:
+    """The released and retained pools over a base order: the bookkeeping of the hint layer.
+
+    ``base`` is any order of the evictable blocks that are not hinted, reached through a small
+    interface: ``free(blocks, now)``, ``evict_n(n, now)``, ``order(now, limit)``, ``clear()``,
+    ``len`` and ``in``, and ``take(block)``, which takes an evictable block back (default
+    ``base.remove``; vLLM's pool passes its compiled twin's deferred ``take``). :class:`HintedPolicy`
+    runs it over a reference policy, vLLM's pool (:mod:`kvprof.vllm.block_pool`) over the compiled
+    twin that orders its free queue: the same decisions over the same base.
 
     Invariant: every evictable block is in exactly one of ``_released`` (free order), ``_retained``
     (block -> its heap entry's sequence number; its tag's ``_by_tag`` order holds it too) and the
-    base policy. ``_retention`` holds the ``(expiry, priority, tag)`` of every cached block with a
+    base. ``_retention`` holds the ``(expiry, priority, tag)`` of every cached block with a
     retention that has neither lapsed nor been evicted, evictable or held by a hit. Heap entries
-    whose sequence number is no longer the block's are dead and skipped.
+    whose sequence number is no longer the block's are dead and skipped. :attr:`active` is False
+    exactly when the layer holds nothing (no released block, no retention): then every call is
+    the base's, and a caller on a hot path may call the base directly.
     """
 
-    def __init__(self, base: EvictionPolicy, budget_blocks: int | None = None):
+    def __init__(self, base, budget_blocks: int | None = None, take=None):
         if budget_blocks is not None and budget_blocks < 0:
             raise ValueError(f"a hint budget is >= 0 blocks, got {budget_blocks}")
         self.base = base
         self.budget_blocks = budget_blocks
-        self.name = f"{base.name}+hints"
-        self.keyed_by = base.keyed_by
-        self.offline = base.offline
         self.counters = HintCounters()
-        self._tells_finish = "finish" in inspect.signature(base.finish).parameters
-        self._hint: Hint | None = None  # the hint of the request whose blocks the next free releases
+        self._take_from_base = base.remove if take is None else take
         self._released: OrderedDict[int, None] = OrderedDict()
         self._retained: dict[int, int] = {}  # block -> seq of its live heap entries
         self._retention: dict[int, tuple[float, int, int]] = {}  # block -> (expiry, priority, tag)
@@ -81,32 +90,14 @@ class HintedPolicy(EvictionPolicy):
         self._victims: list[tuple[int, float, int, int]] = []  # (priority, -expiry, seq, block)
         self._seq = 0
 
-    # Requests ---------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Whether the layer holds anything: a released block or a retention (evictable or held)."""
+        return bool(self._released) or bool(self._retention)
 
-    def admit(self, request, contents, now, workload=0, *, n_lookup=None, n_blocks=None) -> None:
-        self.base.admit(request, contents, now, workload, n_lookup=n_lookup, n_blocks=n_blocks)
-
-    def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
-               n_blocks: int | None = None, n_output: int | None = None, finish: int | None = None,
-               hint: Hint | None = None) -> None:
-        """As the base's, and ``hint`` (None: none) applies to the free that follows."""
-        self._hint = hint
-        if self._tells_finish:
-            self.base.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output, finish=finish)
-        else:
-            self.base.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output)
-
-    # Blocks -----------------------------------------------------------------------------------
-
-    def access(self, block: int, now: float, workload: int = 0, depth: int = 0, *, hit: bool = False,
-               next_use: float = math.inf, content: Hashable | None = None) -> None:
-        if not hit:  # new content in the slot: an old retention was the old content's
-            self._retention.pop(block, None)
-        self.base.access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
-
-    def free(self, blocks: Iterable[int], now: float) -> None:
+    def free_hinted(self, blocks: Iterable[int], now: float, hint: Hint | None) -> None:
+        """``blocks`` become evictable, freed by a request with ``hint`` (None: none)."""
         self._lapse(now)
-        hint, self._hint = self._hint, None
         to_base = []
         for block in blocks:
             retention = self._retention.get(block)
@@ -125,7 +116,8 @@ class HintedPolicy(EvictionPolicy):
         if to_base:
             self.base.free(to_base, now)
 
-    def remove(self, block: int) -> None:
+    def take(self, block: int) -> None:
+        """An evictable block is taken back by a hit (counted where it was hinted)."""
         if block in self._released:
             del self._released[block]
             self.counters.hinted_hits += 1
@@ -134,7 +126,11 @@ class HintedPolicy(EvictionPolicy):
             self.counters.honoured += 1
             self.counters.hinted_hits += 1
         else:
-            self.base.remove(block)
+            self._take_from_base(block)
+
+    def recached(self, block: int) -> None:
+        """New content in ``block``'s slot: an old retention was the old content's."""
+        self._retention.pop(block, None)
 
     def discard(self, block: int) -> None:
         """Forget an evictable block, its retention too, counting nothing (no-op if not evictable)."""
@@ -146,23 +142,29 @@ class HintedPolicy(EvictionPolicy):
         elif block in self.base:
             self.base.remove(block)
 
-    def evict(self, now: float) -> int:
+    def evict_n(self, n: int, now: float) -> list[int]:
+        """``n`` victims, first victim first: released blocks (oldest freed first), then the base's, then
+        retained ones (lowest priority, then latest expiry first). IndexError, changing nothing, when
+        fewer than ``n`` blocks are evictable."""
+        if n > len(self):
+            raise IndexError(f"{n} victims asked for, {len(self)} evictable")
         self._lapse(now)
-        if self._released:
-            self.counters.released_evicted += 1
-            return self._released.popitem(last=False)[0]
-        if len(self.base):
-            return self.base.evict(now)
-        while self._victims:
+        released = self._released
+        out = [released.popitem(last=False)[0] for _ in range(min(n, len(released)))]
+        self.counters.released_evicted += len(out)
+        from_base = min(n - len(out), len(self.base))
+        if from_base:
+            out.extend(self.base.evict_n(from_base, now))
+        while len(out) < n:
             _, _, seq, block = heapq.heappop(self._victims)
             if self._retained.get(block) == seq:
                 self._unretain(block)
                 del self._retention[block]
-                return block
-        raise IndexError("no evictable block")
+                out.append(block)
+        return out
 
     def order(self, now: float, limit: int | None = None) -> list[int]:
-        """The eviction order (first victim first), as ``evict`` would take it now."""
+        """The eviction order (first victim first), as :meth:`evict_n` would take it now."""
         self._lapse(now)
         retained = sorted((entry for entry in self._victims if self._retained.get(entry[3]) == entry[2]))
         blocks = chain(self._released, self.base.order(now, None), (entry[3] for entry in retained))
@@ -180,6 +182,11 @@ class HintedPolicy(EvictionPolicy):
 
     def __contains__(self, block: int) -> bool:
         return block in self._released or block in self._retained or block in self.base
+
+    @property
+    def n_released(self) -> int:
+        """Blocks released now (evictable, evicted first)."""
+        return len(self._released)
 
     @property
     def n_retained(self) -> int:
@@ -233,3 +240,51 @@ class HintedPolicy(EvictionPolicy):
             if self._retained.get(block) == seq:
                 self._lapse_one(block, expiry)
                 self.counters.lapsed += 1
+
+
+class HintedPolicy(HintLayer, EvictionPolicy):
+    """``base``'s order plus a released pool evicted first and a retained pool evicted last
+    (:class:`HintLayer`), told each request's hint at its ``finish``: the simulator's hint layer.
+
+    Invariant: :class:`HintLayer`'s, and ``_hint`` is the hint of the request whose blocks the next
+    free releases (None once that free happened).
+    """
+
+    def __init__(self, base: EvictionPolicy, budget_blocks: int | None = None):
+        HintLayer.__init__(self, base, budget_blocks)
+        self.name = f"{base.name}+hints"
+        self.keyed_by = base.keyed_by
+        self.offline = base.offline
+        self._tells_finish = "finish" in inspect.signature(base.finish).parameters
+        self._hint: Hint | None = None
+
+    def admit(self, request, contents, now, workload=0, *, n_lookup=None, n_blocks=None) -> None:
+        self.base.admit(request, contents, now, workload, n_lookup=n_lookup, n_blocks=n_blocks)
+
+    def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
+               n_blocks: int | None = None, n_output: int | None = None, finish: int | None = None,
+               hint: Hint | None = None) -> None:
+        """As the base's, and ``hint`` (None: none) applies to the free that follows."""
+        self._hint = hint
+        if self._tells_finish:
+            self.base.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output, finish=finish)
+        else:
+            self.base.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output)
+
+    def access(self, block: int, now: float, workload: int = 0, depth: int = 0, *, hit: bool = False,
+               next_use: float = math.inf, content: Hashable | None = None) -> None:
+        if not hit:
+            self.recached(block)
+        self.base.access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
+
+    def free(self, blocks: Iterable[int], now: float) -> None:
+        hint, self._hint = self._hint, None
+        self.free_hinted(blocks, now, hint)
+
+    def remove(self, block: int) -> None:
+        self.take(block)
+
+    def evict(self, now: float) -> int:
+        if not len(self):
+            raise IndexError("no evictable block")
+        return self.evict_n(1, now)[0]

@@ -1,0 +1,130 @@
+"""The hint layer over the compiled twin (what vLLM's pool runs) decides as the simulator's
+:class:`~kvprof.policy.hinted.HintedPolicy` over the reference policy, on the same operations."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvprof.core.twin import CompiledTwin
+from kvprof.models.hints import Hint
+from kvprof.policy.hinted import HintedPolicy, HintLayer
+from tests.test_policies import build
+
+N_BLOCKS = 16
+N_CLASSES = 4
+
+hints = st.one_of(
+    st.none(),
+    st.builds(Hint, retain_s=st.sampled_from([0.5, 1.0, 3.0, 10.0]), priority=st.integers(0, 99),
+              tag=st.integers(0, 2)),
+    st.just(Hint(release=True)),
+)
+operations = st.lists(st.one_of(
+    st.tuples(st.just("request"), st.lists(st.integers(0, N_BLOCKS - 1), min_size=1, max_size=5, unique=True),
+              st.integers(0, N_CLASSES - 1), hints),
+    st.tuples(st.just("hit"), st.integers(0, N_BLOCKS - 1), st.integers(0, N_CLASSES - 1)),
+    st.tuples(st.just("evict"), st.integers(1, 4)),
+    st.tuples(st.just("wait"), st.sampled_from([0.25, 1.0, 4.0])),
+), max_size=60)
+
+
+class Side:
+    """One side of the comparison: a policy driven as vLLM's pool drives its free queue."""
+
+    def __init__(self, hinted, base):
+        self.hinted, self.base = hinted, base
+        self.victims: list[int] = []
+
+
+class Pair:
+    """The reference side (``HintedPolicy`` over the reference policy, told hints at ``finish``) and
+    the pool's side (``HintLayer`` over the compiled twin, hits taken with the twin's deferred
+    ``take``, hints given at the free), with the blocks held, evictable or empty (never cached)."""
+
+    def __init__(self, name: str, budget: int | None):
+        reference = HintedPolicy(build(name), budget_blocks=budget)
+        twin = CompiledTwin(build(name), n_blocks=N_BLOCKS)
+        self.reference = Side(reference, reference.base)
+        self.pool = Side(HintLayer(twin, budget_blocks=budget, take=twin.take), twin)
+        self.now = 0.0
+        self.held: set[int] = set()
+        self.evictable: set[int] = set()
+        self.contents = dict.fromkeys(range(N_BLOCKS), 0)
+        self.requests = 0
+
+    def access(self, block: int, cls: int, depth: int, hit: bool) -> None:
+        if not hit:
+            self.contents[block] += 1  # new content in the slot
+        content = (block, self.contents[block])
+        self.reference.hinted.access(block, self.now, cls, depth, hit=hit, content=content)
+        self.pool.base.access(block, self.now, cls, depth, hit=hit, content=content)
+
+    def take(self, block: int, cls: int) -> None:
+        self.reference.hinted.remove(block)
+        self.pool.hinted.take(block)
+        self.access(block, cls, 0, hit=True)
+        self.evictable.discard(block)
+        self.held.add(block)
+
+    def step(self, op) -> None:
+        kind, *args = op
+        if kind == "request":
+            blocks, cls, hint = args
+            for depth, block in enumerate(blocks):
+                if block in self.evictable:
+                    self.take(block, cls)
+                elif block not in self.held:
+                    self.access(block, cls, depth, hit=False)
+                    self.held.add(block)
+            self.requests += 1
+            self.reference.hinted.finish(self.requests, self.now, hint=hint)
+            self.pool.base.finish(self.requests, self.now)
+            tail_first = blocks[::-1]
+            self.reference.hinted.free(tail_first, self.now)
+            self.pool.hinted.free_hinted(tail_first, self.now, hint)
+            self.held -= set(blocks)
+            self.evictable |= set(blocks)
+        elif kind == "hit" and args[0] in self.evictable:
+            self.take(*args)
+            self.reference.hinted.free([args[0]], self.now)  # freed again, without a hint
+            self.pool.hinted.free_hinted([args[0]], self.now, None)
+            self.held.discard(args[0])
+            self.evictable.add(args[0])
+        elif kind == "evict" and self.evictable:
+            n = min(args[0], len(self.evictable))
+            for side in (self.reference, self.pool):
+                side.victims.extend(side.hinted.evict_n(n, self.now))
+            self.evictable -= set(self.reference.victims[-n:])
+        elif kind == "wait":
+            self.now += args[0]
+
+
+@pytest.mark.parametrize("name", ["lru", "sieve", "s3fifo", "arc", "lfu", "wa", "wa+shadows"])
+@settings(max_examples=40, deadline=None)
+@given(ops=operations, budget=st.sampled_from([None, 0, 1, 3]))
+def test_the_pools_hint_layer_decides_as_the_simulators(name, ops, budget):
+    pair = Pair(name, budget)
+    reference, pool = pair.reference.hinted, pair.pool.hinted
+    for op in ops:
+        pair.step(op)
+        assert pair.pool.victims == pair.reference.victims
+        assert len(pool) == len(reference) == len(pair.evictable)
+        assert (pool.n_released, pool.n_retained, pool.active) == (
+            reference.n_released, reference.n_retained, reference.active)
+    assert pool.counters == reference.counters
+    assert pool.order(pair.now + 1) == reference.order(pair.now + 1)
+    assert pool.evict_n(len(pool), pair.now + 1) == reference.evict_n(len(reference), pair.now + 1)
+
+
+def test_an_idle_layer_is_the_base():
+    """Without hints nothing enters the layer: it stays inactive and every victim is the twin's."""
+    twin = CompiledTwin(build("lru"), n_blocks=8)
+    layer = HintLayer(twin, budget_blocks=2, take=twin.take)
+    for block in range(4):
+        twin.access(block, float(block), 0, 0, content=block)
+    layer.free_hinted([3, 2, 1, 0], 5.0, None)
+    layer.take(2)
+    assert not layer.active and len(twin) == 3
+    assert layer.evict_n(3, 6.0) == [3, 1, 0]
