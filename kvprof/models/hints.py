@@ -83,6 +83,37 @@ def hint_problem(name: str, value) -> tuple[str, str] | None:
     return None
 
 
+def hint_of_args(args: dict | None) -> Hint | None:
+    """The hint a request's arguments carry (vLLM's ``SamplingParams.extra_args``, filled from the OpenAI
+    API's ``vllm_xargs``): the trace fields, checked as the trace reader checks them; None where none
+    of them is given or the request asks neither to retain nor to release. ``release`` may be 0 or 1
+    as well as false or true: ``vllm_xargs`` takes no booleans (a JSON ``true`` arrives as 1).
+
+    Raises
+    ------
+    ValueError
+        A field with a value it cannot take, or ``release`` with ``retain_s > 0``; the message names the field.
+    """
+    if not args or not any(name in args for name in HINT_FIELDS):
+        return None
+    values = [args.get(name) for name in HINT_FIELDS]
+    release = values[2]
+    if type(release) is int and release in (0, 1):
+        values[2] = bool(release)
+    for name, value in zip(HINT_FIELDS, values):
+        problem = hint_problem(name, value)
+        if problem is not None:
+            shown = "must be true or false (or 1 or 0)" if name == RELEASE_FIELD else problem[1]
+            raise ValueError(f"hint field '{name}' {shown}" + (f", got {_describe(value)}" if name == RELEASE_FIELD
+                                                                 else ""))
+    retain_s, priority, release, tag = values
+    if release and retain_s:
+        raise ValueError(f"hint fields {CONTRADICTION}")
+    if not (retain_s or release):
+        return None
+    return Hint(float(retain_s or 0.0), DEFAULT_PRIORITY if priority is None else priority, bool(release), tag or 0)
+
+
 def _describe(value) -> str:
     return f"{type(value).__name__} {value!r:.40}"
 

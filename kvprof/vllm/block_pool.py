@@ -38,6 +38,7 @@ call, without asking the core whether it holds it.
 
 from __future__ import annotations
 
+import logging
 import time
 from array import array
 from collections import deque
@@ -51,6 +52,8 @@ from kvprof.cells import TIER_EDGES
 from kvprof.core.handle import HITS_NOTED
 from kvprof.core.twin import NO_NUMBERS
 from kvprof.models.finish import UNKNOWN
+from kvprof.models.hints import Hint, hint_of_args
+from kvprof.policy.hinted import HintLayer
 from kvprof.vllm.carry import Held, carry_over
 from kvprof.vllm.numbering import ContentNumbers
 from kvprof.vllm.spec import PolicySpec, request_extra_args, shadow_thread
@@ -194,15 +197,24 @@ class PolicyFreeQueue:
         Seconds, monotonic (the policy's ``now``).
     front : FrontBlocks, optional
         The hash-less free blocks, first out; default every block, in id order.
+    hint_budget : int, optional
+        Retained blocks a hint tag may hold (:class:`~kvprof.policy.hinted.HintLayer`); None: no budget.
 
     Invariants: ``num_free_blocks`` is the length of the three parts together and ``_n_cached`` that of
     the policy's (blocks taken back but not yet applied to it excluded): both plain ints kept at
-    each change, so that neither vLLM's reads nor the hot paths ask the policy for its length.
+    each change, so that neither vLLM's reads nor the hot paths ask the policy for its length. Client
+    hints: :attr:`hints` (a :class:`~kvprof.policy.hinted.HintLayer` over the policy) holds the
+    released and retained cached blocks, the policy the others; ``_hinting`` is True whenever a hint
+    is pending (:meth:`set_hint`) or the layer holds anything, and then every call goes through the
+    layer (``_take`` is its ``take``); else each goes to the policy directly, as without hints.
     """
 
     def __init__(self, blocks: list[KVCacheBlock], policy, clock=time.monotonic,
-                 front: FrontBlocks | None = None) -> None:
+                 front: FrontBlocks | None = None, hint_budget: int | None = None) -> None:
         self._blocks = blocks
+        self._hint_budget = hint_budget
+        #: The hint of the request whose blocks are being freed (None: none), until :meth:`set_hint` (None).
+        self.hint: Hint | None = None
         #: Cached blocks the policy evicted so far.
         self.evictions = 0
         # The same blocks as an object array: victims come back as an id array, and one gather
@@ -219,8 +231,24 @@ class PolicyFreeQueue:
     def use(self, policy) -> None:
         """Order the cached blocks by ``policy`` from now on (it holds them already)."""
         self.policy = policy
-        self._take = policy.take
+        self.hints = HintLayer(policy, self._hint_budget, take=policy.take)
         self._n_cached = len(policy)
+        self._hints_changed()
+
+    # -- client hints ----------------------------------------------------------------------
+    def set_hint(self, hint: Hint | None) -> None:
+        """The blocks freed from now on are freed with ``hint`` (None: without one)."""
+        self.hint = hint
+        self._hints_changed()
+
+    def _hints_changed(self) -> None:
+        self._hinting = self.hint is not None or self.hints.active
+        self._take = self.hints.take if self._hinting else self.policy.take
+
+    def _evict_hinted(self, n: int) -> list[int]:
+        victims = self.hints.evict_n(n, self._clock())
+        self._hints_changed()
+        return victims
 
     def taken_back(self, n: int) -> None:
         """``n`` cached free blocks were taken back with :attr:`_take` (``policy.take``) directly."""
@@ -237,6 +265,8 @@ class PolicyFreeQueue:
         if self._n_cached:
             self._n_cached -= 1
             self.evictions += 1
+            if self._hinting:
+                return self._blocks[self._evict_hinted(1)[0]]
             return self._blocks[self.policy.evict(self._clock())]
         return self._back.popleft()
 
@@ -256,7 +286,10 @@ class PolicyFreeQueue:
             if m:
                 self._n_cached -= m
                 self.evictions += m
-                if m <= _FEW:
+                if self._hinting:
+                    blocks = self._blocks
+                    out.extend([blocks[i] for i in self._evict_hinted(m)])
+                elif m <= _FEW:
                     blocks = self._blocks
                     out.extend([blocks[i] for i in self.policy.evict_n(m, self._clock())])
                 else:
@@ -280,7 +313,10 @@ class PolicyFreeQueue:
                 self._back.remove(block)
             except ValueError:
                 try:  # a cached block whose hash vLLM dropped while it was free (evict_blocks)
-                    self.policy.remove(block.block_id)
+                    if self._hinting:
+                        self._discard_hinted(block.block_id)
+                    else:
+                        self.policy.remove(block.block_id)
                 except KeyError:
                     raise ValueError(f"block {block.block_id} is not free") from None
                 self._n_cached -= 1
@@ -300,7 +336,18 @@ class PolicyFreeQueue:
             self._back.extend(block for block in blocks if block._block_hash is None)
         if cached:
             self._n_cached += len(cached)
-            self.policy.free(cached if len(cached) == 1 else int64s(cached), self._clock())
+            if self._hinting:
+                self.hints.free_hinted(cached, self._clock(), self.hint)
+                self._hints_changed()
+            else:
+                self.policy.free(cached if len(cached) == 1 else int64s(cached), self._clock())
+
+    def _discard_hinted(self, block_id: int) -> None:
+        """Take out an evictable cached block, its retention forgotten (KeyError if not evictable)."""
+        if block_id not in self.hints:
+            raise KeyError(block_id)
+        self.hints.discard(block_id)
+        self._hints_changed()
 
     def prepend_n(self, blocks) -> None:
         """Blocks to reuse first, the first of ``blocks`` first."""
@@ -311,7 +358,7 @@ class PolicyFreeQueue:
     # -- walking ---------------------------------------------------------------------------
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         blocks = self._blocks
-        return [*self._front, *(blocks[i] for i in self.policy.order(self._clock())), *self._back]
+        return [*self._front, *(blocks[i] for i in self.hints.order(self._clock())), *self._back]
 
     def iter_blocks_after(self, cursor: KVCacheBlock | None) -> Iterator[KVCacheBlock]:
         """Free blocks in eviction order after ``cursor`` (from the front when None).
@@ -332,9 +379,10 @@ class PolicyFreeQueue:
     def flush_policy_to_front(self) -> None:
         """After ``reset_prefix_cache``: every block is hash-less, so all go to the front, in order."""
         blocks = self._blocks
-        order = self.policy.order(self._clock())
-        self.policy.clear()
+        order = self.hints.order(self._clock())
+        self.hints.clear()  # the policy's too
         self._n_cached = 0
+        self._hints_changed()
         self._front.extend(blocks[i] for i in order)
         self._front.extend(self._back)
         self._back.clear()
@@ -359,6 +407,17 @@ def _one(value) -> np.ndarray:
 
 
 _NO_OWNER = _one(None)  # the owner of a block accessed outside any request
+
+
+def request_hint(request) -> Hint | None:
+    """The client hint in a vLLM request's ``extra_args`` (None: none). The API server refused a
+    malformed one already (:mod:`kvprof.vllm.hints`); one that reaches the engine all the same (a server
+    where vLLM takes no request check, docs/vllm.md) is logged and the request frees unhinted."""
+    try:
+        return hint_of_args(request_extra_args(request))
+    except ValueError as err:
+        logging.getLogger("vllm.kvprof").warning("kvprof: request %s: %s; freed without a hint", request.request_id, err)
+        return None
 
 
 def policy_has_shadows(policy) -> bool:
@@ -433,7 +492,8 @@ class KvprofBlockPool(BlockPool):
         self._request_classes: dict[str, tuple[np.ndarray, int]] = {}
         # vLLM's queue has popped the null block already; keep its order for the rest.
         free = self.free_block_queue.get_all_free_blocks()
-        self.free_block_queue = PolicyFreeQueue(self.blocks, policy, clock, front_of(self.blocks, free))
+        self.free_block_queue = PolicyFreeQueue(self.blocks, policy, clock, front_of(self.blocks, free),
+                                                hint_budget=kvprof_spec.hint_budget(self.num_gpu_blocks))
         self._install(policy)
 
     def _install(self, policy) -> None:
@@ -472,7 +532,7 @@ class KvprofBlockPool(BlockPool):
         (a cached one is a list append), without a method call per block (a 128k-token hit is
         8,000 blocks)."""
         queue = self.free_block_queue
-        take, remove = self.policy.take, queue.remove
+        take, remove = queue._take, queue.remove
         taken = 0
         for block in blocks:
             if block.ref_cnt == 0:
@@ -598,7 +658,12 @@ class KvprofBlockPool(BlockPool):
         full blocks (the output's too) reaches the policy, which caches what the output filled, how
         many tokens it generated (``wa``'s long-output candidate sorts its blocks by that) and how it
         ended, finish ``code`` (:mod:`kvprof.vllm.finish`; the finish-reason candidate reads it).
-        A policy without shadows hears only the code, where one is known."""
+        A policy without shadows hears only the code, where one is known. The request's client hint
+        (:func:`~kvprof.models.hints.hint_of_args` of its ``extra_args``, checked by the API server
+        already) applies to the frees until :meth:`request_freed`."""
+        hint = request_hint(request)
+        if hint is not None:
+            self.free_block_queue.set_hint(hint)
         self._request_classes.pop(request.request_id, None)
         if not self._shadowed:
             self._chain_numbers.pop(request.request_id, None)  # kept under a policy served before a reload
@@ -617,6 +682,8 @@ class KvprofBlockPool(BlockPool):
         and no finish code."""
         if self._shadowed or self.kvprof_spec.tool_call_tokens:
             self.policy.tell_output(None)
+        if self.free_block_queue.hint is not None:
+            self.free_block_queue.set_hint(None)
 
     def _chain_of(self, request, n_tokens: int) -> np.ndarray:
         """The content numbers of the full blocks among ``request``'s first ``n_tokens`` tokens (their
@@ -637,7 +704,8 @@ class KvprofBlockPool(BlockPool):
         """Serve with ``policy`` (a fresh compiled twin built from ``spec``) from now on.
 
         The cached blocks carry over by :func:`kvprof.vllm.carry.carry_over`'s rule, each with its
-        depth, classified by the new hp file from the tags of the request that accessed it last.
+        depth, classified by the new hp file from the tags of the request that accessed it last;
+        client hints' retentions and releases do not (the new policy orders every cached block).
         """
         cached = [block for block in self.blocks if block._block_hash is not None and not block.is_null]
         ids = np.array([block.block_id for block in cached], dtype=np.int64)

@@ -19,6 +19,8 @@ The configuration (every key optional; ``vllm serve`` flags in brackets)::
         "tool_call_tokens": [151657], # [--kv-tool-call-tokens] token ids that mark a response as a tool
                                       #   call: each finish tells the policy and the recording how the
                                       #   request ended (kvprof.vllm.finish)
+        "hint_max_fraction": 0.2,     # [--kv-hint-max-fraction] a hint tag's retained blocks hold at most
+                                      #   this share of the pool (default: no budget; docs/hints.md)
     }}
 
 ``policy`` defaults to ``wa`` when ``config`` is given; a policy that needs no hp file (NO_HP_POLICIES)
@@ -34,6 +36,10 @@ reads), classified with the hp file's class rule by :func:`kvprof.classes.worklo
 for policies keyed by cells (``wa``), placed in a cell by its cell rule with the prompt's length,
 exactly as the profiler did. Untagged requests get the default class (and the cell the rule
 gives a request of no class).
+
+Requests may also carry a client hint in the same ``extra_args`` (``retain_s``, ``retain_priority``,
+``release``, ``hint_tag``: :func:`kvprof.models.hints.hint_of_args`), which the pool honours
+(:class:`kvprof.policy.hinted.HintLayer`) and the recorder keeps.
 """
 
 from __future__ import annotations
@@ -86,7 +92,7 @@ SECONDS_SETTINGS = {"record_rotate_s": Seconds(3600.0, Bound(1.0, 1e9), False),
 FLAG_OF = {"config": "--kv-policy-config", "policy": "--kv-policy", "mode": "--kv-policy-mode",
            "record": "--kv-record", "record_rotate_s": "--kv-record-rotate", "record_key": "--kv-record-key",
            "reload_interval_s": "--kv-policy-reload-interval", "log_interval_s": "--kv-log-interval",
-           "tool_call_tokens": "--kv-tool-call-tokens"}
+           "tool_call_tokens": "--kv-tool-call-tokens", "hint_max_fraction": "--kv-hint-max-fraction"}
 _KEYS = tuple(FLAG_OF)
 
 
@@ -168,6 +174,9 @@ class PolicySpec:
     tool_call_tokens : frozenset of int
         Token ids that mark a response as a tool call (``--kv-tool-call-tokens``); empty: the engine
         tells no finish code (:mod:`kvprof.vllm.finish`).
+    hint_max_fraction : float or None
+        The hint budget (``--kv-hint-max-fraction``): a hint tag's retained blocks hold at most this
+        share of the pool; None: no budget.
     """
 
     policy: str | None
@@ -182,6 +191,7 @@ class PolicySpec:
     reload_interval_s: float = 10.0
     log_interval_s: float = 300.0
     tool_call_tokens: frozenset[int] = frozenset()
+    hint_max_fraction: float | None = None
     hp_sha256: str | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
@@ -212,6 +222,7 @@ class PolicySpec:
         mode = _choice(raw, "mode", MODES) or "enforce"
         settings = {key: _seconds(key, raw.get(key), setting) for key, setting in SECONDS_SETTINGS.items()}
         settings["tool_call_tokens"] = _token_ids("tool_call_tokens", raw.get("tool_call_tokens"))
+        settings["hint_max_fraction"] = _share("hint_max_fraction", raw.get("hint_max_fraction"))
         for key in ("record_rotate_s", "record_key"):
             if raw.get(key) is not None and record is None:
                 raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) is about a recording: it needs {FLAG_OF['record']} DIR")
@@ -271,6 +282,11 @@ class PolicySpec:
         from kvprof.core.twin import CompiledTwin
 
         return CompiledTwin(self.reference_policy(capacity), n_blocks)
+
+    def hint_budget(self, n_blocks: int) -> int | None:
+        """Retained blocks a hint tag may hold in a pool of ``n_blocks`` (None: no budget), as
+        ``kvprof compare --hint-max-fraction`` counts them."""
+        return None if self.hint_max_fraction is None else int(self.hint_max_fraction * n_blocks)
 
     @property
     def default_index(self) -> int:
@@ -460,6 +476,18 @@ def _seconds(key: str, value, setting: Seconds) -> float:
     except ValueError:
         raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) must be {rule} seconds, got {_shown(value)}") from None
     return float(number)
+
+
+def _share(key: str, value) -> float | None:
+    """``value``, a share in (0, 1] (a number, or its ASCII text from the command line); absent: None."""
+    if value is None:
+        return None
+    from kvprof.models.retention import SHARE
+
+    try:
+        return float(SHARE.parse(value))
+    except ValueError:
+        raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) must be {SHARE.describe()}, got {_shown(value)}") from None
 
 
 #: Token ids are below this (vocabularies are far smaller; vLLM keeps ids as 32-bit ints).
