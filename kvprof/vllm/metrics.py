@@ -22,6 +22,7 @@ process id) and a ``rank`` label (its data-parallel rank).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -55,6 +56,12 @@ FAMILIES = {
                                                       "to the default class, by reason."),
     "kvprof_events_dropped_total": ("counter", "Scheduler events kvprof's background thread could not take (its "
                                                "queue was full): the counterfactual and the class counts miss them."),
+    "kvprof_hint_blocks_total": ("counter", "What client hints did, in blocks, by outcome: honoured (retained blocks "
+                                            "hit before they lapsed), lapsed (retentions that ran out of time), "
+                                            "over_budget (retentions lapsed by --kv-hint-max-fraction), "
+                                            "released_evicted, hinted_hits (hits on released or retained blocks)."),
+    "kvprof_hinted_blocks": ("gauge", "Cached free blocks held by client hints now, by pool (released: evicted "
+                                      "first; retained: evicted last)."),
 }
 
 
@@ -97,6 +104,16 @@ class Metrics:
         (``engine``, ``rank``) go on every sample."""
         document = {"labels": engine_labels, "samples": [[n, l, v] for n, l, v in self.samples()]}
         atomic_write_text(Path(directory) / f"engine-{engine_labels['engine']}.json", json.dumps(document))
+
+
+def note_hints(metrics: Metrics, layer) -> None:
+    """The counts of a pool's hint layer (:class:`~kvprof.policy.hinted.HintLayer`: its
+    :class:`~kvprof.policy.hinted.HintCounters`, each field an ``outcome``) and its hinted blocks now."""
+    counters = layer.counters
+    for field in dataclasses.fields(counters):
+        metrics.set("kvprof_hint_blocks_total", getattr(counters, field.name), outcome=field.name)
+    metrics.set("kvprof_hinted_blocks", layer.n_released, pool="released")
+    metrics.set("kvprof_hinted_blocks", layer.n_retained, pool="retained")
 
 
 def read_snapshots(directory: str | Path) -> list[tuple[str, dict, float]]:

@@ -8,8 +8,8 @@ Hooks, all installed once per process and all pass-through unless ``kv_policy`` 
 
 * ``EngineArgs.add_cli_args`` -- adds kvprof's flags (group "kvprof": ``--kv-policy-config``,
   ``--kv-policy``, ``--kv-policy-mode``, ``--kv-record``, ``--kv-record-rotate``,
-  ``--kv-record-key``, ``--kv-policy-reload-interval``, ``--kv-log-interval``, ``--kv-tool-call-tokens``)
-  to ``vllm serve``;
+  ``--kv-record-key``, ``--kv-policy-reload-interval``, ``--kv-log-interval``, ``--kv-tool-call-tokens``,
+  ``--kv-hint-max-fraction``) to ``vllm serve``;
 * ``EngineArgs.from_cli_args`` -- carries them into ``additional_config={"kv_policy": {...}}``
   (:mod:`kvprof.vllm.spec`; ``--additional-config`` and offline ``LLM(..., additional_config=...)``
   reach the same place directly);
@@ -18,7 +18,9 @@ Hooks, all installed once per process and all pass-through unless ``kv_policy`` 
   buildable, recording directory usable. A failure stops ``vllm serve`` with one log line and exit
   status 2 (elsewhere it raises :class:`kvprof.vllm.spec.KvPolicyConfigError`): vLLM never falls
   back to LRU silently. There too the API server gets the collector that serves kvprof's metrics
-  on vLLM's ``/metrics`` (:mod:`kvprof.vllm.metrics`);
+  on vLLM's ``/metrics`` (:mod:`kvprof.vllm.metrics`), and the model's logits processors get
+  :class:`kvprof.vllm.hints.HintCheck`, whose ``validate_params`` refuses a request with a malformed
+  client hint (an HTTP 400 naming the field) before it reaches the engine;
 * ``SchedulerConfig.get_scheduler_cls`` -- in the process that builds a scheduler (the engine core),
   wraps ``Scheduler.__init__``: in enforce mode the KV-cache coordinator builds
   :class:`kvprof.vllm.block_pool.KvprofBlockPool` (the coordinator imports ``BlockPool`` by name:
@@ -120,6 +122,10 @@ FLAGS = (
      "Comma-separated token ids that mark a response as a tool call (e.g. the id of <tool_call> for Qwen 2.5/3, "
      "<|python_tag|> for Llama 3.1): each finished request is told to the policy and the recording as a tool call "
      "or an end of turn (wa's finish-reason candidate, kvprof fit's retention per hint kind)."),
+    ("hint_max_fraction", "F",
+     "Budget of client hints (vllm_xargs retain_s, retain_priority, release, hint_tag; docs/hints.md): one "
+     "hint_tag's retained blocks hold at most this share of the pool, 0 < F <= 1; beyond it the tag's oldest "
+     "retention lapses (default: no budget)."),
 )
 
 
@@ -302,12 +308,40 @@ def _hook_engine_config(engine_args_cls) -> None:
             from kvprof.vllm.metrics import serve_on_vllm_metrics
 
             serve_on_vllm_metrics()
+            add_hint_check(vllm_config)
             cache = vllm_config.cache_config
             blocks = getattr(cache, "num_gpu_blocks_override", None) or getattr(cache, "num_gpu_blocks", None)
             _logger().info("%s (checked before engine start)", spec.describe(blocks))
         return vllm_config
 
     engine_args_cls.create_engine_config = create_engine_config
+
+
+def add_hint_check(vllm_config) -> bool:
+    """Add :class:`kvprof.vllm.hints.HintCheck` to the model's logits processors, so that vLLM refuses a
+    request with a malformed client hint with a 400 (vLLM runs each one's ``validate_params`` on every
+    request); False, with a warning, where vLLM takes no such processor (speculative decoding, a
+    pooling model, the V2 model runner): there a malformed hint is logged by the engine and ignored."""
+    model = getattr(vllm_config, "model_config", None)
+    if model is None:
+        return False
+    why = None
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        why = "speculative decoding takes no custom logits processor"
+    elif getattr(model, "runner_type", None) == "pooling":
+        why = "a pooling model takes no custom logits processor"
+    elif getattr(vllm_config, "use_v2_model_runner", False):
+        why = "vLLM's V2 model runner takes another kind of logits processor"
+    if why is not None:
+        _logger().warning("kvprof: malformed client hints are not refused with a 400 on this server (%s); the "
+                          "engine logs them and frees the request without a hint", why)
+        return False
+    from kvprof.vllm.hints import HINT_CHECK
+
+    current = list(model.logits_processors or ())
+    if HINT_CHECK not in current:
+        model.logits_processors = [*current, HINT_CHECK]
+    return True
 
 
 # --- engine core: the block pool seam -------------------------------------------------------------

@@ -60,6 +60,7 @@ from kvprof.recording import (
     complete_frames, finish_abandoned, finished_name, load_recording, locked, save_recording, trace_files,
 )
 from kvprof.models.finish import FINISH_FIELD, UNKNOWN
+from kvprof.models.hints import HINT_FIELDS, hint_of_args
 from kvprof.vllm.finish import stop_value
 from kvprof.vllm.handoff import Handoff
 
@@ -295,8 +296,21 @@ class Recorder:
                 self._sessions.popitem(last=False)
         record["turn"] = turn or 1
         for name, value in tags.items():
-            if name not in RESERVED and _scalar(value):
+            if name not in RESERVED and name not in HINT_FIELDS and _scalar(value):
                 record[name] = value
+        self._hint(record, tags)
+
+    @staticmethod
+    def _hint(record: dict, tags: dict) -> None:
+        """The request's client hint as the trace's hint fields (all four, as the pool honoured it: ``release``
+        a boolean where ``vllm_xargs`` made it 1); none where it has none or a malformed one (which the API
+        server refused, and the pool ignored)."""
+        try:
+            hint = hint_of_args(tags)
+        except ValueError:
+            return
+        if hint is not None:
+            record.update(zip(HINT_FIELDS, (hint.retain_s, hint.priority, hint.release, hint.tag)))
 
     def _id(self, block_hash) -> int:
         data = block_hash if isinstance(block_hash, bytes) else repr(block_hash).encode()
