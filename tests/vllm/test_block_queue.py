@@ -53,10 +53,18 @@ def _cache(pool, block, key):
     pool._insert_block_hash(make_block_hash_with_group_id(key, 0), block, num_tokens=16)
 
 
+@pytest.mark.parametrize("own_free", [True, False], ids=["one-pass-free", "vllms-free"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_lru_pool_matches_vllm_block_pool(seed, in_vllm):
+def test_lru_pool_matches_vllm_block_pool(seed, own_free, in_vllm, monkeypatch):
+    """Both ways a request's blocks are freed: the pool's own ``free_blocks`` (one pass that hands the
+    queue the cached blocks' ids, where vLLM's is the plain loop it replaces) and vLLM's."""
     if not in_vllm:
         return
+    import kvprof.vllm.block_pool as block_pool
+
+    if own_free and not block_pool._PLAIN_FREE:
+        pytest.skip("this vLLM's free_blocks is not the loop the pool's own replaces: vLLM's runs")
+    monkeypatch.setattr(block_pool, "_PLAIN_FREE", own_free)
     rng = random.Random(seed)
     n = 64
     native, ours = _pools(n)
