@@ -25,6 +25,12 @@ random order freed tail first, each block taken back (``take``), the takes appli
 ``remove_n``), and accessed again as hits; every third round the whole pool is evicted (``evict``)
 and the chain allocated again (``access_miss``: ghost recalls). Min over ``--repeat`` rounds (x3).
 
+``--through-pool N`` instead times what vLLM calls, the block pool: ``get_new_blocks(N)`` (evicting cached
+blocks) + ``free_blocks`` of a request's ``N`` blocks, vLLM's ``BlockPool`` against kvprof's pool under
+``lru`` and ``wa``, in a pool of ``--pool`` cached blocks; ns per block, the best of ``--repeat`` rounds.
+Beside the queue's own figures it counts vLLM's loops over the blocks, which kvprof's pool shares
+(its ``free_blocks`` collects the ids the policy needs in vLLM's own pass).
+
 ``--caching`` instead times the pool's ``cache_full_blocks`` of one block, as each decode step calls
 it for every request that filled a block: vLLM's ``BlockPool`` against kvprof's pool under ``lru``
 and ``wa`` (64 requests of 64 blocks in a pool of ``--pool`` blocks, each caching its next block in
@@ -45,7 +51,7 @@ from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock, mak
 
 from kvprof.core.twin import CompiledTwin
 from kvprof.policy import make_policy
-from kvprof.vllm.block_pool import FrontBlocks, PolicyFreeQueue
+from kvprof.vllm.block_pool import FrontBlocks, KvprofBlockPool, PolicyFreeQueue
 
 
 class PublishedQueue:
@@ -222,24 +228,15 @@ def bench_chain(pool, k, repeat):
 
 def bench_caching(pool: int, repeat: int) -> dict[str, float]:
     """Median us per ``cache_full_blocks`` call of one block, by pool (see the module's docstring)."""
-    import tempfile
-
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
-    from kvprof.vllm.block_pool import KvprofBlockPool
-    from kvprof.vllm.spec import PolicySpec
-
     init_none_hash(sha256_cbor)
     hasher = get_request_block_hasher(16, sha256_cbor)
-    with tempfile.TemporaryDirectory() as tmp:  # the hp file is read when a spec is made, here
-        hp_path = f"{tmp}/hp.json"
-        _hp(4, np.random.default_rng(0)).save(hp_path)
-        specs = {kind: PolicySpec.from_additional_config({"kv_policy": {"policy": kind, **(
-            {"config": hp_path} if kind == "wa" else {})}}) for kind in ("lru", "wa")}
+    specs = _specs()
 
     def make(kind):
         if kind == "native":
@@ -266,12 +263,72 @@ def bench_caching(pool: int, repeat: int) -> dict[str, float]:
     return {kind: min(values) for kind, values in medians.items()}
 
 
+def bench_through_pool(pool: int, n: int, rounds: int) -> dict[str, float]:
+    """ns per block of ``get_new_blocks(n)`` + ``free_blocks`` through the block pool vLLM calls, by pool.
+
+    A pool of ``pool`` blocks is filled with cached requests of ``n`` blocks (16 tokens each, real block
+    hashes), then each timed cycle allocates a new request's ``n`` blocks (evicting cached ones, as
+    ``get_new_blocks`` does in vLLM), caches them (not timed: ``--caching`` times it) and frees them
+    tail first. The pools alternate per round; the best round counts.
+    """
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256_cbor)
+    hasher = get_request_block_hasher(16, sha256_cbor)
+    specs = _specs()
+    rng = np.random.default_rng(3)
+    fill, cycles = pool // n, 64
+    requests = [Request(f"r{i}", rng.integers(100, 30000, 16 * n).tolist(), SamplingParams(max_tokens=1), None,
+                        block_hasher=hasher) for i in range(fill + cycles)]
+    best = {"native": math.inf, "lru": math.inf, "wa": math.inf}
+    for _ in range(rounds):
+        for kind in best:
+            blocks_pool = (BlockPool(num_gpu_blocks=pool + 1, enable_caching=True, hash_block_size=16)
+                           if kind == "native" else
+                           KvprofBlockPool(num_gpu_blocks=pool + 1, enable_caching=True, hash_block_size=16,
+                                           kvprof_spec=specs[kind]))
+            spent = 0
+            for i, request in enumerate(requests):
+                start = time.perf_counter_ns()
+                held = blocks_pool.get_new_blocks(n)
+                middle = time.perf_counter_ns()
+                blocks_pool.cache_full_blocks(request, held, 0, n, 16, 0)
+                resume = time.perf_counter_ns()
+                blocks_pool.free_blocks(reversed(held))
+                if i >= fill:  # the pool is full of cached blocks: every block allocated is an eviction
+                    spent += middle - start + time.perf_counter_ns() - resume
+            best[kind] = min(best[kind], spent / (cycles * n))
+            if kind != "native":
+                blocks_pool.close()
+    return best
+
+
+def _specs() -> dict:
+    """The plugin's specs of ``lru`` and of ``wa`` (over a random hp file of 4 classes)."""
+    import tempfile
+
+    from kvprof.vllm.spec import PolicySpec
+
+    with tempfile.TemporaryDirectory() as tmp:  # the hp file is read when a spec is made, here
+        hp_path = f"{tmp}/hp.json"
+        _hp(4, np.random.default_rng(0)).save(hp_path)
+        return {kind: PolicySpec.from_additional_config({"kv_policy": {"policy": kind, **(
+            {"config": hp_path} if kind == "wa" else {})}}) for kind in ("lru", "wa")}
+
+
 def report(args) -> dict:
     """The mode's figures as one object: ``caching``, ``chain``, or ``per_block`` and ``per_call``
     (the shapes benchmarks/render_results.py documents)."""
     if args.caching:
         pool = max(args.pool, 4096 + 1)
         return {"caching": {"pool": pool, "us_per_call": bench_caching(pool, args.repeat)}}
+    if args.through_pool:
+        return {"through_pool": {"pool": args.pool, "blocks": args.through_pool,
+                                 "ns_per_block": bench_through_pool(args.pool, args.through_pool, args.repeat)}}
     if args.chain:
         return {"chain": {"blocks": args.chain, "pool": args.pool,
                           "ns_per_block": bench_chain(args.pool, args.chain, args.repeat)}}
@@ -291,6 +348,8 @@ def main():
     ap.add_argument("--calls", type=int, nargs="+", default=[1, 16, 64, 256], help="n of the per-call part")
     ap.add_argument("--chain", type=int, default=0, help="time wa's twin on a chain of this many blocks instead")
     ap.add_argument("--caching", action="store_true", help="time cache_full_blocks of one block instead")
+    ap.add_argument("--through-pool", type=int, default=0, metavar="N",
+                    help="time get_new_blocks(N) + free_blocks through the block pool instead")
     ap.add_argument("--json", action="store_true",
                     help="print one JSON object instead of tables (benchmarks/render_results.py reads it)")
     args = ap.parse_args()
@@ -301,6 +360,12 @@ def main():
         res = bench_caching(max(args.pool, 4096 + 1), args.repeat)
         print("cache_full_blocks of one block (decode), us per call (median; the best of --repeat rounds):")
         print("  ".join(f"{name} {us:.2f} (adds {us - res['native']:.2f})" for name, us in res.items()))
+        return
+    if args.through_pool:
+        res = bench_through_pool(args.pool, args.through_pool, args.repeat)
+        print(f"get_new_blocks({args.through_pool}) + free_blocks through the block pool, {args.pool} blocks, "
+              "ns per block (x native):")
+        print("  ".join(f"{name} {ns:.1f} ({ns / res['native']:.2f}x)" for name, ns in res.items()))
         return
     if args.chain:
         res = bench_chain(args.pool, args.chain, args.repeat)

@@ -59,8 +59,9 @@ JSON shapes the renderers read (keys not named are ignored):
 - free_queue.json: ``record free_queue --append`` of each mode's JSON, whose parts are
   ``{"per_block": {CLASSES: {BLOCKS: {QUEUE: [cycle_ns, remove_ns]}}}, "per_call": {CLASSES: {QUEUE: {N: us}}},
   "chain": {"blocks": K, "pool": P, "ns_per_block": {PHASE: ns}}, "caching": {"pool": P, "us_per_call":
-  {"native": us, "lru": us, "wa": us}}}`` (bench_free_queue.py's ``bench``, ``bench_calls``, ``bench_chain``
-  and ``bench_caching`` results; any part may be absent); or one such document with its ``run`` beside the parts.
+  {"native": us, "lru": us, "wa": us}}, "through_pool": {"pool": P, "blocks": N, "ns_per_block": {"native": ns,
+  "lru": ns, "wa": ns}}}`` (bench_free_queue.py's ``bench``, ``bench_calls``, ``bench_chain``, ``bench_caching``
+  and ``bench_through_pool`` results; any part may be absent); or one such document with its ``run`` beside the parts.
 
 ``record`` reads the last line of standard input that is a JSON object when the whole is not one (a
 library's log lines before it are skipped).
@@ -585,6 +586,13 @@ def render_free_queue(document: dict) -> list[str]:
         chain = document["chain"]
         lines += ["", f"`wa`'s twin on a chain of {chain['blocks']:,} blocks in a pool of {chain['pool']:,}, ns per "
                       "block: " + ", ".join(f"{phase} {ns:.1f}" for phase, ns in chain["ns_per_block"].items()) + "."]
+    if document.get("through_pool"):
+        through = document["through_pool"]
+        native = through["ns_per_block"]["native"]
+        lines += ["", f"`get_new_blocks({through['blocks']:,})` + `free_blocks` through the block pool, "
+                      f"{through['pool']:,} cached blocks, ns per block: " + ", ".join(
+                          f"{kind} {ns:.1f}" + ("" if kind == "native" else f" ({ns / native:.2f}x)")
+                          for kind, ns in through["ns_per_block"].items()) + "."]
     if document.get("caching"):
         caching = document["caching"]["us_per_call"]
         lines += ["", "`cache_full_blocks` of one block (a decode step), median us per call: " + ", ".join(

@@ -91,7 +91,8 @@ def test_the_free_queue_json_of_the_documented_shape_renders(monkeypatch, tmp_pa
     document = {"run": RUN, "per_block": {"4": {"8192": {"native": [49, 90], "lru": [81, 220], "wa": [147, 270]}}},
                 "per_call": {"4": {"native": {"1": 0.3, "16": 0.9}, "wa": {"1": 3.6, "16": 6.3}}},
                 "chain": {"blocks": 8000, "pool": 50000, "ns_per_block": {"free": 10.5, "evict": 62.4}},
-                "caching": {"pool": 50000, "us_per_call": {"native": 1.02, "lru": 7.99, "wa": 7.77}}}
+                "caching": {"pool": 50000, "us_per_call": {"native": 1.02, "lru": 7.99, "wa": 7.77}},
+                "through_pool": {"pool": 50000, "blocks": 64, "ns_per_block": {"native": 680.0, "lru": 782.0, "wa": 884.0}}}
     (tmp_path / "free_queue.json").write_text(json.dumps(document))
     monkeypatch.setattr(render_results, "RESULTS", tmp_path)
     text = render_results.render_block("free-queue")
@@ -99,6 +100,8 @@ def test_the_free_queue_json_of_the_documented_shape_renders(monkeypatch, tmp_pa
     assert "| wa | 3.6 (12.0x) | 6.3 (7.0x) |" in text
     prose = " ".join(text.split())  # prose lines are folded
     assert "free 10.5, evict 62.4" in prose and "wa 7.77 (adds 6.75)" in prose
+    assert "`get_new_blocks(64)` + `free_blocks` through the block pool, 50,000 cached blocks" in prose
+    assert "native 680.0, lru 782.0 (1.15x), wa 884.0 (1.30x)." in prose
 
 
 def test_the_live_json_of_the_documented_shape_renders(monkeypatch, tmp_path):
