@@ -20,7 +20,8 @@ scheduled (aborted while waiting) take nothing and are counted as not served, an
 whose prompt needs more blocks than the whole simulated cache (rejected, as on modelled timing: the
 server had room for them, a smaller cache would not). The policy hears of
 each request once scheduled (``admit``: its full prompt blocks) and once finished (``finish``:
-all its full blocks, output included, which ``wa``'s shadows cache then as the real tier does). The live
+all its full blocks, output included, which ``wa``'s shadows cache then as the real tier does; and its
+client hint, where the policy takes hints, as the plugin's pool hears it: Python engine only). The live
 counterfactual of the vLLM plugin runs the same two steps as requests come and go.
 """
 
@@ -45,6 +46,8 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu,
     n_full, n_prompt, n_new = timing.n_full.tolist(), timing.n_prompt.tolist(), timing.n_new.tolist()
     n_lookup, n_output = workload.n_lookup.tolist(), workload.output_tokens.tolist()
     codes = workload.finish.tolist() if finish_takes(gpu.policy, "finish") else None  # how each request ended
+    # each request's client hint, told as the vLLM plugin's pool applies it: at the finish, to the free that follows
+    hints = workload.hints.hints() if workload.hints is not None and finish_takes(gpu.policy, "hint") else None
     n = len(n_prompt)
     hits, held, slots = [0] * n, [0] * n, [[] for _ in range(n)]
     for r, admits, now in zip(*(a.tolist() for a in events)):
@@ -59,6 +62,8 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu,
                              n_blocks=n_prompt[r])
         else:
             told = {} if codes is None else {"finish": codes[r] or None}
+            if hints is not None:
+                told["hint"] = hints[r]
             gpu.policy.finish(r, now, blocks[start:offsets[r + 1]], n_blocks=n_prompt[r] + n_new[r],
                               n_output=n_output[r], **told)
             gpu.cache_filled(blocks, next_use, start, n_full[r], offsets[r + 1] - start, mine, now, classes[r])

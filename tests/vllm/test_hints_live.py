@@ -84,3 +84,104 @@ def test_the_pool_evicts_as_the_hinted_reference(seed, in_vllm):
     assert reference.counters.honoured and reference.counters.released_evicted and reference.counters.over_budget
     order = [b.block_id for b in queue.get_all_free_blocks() if b.block_id in cached]
     assert order == reference.order(now[0])
+
+
+# --- a real server --------------------------------------------------------------------------------
+
+def _hint_of(k: int) -> dict:
+    """Prompt ``k``'s hint: every fourth retained (tag 1), the next released, the others none."""
+    return [{"retain_s": 1000, "hint_tag": 1}, {"release": True}, {}, {}][k % 4]
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def hinted(vllm_venv, tiny_model, tmp_path_factory):
+    """``vllm serve --kv-policy lru --kv-record``: twelve prompts of three full blocks each sent twice (twice
+    the usable cache in all, so the second round's hits depend on what was kept), every fourth retained,
+    the next released, with two malformed hints sent in between; the prompt tokens each found cached, the
+    answers to the malformed ones, and /metrics at the end."""
+    import time
+    import urllib.request
+
+    from vllm_support import vllm_server
+
+    tmp = tmp_path_factory.mktemp("hints-live")
+    rec = tmp / "rec"
+    cached, refused = [], []
+    with vllm_server(vllm_venv, tiny_model, "--kv-policy", "lru", "--kv-record", str(rec), log=tmp / "serve.log") as url:
+        for n, k in enumerate(list(range(12)) * 2):
+            if n == 6:
+                for bad in ({"retain_priority": 500}, {"retain_s": "soon", "workload": "text_1"}):
+                    refused.append(_post(url, {"model": "tiny", "prompt": [5] * 40, "max_tokens": 1,
+                                               "vllm_xargs": bad}))
+            prompt = [3 + k] + [(7 * i + 13 * k) % 400 + 20 for i in range(99)]
+            status, body = _post(url, {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+                                       **({"vllm_xargs": _hint_of(k)} if _hint_of(k) else {})})
+            assert status == 200, body
+            cached.append((body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        time.sleep(2.5)  # a metrics snapshot and a closed frame of the recording
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+    time.sleep(3)  # the guard finishes the recording after the engine core went
+    return {"rec": rec, "cached": cached, "refused": refused, "metrics": metrics, "tmp": tmp, "venv": vllm_venv}
+
+
+def test_a_malformed_hint_gets_a_400_naming_the_field_and_changes_nothing(hinted):
+    (first, first_body), (second, second_body) = hinted["refused"]
+    assert first == second == 400
+    assert "retain_priority" in first_body["error"]["message"], first_body
+    assert "retain_s" in second_body["error"]["message"], second_body
+    # the server served every request after them, and none of them reached the engine (not recorded)
+    from kvprof.profiler.reader import read_trace
+
+    trace, _ = read_trace(hinted["rec"])
+    assert trace.n_requests == len(hinted["cached"]) == 24
+
+
+def test_the_recording_keeps_each_requests_hint(hinted):
+    from kvprof.models.hints import Hint
+    from kvprof.profiler.reader import read_trace
+
+    trace, _ = read_trace(hinted["rec"])
+    order = trace.timestamp.argsort(kind="stable")
+    expected = [{0: Hint(retain_s=1000.0, tag=1), 1: Hint(release=True)}.get(k % 4) for k in list(range(12)) * 2]
+    assert [trace.hints.hints()[i] for i in order] == expected
+
+
+def _replayed(hinted) -> dict[str, int]:
+    """Cached prompt tokens of ``kvprof compare --hints trace`` of the recording, by policy row."""
+    import json
+    import subprocess
+
+    out = hinted["tmp"] / "compare"
+    proc = subprocess.run([str(hinted["venv"] / "bin" / "kvprof"), "compare", str(hinted["rec"]), "--policies", "lru",
+                           "--hints", "trace", "--eval-window", "0:", "-o", str(out), "-j", "1"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {run["policy"]: run["cached_tokens"] for run in json.loads((out / "results.json").read_text())["runs"]}
+
+
+def test_the_server_cached_what_the_simulator_predicts_with_its_hints(hinted):
+    """The live hits are ``kvprof compare --hints trace``'s lru+hints row of the server's own recording, and
+    not its lru row (the same traffic without the hints): the hints changed what was cached."""
+    live = sum(hinted["cached"])
+    replayed = _replayed(hinted)
+    assert live == replayed["lru+hints"], replayed
+    assert live != replayed["lru"], replayed
+    assert 'kvprof_hint_blocks_total{' in hinted["metrics"] and 'outcome="honoured"' in hinted["metrics"]
+    honoured = [line for line in hinted["metrics"].splitlines()
+                if line.startswith("kvprof_hint_blocks_total{") and 'outcome="honoured"' in line]
+    assert honoured and float(honoured[0].rsplit(" ", 1)[1]) > 0, honoured
