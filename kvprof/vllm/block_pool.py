@@ -238,7 +238,10 @@ class PolicyFreeQueue:
     def use(self, policy) -> None:
         """Order the cached blocks by ``policy`` from now on (it holds them already)."""
         self.policy = policy
+        before = getattr(self, "hints", None)
         self.hints = HintLayer(policy, self._hint_budget, take=policy.take)
+        if before is not None:  # the counts go on (they are counters on /metrics)
+            self.hints.counters = before.counters
         self._n_cached = len(policy)
         self._hints_changed()
 
