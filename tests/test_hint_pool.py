@@ -128,3 +128,43 @@ def test_an_idle_layer_is_the_base():
     layer.take(2)
     assert not layer.active and len(twin) == 3
     assert layer.evict_n(3, 6.0) == [3, 1, 0]
+
+
+@pytest.mark.parametrize("args, field", [
+    ({"retain_s": "soon"}, "retain_s"), ({"retain_s": -1}, "retain_s"), ({"retain_s": float("inf")}, "retain_s"),
+    ({"retain_s": 5, "retain_priority": 100}, "retain_priority"), ({"release": 2}, "release"),
+    ({"release": "true"}, "release"), ({"retain_s": 5, "hint_tag": 1.5}, "hint_tag"),
+    ({"retain_s": 5, "release": 1}, "release"),
+])
+def test_a_requests_malformed_hint_is_refused_naming_the_field(args, field):
+    from kvprof.models.hints import hint_of_args
+
+    with pytest.raises(ValueError, match=f"'{field}'"):
+        hint_of_args(args)
+
+
+def test_a_requests_hint_from_vllm_xargs():
+    """vllm_xargs makes a JSON true 1: release takes 1 and 0 as well as booleans; no hint field, or
+    neither a retention nor a release, is no hint."""
+    from kvprof.models.hints import hint_of_args
+
+    assert hint_of_args({"retain_s": 69, "retain_priority": 60, "hint_tag": 3, "workload": "x"}) == Hint(69.0, 60, False, 3)
+    assert hint_of_args({"release": 1}) == hint_of_args({"release": True}) == Hint(release=True)
+    assert hint_of_args({"release": 0, "retain_s": 0}) is None
+    assert hint_of_args({"workload": "text_2"}) is None and hint_of_args(None) is None
+
+
+@pytest.mark.parametrize("value", [0, "0", 1.5, "x", -0.1, True, "nan"])
+def test_the_served_budget_is_a_share_refused_naming_the_flag(value):
+    from kvprof.vllm.spec import KvPolicyConfigError, PolicySpec
+
+    with pytest.raises(KvPolicyConfigError, match="--kv-hint-max-fraction"):
+        PolicySpec.from_additional_config({"kv_policy": {"policy": "lru", "hint_max_fraction": value}})
+
+
+def test_the_served_budget_counts_blocks_as_compare_does():
+    from kvprof.vllm.spec import PolicySpec
+
+    assert PolicySpec.from_additional_config({"kv_policy": {"policy": "lru"}}).hint_budget(1000) is None
+    spec = PolicySpec.from_additional_config({"kv_policy": {"policy": "lru", "hint_max_fraction": "0.25"}})
+    assert spec.hint_budget(1001) == 250
