@@ -4,9 +4,10 @@ vLLM checks every request's ``SamplingParams`` before it reaches the engine, and
 ``validate_params`` of each custom logits processor (``--logits-processors``): a ``ValueError``
 becomes a ``VLLMValidationError``, which the OpenAI server answers with a 400. That is vLLM's hook
 for a plugin's per-request arguments, so the plugin adds :class:`HintCheck` to the model's logits
-processors when kvprof is configured (:func:`kvprof.vllm.plugin.add_hint_check`). Its ``apply``
-changes no logit and it says so (``is_argmax_invariant``), so vLLM's sampler calls it only for
-batches that sample, where it returns the logits untouched.
+processors when kvprof is configured (:func:`kvprof.vllm.plugin.add_hint_check`): :class:`HintCheck`
+for vLLM's V1 model runner, :class:`HintCheckV2` for its V2 one (another interface, where vLLM has it).
+Neither changes a logit, and each says so (V1: ``is_argmax_invariant``, so the sampler calls it only for
+batches that sample; V2: ``add_request`` declines every request).
 """
 
 from __future__ import annotations
@@ -15,17 +16,25 @@ from vllm.v1.sample.logits_processor import LogitsProcessor
 
 from kvprof.models.hints import hint_of_args
 
-#: How the plugin names the check among the model's logits processors.
+try:  # vLLM's V2 model runner's interface (absent before it)
+    from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as V2LogitsProcessor
+except ImportError:
+    V2LogitsProcessor = None
+
+#: How the plugin names the check among the model's logits processors (V1, V2 model runner).
 HINT_CHECK = f"{__name__}:HintCheck"
+HINT_CHECK_V2 = f"{__name__}:HintCheckV2" if V2LogitsProcessor is not None else None
+
+
+def refuse_malformed_hint(sampling_params) -> None:
+    """Raises ValueError (a 400) naming the hint field of the request's ``extra_args`` that cannot take its value."""
+    hint_of_args(getattr(sampling_params, "extra_args", None))
 
 
 class HintCheck(LogitsProcessor):
     """Refuses a request whose ``extra_args`` (``vllm_xargs``) carry a malformed hint; changes no logit."""
 
-    @classmethod
-    def validate_params(cls, sampling_params) -> None:
-        """Raises ValueError (a 400) naming the hint field that cannot take its value."""
-        hint_of_args(getattr(sampling_params, "extra_args", None))
+    validate_params = staticmethod(refuse_malformed_hint)
 
     def __init__(self, vllm_config, device, is_pin_memory: bool) -> None:
         pass
@@ -38,3 +47,17 @@ class HintCheck(LogitsProcessor):
 
     def update_state(self, batch_update) -> None:
         pass
+
+
+if V2LogitsProcessor is not None:
+
+    class HintCheckV2(V2LogitsProcessor):
+        """:class:`HintCheck` for vLLM's V2 model runner: it declines every request, so changes no logit."""
+
+        validate_params = staticmethod(refuse_malformed_hint)
+
+        def add_request(self, req_idx: int, sampling_params) -> bool:
+            return False
+
+        def apply(self, logits, ctx):
+            return logits

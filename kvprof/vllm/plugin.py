@@ -19,7 +19,7 @@ Hooks, all installed once per process and all pass-through unless ``kv_policy`` 
   status 2 (elsewhere it raises :class:`kvprof.vllm.spec.KvPolicyConfigError`): vLLM never falls
   back to LRU silently. There too the API server gets the collector that serves kvprof's metrics
   on vLLM's ``/metrics`` (:mod:`kvprof.vllm.metrics`), and the model's logits processors get
-  :class:`kvprof.vllm.hints.HintCheck`, whose ``validate_params`` refuses a request with a malformed
+  :mod:`kvprof.vllm.hints`' check, whose ``validate_params`` refuses a request with a malformed
   client hint (an HTTP 400 naming the field) before it reaches the engine;
 * ``SchedulerConfig.get_scheduler_cls`` -- in the process that builds a scheduler (the engine core),
   wraps ``Scheduler.__init__``: in enforce mode the KV-cache coordinator builds
@@ -320,27 +320,30 @@ def _hook_engine_config(engine_args_cls) -> None:
 def add_hint_check(vllm_config) -> bool:
     """Add :class:`kvprof.vllm.hints.HintCheck` to the model's logits processors, so that vLLM refuses a
     request with a malformed client hint with a 400 (vLLM runs each one's ``validate_params`` on every
-    request); False, with a warning, where vLLM takes no such processor (speculative decoding, a
-    pooling model, the V2 model runner): there a malformed hint is logged by the engine and ignored."""
+    request; :class:`~kvprof.vllm.hints.HintCheckV2` under vLLM's V2 model runner); False, with a warning,
+    where vLLM takes no such processor (a pooling model; speculative decoding under the V1 model runner):
+    there a malformed hint is logged by the engine and ignored."""
     model = getattr(vllm_config, "model_config", None)
     if model is None:
         return False
+    from kvprof.vllm.hints import HINT_CHECK, HINT_CHECK_V2
+
+    v2 = getattr(vllm_config, "use_v2_model_runner", False)
+    check = HINT_CHECK_V2 if v2 else HINT_CHECK
     why = None
-    if getattr(vllm_config, "speculative_config", None) is not None:
-        why = "speculative decoding takes no custom logits processor"
-    elif getattr(model, "runner_type", None) == "pooling":
+    if getattr(model, "runner_type", None) == "pooling":
         why = "a pooling model takes no custom logits processor"
-    elif getattr(vllm_config, "use_v2_model_runner", False):
-        why = "vLLM's V2 model runner takes another kind of logits processor"
+    elif not v2 and getattr(vllm_config, "speculative_config", None) is not None:
+        why = "vLLM's V1 model runner takes no custom logits processor with speculative decoding"
+    elif check is None:
+        why = "this vLLM's V2 model runner has no logits processor interface kvprof knows"
     if why is not None:
         _logger().warning("kvprof: malformed client hints are not refused with a 400 on this server (%s); the "
                           "engine logs them and frees the request without a hint", why)
         return False
-    from kvprof.vllm.hints import HINT_CHECK
-
     current = list(model.logits_processors or ())
-    if HINT_CHECK not in current:
-        model.logits_processors = [*current, HINT_CHECK]
+    if check not in current:
+        model.logits_processors = [*current, check]
     return True
 
 

@@ -185,3 +185,50 @@ def test_the_server_cached_what_the_simulator_predicts_with_its_hints(hinted):
     honoured = [line for line in hinted["metrics"].splitlines()
                 if line.startswith("kvprof_hint_blocks_total{") and 'outcome="honoured"' in line]
     assert honoured and float(honoured[0].rsplit(" ", 1)[1]) > 0, honoured
+
+
+def test_vllms_request_checks_refuse_a_malformed_hint_under_either_model_runner(in_vllm):
+    """The check the plugin adds is run by vLLM's own per-request validators (V1 and V2 model runner), which
+    raise vLLM's validation error (a 400) naming the field, and pass a good hint or none."""
+    if not in_vllm:
+        return
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.sample.logits_processor import validate_logits_processors_parameters
+
+    from kvprof.vllm.hints import HINT_CHECK, HINT_CHECK_V2
+
+    validators = [lambda params: validate_logits_processors_parameters((HINT_CHECK,), params)]
+    if HINT_CHECK_V2 is not None:
+        from vllm.v1.worker.gpu.sample.logits_processor import build_custom_logits_processors_params_validator
+
+        validators.append(build_custom_logits_processors_params_validator((HINT_CHECK_V2,)))
+    for validate in validators:
+        validate(SamplingParams(extra_args={"retain_s": 30, "hint_tag": 2}))
+        validate(SamplingParams())
+        with pytest.raises(VLLMValidationError, match="'retain_priority'"):
+            validate(SamplingParams(extra_args={"retain_s": 30, "retain_priority": -1}))
+
+
+def test_the_plugin_adds_the_check_for_the_model_runner_in_use(in_vllm):
+    if not in_vllm:
+        return
+    from types import SimpleNamespace
+
+    from kvprof.vllm.hints import HINT_CHECK, HINT_CHECK_V2
+    from kvprof.vllm.plugin import add_hint_check
+
+    def config(**kwargs):
+        model = SimpleNamespace(logits_processors=["my.module:Mine"], runner_type="generate")
+        return SimpleNamespace(model_config=model, speculative_config=None, use_v2_model_runner=False, **kwargs)
+
+    v1 = config()
+    assert add_hint_check(v1) and add_hint_check(v1)  # once only
+    assert v1.model_config.logits_processors == ["my.module:Mine", HINT_CHECK]
+    v2 = config()
+    v2.use_v2_model_runner = True
+    assert add_hint_check(v2) == (HINT_CHECK_V2 is not None)
+    assert v2.model_config.logits_processors[-1] == (HINT_CHECK_V2 or "my.module:Mine")
+    speculative = config()
+    speculative.speculative_config = object()
+    assert not add_hint_check(speculative) and speculative.model_config.logits_processors == ["my.module:Mine"]
