@@ -12,6 +12,7 @@ import json
 import socket
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -338,3 +339,30 @@ def test_an_interrupt_while_replay_plots_leaves_the_last_runs_results_and_plots(
     after = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "requests.jsonl"}
     assert after == before  # nothing of the group replaced, no temporary file left
     assert (out / "requests.jsonl").read_text().count("\n") == N_REQUESTS  # what was measured is on disk
+
+
+def test_replay_sends_each_requests_client_hint_unless_told_to_ignore_them(stub, tmp_path):
+    """A trace's hint fields reach the server in each request's vllm_xargs, as the plugin reads them (a
+    release as JSON true, which vLLM passes on as 1); --ignore-hints sends none of them."""
+    from kvprof.models.hints import HINT_FIELDS, hint_of_args
+
+    url, handler = stub
+    rows = trace_rows()
+    for i, row in enumerate(rows):
+        if i % 3 == 1:
+            row.update(retain_s=30.0, retain_priority=70, hint_tag=2)
+        elif i % 3 == 2:
+            row["release"] = True
+    path = tmp_path / "hinted.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert replay(path, url, tmp_path / "with").exit_code == 0
+    told = [hint_of_args(body.get("vllm_xargs")) for body in handler.bodies[1:]]  # the first is the test request
+    expected = [{1: (30.0, 70, False, 2), 2: (0.0, 50, True, 0)}.get(i % 3) for i in range(len(rows))]
+    # requests in flight together may reach the server in either order: compare them as a multiset
+    assert Counter(None if hint is None else (hint.retain_s, hint.priority, hint.release, hint.tag)
+                   for hint in told) == Counter(expected)
+    handler.bodies.clear()
+    assert replay(path, url, tmp_path / "without", "--ignore-hints").exit_code == 0
+    assert not any(name in body.get("vllm_xargs", {}) for body in handler.bodies for name in HINT_FIELDS)
+    assert results_of(tmp_path / "without")["inputs"]["hinted_requests"] == 0
+    assert results_of(tmp_path / "with")["inputs"]["hinted_requests"] == 2 * len(rows) // 3

@@ -210,6 +210,11 @@ def replay(
                           help="A prompt longer than the server's max_model_len (less its output): skip it "
                                "(counted, reported) or clip it to fit.")
     ] = "skip",
+    ignore_hints: Annotated[
+        bool, typer.Option("--ignore-hints", help="Send no client hints: requests carry the trace's retain_s, "
+                                                  "retain_priority, release and hint_tag (docs/hints.md) unless "
+                                                  "given; a run without them is what they are measured against.")
+    ] = False,
     output: Annotated[Path, typer.Option("-o", "--output", "--out", help="Output directory.")] = Path("results"),
 ):
     """Replay a trace against a running vLLM server and record cached tokens, TTFT and errors.
@@ -247,6 +252,10 @@ def replay(
                        skip_invalid=skip_invalid)
     if limit is not None:
         trace = trace.head(limit)
+    if ignore_hints:
+        from kvprof.sim.hints import with_hints
+
+        trace = with_hints(trace, None)
     settings = ReplaySettings(
         url=url[0], model=model, timeout_s=timeout, capacity=capacity,
         policy=policy or (DEFAULT_POLICY if config is not None else "lru"),
@@ -255,7 +264,8 @@ def replay(
         pacing=Pacing(rate_scale=rate_scale, max_concurrency=max_concurrency, max_output_tokens=max_output_tokens,
                       block_tokens=trace.block_size, vocab_size=vocab_size, too_long=too_long),
     )
-    inputs = {"trace_path": str(trace_path), "eval_window": window, "limit": limit}
+    inputs = {"trace_path": str(trace_path), "eval_window": window, "limit": limit,
+              "hinted_requests": 0 if trace.hints is None else trace.hints.n_hinted}
     with progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()) as bar:
         where = url[0] if spec is None else f"{len(url)} servers behind {spec.name}"
         task = bar.add_task(f"replaying against {where}", total=trace.n_requests)

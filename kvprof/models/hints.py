@@ -46,7 +46,7 @@ class Hint:
     tag: int = 0
 
     def __post_init__(self):
-        for name, value in zip(HINT_FIELDS, (self.retain_s, self.priority, self.release, self.tag)):
+        for name, value in self.fields().items():
             problem = hint_problem(name, value)
             if problem is not None:
                 raise ValueError(f"hint field '{name}' {problem[1]}")
@@ -56,6 +56,10 @@ class Hint:
     @property
     def retains(self) -> bool:
         return self.retain_s > 0
+
+    def fields(self) -> dict:
+        """The hint as the trace's four hint fields (a recording's line, a replayed request's ``vllm_xargs``)."""
+        return dict(zip(HINT_FIELDS, (self.retain_s, self.priority, self.release, self.tag)))
 
 
 #: Why a hint that both releases and retains is refused.

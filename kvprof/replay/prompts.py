@@ -31,7 +31,7 @@ class ReplayRequest:
     hash_ids: np.ndarray
     input_length: int
     output_length: int
-    workload: dict  # vllm_xargs: the trace's type and turn, for the plugin's class rule
+    workload: dict  # vllm_xargs: the trace's type and turn (the plugin's class rule) and its client hint
 
     def prompt_length(self, block_tokens: int) -> int:
         """Tokens :meth:`prompt` gives: the trace's ``input_length``, at least one, at most its blocks'."""
@@ -56,12 +56,14 @@ def prompt_tokens(hash_ids: np.ndarray, block_tokens: int, vocab_size: int, leng
 def requests_of(trace: Trace) -> list[ReplayRequest]:
     """The trace's requests in arrival order, arrival times from its first request.
 
-    Each is tagged with its type and turn (the plugin's class rule) and, when it belongs to a
-    conversation (it has a parent or children), ``session``: the chat id of the conversation's
+    Each is tagged with its type and turn (the plugin's class rule), its client hint where the trace
+    carries one (the four hint fields, which the plugin honours: docs/hints.md) and, when it belongs
+    to a conversation (it has a parent or children), ``session``: the chat id of the conversation's
     first request, so that a server recording the replay (``--kv-record``) links the turns.
     """
     start = float(trace.timestamp[0])
     types = trace.types
+    hints = trace.hints.hints() if trace.hints is not None else None
     root: dict[int, int] = {}  # chat id -> its conversation's first chat id
     parents = set(trace.parent_chat_id.tolist()) - {-1}
     out = []
@@ -73,6 +75,8 @@ def requests_of(trace: Trace) -> list[ReplayRequest]:
             workload = {"type": types[i], "turn": int(trace.turn[i])} if types[i] else {"turn": int(trace.turn[i])}
         if parent != -1 or chat in parents:
             workload["session"] = root[chat]
+        if hints is not None and hints[i] is not None:
+            workload.update(hints[i].fields())
         out.append(ReplayRequest(chat_id=int(trace.chat_id[i]), arrival_s=float(trace.timestamp[i]) - start,
                                  hash_ids=trace.blocks_of(i), input_length=int(trace.input_length[i]),
                                  output_length=int(trace.output_length[i]), workload=workload))
