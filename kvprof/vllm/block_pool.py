@@ -51,6 +51,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group
 from kvprof.cells import TIER_EDGES
 from kvprof.core.handle import HITS_NOTED
 from kvprof.core.twin import NO_NUMBERS
+from kvprof.limits import usable_blocks
 from kvprof.models.finish import UNKNOWN
 from kvprof.models.hints import Hint, hint_of_args
 from kvprof.policy.hinted import HintLayer
@@ -511,7 +512,7 @@ class KvprofBlockPool(BlockPool):
         # vLLM's queue has popped the null block already; keep its order for the rest.
         free = self.free_block_queue.get_all_free_blocks()
         self.free_block_queue = PolicyFreeQueue(self.blocks, policy, clock, front_of(self.blocks, free),
-                                                hint_budget=kvprof_spec.hint_budget(self.num_gpu_blocks))
+                                                hint_budget=kvprof_spec.hint_budget(usable_blocks(self.num_gpu_blocks)))
         self._install(policy)
 
     def _install(self, policy) -> None:

@@ -284,8 +284,8 @@ class PolicySpec:
         return CompiledTwin(self.reference_policy(capacity), n_blocks)
 
     def hint_budget(self, n_blocks: int) -> int | None:
-        """Retained blocks a hint tag may hold in a pool of ``n_blocks`` (None: no budget), as
-        ``kvprof compare --hint-max-fraction`` counts them."""
+        """Retained blocks a hint tag may hold in a cache of ``n_blocks`` usable blocks (None: no budget), as
+        ``kvprof compare --hint-max-fraction`` counts them at the capacity it replays a recording with."""
         return None if self.hint_max_fraction is None else int(self.hint_max_fraction * n_blocks)
 
     @property
