@@ -310,7 +310,7 @@ class Recorder:
         except ValueError:
             return
         if hint is not None:
-            record.update(zip(HINT_FIELDS, (hint.retain_s, hint.priority, hint.release, hint.tag)))
+            record.update(hint.fields())
 
     def _id(self, block_hash) -> int:
         data = block_hash if isinstance(block_hash, bytes) else repr(block_hash).encode()
