@@ -168,3 +168,36 @@ def test_the_served_budget_counts_blocks_as_compare_does():
     assert PolicySpec.from_additional_config({"kv_policy": {"policy": "lru"}}).hint_budget(1000) is None
     spec = PolicySpec.from_additional_config({"kv_policy": {"policy": "lru", "hint_max_fraction": "0.25"}})
     assert spec.hint_budget(1001) == 250
+
+
+def test_a_recorded_timing_replay_tells_each_request_its_hint():
+    """On a recording's timing (as ``kvprof compare`` replays a vLLM recording) the hinted policy hears each
+    request's hint: request 0 retains its blocks, so when request 2 needs room request 1's go first and
+    request 3 finds all of request 0's; LRU evicts request 0's oldest ones instead; without hints it is LRU."""
+    import dataclasses
+
+    import numpy as np
+
+    from kvprof.models.hints import HintColumns
+    from kvprof.sim.config import SimConfig
+    from kvprof.sim.engine import simulate
+    from kvprof.sim.hints import make_hinted_policy, with_hints
+    from kvprof.sim.workload import prepare_workload
+    from tests.helpers import make_trace
+
+    rows = [(0.0, "a", 1, [1, 2, 3, 9]), (1.0, "a", 1, [10, 11]), (2.0, "a", 1, [4, 5, 6, 8]),
+            (3.0, "a", 1, [1, 2, 3, 7])]
+    trace = make_trace(rows, block_size=16)
+    trace = dataclasses.replace(trace, output_length=np.ones(4, dtype=np.int64), extra={
+        "scheduled": np.array([0.0, 1.0, 2.0, 3.0], dtype=object), "finished": np.array([0.5, 1.5, 2.5, 3.5])})
+    hints = HintColumns.empty(4)
+    hints.retain_s[0] = 60.0
+    hinted = with_hints(trace, hints)
+
+    def hits(trace, policy):
+        workload = prepare_workload(trace, engine_block_size=16)
+        config = SimConfig(engine_block_size=16, timing="recorded")
+        return simulate(workload, make_hinted_policy(policy, None, 8), 8, config).hits_device
+
+    assert hits(hinted, "lru+hints") == 3  # the lookup's cap: (64 - 1) // 16 blocks
+    assert hits(hinted, "lru") == hits(with_hints(trace, None), "lru+hints") == 2
