@@ -162,6 +162,14 @@ def test_the_served_budget_is_a_share_refused_naming_the_flag(value):
         PolicySpec.from_additional_config({"kv_policy": {"policy": "lru", "hint_max_fraction": value}})
 
 
+@pytest.mark.parametrize("config", [{"record": "rec"}, {"policy": "lru", "mode": "shadow"}])
+def test_a_budget_where_no_policy_evicts_is_refused(config):
+    from kvprof.vllm.spec import KvPolicyConfigError, PolicySpec
+
+    with pytest.raises(KvPolicyConfigError, match="--kv-hint-max-fraction.*enforce"):
+        PolicySpec.from_additional_config({"kv_policy": {**config, "hint_max_fraction": 0.5}})
+
+
 def test_the_served_budget_counts_blocks_as_compare_does():
     from kvprof.vllm.spec import PolicySpec
 

@@ -229,6 +229,9 @@ class PolicySpec:
         if name is None and path is None and record is None:
             raise KvPolicyConfigError(f"nothing to serve or record: pass {FLAG_OF['config']} PATH, "
                                       f"{FLAG_OF['policy']} NAME or {FLAG_OF['record']} DIR")
+        if settings["hint_max_fraction"] is not None and ((name is None and path is None) or mode == "shadow"):
+            raise KvPolicyConfigError(f"hint_max_fraction ({FLAG_OF['hint_max_fraction']}) bounds the client hints "
+                                      "kvprof's policy honours where it evicts: it needs a policy in enforce mode")
         name = name or (DEFAULT_POLICY if path is not None else None)
         if name is None:
             if mode == "shadow":
