@@ -24,7 +24,10 @@ All ordering logic is the policy's; this module only feeds it vLLM's events:
 * ``access(hit=True)`` for the blocks a request hits (:meth:`KvprofBlockPool.touch`); both as one
   compiled call per chain (``access_chain``),
 * ``free`` when the request frees its blocks, ``remove`` on a hit of a free block, ``evict_n`` when
-  blocks are needed, ``clear`` on ``reset_prefix_cache``.
+  blocks are needed, ``clear`` on ``reset_prefix_cache``;
+* a finished request's client hint (its ``extra_args``) for the frees of its blocks: the queue's
+  :class:`~kvprof.policy.hinted.HintLayer` over the policy keeps released and retained blocks out of
+  its order, as the simulator's ``HintedPolicy`` does (docs/hints.md).
 
 Invariants kept from vLLM: the null block (id 0) is popped once at construction and never enters
 the queue; blocks owned by other pools go to their pools, as ``BlockPool.free_blocks`` sends them;
