@@ -17,23 +17,37 @@ Workload hints: the manager sees a ``ReqContext`` (request id and ``kv_transfer_
 sampling parameters, so requests name their class in ``kv_transfer_params`` (``{"workload": "text_2"}``
 or ``{"type": "text", "turn": 2}``) or with a ``workload=<class>`` token in the request id.
 
+Client hints come the same way, in ``kv_transfer_params`` (``retain_s``, ``retain_priority``,
+``release``, ``hint_tag``: :func:`kvprof.models.hints.hint_of_args`; a malformed one is logged and
+ignored here, the API server refuses it where vLLM checks requests). A request's hint applies at its
+finish (``on_request_finished``; 0.30 reports none, so it honours no hint): the request's chunks that
+are evictable then, those it stored and those it reused, are freed again with the hint into the
+:class:`~kvprof.policy.hinted.HintLayer` over the policy, as the GPU pool and the simulator's
+``HintedPolicy`` do (released chunks evicted first, retained ones last, a retention lapsing when its
+time passes; a hint tag's retained chunks at most ``hint_max_fraction`` of the tier's chunks); those
+not evictable then (a store still in flight, another request's load) take it when they become
+evictable. A request without a hint is ordered exactly as without the layer.
+
 Mapping of vLLM's calls onto the kvprof protocol (chunk keys are mapped to ints), as 0.33's
 ``CachePolicy`` (``vllm/v1/kv_offload/cpu/policies/base.py``) defines them:
 
 * ``insert(key, chunk, req_context)`` -> ``access(hit=False)`` with the storing request's class: the
   store is that request's one access of the chunk; evictable at once only if its ref count is 0
   (0.33 inserts at -1, "not ready", and marks it evictable when the store completes),
-* ``mark_evictable`` -> ``free``; ``mark_non_evictable`` -> ``remove``,
+* ``mark_evictable`` -> ``free`` (with the hint pending for the chunk, if any); ``mark_non_evictable``
+  -> ``remove`` (a load: the layer's ``take``, a hit on a hinted chunk),
 * ``on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)`` -> one
   ``access(hit=True)`` of each chunk the request reused, head to tail (vLLM records a request's
   accesses once, when it finishes: vLLM #51787); its insertion-only chunks are not accessed again,
   their store was the access. An evictable chunk is taken out of the order (``remove``), accessed
-  and freed again (tail first), so it is re-ordered by its new score,
+  and freed again (tail first), so it is re-ordered by its new score; with a client hint, that free
+  is the hinted one, and the request's evictable insertion-only chunks are taken and freed with it,
 * ``touch(keys, req_context)`` (0.30's connector; later ones never call it) -> the same, a hit for
   chunks another request stored; ``on_request_access`` (0.33: keys seen before the request
   finishes) records nothing: the access comes once, at the finish,
-* ``evict(n, protected)`` -> the first ``n`` unprotected blocks of ``policy.order`` (atomic: nothing
-  changes when ``n`` cannot be met), ``remove`` -> ``discard``, ``clear`` -> ``clear``.
+* ``evict(n, protected)`` -> the first ``n`` unprotected blocks of the layer's order (released,
+  ``policy.order``, retained; atomic: nothing changes when ``n`` cannot be met but the lazy lapse
+  of retentions whose time has passed), ``remove`` -> ``discard``, ``clear`` -> ``clear``.
 
 Depth is the chunk's 0-based place in the request's chain, as in the GPU tier: from the end-token
 position the connector records for each key (``ReqContext.get_offload_key_position``, 0.31 on),
@@ -54,6 +68,7 @@ it from whichever call carries it, so no version is branched on:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -70,6 +85,8 @@ except ImportError:  # 0.30: one group
     def get_offload_group_idx(key) -> int:
         return 0
 
+from kvprof.models.hints import Hint, hint_of_args
+from kvprof.policy.hinted import HintLayer
 from kvprof.vllm.carry import Held, carry_over
 from kvprof.vllm.spec import CONFIG_KEY, KvPolicyConfigError, PolicySpec
 
@@ -90,7 +107,13 @@ def _spec_from_env() -> PolicySpec | None:
 
 
 class KvprofCachePolicy(CachePolicy):
-    """Offloaded chunks ordered by a kvprof eviction policy (see the module docstring)."""
+    """Offloaded chunks ordered by a kvprof eviction policy (see the module docstring).
+
+    Invariant: every evictable chunk is in exactly one place of :attr:`hints` (a
+    :class:`~kvprof.policy.hinted.HintLayer` over :attr:`policy`): its released pool, its retained pool
+    or the policy's order; ``_pending_hints`` holds the hint of a finished request for each of its
+    chunks that was not evictable at its finish, until the chunk becomes evictable or leaves.
+    """
 
     def __init__(self, cache_capacity: int, spec: PolicySpec | None = None, clock=time.monotonic) -> None:
         super().__init__(cache_capacity)
@@ -102,6 +125,8 @@ class KvprofCachePolicy(CachePolicy):
             )
         self.spec = spec
         self.policy = self.build_policy(spec)
+        self.hints = HintLayer(self.policy, spec.hint_budget(cache_capacity))
+        self._pending_hints: dict[Any, Hint] = {}
         self._clock = clock
         self.chunks: dict[Any, Any] = {}
         self._id: dict[Any, int] = {}
@@ -128,6 +153,19 @@ class KvprofCachePolicy(CachePolicy):
         match = _REQ_ID_TAG.search(str(getattr(req_context, "req_id", "")))
         return {"workload": match.group(1)} if match else None
 
+    @staticmethod
+    def _hint_of(req_context) -> Hint | None:
+        """The client hint in a request's ``kv_transfer_params`` (None: none). A malformed one is logged
+        (once: a request finishes once) and ignored; refusing it is the API server's business."""
+        params = getattr(req_context, "kv_transfer_params", None)
+        try:
+            return hint_of_args(params if isinstance(params, dict) else None)
+        except ValueError as err:
+            logging.getLogger("vllm.kvprof").warning(
+                "kvprof: request %s: %s in kv_transfer_params; its offloaded chunks keep no hint",
+                getattr(req_context, "req_id", None), err)
+            return None
+
     def _class_of(self, tags: dict | None) -> int:
         return self.spec.default_index if tags is None else self.spec.class_index(tags)
 
@@ -149,6 +187,7 @@ class KvprofCachePolicy(CachePolicy):
         del self._key[block]
         del self._stored_by[key]
         del self._history[key]
+        self._pending_hints.pop(key, None)
         self._spare_ids.append(block)
 
     def _depth(self, key, req_context, fallback: int) -> int:
@@ -174,14 +213,15 @@ class KvprofCachePolicy(CachePolicy):
         now = self._clock()
         tags, depth = self._tags_of(req_context), self._depth(key, req_context, 0)
         self._history[key] = [tags, depth, 0, now]
+        self.hints.recached(block)  # a retention of the id's last chunk is not this one's
         self.policy.access(block, now, self._class_of(tags), depth, hit=False, content=key)
         if chunk.ref_cnt == 0:
-            self.policy.free((block,), now)
+            self.hints.free_hinted((block,), now, None)
 
     def remove(self, key) -> None:
         del self.chunks[key]
         block = self._id[key]
-        self.policy.discard(block)
+        self.hints.discard(block)
         self._forget(key, block)
 
     def touch(self, keys: Iterable, req_context) -> None:
@@ -205,42 +245,64 @@ class KvprofCachePolicy(CachePolicy):
         self._store_ctx = req_context
 
     def on_request_finished(self, key_groups: Sequence[Sequence], insertion_only_keys: set, reused_keys: set, req_context) -> None:
-        # Each group comes head to tail. The insertion-only chunks had their access at ``insert``.
+        # Each group comes head to tail. The insertion-only chunks had their access at ``insert``;
+        # with a client hint they are freed again with it (module docstring).
+        hint = self._hint_of(req_context)
+        own = insertion_only_keys if hint is not None else ()
         for group in key_groups:
-            self._access(group, req_context, reused=reused_keys, only_reused=True)
+            self._access(group, req_context, reused=reused_keys, only_reused=True, hint=hint, own=own)
 
-    def _access(self, keys: Sequence, req_context, reused, only_reused: bool = False) -> None:
-        """One access of each of ``keys`` (head to tail) that is held, a hit for those in ``reused``."""
+    def _access(self, keys: Sequence, req_context, reused, only_reused: bool = False, hint: Hint | None = None,
+                own=()) -> None:
+        """One access of each of ``keys`` (head to tail) that is held, a hit for those in ``reused``;
+        the evictable ones of these and of ``own`` freed again with ``hint``, the others of them
+        given it for when they become evictable (a hint is a request's free: module docstring)."""
         tags = self._tags_of(req_context)
         cls = self._class_of(tags)
         now = self._clock()
-        policy, history = self.policy, self._history
+        policy, hints, history = self.policy, self.hints, self._history
         refree = []  # evictable ones: out of the order while accessed, freed again tail first
         for i, key in enumerate(keys):
             block = self._id.get(key)
             hit = key in reused
-            if block is None or key not in self.chunks or (only_reused and not hit):
+            accessed = hit or not only_reused
+            if block is None or key not in self.chunks or not (accessed or key in own):
                 continue
-            if block in policy:
-                policy.remove(block)
+            if block in hints:
+                self._reorder_take(block)
                 refree.append(block)
+            elif hint is not None:
+                self._pending_hints[key] = hint
+            if not accessed:
+                continue
             depth = self._depth(key, req_context, i)
             policy.access(block, now, cls, depth, hit=hit, content=key)
             past = history[key]
             past[0], past[1], past[3] = tags, depth, now
             past[2] += hit
         if refree:
-            policy.free(refree[::-1], now)
+            hints.free_hinted(refree[::-1], now, hint)
+
+    def _reorder_take(self, block: int) -> None:
+        """Take an evictable chunk out of :attr:`hints` to order it again: no hit on a hinted chunk
+        (the load that read it was one, counted at ``mark_non_evictable``)."""
+        counters = self.hints.counters
+        kept = counters.honoured, counters.hinted_hits
+        self.hints.take(block)
+        counters.honoured, counters.hinted_hits = kept
 
     def evict(self, n: int, protected: set):
+        hints = self.hints
         if n == 0:
             return []
-        if n > len(self.policy):
+        if n > len(hints):
             return None
         now = self._clock()
         chosen = []
-        # Protected chunks can only push the n victims that many places down the order.
-        for block in self.policy.order(now, n + len(protected)):
+        # Protected chunks can only push the n victims that many places down the order. The layer's
+        # order (released, the policy's, retained) only while it holds a chunk: it lists the whole policy.
+        order = hints.order if hints.active else self.policy.order
+        for block in order(now, n + len(protected)):
             key = self._key[block]
             if key in protected:
                 continue
@@ -250,17 +312,20 @@ class KvprofCachePolicy(CachePolicy):
         if len(chosen) < n:
             return None
         out = []
+        released = hints.n_released
         for block in chosen:
-            self.policy.remove(block)
+            hints.discard(block)
             key = self._key[block]
             self._forget(key, block)
             chunk = self.chunks.pop(key)
             assert chunk.ref_cnt == 0
             out.append((key, chunk))
+        hints.counters.released_evicted += released - hints.n_released
         return out
 
     def clear(self) -> None:
-        self.policy.clear()
+        self.hints.clear()  # the policy's too
+        self._pending_hints.clear()
         self.chunks.clear()
         self._stored_by.clear()
         self._history.clear()
@@ -271,20 +336,21 @@ class KvprofCachePolicy(CachePolicy):
 
     def mark_evictable(self, key) -> None:
         now = self._clock()
-        self.policy.free((self._id_of(key),), now)
+        self.hints.free_hinted((self._id_of(key),), now, self._pending_hints.pop(key, None))
         if key in self._history:
             self._history[key][3] = now
 
     def mark_non_evictable(self, key) -> None:
-        self.policy.remove(self._id[key])
+        self.hints.take(self._id[key])  # a load: a hit, on a hinted chunk counted as one
 
     def replace_policy(self, spec: PolicySpec, policy=None) -> None:
         """Order the tier by ``policy``, built from ``spec`` (a reloaded hp file), from now on.
 
         The chunks carry over as the GPU pool's blocks do (:func:`kvprof.vllm.carry.carry_over`),
-        each with its depth, classified by the new file from the tags it was last accessed with.
-        ``policy`` is built here when not given (:func:`build_policies` builds it off the
-        scheduler thread).
+        each with its depth, classified by the new file from the tags it was last accessed with;
+        client hints' retentions and releases do not (the new policy orders every evictable chunk, as
+        the GPU pool's reload does), hints still pending do, and the hint counters go on. ``policy``
+        is built here when not given (:func:`build_policies` builds it off the scheduler thread).
         """
         if policy is None:
             policy = self.build_policy(spec)
@@ -296,6 +362,9 @@ class KvprofCachePolicy(CachePolicy):
                                                    content=item.content),
                    lambda item: policy.free((item.id,), item.stamp))
         self.policy = policy
+        counters = self.hints.counters
+        self.hints = HintLayer(policy, spec.hint_budget(self.cache_capacity))
+        self.hints.counters = counters
 
     def build_policy(self, spec: PolicySpec):
         """A fresh policy of ``spec`` for this tier's capacity."""
