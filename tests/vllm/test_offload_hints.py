@@ -261,9 +261,10 @@ def test_a_client_retaining_everything_holds_at_most_its_budget(tmp_path, in_vll
 
 
 def test_clear_discard_and_reload_keep_every_evictable_chunk_in_one_place(tmp_path, in_vllm):
-    """A failed store's chunks, a reload of the hp file and a reset leave the layer whole: every
-    evictable chunk in exactly one of the released pool, the retained pool and the policy's order;
-    a reload carries the chunks into the new policy's order and the counts on."""
+    """A failed store's chunks, an eviction (atomic: all or nothing, protected chunks skipped), a
+    reload of the hp file and a reset leave the layer whole: every evictable chunk in exactly one of
+    the released pool, the retained pool and the policy's order; a reload carries the chunks into the
+    new policy's order and the counts on."""
     if not in_vllm:
         return
     from vllm.v1.kv_offload.base import ReqContext
@@ -294,6 +295,12 @@ def test_clear_discard_and_reload_keep_every_evictable_chunk_in_one_place(tmp_pa
     released = mirror.chains[0][::-1]  # freed tail first, evicted in the order freed
     assert order[:3] == released and set(order[3:5]) == set(mirror.chains[2])
     assert set(order[5:]) == set(mirror.chains[1])
+    def state():
+        return tier.hints.order(mirror.now), dict(tier.chunks), (tier.hints.n_released, tier.hints.n_retained)
+
+    before = state()
+    assert tier.evict(8, protected={released[1]}) is None and tier.evict(9, set()) is None  # atomic
+    assert state() == before
     evicted = tier.evict(4, protected={released[1]})
     assert [key for key, _ in evicted] == [released[0], released[2], *order[3:5]]
     assert tier.hints.counters.released_evicted == 2 and len(tier.hints) == len(tier.chunks) == 4
