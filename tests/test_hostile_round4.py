@@ -466,3 +466,45 @@ def test_the_session_row_of_a_fleet_of_recordings_says_it_is_not_the_live_router
     assert "session: hashes the chat ids the recorder numbered" in shown["recorded,session"]
     assert "not where the live fleet's session router placed them" in shown["recorded,session"]
     assert "chat ids the recorder numbered" not in shown["recorded,round-robin"]
+
+
+# Client hints, stop and the hint options (docs/hints.md): what a hostile trace or client sends.
+
+def _hinted_lines(tmp_path, fragment: str, line: int = 5, name: str = "hinted.jsonl") -> Path:
+    """Eight synthetic Bailian lines, ``fragment`` (raw JSON text, e.g. ``"retain_s": 5``) added to ``line``."""
+    from kvprof.profiler.synth import generate
+
+    lines = [json.dumps(record) for record in list(generate("bailian-a", 0.2, 5))[:8]]
+    lines[line - 1] = f"{lines[line - 1][:-1]}, {fragment}}}"
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+_HINT_RUN = ("--policies", "lru", "--capacity", "4096", "--eval-window", "0:", "-j", "1")
+
+
+@pytest.mark.parametrize("fragment, field", [
+    ('"retain_s": 1' + "0" * 400, "retain_s"),  # json reads an int past any float: comparing it raised OverflowError
+    ('"retain_s": -1' + "0" * 400, "retain_s"),
+    ('"hint_tag": 1' + "0" * 400, "hint_tag"),
+])
+def test_a_hint_number_past_a_floats_range_is_an_error_naming_line_and_field(tmp_path, fragment, field):
+    from tests.helpers import one_line
+
+    path = _hinted_lines(tmp_path, fragment)
+    result = invoke("compare", path, *_HINT_RUN, "-o", tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    shown = one_line(result.output)
+    assert f"hinted.jsonl, line 5, field '{field}': must be from 0 to" in shown
+    assert len(shown) < 400  # the number is cut, not printed whole
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_clients_hint_number_past_a_floats_range_is_a_value_error_naming_the_field():
+    """vLLM turns a ValueError from the request check into a 400; an OverflowError was a server error."""
+    from kvprof.models.hints import hint_of_args
+
+    with pytest.raises(ValueError, match="hint field 'retain_s' must be from 0 to"):
+        hint_of_args({"retain_s": 10**400})

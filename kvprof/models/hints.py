@@ -20,7 +20,6 @@ policy as always. ``release`` with ``retain_s > 0`` contradicts itself and is re
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,14 +75,15 @@ def hint_problem(name: str, value) -> tuple[str, str] | None:
     if name == RETAIN_FIELD:
         if type(value) not in (int, float):
             return ("wrong_type", f"must be a number of seconds, got {_describe(value)}")
-        if not (math.isfinite(value) and 0 <= value <= MAX_RETAIN_S):
-            return ("bad_value", f"must be from 0 to {MAX_RETAIN_S:g} seconds, got {value!r}")
+        # compared, not converted to a float (an int past its range would raise); NaN compares false
+        if not 0 <= value <= MAX_RETAIN_S:
+            return ("bad_value", f"must be from 0 to {MAX_RETAIN_S:g} seconds, got {value!r:.40}")
         return None
     bound = MAX_PRIORITY if name == PRIORITY_FIELD else MAX_TAG
     if type(value) is not int:
         return ("wrong_type", f"must be an integer, got {_describe(value)}")
     if not 0 <= value <= bound:
-        return ("bad_value", f"must be from 0 to {bound}, got {value}")
+        return ("bad_value", f"must be from 0 to {bound}, got {value!r:.40}")
     return None
 
 
