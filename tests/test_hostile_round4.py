@@ -508,3 +508,21 @@ def test_a_clients_hint_number_past_a_floats_range_is_a_value_error_naming_the_f
 
     with pytest.raises(ValueError, match="hint field 'retain_s' must be from 0 to"):
         hint_of_args({"retain_s": 10**400})
+
+
+def test_synth_refuses_a_retention_its_own_trace_reader_would_refuse(tmp_path):
+    """--hint-retain-s took up to 1e9 s and wrote a trace every command refused at line 1 (past a year)."""
+    from tests.helpers import one_line
+
+    from kvprof.models.hints import MAX_RETAIN_S
+
+    out = tmp_path / "s.jsonl"
+    result = invoke("synth", "-o", out, "--hours", "0.01", "--hints", "retain-all", "--hint-retain-s",
+                    repr(MAX_RETAIN_S + 1))
+    assert result.exit_code == 2, result.output
+    assert "'--hint-retain-s'" in one_line(result.output) and f"<= {MAX_RETAIN_S:g}" in one_line(result.output)
+    assert not out.exists()
+    result = invoke("synth", "-o", out, "--hours", "0.01", "--hints", "retain-all", "--hint-retain-s",
+                    repr(MAX_RETAIN_S))
+    assert result.exit_code == 0, result.output
+    assert invoke("inspect", out).exit_code == 0

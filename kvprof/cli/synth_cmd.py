@@ -9,10 +9,13 @@ import typer
 
 from kvprof.cli.common import guarded, number_option, output_file
 from kvprof.cli.output import say, status
-from kvprof.limits import COUNT, HOURS, POSITIVE_SECONDS, RATE_SCALE, Bound
+from kvprof.limits import COUNT, HOURS, RATE_SCALE, Bound
+from kvprof.models.hints import MAX_RETAIN_S
 
 _HINTS = "Client hints (docs/hints.md), made from each session's true future"
 ACCURACY = Bound(0.0, 1.0)
+#: A retention the trace reader takes back (a longer one would write a trace no command reads).
+RETENTION = Bound(0.0, MAX_RETAIN_S, low_open=True)
 
 
 @guarded
@@ -42,7 +45,7 @@ def synth(
     ] = None,
     hint_retain_s: Annotated[
         Optional[float],
-        number_option("--hint-retain-s", bound=POSITIVE_SECONDS,
+        number_option("--hint-retain-s", bound=RETENTION,
                       help="With --hints retain-all: the retention every request asks for (default 600).",
                       rich_help_panel=_HINTS),
     ] = None,

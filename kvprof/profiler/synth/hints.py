@@ -31,7 +31,7 @@ MIN_RETAIN_S = 0.001
 @dataclass(frozen=True)
 class HintSpec:
     """How hints are made. Invariant: ``mode`` in :data:`HINT_MODES`, ``0 <= accuracy <= 1``,
-    ``time_factor > 0``, ``retain_s > 0``."""
+    ``time_factor > 0``, ``0 < retain_s <= MAX_RETAIN_S``."""
 
     mode: str = "future"
     accuracy: float = 1.0
@@ -41,8 +41,9 @@ class HintSpec:
     def __post_init__(self):
         if self.mode not in HINT_MODES:
             raise ValueError(f"hint mode must be one of {', '.join(HINT_MODES)}, got {self.mode!r}")
-        if not (0.0 <= self.accuracy <= 1.0 and self.time_factor > 0 and self.retain_s > 0):
-            raise ValueError(f"hint accuracy must be within [0, 1], the time factor and retention > 0, got {self}")
+        if not (0.0 <= self.accuracy <= 1.0 and self.time_factor > 0 and 0 < self.retain_s <= MAX_RETAIN_S):
+            raise ValueError(f"hint accuracy must be within [0, 1], the time factor > 0 and the retention within "
+                             f"(0, {MAX_RETAIN_S:g}], got {self}")
 
 
 def future_hints(gap: np.ndarray, tag: np.ndarray, spec: HintSpec, rng: np.random.Generator) -> HintColumns:
