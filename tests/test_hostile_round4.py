@@ -526,3 +526,22 @@ def test_synth_refuses_a_retention_its_own_trace_reader_would_refuse(tmp_path):
                     repr(MAX_RETAIN_S))
     assert result.exit_code == 0, result.output
     assert invoke("inspect", out).exit_code == 0
+
+
+@pytest.mark.parametrize("args, named, words", [
+    (("--hint-share", "0.5"), "--hint-share", "applies to --hints stop only"),
+    (("--hint-end-turn", "retain"), "--hint-end-turn", "applies to --hints stop only"),
+    (("--hints", "trace", "--hint-share", "0.9", "--hint-end-turn", "release"), "--hint-share/--hint-end-turn",
+     "applies to --hints stop only"),
+    (("--ignore-hints", "--hint-max-fraction", "0.5"), "--ignore-hints", "--hint-max-fraction would do nothing"),
+    (("--ignore-hints", "--hints", "stop"), "--ignore-hints", "--hints stop would do nothing"),
+])
+def test_compare_refuses_a_hint_option_its_hint_source_would_ignore(tmp_path, args, named, words):
+    """A stop-hint option with the trace's own hints, or a budget with none replayed, ran as if not given."""
+    from tests.helpers import one_line
+
+    path = _hinted_lines(tmp_path, '"retain_s": 5')
+    result = invoke("compare", path, *_HINT_RUN, "-o", tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {named}: " in one_line(result.output) and words in one_line(result.output)
+    assert not (tmp_path / "out").exists()

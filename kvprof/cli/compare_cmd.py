@@ -146,17 +146,17 @@ def compare(
                      rich_help_panel=_HINTS),
     ] = "trace",
     hint_share: Annotated[
-        float, number_option("--hint-share", bound=SHARE,
+        Optional[float], number_option("--hint-share", bound=SHARE,
                              help="With --hints stop: the share of a session's returns the retention asked for "
                                   "catches (one of the hp file's retention shares; default 0.9).",
                              rich_help_panel=_HINTS),
-    ] = 0.9,
+    ] = None,
     hint_end_turn: Annotated[
-        str,
+        Optional[str],
         typer.Option("--hint-end-turn", help="With --hints stop: what an end of turn sends: release (the session's "
-                                             "blocks go first) or retain (for the end-of-turn retention).",
-                     rich_help_panel=_HINTS),
-    ] = "release",
+                                             "blocks go first; the default) or retain (for the end-of-turn "
+                                             "retention).", rich_help_panel=_HINTS),
+    ] = None,
     hint_max_fraction: Annotated[
         Optional[float],
         number_option("--hint-max-fraction", bound=SHARE,
@@ -221,7 +221,7 @@ def compare(
     from kvprof.cli.plots import FILES
 
     names = policy_list(policies)
-    _check_hint_options(hints, hint_end_turn)
+    hint_share, hint_end_turn = _hint_options(hints, hint_share, hint_end_turn, hint_max_fraction, ignore_hints)
     schedule = _schedule(capacity_schedule)
     if timing not in TIMINGS:
         raise typer.BadParameter(f"{timing!r} is not one of {', '.join(TIMINGS)}", param_hint="--timing")
@@ -314,14 +314,26 @@ def demo(
                         json_out, inputs, hp)
 
 
-def _check_hint_options(hints: str, end_turn: str) -> None:
+def _hint_options(hints: str, share: float | None, end_turn: str | None, max_fraction: float | None,
+                  ignore: bool) -> tuple[float, str]:
+    """``--hint-share`` and ``--hint-end-turn`` with their defaults, after refusing an option the hint
+    source given would ignore (as synth's hint options are)."""
     from kvprof.sim.hints import END_TURN_HINTS
 
     if hints not in HINT_SOURCES:
         raise typer.BadParameter(f"{hints!r} is not one of {', '.join(HINT_SOURCES)}", param_hint="--hints")
-    if end_turn not in END_TURN_HINTS:
+    if end_turn is not None and end_turn not in END_TURN_HINTS:
         raise typer.BadParameter(f"{end_turn!r} is not one of {', '.join(END_TURN_HINTS)}",
                                  param_hint="--hint-end-turn")
+    stop_only = [name for name, value in (("--hint-share", share), ("--hint-end-turn", end_turn)) if value is not None]
+    if hints != "stop" and stop_only:
+        raise typer.BadParameter("applies to --hints stop only", param_hint="/".join(stop_only))
+    if ignore:
+        given = ["--hints stop"] * (hints == "stop") + ["--hint-max-fraction"] * (max_fraction is not None)
+        if given:
+            raise typer.BadParameter(f"--ignore-hints replays no hints, so {' and '.join(given)} would do nothing",
+                                     param_hint="--ignore-hints")
+    return 0.9 if share is None else share, "release" if end_turn is None else end_turn
 
 
 def _hinted(trace, hp, names, source, share, end_turn, max_fraction, ignore):
