@@ -545,3 +545,21 @@ def test_compare_refuses_a_hint_option_its_hint_source_would_ignore(tmp_path, ar
     assert result.exit_code == 2, result.output
     assert f"Invalid value for {named}: " in one_line(result.output) and words in one_line(result.output)
     assert not (tmp_path / "out").exists()
+
+
+def test_stop_hints_that_give_no_hint_are_said_not_silently_left_out(tmp_path):
+    """Every response cut at its length: --hints stop replayed no P+hints row and said nothing of why."""
+    from tests.helpers import one_line
+
+    from kvprof.profiler.synth import generate, write_jsonl
+
+    records = list(generate("bailian-a", 0.2, 5))
+    for record in records:
+        record["stop"] = "length"
+    path = tmp_path / "cut.jsonl"
+    write_jsonl(path, records)
+    result = invoke("compare", path, "--policies", "lru", "--capacity", "4096", "--fit-window", "0:360",
+                    "--eval-window", "360:", "--hints", "stop", "-o", tmp_path / "out", "-j", "1")
+    assert result.exit_code == 0, result.output
+    assert "--hints stop: no evaluated request ended in a tool call or an end of turn" in one_line(result.stderr)
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["config"]["policies"] == ["lru"]

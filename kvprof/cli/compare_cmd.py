@@ -351,7 +351,10 @@ def _hinted(trace, hp, names, source, share, end_turn, max_fraction, ignore):
         except SimulationError as exc:
             raise typer.BadParameter(str(exc), param_hint="--hints") from None
     if trace.hints is None or not trace.hints.n_hinted:
-        if source == "trace" and max_fraction is not None:
+        if source == "stop":
+            warn("--hints stop: no evaluated request ended in a tool call or an end of turn that gives a hint "
+                 "(a retention fitted for its class, or a release), so nothing is replayed with them")
+        elif max_fraction is not None:
             warn("--hint-max-fraction: the trace carries no hints (its requests have no retain_s or release), "
                  "so nothing is replayed with them")
         return trace, names, None
