@@ -34,7 +34,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import chain, islice
+from itertools import islice
 
 from kvprof.models.hints import Hint
 from kvprof.policy.base import EvictionPolicy
@@ -166,9 +166,15 @@ class HintLayer:
     def order(self, now: float, limit: int | None = None) -> list[int]:
         """The eviction order (first victim first), as :meth:`evict_n` would take it now."""
         self._lapse(now)
+        out = list(islice(self._released, limit))
+        if limit is not None and len(out) == limit:
+            return out
+        out.extend(self.base.order(now, None if limit is None else limit - len(out)))  # the base's first only
+        if limit is not None and len(out) == limit:
+            return out
         retained = sorted((entry for entry in self._victims if self._retained.get(entry[3]) == entry[2]))
-        blocks = chain(self._released, self.base.order(now, None), (entry[3] for entry in retained))
-        return list(islice(blocks, limit))
+        out.extend(islice((entry[3] for entry in retained), None if limit is None else limit - len(out)))
+        return out
 
     def clear(self) -> None:
         self.base.clear()
