@@ -312,8 +312,10 @@ class FakePool:
 
     def __init__(self, spec, blocks=9):
         self.num_gpu_blocks = blocks
+        from kvprof.policy.hinted import HintLayer
+
         self.policy = spec.make_policy(capacity=blocks, n_blocks=blocks)
-        self.free_block_queue = SimpleNamespace(evictions=0)
+        self.free_block_queue = SimpleNamespace(evictions=0, hints=HintLayer(self.policy))  # its hint counts
 
     def replace_policy(self, spec, twin):
         self.policy = twin
