@@ -4,6 +4,7 @@
     python research/bench_switching.py --sweep m=0.002,m=0.01,w=64,m=0.01/w=64,p=4 [--traces ...] [-o sweep.json]
     python research/bench_switching.py --sweep w=16,w=inf,w=inf/e=1 --windows [--traces weka,mooncake] [-o sweep.json]
     python research/bench_switching.py --starts [-j N] [--traces ...] [-o starts.json]
+    python research/bench_switching.py --tested [--windows] [--traces ...] [-o tested.json]
 
 For each trace and capacity of benchmarks/bench_quality.py, fit and tune on the fit window as the
 suite does, then replay the evaluation window:
@@ -35,6 +36,16 @@ tuned start (the shadows' best over the last third of the fit window, :mod:`kvpr
 the shadows' best over the whole fit window (one more replay of it under wa at the tuned horizon),
 and on the evaluation window wa (compiled) started on each candidate, and each candidate followed
 throughout (wa restricted to it: what a rule that never switches would get from that start).
+
+With ``--tested``, instead: the start chosen by the test the switches are held to. Per trace and capacity
+(with ``--windows`` on the real traces' other splits too), the tuning replay (:mod:`kvprof.sim.tune`: the
+last third of the fit window, on the file fitted before it, at the tuned horizon) once more through the
+reference, each period's shadow hits recorded: each candidate's lead over the first (``model``, where an
+untuned wa starts) and over LRU in standard errors of the per-period differences, no forgetting; the
+*tested start*, the first candidate unless the shadows' best (never ``long-output``) leads it by the margin
+and ``SWITCH_ERRORS`` errors; and wa (compiled, as the suite runs it) on the evaluation window from each
+candidate, each against the best baseline of the ``--baseline`` table (the table: from the tuned and the
+tested start).
 """
 
 from __future__ import annotations
@@ -42,17 +53,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from joblib import Parallel, delayed
 
 from kvprof.atomic import atomic_write_text
 from kvprof.policy import make_policy
 from kvprof.policy import wa as wa_module
-from kvprof.policy.wa import DEFAULT_ORDERS, WorkloadAwarePolicy
+from kvprof.policy.wa import DEFAULT_ORDERS, FIRST_TURN_ORDERS, WorkloadAwarePolicy, candidate_orders
 from kvprof.profiler.fit import fit_trace
+from kvprof.sim import tune as tune_module
 from kvprof.sim.config import SimConfig
 from kvprof.sim.engine import simulate
 from kvprof.sim.sweep import run_sweep
@@ -189,6 +203,84 @@ def starts(case, trace, jobs: int) -> list[dict]:
     return rows
 
 
+class PeriodWA(WorkloadAwarePolicy):
+    """``wa`` that records each period's shadow hits (in the whole traffic's) at every comparison."""
+
+    def _weigh(self, lookups: int, size: int) -> None:
+        if not hasattr(self, "periods"):
+            self.periods = []
+        self.periods.append([(shadow.hits - seen) / self._sample.rate
+                             for shadow, seen in zip(self._shadows, self._shadow_seen)])
+        super()._weigh(lookups, size)
+
+
+def z_scores(gains: np.ndarray, base: int) -> np.ndarray:
+    """Each candidate's summed lead over candidate ``base`` in standard errors of the per-period differences."""
+    leads = gains - gains[:, [base]]
+    errors = np.sqrt((leads * leads).sum(axis=0))
+    return np.divide(leads.sum(axis=0), errors, out=np.zeros(gains.shape[1]), where=errors > 0)
+
+
+def start_by_test(names: tuple, gains: np.ndarray) -> str:
+    """The first candidate unless the one whose shadow hit most (never one of tune's NEVER_START) leads it by
+    wa's margin and SWITCH_ERRORS standard errors over all ``gains`` (periods x candidates)."""
+    totals = gains.sum(axis=0)
+    best = max((i for i, name in enumerate(names) if name not in tune_module.NEVER_START), key=totals.item)
+    lead, difference = totals[best] - totals[0], gains[:, best] - gains[:, 0]
+    passed = (lead > totals[0] * wa_module.SWITCH_MARGIN
+              and lead > wa_module.SWITCH_ERRORS * math.sqrt(float(difference @ difference)))
+    return names[best] if passed else names[0]
+
+
+def starts_tested(case, trace, baseline: dict) -> list[dict]:
+    """The tuned and the tested start of each capacity, the tuning replay's z-scores, wa from each candidate."""
+    config = SimConfig(engine_block_size=case.engine_block)
+    fitted = trace.time_window(*case.fit)
+    hp = tune(fit_trace(fitted), fitted, case.capacities, config, refit=fit_trace)
+    end = fitted.censor_time
+    replayed = fitted.time_window(end - (end - fitted.first_arrival) * tune_module.REPLAYED_SHARE, None)
+    first_turn = candidate_orders(hp) == FIRST_TURN_ORDERS  # tune replays hp itself there, and keeps the start
+    judged = hp if first_turn else tune_module._judged(hp, fitted, replayed, fit_trace)
+    workload = prepare_workload(replayed, judged, case.engine_block)
+    evaluated = trace.time_window(*case.evaluate)
+    rows = []
+    for index, entry in enumerate(hp.tuning):
+        capacity = entry["capacity"]
+        orders = candidate_orders(hp, None, entry.get("long_output_tokens"), bool(entry.get("finish_reason")))
+        policy = PeriodWA.from_hp(judged, horizon=entry["horizon_s"], orders=orders,
+                                  output_limit=entry.get("long_output_tokens"))
+        simulate(workload, policy, capacity, config, engine="python")
+        gains = np.array(policy.periods)
+        start = entry["start"] if first_turn else start_by_test(orders, gains)
+        wa = {}
+        for name in orders:
+            tuning = list(hp.tuning)
+            tuning[index] = {**entry, "start": name}
+            forced = dataclasses.replace(hp, tuning=tuple(tuning))
+            wa[name] = run_sweep(evaluated, forced, ("wa",), [capacity], config).get("wa", capacity).token_hit_ratio
+        best = baseline.get((case.name, tuple(case.fit), capacity))
+        rows.append({"trace": case.name, "fit": list(case.fit), "capacity": capacity, "periods": len(gains),
+                     "tuned_start": entry["start"], "tested_start": start,
+                     "z_over_first": dict(zip(orders, z_scores(gains, 0).round(2).tolist())),
+                     "z_over_lru": dict(zip(orders, z_scores(gains, orders.index("lru")).round(2).tolist())),
+                     "wa_from": wa,
+                     "gain_over_best": None if best is None else {name: (r - best) / best for name, r in wa.items()}})
+        print(f"{case.name} {case.fit} {capacity}: {entry['start']} -> {start}", file=sys.stderr)
+    return rows
+
+
+def print_tested(rows: list[dict]) -> None:
+    print("| trace | fit window (s) | capacity | tuned start | tested start | its lead over the first candidate (errors) "
+          "| wa from tuned / tested vs best |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        gains = row["gain_over_best"] or {}
+        cells = " / ".join(f"{gains[name]:+.1%}" if name in gains else f"{row['wa_from'][name]:.4f}"
+                           for name in dict.fromkeys((row["tuned_start"], row["tested_start"])))
+        print(f"| {row['trace']} | {row['fit'][0]:g}-{row['fit'][1]:g} | {row['capacity']:,} | {row['tuned_start']} | "
+              f"{row['tested_start']} | {row['z_over_first'].get(row['tuned_start'], 0):+.2f} | {cells} |")
+
+
 def print_starts(rows: list[dict]) -> None:
     print("| trace | capacity | tuned start | whole-window start | wa from " + " / ".join(DEFAULT_ORDERS)
           + " | followed throughout: " + " / ".join(DEFAULT_ORDERS) + " |")
@@ -248,7 +340,9 @@ def main() -> int:
     parser.add_argument("--capacities", help="comma-separated capacities to run (default: each case's four)")
     parser.add_argument("--sweep", help="comma-separated settings of the switching constants (see the docstring)")
     parser.add_argument("--starts", action="store_true", help="wa from each start candidate (see the docstring)")
-    parser.add_argument("--windows", action="store_true", help="with --sweep: the real traces' other two splits too")
+    parser.add_argument("--tested", action="store_true", help="the start chosen by the switch test (see the docstring)")
+    parser.add_argument("--windows", action="store_true", help="with --sweep or --tested: the real traces' other two "
+                                                               "splits too")
     parser.add_argument("--baseline", type=Path, default=REPO / "benchmarks" / "results" / "quality.json",
                         help="bench_quality.py's JSON: the best baselines the sweep is compared with (default: the "
                              "committed one docs/results.md renders)")
@@ -261,6 +355,16 @@ def main() -> int:
                      best_baselines(args.baseline) if args.baseline.exists() else {})
         print_sweep(rows)
         atomic_write_text(args.output, json.dumps({"sweep": rows, "wall_s": time.perf_counter() - started}, indent=1)
+                          + "\n")
+        return 0
+    if args.tested:
+        started = time.perf_counter()
+        cases = chosen_traces(args.traces)
+        baseline = best_baselines(args.baseline) if args.baseline.exists() else {}
+        rows = [row for case, trace in (with_windows(cases) if args.windows else cases)
+                for row in starts_tested(case, trace, baseline)]
+        print_tested(rows)
+        atomic_write_text(args.output, json.dumps({"tested": rows, "wall_s": time.perf_counter() - started}, indent=1)
                           + "\n")
         return 0
     if args.starts:
