@@ -563,3 +563,20 @@ def test_stop_hints_that_give_no_hint_are_said_not_silently_left_out(tmp_path):
     assert result.exit_code == 0, result.output
     assert "--hints stop: no evaluated request ended in a tool call or an end of turn" in one_line(result.stderr)
     assert json.loads((tmp_path / "out" / "results.json").read_text())["config"]["policies"] == ["lru"]
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"policy": "lru", "hint_max_fraction": 0.3}, "client hints honoured, each hint tag retaining at most 0.3 of "
+                                                  "the cache (4 blocks)"),
+    ({"policy": "lru", "hint_max_fraction": 0.01}, "at most 0.01 of the cache (0 blocks)"),
+    ({"policy": "lru"}, "client hints honoured, no budget"),
+    ({"record": "rec"}, "client hints are checked and recorded, not honoured (vLLM's own eviction takes none)"),
+    ({"policy": "lru", "mode": "shadow"}, "client hints are checked, not honoured (vLLM's own eviction takes none)"),
+])
+def test_the_servers_startup_line_says_what_it_does_with_client_hints(entry, says):
+    """A server took hints in shadow and record-only mode and said nowhere that it does not honour them,
+    nor what budget --kv-hint-max-fraction came to in blocks."""
+    from kvprof.vllm.spec import PolicySpec
+
+    line = PolicySpec.from_additional_config({"kv_policy": entry}).describe(16)  # 15 usable blocks
+    assert line.endswith(says), line

@@ -302,7 +302,8 @@ class PolicySpec:
         """One line for the startup log: what runs, as the pool of ``capacity`` blocks builds it
         (the horizon and first candidate of ``wa`` come from the tuning nearest that size)."""
         if self.policy is None:
-            return f"kvprof: recording to {self.record}{self._keyed_by()}; vLLM's own eviction is unchanged"
+            return (f"kvprof: recording to {self.record}{self._keyed_by()}; vLLM's own eviction is unchanged"
+                    f"{self._hints(capacity)}")
         src = self.config or "no hp file"
         what = (f"kvprof eviction policy '{self.policy}' {'in force' if self.mode == 'enforce' else 'in shadow mode'} "
                 f"from {src}")
@@ -328,7 +329,19 @@ class PolicySpec:
             what += "; vLLM's own eviction is unchanged"
         if self.record:
             what += f"; recording to {self.record}{self._keyed_by()}"
-        return what
+        return what + self._hints(capacity)
+
+    def _hints(self, capacity: int | None) -> str:
+        """What the server does with client hints: only kvprof's policy in force honours them."""
+        if self.policy is None or self.mode == "shadow":
+            recorded = " and recorded" if self.record else ""
+            return f"; client hints are checked{recorded}, not honoured (vLLM's own eviction takes none)"
+        if self.hint_max_fraction is None:
+            return "; client hints honoured, no budget"
+        from kvprof.limits import usable_blocks
+
+        budget = "" if capacity is None else f" ({self.hint_budget(usable_blocks(capacity))} blocks)"
+        return f"; client hints honoured, each hint tag retaining at most {self.hint_max_fraction:g} of the cache{budget}"
 
     def _keyed_by(self) -> str:
         return f" (block ids keyed by the shared {self.record_key})" if self.record_key else ""
