@@ -212,6 +212,9 @@ def fleet(
     if block_size is not None:
         check_multiple(block_size, trace.block_size)
     evaluated = evaluation_window(trace, eval_bounds, eval_window, limit, fits or hp_per_replica)
+    if evaluated.hints is not None and evaluated.hints.n_hinted:
+        warn(f"{evaluated.hints.n_hinted:,} evaluated requests carry client hints, which fleet does not replay "
+             "(kvprof compare does: docs/hints.md); every policy runs as without them")
     engine_block = block_size or (trace.block_size if recordings else default_engine_block(trace.block_size))
     sim_config = SimConfig(engine_block_size=engine_block, cost=cost, rate_scale=rate_scale, timing="model")
     fitted = None
