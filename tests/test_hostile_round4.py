@@ -601,3 +601,21 @@ def test_fleet_says_it_replays_no_client_hints(tmp_path):
     write_jsonl(path, generate("bailian-a", 0.2, 5))
     result = invoke("fleet", path, *common, "-o", tmp_path / "plain")
     assert result.exit_code == 0 and "client hints" not in result.stderr
+
+
+def test_a_budget_over_an_evaluation_window_without_hints_says_the_window_has_none(tmp_path):
+    """Hints only before the evaluation window: the warning said the trace carries none."""
+    from tests.helpers import one_line
+
+    from kvprof.profiler.synth import generate, write_jsonl
+
+    records = list(generate("bailian-a", 0.2, 5))
+    for record in records:
+        if record["timestamp"] < 300:
+            record["retain_s"] = 30.0
+    path = tmp_path / "early.jsonl"
+    write_jsonl(path, records)
+    result = invoke("compare", path, "--policies", "lru", "--capacity", "4096", "--fit-window", "0:360",
+                    "--eval-window", "360:", "--hint-max-fraction", "0.5", "-o", tmp_path / "out", "-j", "1")
+    assert result.exit_code == 0, result.output
+    assert "--hint-max-fraction: no evaluated request carries a hint" in one_line(result.stderr)

@@ -355,7 +355,7 @@ def _hinted(trace, hp, names, source, share, end_turn, max_fraction, ignore):
             warn("--hints stop: no evaluated request ended in a tool call or an end of turn that gives a hint "
                  "(a retention fitted for its class, or a release), so nothing is replayed with them")
         elif max_fraction is not None:
-            warn("--hint-max-fraction: the trace carries no hints (its requests have no retain_s or release), "
+            warn("--hint-max-fraction: no evaluated request carries a hint (none has retain_s or release), "
                  "so nothing is replayed with them")
         return trace, names, None
     with_twins = tuple(twin for name in names
