@@ -619,3 +619,14 @@ def test_a_budget_over_an_evaluation_window_without_hints_says_the_window_has_no
                     "--eval-window", "360:", "--hint-max-fraction", "0.5", "-o", tmp_path / "out", "-j", "1")
     assert result.exit_code == 0, result.output
     assert "--hint-max-fraction: no evaluated request carries a hint" in one_line(result.stderr)
+
+
+def test_tool_call_tokens_beyond_the_models_vocabulary_are_refused_naming_the_flag():
+    """Qwen's 151657 given to a model of 32,000 ids: every response read as an end of turn, unsaid."""
+    from kvprof.vllm.spec import KvPolicyConfigError, check_tool_call_tokens
+
+    with pytest.raises(KvPolicyConfigError, match=r"tool_call_tokens \(--kv-tool-call-tokens\) 32000, 151657 "
+                                                  r"beyond the model's vocabulary of 32000 token ids"):
+        check_tool_call_tokens(frozenset({5, 32000, 151657}), 32000)
+    check_tool_call_tokens(frozenset({5, 31999}), 32000)
+    check_tool_call_tokens(frozenset({151657}), None)

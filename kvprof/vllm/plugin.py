@@ -41,7 +41,8 @@ import time
 from kvprof.models.finish import UNKNOWN
 from kvprof.vllm.finish import engine_finish_code
 from kvprof.vllm.spec import (
-    CONFIG_KEY, FLAG_OF, KvPolicyConfigError, PolicySpec, check_version, policy_help, shadow_thread,
+    CONFIG_KEY, FLAG_OF, KvPolicyConfigError, PolicySpec, check_tool_call_tokens, check_version, policy_help,
+    shadow_thread,
 )
 
 _installed = False
@@ -210,6 +211,7 @@ def validate_vllm_config(vllm_config) -> PolicySpec | None:
         return None
     check_version(vllm_version())
     spec = PolicySpec.from_additional_config(additional)
+    check_tool_call_tokens(spec.tool_call_tokens, _vocab_size(vllm_config))
     shadow_thread()  # a bad KVPROF_SHADOW_THREAD stops vLLM here, before its engine cores start
     cache_config = vllm_config.cache_config
     if not getattr(cache_config, "enable_prefix_caching", False):
@@ -226,6 +228,15 @@ def validate_vllm_config(vllm_config) -> PolicySpec | None:
     if spec.record:
         check_recording(spec, cache_config.block_size)
     return spec
+
+
+def _vocab_size(vllm_config) -> int | None:
+    """The served model's vocabulary size, None where vLLM's config does not say."""
+    model_config = getattr(vllm_config, "model_config", None)
+    try:
+        return int(model_config.get_vocab_size())
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def check_recording(spec: PolicySpec, block_size: int) -> None:

@@ -530,6 +530,21 @@ def _token_ids(key: str, value) -> frozenset[int]:
                               f"[0, {_TOKEN_ID_LIMIT}), got {_shown(value)}")
 
 
+def check_tool_call_tokens(tool_call_tokens: frozenset[int], vocab_size: int | None) -> None:
+    """Refuse tool-call token ids the model's vocabulary (``vocab_size`` ids; None: unknown) does not hold:
+    no response could contain one, so every stopped response would read as an end of turn.
+
+    Raises
+    ------
+    KvPolicyConfigError
+    """
+    beyond = sorted(token for token in tool_call_tokens if vocab_size is not None and token >= vocab_size)
+    if beyond:
+        raise KvPolicyConfigError(f"tool_call_tokens ({FLAG_OF['tool_call_tokens']}) {', '.join(map(str, beyond))} "
+                                  f"beyond the model's vocabulary of {vocab_size} token ids: no response could hold "
+                                  "them (ids of another model's tokenizer?)")
+
+
 def request_extra_args(request) -> dict | None:
     """``SamplingParams.extra_args`` of a vLLM ``Request`` (None for pooling requests or untagged)."""
     params = getattr(request, "sampling_params", None)

@@ -119,3 +119,16 @@ def test_retentions_at_the_extremes_outlast_an_overfilled_cache(served):
     honoured = [line for line in served["metrics"].splitlines()
                 if line.startswith("kvprof_hint_blocks_total{") and 'outcome="hinted_hits"' in line]
     assert honoured and float(honoured[0].rsplit(" ", 1)[1]) >= 6, honoured
+
+
+def test_tool_call_tokens_beyond_the_models_vocabulary_stop_the_server_naming_the_flag(vllm_venv, tiny_model,
+                                                                                        tmp_path):
+    """Qwen's ``<tool_call>`` id given to another model: no response could hold it, so every one would be
+    recorded as an end of turn; vLLM does not start, and says why in one line."""
+    from vllm_support import free_port, run_to_exit, serve_command
+
+    rc, out = run_to_exit(serve_command(vllm_venv, tiny_model, free_port(), "--kv-policy", "lru",
+                                        "--kv-tool-call-tokens", "5,151657"), timeout=240, cwd=tmp_path)
+    expected = "tool_call_tokens (--kv-tool-call-tokens) 151657 beyond the model's vocabulary of"
+    assert rc == 2, out[-3000:]
+    assert "Traceback" not in out and sum(expected in line for line in out.splitlines()) == 1, out[-3000:]
