@@ -630,3 +630,23 @@ def test_tool_call_tokens_beyond_the_models_vocabulary_are_refused_naming_the_fl
         check_tool_call_tokens(frozenset({5, 32000, 151657}), 32000)
     check_tool_call_tokens(frozenset({5, 31999}), 32000)
     check_tool_call_tokens(frozenset({151657}), None)
+
+
+def test_inspect_says_how_responses_ended_and_what_hints_the_trace_carries(tmp_path):
+    """A recording made with --kv-tool-call-tokens, or a hinted trace, looked like any other in inspect: an
+    operator could not see that no response was a tool call (the ids of another tokenizer) or that no hint came."""
+    from tests.helpers import one_line
+
+    path = _hinted_lines(tmp_path, '"retain_s": 5, "hint_tag": 3, "stop": "tool_use"')
+    result = invoke("inspect", path)
+    assert result.exit_code == 0, result.output
+    shown = one_line(result.stdout)
+    assert "how responses ended (stop) not recorded 7, tool call 1, end of turn 0, other (length, abort, ...) 0" in shown
+    assert "client hints retain 1, release 0 (1 hint tag)" in shown
+    summary = json.loads(invoke("inspect", path, "--json").stdout)
+    assert summary["stops"] == {"unknown": 7, "tool_call": 1, "end_turn": 0, "other": 0}
+    assert summary["hints"] == {"retain": 1, "release": 0, "tags": 1}
+    plain = _hinted_lines(tmp_path, '"turn_note": 1', name="plain.jsonl")
+    result = invoke("inspect", plain)
+    assert "how responses ended" not in result.stdout and "client hints" not in result.stdout
+    assert json.loads(invoke("inspect", plain, "--json").stdout)["hints"] is None

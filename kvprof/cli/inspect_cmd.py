@@ -31,6 +31,11 @@ from kvprof.cli.hp_tables import fmt
 from kvprof.cli.output import first_rows, print_json, show as show_table, table
 
 
+#: The ``stop`` codes as inspect's overview names them.
+_STOP_LABELS = {"unknown": "not recorded", "tool_call": "tool call", "end_turn": "end of turn",
+                "other": "other (length, abort, ...)"}
+
+
 @guarded
 def inspect(
     trace_path: TraceArg,
@@ -74,8 +79,14 @@ def inspect(
         ("mean input / output tokens", f"{summary['mean_input_tokens']:,.0f} / {summary['mean_output_tokens']:,.0f}"),
         ("block accesses / distinct", f"{summary['block_accesses']:,} / {summary['distinct_blocks']:,}"),
         ("ideal hit ratio (infinite cache)", f"{summary['ideal_hit_ratio']:.3f}"),
+        ("how responses ended (stop)", None if summary["stops"] is None else
+         ", ".join(f"{_STOP_LABELS[k]} {v:,}" for k, v in summary["stops"].items())),
+        ("client hints", None if summary["hints"] is None else
+         f"retain {summary['hints']['retain']:,}, release {summary['hints']['release']:,} "
+         f"({summary['hints']['tags']:,} hint tag{'' if summary['hints']['tags'] == 1 else 's'})"),
     ):
-        overview.add_row(label, value)
+        if value is not None:
+            overview.add_row(label, value)
     show_table(overview)
     classes, more = first_rows(list(summary["classes"].items()), "classes")
     gaps = table(f"reuse gaps per class (s), concurrency floor {min_gap:g} s",

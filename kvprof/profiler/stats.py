@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvprof.classes import ClassRule
+from kvprof.models.finish import FINISH_FIELD, FINISH_NAMES
 from kvprof.profiler.classes import classify_trace
 from kvprof.profiler.reuse import extract_reuse, ideal_hit_ratio
 from kvprof.profiler.trace import Trace
@@ -13,7 +14,8 @@ GAP_QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
 
 def trace_summary(trace: Trace, rule: ClassRule = ClassRule(), *, min_gap: float = 0.3) -> dict:
-    """Requests, sessions, types, turns, lengths, block reuse and reuse-gap quantiles per class.
+    """Requests, sessions, types, turns, lengths, how responses ended and client hints (None where the trace
+    has no ``stop`` or no hint field), block reuse and reuse-gap quantiles per class.
 
     Returns
     -------
@@ -51,6 +53,8 @@ def trace_summary(trace: Trace, rule: ClassRule = ClassRule(), *, min_gap: float
         "sessions": int(np.count_nonzero(trace.parent_chat_id < 0)),
         "types": {trace.type_names[t] or "(none)": int(c) for t, c in zip(types, type_counts)},
         "turns": {int(t): int(c) for t, c in zip(turns, turn_counts)},
+        "stops": _stops(trace),
+        "hints": _hints(trace),
         "mean_input_tokens": float(trace.input_length.mean()),
         "mean_output_tokens": float(trace.output_length.mean()),
         "block_accesses": trace.n_blocks,
@@ -60,3 +64,20 @@ def trace_summary(trace: Trace, rule: ClassRule = ClassRule(), *, min_gap: float
         "merged_concurrent_accesses": samples.n_merged,
         "classes": per_class,
     }
+
+
+def _stops(trace: Trace) -> dict[str, int] | None:
+    """Requests by how their response ended (the ``stop`` codes' names), None where the trace has no ``stop``."""
+    if FINISH_FIELD not in trace.extra:
+        return None
+    return {FINISH_NAMES[code]: int(n) for code, n in enumerate(np.bincount(trace.finish, minlength=len(FINISH_NAMES)))}
+
+
+def _hints(trace: Trace) -> dict[str, int] | None:
+    """Requests that ask to retain and to release, and the hint tags they name; None where the trace has no hint."""
+    hints = trace.hints
+    if hints is None:
+        return None
+    retains = hints.retain_s > 0
+    return {"retain": int(retains.sum()), "release": int(hints.release.sum()),
+            "tags": int(np.unique(hints.tag[retains | hints.release]).shape[0])}
