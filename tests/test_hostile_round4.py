@@ -650,3 +650,18 @@ def test_inspect_says_how_responses_ended_and_what_hints_the_trace_carries(tmp_p
     result = invoke("inspect", plain)
     assert "how responses ended" not in result.stdout and "client hints" not in result.stdout
     assert json.loads(invoke("inspect", plain, "--json").stdout)["hints"] is None
+
+
+def test_a_hint_budget_below_one_block_is_warned_of_per_capacity(tmp_path):
+    """--hint-max-fraction 1e-4 of 4,096 blocks is 0 blocks: every retention lapsed over budget, unsaid."""
+    from tests.helpers import one_line
+
+    path = _hinted_lines(tmp_path, '"retain_s": 5')
+    result = invoke("compare", path, "--policies", "lru", "--capacity", "512,4096,20000", "--eval-window", "0:",
+                    "-j", "1", "--hint-max-fraction", "1e-4", "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert ("--hint-max-fraction 0.0001 holds no whole block at capacity 512, 4,096: no hint tag retains anything "
+            "there") in one_line(result.stderr)
+    result = invoke("compare", path, "--policies", "lru", "--capacity", "20000", "--eval-window", "0:",
+                    "-j", "1", "--hint-max-fraction", "1e-4", "-o", tmp_path / "out2")
+    assert result.exit_code == 0 and "holds no whole block" not in result.stderr

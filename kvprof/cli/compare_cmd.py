@@ -278,6 +278,7 @@ def compare(
                                            ignore_hints)
     if hint_facts is not None:
         document_inputs["hints"] = hint_facts
+        _warn_empty_budgets(hint_max_fraction, capacities)
     _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, document_inputs, fitted,
                     default_block=block_size is None and recording is None, cost_file=cost_file, ray=ray,
                     hint_max_fraction=hint_max_fraction)
@@ -334,6 +335,14 @@ def _hint_options(hints: str, share: float | None, end_turn: str | None, max_fra
             raise typer.BadParameter(f"--ignore-hints replays no hints, so {' and '.join(given)} would do nothing",
                                      param_hint="--ignore-hints")
     return 0.9 if share is None else share, "release" if end_turn is None else end_turn
+
+
+def _warn_empty_budgets(max_fraction: float | None, capacities) -> None:
+    """Warn of the capacities where ``--hint-max-fraction`` rounds down to no block: no tag retains anything there."""
+    empty = [capacity for capacity in capacities if max_fraction is not None and int(max_fraction * capacity) == 0]
+    if empty:
+        warn(f"--hint-max-fraction {max_fraction:g} holds no whole block at capacity "
+             f"{', '.join(f'{c:,}' for c in empty)}: no hint tag retains anything there")
 
 
 def _hinted(trace, hp, names, source, share, end_turn, max_fraction, ignore):
