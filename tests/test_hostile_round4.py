@@ -665,3 +665,18 @@ def test_a_hint_budget_below_one_block_is_warned_of_per_capacity(tmp_path):
     result = invoke("compare", path, "--policies", "lru", "--capacity", "20000", "--eval-window", "0:",
                     "-j", "1", "--hint-max-fraction", "1e-4", "-o", tmp_path / "out2")
     assert result.exit_code == 0 and "holds no whole block" not in result.stderr
+
+
+def test_a_hint_share_the_hp_file_lacks_is_shown_as_given():
+    """--hint-share 0.90000000001 was refused as "not 0.9", a share the file lists."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from kvprof.sim.config import SimulationError
+    from kvprof.sim.hints import stop_hints
+
+    trace = SimpleNamespace(finish=np.array([1, 2], dtype=np.int8))  # all stop_hints reads before the share
+    hp = SimpleNamespace(retention=SimpleNamespace(shares=(0.5, 0.9, 0.99)))
+    with pytest.raises(SimulationError, match=r"shares 0\.5, 0\.9, 0\.99, not 0\.90000000001$"):
+        stop_hints(trace, hp, 0.90000000001)

@@ -76,7 +76,7 @@ def stop_hints(trace: Trace, hp, share: float = 0.9, end_turn: str = "release") 
                               "requests name their parents)")
     if share not in retention.shares:
         raise SimulationError(f"the hp file has retention for shares {', '.join(f'{s:g}' for s in retention.shares)}"
-                              f", not {share:g}")
+                              f", not {share!r}")
     at = retention.shares.index(share)
     codes, names = classify_trace(trace, hp.class_rule)
     columns = HintColumns.empty(trace.n_requests)
