@@ -680,3 +680,19 @@ def test_a_hint_share_the_hp_file_lacks_is_shown_as_given():
     hp = SimpleNamespace(retention=SimpleNamespace(shares=(0.5, 0.9, 0.99)))
     with pytest.raises(SimulationError, match=r"shares 0\.5, 0\.9, 0\.99, not 0\.90000000001$"):
         stop_hints(trace, hp, 0.90000000001)
+
+
+@pytest.mark.parametrize("stop", [5, True, 1.5])
+def test_a_clients_stop_tag_that_is_no_string_leaves_the_recording_readable(tmp_path, stop):
+    """A client's vllm_xargs {"stop": 5} became the recording's stop field, which the reader refuses: one
+    client's tag made every kvprof command on the server's recording stop at that line."""
+    from kvprof.profiler.reader import read_trace
+    from tests.test_recording import Clock, record, request
+
+    t0 = 1_000_000.0
+    reqs = [(request(t0 + 1, [1, 2], tags={"type": "text", "stop": stop}), t0 + 1.1, t0 + 2),
+            (request(t0 + 3, [1, 2, 3], tags={"type": "text", "stop": "tool_use"}), t0 + 3.1, t0 + 4)]
+    record(tmp_path / "rec", reqs, clock=Clock(t0))
+    trace, _ = read_trace(tmp_path / "rec")
+    assert trace.n_requests == 2
+    assert trace.extra["stop"].tolist() == [None, "tool_use"]  # a string tag is still the client's word

@@ -296,7 +296,9 @@ class Recorder:
                 self._sessions.popitem(last=False)
         record["turn"] = turn or 1
         for name, value in tags.items():
-            if name not in RESERVED and name not in HINT_FIELDS and _scalar(value):
+            # a stop that is no string would make the reader refuse the line (and every command the recording)
+            if name not in RESERVED and name not in HINT_FIELDS and _scalar(value) and (
+                    name != FINISH_FIELD or type(value) is str):
                 record[name] = value
         self._hint(record, tags)
 
