@@ -641,7 +641,8 @@ def test_inspect_says_how_responses_ended_and_what_hints_the_trace_carries(tmp_p
     result = invoke("inspect", path)
     assert result.exit_code == 0, result.output
     shown = one_line(result.stdout)
-    assert "how responses ended (stop) not recorded 7, tool call 1, end of turn 0, other (length, abort, ...) 0" in shown
+    assert ("how responses ended (stop) not recorded 7, tool call 1, end of turn 0, other (length, abort, ...) 0"
+            in shown)
     assert "client hints retain 1, release 0 (1 hint tag)" in shown
     summary = json.loads(invoke("inspect", path, "--json").stdout)
     assert summary["stops"] == {"unknown": 7, "tool_call": 1, "end_turn": 0, "other": 0}
