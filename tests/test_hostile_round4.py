@@ -570,8 +570,10 @@ def test_stop_hints_that_give_no_hint_are_said_not_silently_left_out(tmp_path):
                                                   "the cache (4 blocks)"),
     ({"policy": "lru", "hint_max_fraction": 0.01}, "at most 0.01 of the cache (0 blocks)"),
     ({"policy": "lru"}, "client hints honoured, no budget"),
-    ({"record": "rec"}, "client hints are checked and recorded, not honoured (vLLM's own eviction takes none)"),
-    ({"policy": "lru", "mode": "shadow"}, "client hints are checked, not honoured (vLLM's own eviction takes none)"),
+    ({"record": "rec"}, "client hints are checked and recorded, not honoured by the GPU tier (vLLM's own "
+                          "eviction takes none)"),
+    ({"policy": "lru", "mode": "shadow"}, "client hints are checked, not honoured by the GPU tier (vLLM's own "
+                          "eviction takes none)"),
 ])
 def test_the_servers_startup_line_says_what_it_does_with_client_hints(entry, says):
     """A server took hints in shadow and record-only mode and said nowhere that it does not honour them,

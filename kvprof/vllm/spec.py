@@ -335,7 +335,8 @@ class PolicySpec:
         """What the server does with client hints: only kvprof's policy in force honours them."""
         if self.policy is None or self.mode == "shadow":
             recorded = " and recorded" if self.record else ""
-            return f"; client hints are checked{recorded}, not honoured (vLLM's own eviction takes none)"
+            return (f"; client hints are checked{recorded}, not honoured by the GPU tier (vLLM's own eviction "
+                    "takes none)")
         if self.hint_max_fraction is None:
             return "; client hints honoured, no budget"
         from kvprof.limits import usable_blocks
