@@ -15,7 +15,7 @@ Python engine) over LRU and over the best baseline:
   (``stop-retain``);
 * the others: hints from each session's true future (:mod:`kvprof.profiler.synth.hints`, a tag per request
   type): ``perfect``, ``70 %`` right, and adversarial: ``retain-all`` (every request retains for 600 s) and
-  ``random``, each without a budget and with one (``--max-fraction`` of the cache per tag).
+  ``random``, each without a budget and with one (``--max-fraction`` of the cache, per tag and in all).
 
 Each figure is a token hit ratio and its share of the gap from the best baseline to Belady. The targets
 (issue 38 section 4) follow the table, each met or missed. ``--json`` writes benchmarks/results/hints.json

@@ -87,6 +87,9 @@ def check_invariants(driver: Driver, budget) -> None:
         if budget is not None:
             assert len(held) <= budget
     assert sum(len(held) for held in policy._by_tag.values()) == len(retained)
+    assert set(policy._oldest) == retained
+    if budget is not None:  # all tags together too
+        assert len(retained) <= budget
 
 
 @settings(max_examples=200, deadline=None)
@@ -210,6 +213,21 @@ def test_a_client_retaining_everything_cannot_push_another_tenant_out():
         unbounded.finish(block, float(t), hint=Hint(retain_s=1000.0, tag=1))
         unbounded.free([block], float(t))
     assert unbounded.evict_n(2, 11.0) == [100, 101]  # without the budget the other tenant goes first
+
+
+def test_a_fresh_tag_per_request_gets_round_the_budget_of_no_tag():
+    """A client that sends another hint_tag with every request still holds at most the budget in all:
+    the oldest retention of all lapses, so another tenant's unhinted blocks keep the rest of the cache."""
+    policy = HintedPolicy(make_policy("lru"), budget_blocks=2)
+    policy.finish(1, 0.0)
+    policy.free([100, 101], 0.0)  # the other tenant, no hint
+    for t, block in enumerate(range(10), start=1):
+        policy.finish(block, float(t), hint=Hint(retain_s=1000.0, tag=1 + block))
+        policy.free([block], float(t))
+        assert policy.n_retained <= 2
+    assert policy.counters.over_budget == 8
+    assert policy.evict_n(10, 11.0) == [100, 101, *range(8)]  # the lapsed ones in the base order, as LRU
+    assert set(policy._retained) == {8, 9}
 
 
 def test_hint_checks_and_columns_round_trip():

@@ -160,8 +160,9 @@ def compare(
     hint_max_fraction: Annotated[
         Optional[float],
         number_option("--hint-max-fraction", bound=SHARE,
-                      help="Budget: one hint tag's retained blocks hold at most this share of the cache; beyond "
-                           "it the tag's oldest retention lapses (default: no budget).", rich_help_panel=_HINTS),
+                      help="Budget: retained blocks hold at most this share of the cache, each hint tag's and all "
+                           "together; beyond it the oldest retention lapses (default: no budget).",
+                      rich_help_panel=_HINTS),
     ] = None,
     ignore_hints: Annotated[
         bool,

@@ -17,9 +17,11 @@ of its blocks). At that free its blocks go to one of three places:
   claim on a shared block);
 * no hint, and no live retention: the base order, exactly as without the layer.
 
-The budget: a tag's retained blocks number at most ``budget_blocks``; retaining one more lapses the
-tag's oldest retention (earliest retained) into the base order, so a client that retains everything
-holds at most its budget and its other blocks compete in the base order like anyone's.
+The budget: retained blocks number at most ``budget_blocks``, each tag's alone and all tags' together;
+retaining one more lapses the tag's oldest retention (earliest retained) into the base order where the
+tag is over, else the oldest of all where the whole is. So a client that retains everything holds at
+most the budget, whatever tags it sends (a fresh tag per request included), and its other blocks, like
+every unhinted block, compete in the base order for the rest of the cache.
 
 The bookkeeping is one class, :class:`HintLayer`, over any base order: the simulator's
 :class:`HintedPolicy` runs it over a reference policy, vLLM's pool over the compiled twin that orders
@@ -67,8 +69,8 @@ class HintLayer:
     twin that orders its free queue: the same decisions over the same base.
 
     Invariant: every evictable block is in exactly one of ``_released`` (free order), ``_retained``
-    (block -> its heap entry's sequence number; its tag's ``_by_tag`` order holds it too) and the
-    base. ``_retention`` holds the ``(expiry, priority, tag)`` of every cached block with a
+    (block -> its heap entry's sequence number; its tag's ``_by_tag`` order and ``_oldest``, the order
+    of all, hold it too) and the base. ``_retention`` holds the ``(expiry, priority, tag)`` of every cached block with a
     retention that has neither lapsed nor been evicted, evictable or held by a hit. Heap entries
     whose sequence number is no longer the block's are dead and skipped. :attr:`active` is False
     exactly when the layer holds nothing (no released block, no retention): then every call is
@@ -86,6 +88,7 @@ class HintLayer:
         self._retained: dict[int, int] = {}  # block -> seq of its live heap entries
         self._retention: dict[int, tuple[float, int, int]] = {}  # block -> (expiry, priority, tag)
         self._by_tag: dict[int, OrderedDict[int, None]] = {}  # tag -> its retained blocks, earliest retained first
+        self._oldest: OrderedDict[int, None] = OrderedDict()  # every retained block, earliest retained first
         self._expiries: list[tuple[float, int, int]] = []  # (expiry, seq, block)
         self._victims: list[tuple[int, float, int, int]] = []  # (priority, -expiry, seq, block)
         self._seq = 0
@@ -178,7 +181,7 @@ class HintLayer:
 
     def clear(self) -> None:
         self.base.clear()
-        for pool in (self._released, self._retained, self._retention, self._by_tag):
+        for pool in (self._released, self._retained, self._retention, self._by_tag, self._oldest):
             pool.clear()
         self._expiries.clear()
         self._victims.clear()
@@ -215,10 +218,13 @@ class HintLayer:
         heapq.heappush(self._victims, (priority, -expiry, self._seq, block))
         held = self._by_tag.setdefault(tag, OrderedDict())
         held[block] = None
-        if self.budget_blocks is not None and len(held) > self.budget_blocks:
-            oldest = next(iter(held))
-            self._lapse_one(oldest, now)
-            self.counters.over_budget += 1
+        self._oldest[block] = None
+        if self.budget_blocks is not None:
+            over = held if len(held) > self.budget_blocks else self._oldest if len(self._oldest) > self.budget_blocks \
+                else None
+            if over is not None:
+                self._lapse_one(next(iter(over)), now)
+                self.counters.over_budget += 1
 
     def _compact(self) -> None:
         """Drop the heaps' dead entries (hits and lapses leave them), so they stay as long as the pool."""
@@ -232,6 +238,7 @@ class HintLayer:
         """Take a retained block out of the pool (its retention stays in ``_retention``)."""
         del self._retained[block]
         del self._by_tag[self._retention[block][2]][block]
+        del self._oldest[block]
 
     def _lapse_one(self, block: int, when: float) -> None:
         self._unretain(block)

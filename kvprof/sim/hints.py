@@ -43,7 +43,7 @@ def base_name(name: str) -> str:
 
 def make_hinted_policy(name: str, hp, capacity: int, budget_blocks: int | None = None) -> EvictionPolicy:
     """``make_policy(name)``, or for ``<base>+hints`` the hint layer over ``base`` with a budget of
-    ``budget_blocks`` retained blocks per tag (None: no budget)."""
+    ``budget_blocks`` retained blocks, per tag and in all (None: no budget)."""
     base = make_policy(base_name(name), hp, capacity)
     return HintedPolicy(base, budget_blocks=budget_blocks) if is_hinted(name) else base
 

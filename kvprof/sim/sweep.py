@@ -121,8 +121,8 @@ def run_sweep(
     inputs : dict or None
         Provenance to record (trace file, hp file ...); trace facts are added.
     hint_max_fraction : float or None
-        The hinted policies' budget: a tag's retained blocks hold at most this share of the cache
-        (None: no budget).
+        The hinted policies' budget: retained blocks hold at most this share of the cache, each tag's
+        and all together (None: no budget).
 
     Returns
     -------

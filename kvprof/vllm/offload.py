@@ -24,7 +24,7 @@ finish (``on_request_finished``; 0.30 reports none, so it honours no hint): the 
 are evictable then, those it stored and those it reused, are freed again with the hint into the
 :class:`~kvprof.policy.hinted.HintLayer` over the policy, as the GPU pool and the simulator's
 ``HintedPolicy`` do (released chunks evicted first, retained ones last, a retention lapsing when its
-time passes; a hint tag's retained chunks at most ``hint_max_fraction`` of the tier's chunks); those
+time passes; retained chunks at most ``hint_max_fraction`` of the tier's chunks, per tag and in all); those
 not evictable then (a store still in flight, another request's load) take it when they become
 evictable. A request without a hint is ordered exactly as without the layer.
 

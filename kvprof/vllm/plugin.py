@@ -124,9 +124,9 @@ FLAGS = (
      "<|python_tag|> for Llama 3.1): each finished request is told to the policy and the recording as a tool call "
      "or an end of turn (wa's finish-reason candidate, kvprof fit's retention per hint kind)."),
     ("hint_max_fraction", "F",
-     "Budget of client hints (vllm_xargs retain_s, retain_priority, release, hint_tag; docs/hints.md): one "
-     "hint_tag's retained blocks hold at most this share of the pool, 0 < F <= 1; beyond it the tag's oldest "
-     "retention lapses (default: no budget)."),
+     "Budget of client hints (vllm_xargs retain_s, retain_priority, release, hint_tag; docs/hints.md): "
+     "retained blocks hold at most this share of the pool, each hint_tag's and all together, 0 < F <= 1; beyond "
+     "it the oldest retention lapses (default: no budget)."),
 )
 
 

@@ -19,8 +19,8 @@ The configuration (every key optional; ``vllm serve`` flags in brackets)::
         "tool_call_tokens": [151657], # [--kv-tool-call-tokens] token ids that mark a response as a tool
                                       #   call: each finish tells the policy and the recording how the
                                       #   request ended (kvprof.vllm.finish)
-        "hint_max_fraction": 0.2,     # [--kv-hint-max-fraction] a hint tag's retained blocks hold at most
-                                      #   this share of the pool (default: no budget; docs/hints.md)
+        "hint_max_fraction": 0.2,     # [--kv-hint-max-fraction] retained blocks hold at most this share
+                                      #   of the pool, per tag and in all (default: no budget; docs/hints.md)
     }}
 
 ``policy`` defaults to ``wa`` when ``config`` is given; a policy that needs no hp file (NO_HP_POLICIES)
@@ -175,8 +175,8 @@ class PolicySpec:
         Token ids that mark a response as a tool call (``--kv-tool-call-tokens``); empty: the engine
         tells no finish code (:mod:`kvprof.vllm.finish`).
     hint_max_fraction : float or None
-        The hint budget (``--kv-hint-max-fraction``): a hint tag's retained blocks hold at most this
-        share of the pool; None: no budget.
+        The hint budget (``--kv-hint-max-fraction``): retained blocks hold at most this share of the
+        pool, each hint tag's and all together; None: no budget.
     """
 
     policy: str | None
