@@ -514,7 +514,7 @@ def render_hints(document: dict) -> list[str]:
                                         for r in rows)]]
         for name, budget in {"continuation oracle": None, **scenarios}.items():
             scenario = None if name == "continuation oracle" else name
-            shown = name + ("" if budget is None else f" ({budget:g} of the cache a tag)")
+            shown = name + ("" if budget is None else f" ({budget:g} of the cache, per tag and in all)")
             body += [[shown, "lru" if base == "lru" else "best baseline", *(over(r, base, scenario) for r in rows)]
                      for base in ("lru", "best")]
         body.append(["belady", "", *(ratio(r["token_hit_ratio"]["belady"]) for r in rows)])

@@ -276,6 +276,6 @@ def test_the_hints_json_of_the_documented_shape_renders(monkeypatch, tmp_path):
     assert "| best baseline |  | .1200 (s3fifo) | .4900 (lru) |" in text
     assert "| continuation oracle | best baseline | .1710 (+25 %) | .5700 (+47 %) |" in text
     assert "| perfect | lru | .1090 (-7 %) | .5697 (+46 %) |" in text
-    assert "| random, budget (0.1 of the cache a tag) | best baseline | .1081 (-8 %) | .3765 (-71 %) |" in text
+    assert "| random, budget (0.1 of the cache, per tag and in all) | best baseline | .1081 (-8 %) | .3765 (-71 %) |" in text
     assert "| belady |  | .3100 | .6600 |" in text
     assert "- **missed**: perfect hints: at least the oracle's share: -7%" in text
