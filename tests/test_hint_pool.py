@@ -10,17 +10,12 @@ from hypothesis import strategies as st
 from kvprof.core.twin import CompiledTwin
 from kvprof.models.hints import Hint
 from kvprof.policy.hinted import HintedPolicy, HintLayer
+from tests.test_hinted_policy import hints
 from tests.test_policies import build
 
 N_BLOCKS = 16
 N_CLASSES = 4
 
-hints = st.one_of(
-    st.none(),
-    st.builds(Hint, retain_s=st.sampled_from([0.5, 1.0, 3.0, 10.0]), priority=st.integers(0, 99),
-              tag=st.integers(0, 2)),
-    st.just(Hint(release=True)),
-)
 operations = st.lists(st.one_of(
     st.tuples(st.just("request"), st.lists(st.integers(0, N_BLOCKS - 1), min_size=1, max_size=5, unique=True),
               st.integers(0, N_CLASSES - 1), hints),
