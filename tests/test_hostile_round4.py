@@ -566,9 +566,9 @@ def test_stop_hints_that_give_no_hint_are_said_not_silently_left_out(tmp_path):
 
 
 @pytest.mark.parametrize("entry, says", [
-    ({"policy": "lru", "hint_max_fraction": 0.3}, "client hints honoured, each hint tag retaining at most 0.3 of "
-                                                  "the cache (4 blocks)"),
-    ({"policy": "lru", "hint_max_fraction": 0.01}, "at most 0.01 of the cache (0 blocks)"),
+    ({"policy": "lru", "hint_max_fraction": 0.3}, "client hints honoured, retaining at most 0.3 of the cache (4 "
+                                                  "blocks), per hint tag and in all"),
+    ({"policy": "lru", "hint_max_fraction": 0.01}, "at most 0.01 of the cache (0 blocks), per hint tag and in all"),
     ({"policy": "lru"}, "client hints honoured, no budget"),
     ({"record": "rec"}, "client hints are checked and recorded, not honoured by the GPU tier (vLLM's own "
                           "eviction takes none)"),

@@ -342,8 +342,8 @@ class PolicySpec:
         from kvprof.limits import usable_blocks
 
         budget = "" if capacity is None else f" ({self.hint_budget(usable_blocks(capacity))} blocks)"
-        return (f"; client hints honoured, each hint tag retaining at most {self.hint_max_fraction:g} of the "
-                f"cache{budget}")
+        return (f"; client hints honoured, retaining at most {self.hint_max_fraction:g} of the cache{budget}, "
+                "per hint tag and in all")
 
     def _keyed_by(self) -> str:
         return f" (block ids keyed by the shared {self.record_key})" if self.record_key else ""

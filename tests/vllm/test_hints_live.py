@@ -93,20 +93,6 @@ def _hint_of(k: int) -> dict:
     return [{"retain_s": 1000, "hint_tag": 1}, {"release": True}, {}, {}][k % 4]
 
 
-def _post(url: str, body: dict) -> tuple[int, dict]:
-    import json
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
-
-
 #: The hint budget served and replayed: 8 of the 15 usable blocks, where tag 1 asks to retain 9 (three
 #: prompts of three blocks); counted over the 16 blocks with the null block it would be 9, all retained,
 #: and the live hits would differ from the replay's (288 tokens against 192 on the recording measured).
@@ -122,7 +108,7 @@ def hinted(vllm_venv, tiny_model, tmp_path_factory):
     import time
     import urllib.request
 
-    from vllm_support import vllm_server
+    from vllm_support import post_completion, vllm_server
 
     tmp = tmp_path_factory.mktemp("hints-live")
     rec = tmp / "rec"
@@ -132,11 +118,12 @@ def hinted(vllm_venv, tiny_model, tmp_path_factory):
         for n, k in enumerate(list(range(12)) * 2):
             if n == 6:
                 for bad in ({"retain_priority": 500}, {"retain_s": "soon", "workload": "text_1"}):
-                    refused.append(_post(url, {"model": "tiny", "prompt": [5] * 40, "max_tokens": 1,
-                                               "vllm_xargs": bad}))
+                    refused.append(post_completion(url, {"model": "tiny", "prompt": [5] * 40, "max_tokens": 1,
+                                                         "vllm_xargs": bad}))
             prompt = [3 + k] + [(7 * i + 13 * k) % 400 + 20 for i in range(99)]
-            status, body = _post(url, {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
-                                       **({"vllm_xargs": _hint_of(k)} if _hint_of(k) else {})})
+            status, body = post_completion(url, {"model": "tiny", "prompt": prompt, "max_tokens": 1,
+                                                 "temperature": 0.0,
+                                                 **({"vllm_xargs": _hint_of(k)} if _hint_of(k) else {})})
             assert status == 200, body
             cached.append((body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         time.sleep(2.5)  # a metrics snapshot and a closed frame of the recording

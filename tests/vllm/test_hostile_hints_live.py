@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.request
 
 import pytest
@@ -45,16 +44,6 @@ def _prompt(k: int) -> list[int]:
     return [3 + k] + [(7 * i + 13 * k) % 400 + 20 for i in range(99)]
 
 
-def _post(url: str, body: str) -> tuple[int, dict]:
-    req = urllib.request.Request(url + "/v1/completions", data=body.encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
-
-
 def _body(k: int, xargs: str | None) -> str:
     head = json.dumps({"model": "tiny", "prompt": _prompt(k), "max_tokens": 1, "temperature": 0.0})
     return head if xargs is None else f'{head[:-1]}, "vllm_xargs": {xargs}}}'
@@ -69,7 +58,7 @@ def served(vllm_venv, tiny_model, tmp_path_factory):
     """One server (``--kv-policy lru``, a budget of half the cache per tag, tool-call tokens, a recording):
     the extreme hints, the malformed ones, unhinted prompts that overfill the cache, the extreme prompts
     again; every answer, and /metrics at the end."""
-    from vllm_support import vllm_server
+    from vllm_support import post_completion, vllm_server
 
     tmp = tmp_path_factory.mktemp("hostile-hints")
     rec = tmp / "rec"
@@ -77,13 +66,13 @@ def served(vllm_venv, tiny_model, tmp_path_factory):
     with vllm_server(vllm_venv, tiny_model, "--kv-policy", "lru", "--kv-hint-max-fraction", "0.5",
                      "--kv-tool-call-tokens", "5,7", "--kv-record", str(rec), log=tmp / "serve.log") as url:
         for k, hint in enumerate(EXTREME):
-            answers["extreme"].append(_post(url, _body(k, json.dumps(hint))))
+            answers["extreme"].append(post_completion(url, _body(k, json.dumps(hint))))
         for n, (xargs, _) in enumerate(MALFORMED):
-            answers["malformed"].append(_post(url, _body(100 + n, xargs)))
+            answers["malformed"].append(post_completion(url, _body(100 + n, xargs)))
         for k in range(N_FILLERS):
-            answers["fillers"].append(_post(url, _body(10 + k, None)))
+            answers["fillers"].append(post_completion(url, _body(10 + k, None)))
         for k, hint in enumerate(EXTREME):
-            answers["again"].append(_post(url, _body(k, None)))
+            answers["again"].append(post_completion(url, _body(k, None)))
         time.sleep(2.5)  # a metrics snapshot and a closed frame of the recording
         with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
             answers["metrics"] = r.read().decode()

@@ -182,6 +182,18 @@ def completion(url: str, prompt, *, xargs: dict | None = None, max_tokens: int =
         return json.load(r)
 
 
+def post_completion(url: str, body: dict | str, timeout: float = 120) -> tuple[int, dict]:
+    """POST ``body`` (a dict, or JSON text sent as it is) to ``/v1/completions``: the HTTP status and the
+    answer's JSON, an error's body included (a refused request is an answer here, not an exception)."""
+    data = (body if isinstance(body, str) else json.dumps(body)).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
 
 
 # --- prediction ---------------------------------------------------------------------------
