@@ -119,15 +119,16 @@ class HintLayer:
         if to_base:
             self.base.free(to_base, now)
 
-    def take(self, block: int) -> None:
-        """An evictable block is taken back by a hit (counted where it was hinted)."""
+    def take(self, block: int, hit: bool = True) -> None:
+        """An evictable block is taken back: by a hit (counted where it was hinted), or, with ``hit``
+        False, to be freed again in a new place (a tier that re-orders a block counts no hit)."""
         if block in self._released:
             del self._released[block]
-            self.counters.hinted_hits += 1
+            self.counters.hinted_hits += hit
         elif block in self._retained:
             self._unretain(block)
-            self.counters.honoured += 1
-            self.counters.hinted_hits += 1
+            self.counters.honoured += hit
+            self.counters.hinted_hits += hit
         else:
             self._take_from_base(block)
 

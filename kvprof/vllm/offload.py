@@ -269,7 +269,7 @@ class KvprofCachePolicy(CachePolicy):
             if block is None or key not in self.chunks or not (accessed or key in own):
                 continue
             if block in hints:
-                self._reorder_take(block)
+                hints.take(block, hit=False)  # the load that read it was the hit, counted at mark_non_evictable
                 refree.append(block)
             elif hint is not None:
                 self._pending_hints[key] = hint
@@ -283,14 +283,6 @@ class KvprofCachePolicy(CachePolicy):
         if refree:
             hints.free_hinted(refree[::-1], now, hint)
 
-    def _reorder_take(self, block: int) -> None:
-        """Take an evictable chunk out of :attr:`hints` to order it again: no hit on a hinted chunk
-        (the load that read it was one, counted at ``mark_non_evictable``)."""
-        counters = self.hints.counters
-        kept = counters.honoured, counters.hinted_hits
-        self.hints.take(block)
-        counters.honoured, counters.hinted_hits = kept
-
     def evict(self, n: int, protected: set):
         hints = self.hints
         if n == 0:
@@ -299,10 +291,9 @@ class KvprofCachePolicy(CachePolicy):
             return None
         now = self._clock()
         chosen = []
-        # Protected chunks can only push the n victims that many places down the order. The layer's
-        # order (released, the policy's, retained) only while it holds a chunk: it lists the whole policy.
-        order = hints.order if hints.active else self.policy.order
-        for block in order(now, n + len(protected)):
+        # Protected chunks can only push the n victims that many places down the order (the layer's:
+        # released, the policy's, retained).
+        for block in hints.order(now, n + len(protected)):
             key = self._key[block]
             if key in protected:
                 continue
