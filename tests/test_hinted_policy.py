@@ -240,9 +240,15 @@ def test_hint_checks_and_columns_round_trip():
     import numpy as np
 
     columns = HintColumns(np.array([0.0, 3.0, 0.0]), np.array([50, 7, 50]), np.array([False, False, True]),
-                          np.array([0, 4, 0]))
+                          np.array([0, 4, 0]), np.array([None, None, None], dtype=object))
     again = HintColumns.of_extra(columns.to_extra(), 3)
+    assert "hint_session" not in columns.to_extra()
     assert again.hints() == [None, Hint(3.0, 7, False, 4), Hint(release=True)]
+    columns.session[1:] = [0, "chat-9"]  # session 0 is a session; a session alone is a hint
+    again = HintColumns.of_extra(columns.to_extra(), 3)
+    assert again.hints() == [None, Hint(3.0, 7, False, 4, 0), Hint(release=True, session="chat-9")]
+    assert HintColumns.of_extra({"hint_session": np.array([None, 5, None], dtype=object)}, 3).hints() == [
+        None, Hint(session=5), None]
     partial = {"retain_s": np.array([None, 2.5, None], dtype=object)}
     assert HintColumns.of_extra(partial, 3).hints() == [None, Hint(2.5), None]
     assert HintColumns.of_extra({"stop": np.array(["a", "b", "c"], dtype=object)}, 3) is None

@@ -3,7 +3,8 @@
 The anchors agree on the shape (SGLang's ``retention_seconds``, TensorRT-LLM's retention priority and
 duration, LMCache's per-request TTL under a byte budget): keep this request's blocks for a while
 (soft, lapsing when the time passes), with a priority among retained blocks, or release them (the
-session is done). A trace carries hints per request in four optional fields (docs/cli.md):
+session is done), and the session the request belongs to. A trace carries hints per request in five
+optional fields (docs/cli.md):
 
 ================  =======  ==========================================================================
 field             default  meaning
@@ -12,10 +13,12 @@ field             default  meaning
 ``retain_priority`` 50     0-99: among retained blocks, the lowest priority is evicted first
 ``release``       false    the session is done: its blocks are evicted before any other
 ``hint_tag``      0        the client (tenant) the retention is charged to, for the hint budget
+``hint_session``  none     the client's session: a release then demotes only the blocks no other
+                           session (and no request without one) touched; an integer or a string
 ================  =======  ==========================================================================
 
-A request without ``retain_s > 0`` and without ``release`` has no hint: its blocks are ordered by the
-policy as always. ``release`` with ``retain_s > 0`` contradicts itself and is refused.
+A request without any of ``retain_s > 0``, ``release`` and ``hint_session`` has no hint: its blocks are
+ordered by the policy as always. ``release`` with ``retain_s > 0`` contradicts itself and is refused.
 """
 
 from __future__ import annotations
@@ -24,25 +27,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RETAIN_FIELD, PRIORITY_FIELD, RELEASE_FIELD, TAG_FIELD = "retain_s", "retain_priority", "release", "hint_tag"
+RETAIN_FIELD, PRIORITY_FIELD, RELEASE_FIELD, TAG_FIELD, SESSION_FIELD = (
+    "retain_s", "retain_priority", "release", "hint_tag", "hint_session")
 #: The trace fields of a hint, in the order docs list them.
-HINT_FIELDS = (RETAIN_FIELD, PRIORITY_FIELD, RELEASE_FIELD, TAG_FIELD)
+HINT_FIELDS = (RETAIN_FIELD, PRIORITY_FIELD, RELEASE_FIELD, TAG_FIELD, SESSION_FIELD)
 DEFAULT_PRIORITY = 50
 MAX_PRIORITY = 99
 #: The longest retention a hint may ask for (a year: beyond it a number is a mistake, not a retention).
 MAX_RETAIN_S = 365 * 86400.0
 MAX_TAG = 2**31 - 1
+#: A session id: a string of 1 to MAX_SESSION_CHARS characters, or an integer from 0 to MAX_SESSION_INT.
+MAX_SESSION_CHARS = 128
+MAX_SESSION_INT = 2**63 - 1
 
 
 @dataclass(frozen=True)
 class Hint:
     """One request's hint. Invariant: ``0 <= retain_s <= MAX_RETAIN_S`` (finite),
-    ``0 <= priority <= MAX_PRIORITY``, ``0 <= tag <= MAX_TAG``, not both ``release`` and ``retain_s > 0``."""
+    ``0 <= priority <= MAX_PRIORITY``, ``0 <= tag <= MAX_TAG``, not both ``release`` and ``retain_s > 0``;
+    ``session`` None or a valid session id (:func:`hint_problem`)."""
 
     retain_s: float = 0.0
     priority: int = DEFAULT_PRIORITY
     release: bool = False
     tag: int = 0
+    session: int | str | None = None
 
     def __post_init__(self):
         for name, value in self.fields().items():
@@ -57,8 +66,10 @@ class Hint:
         return self.retain_s > 0
 
     def fields(self) -> dict:
-        """The hint as the trace's four hint fields (a recording's line, a replayed request's ``vllm_xargs``)."""
-        return dict(zip(HINT_FIELDS, (self.retain_s, self.priority, self.release, self.tag)))
+        """The hint as the trace's hint fields (a recording's line, a replayed request's ``vllm_xargs``):
+        the first four always, ``hint_session`` where it names one."""
+        values = (self.retain_s, self.priority, self.release, self.tag, self.session)
+        return {name: value for name, value in zip(HINT_FIELDS, values) if value is not None}
 
 
 #: Why a hint that both releases and retains is refused.
@@ -69,6 +80,15 @@ def hint_problem(name: str, value) -> tuple[str, str] | None:
     """Why ``value`` cannot be hint field ``name``: ``(kind, message)``, kind ``wrong_type`` or
     ``bad_value`` (the reader's problem kinds); None where it can (None itself: the field is absent)."""
     if value is None:
+        return None
+    if name == SESSION_FIELD:
+        if type(value) is str:
+            return None if 0 < len(value) <= MAX_SESSION_CHARS else \
+                ("bad_value", f"must be 1 to {MAX_SESSION_CHARS} characters, got {len(value)}")
+        if type(value) is not int:
+            return ("wrong_type", f"must be a string or an integer (a session id), got {_describe(value)}")
+        if not 0 <= value <= MAX_SESSION_INT:
+            return ("bad_value", f"must be from 0 to {MAX_SESSION_INT}, got {value!r:.40}")
         return None
     if name == RELEASE_FIELD:
         return None if type(value) is bool else ("wrong_type", f"must be true or false, got {_describe(value)}")
@@ -90,8 +110,8 @@ def hint_problem(name: str, value) -> tuple[str, str] | None:
 def hint_of_args(args: dict | None) -> Hint | None:
     """The hint a request's arguments carry (vLLM's ``SamplingParams.extra_args``, filled from the OpenAI
     API's ``vllm_xargs``): the trace fields, checked as the trace reader checks them; None where none
-    of them is given or the request asks neither to retain nor to release. ``release`` may be 0 or 1
-    as well as false or true: ``vllm_xargs`` takes no booleans (a JSON ``true`` arrives as 1).
+    of them is given or the request asks neither to retain nor to release nor names a session.
+    ``release`` may be 0 or 1 as well as false or true: ``vllm_xargs`` takes no booleans (a JSON ``true`` arrives as 1).
 
     Raises
     ------
@@ -110,12 +130,13 @@ def hint_of_args(args: dict | None) -> Hint | None:
             shown = "must be true or false (or 1 or 0)" if name == RELEASE_FIELD else problem[1]
             raise ValueError(f"hint field '{name}' {shown}" + (f", got {_describe(value)}" if name == RELEASE_FIELD
                                                                  else ""))
-    retain_s, priority, release, tag = values
+    retain_s, priority, release, tag, session = values
     if release and retain_s:
         raise ValueError(f"hint fields {CONTRADICTION}")
-    if not (retain_s or release):
+    if not (retain_s or release or session is not None):
         return None
-    return Hint(float(retain_s or 0.0), DEFAULT_PRIORITY if priority is None else priority, bool(release), tag or 0)
+    return Hint(float(retain_s or 0.0), DEFAULT_PRIORITY if priority is None else priority, bool(release), tag or 0,
+                session)
 
 
 def _describe(value) -> str:
@@ -126,19 +147,21 @@ def _describe(value) -> str:
 class HintColumns:
     """Every request's hint, column-wise (shape ``(n,)`` each): what a workload carries.
 
-    Invariant: each row is a valid :class:`Hint` (the defaults where a request has none).
+    Invariant: each row is a valid :class:`Hint` (the defaults where a request has none; ``session``
+    None where it names none).
     """
 
     retain_s: np.ndarray  # float64
     priority: np.ndarray  # int64
     release: np.ndarray  # bool
     tag: np.ndarray  # int64
+    session: np.ndarray  # object: int, str or None
 
     @classmethod
     def empty(cls, n: int) -> HintColumns:
         """``n`` requests without hints."""
         return cls(np.zeros(n), np.full(n, DEFAULT_PRIORITY, dtype=np.int64), np.zeros(n, dtype=bool),
-                   np.zeros(n, dtype=np.int64))
+                   np.zeros(n, dtype=np.int64), np.full(n, None, dtype=object))
 
     @classmethod
     def of_extra(cls, extra: dict[str, np.ndarray], n: int) -> HintColumns | None:
@@ -147,12 +170,21 @@ class HintColumns:
             return None
         empty = cls.empty(n)
         return cls(*(_column(extra.get(name), getattr(empty, attr)) for name, attr in
-                     zip(HINT_FIELDS, ("retain_s", "priority", "release", "tag"))))
+                     zip(HINT_FIELDS, ("retain_s", "priority", "release", "tag", "session"))))
 
     def to_extra(self) -> dict[str, np.ndarray]:
-        """The trace fields of these hints (what :meth:`of_extra` reads back)."""
-        return {RETAIN_FIELD: self.retain_s, PRIORITY_FIELD: self.priority, RELEASE_FIELD: self.release,
-                TAG_FIELD: self.tag}
+        """The trace fields of these hints (what :meth:`of_extra` reads back; no session column where none
+        names one)."""
+        extra = {RETAIN_FIELD: self.retain_s, PRIORITY_FIELD: self.priority, RELEASE_FIELD: self.release,
+                 TAG_FIELD: self.tag}
+        if self.names_sessions.any():
+            extra[SESSION_FIELD] = self.session
+        return extra
+
+    @property
+    def names_sessions(self) -> np.ndarray:
+        """Whether each request names a session (bool, (n,))."""
+        return np.not_equal(self.session, None)
 
     @property
     def n_hinted(self) -> int:
@@ -160,11 +192,12 @@ class HintColumns:
 
     def hints(self) -> list[Hint | None]:
         """Each request's :class:`Hint`, None where it has none (what a replay tells the policy)."""
-        hinted = (self.retain_s > 0) | self.release
+        hinted = (self.retain_s > 0) | self.release | self.names_sessions
         out: list[Hint | None] = [None] * len(hinted)
         cache: dict[tuple, Hint] = {}  # few distinct hints against a row per request
+        session = self.session.tolist()
         for i in np.flatnonzero(hinted).tolist():
-            key = (float(self.retain_s[i]), int(self.priority[i]), bool(self.release[i]), int(self.tag[i]))
+            key = (float(self.retain_s[i]), int(self.priority[i]), bool(self.release[i]), int(self.tag[i]), session[i])
             out[i] = cache.get(key) or cache.setdefault(key, Hint(*key))
         return out
 

@@ -17,6 +17,13 @@ of its blocks). At that free its blocks go to one of three places:
   claim on a shared block);
 * no hint, and no live retention: the base order, exactly as without the layer.
 
+A release that names a session (``Hint.session``) puts in the released pool only the blocks private to
+that session: those whose content, since it was cached, was held by requests of that session alone;
+the others (a shared prefix: a system prompt, a document other sessions read) go where an unhinted free
+puts them. A release without a session releases all the request's blocks. Who held a block is learnt at
+each request's finish (:meth:`HintLayer.note_held`, before its free, with all the blocks it holds: the free
+itself sees only those no other request holds), and new content is told by :meth:`HintLayer.recached`.
+
 The budget: retained blocks number at most ``budget_blocks``, each tag's alone and all tags' together;
 retaining one more lapses the tag's oldest retention (earliest retained) into the base order where the
 tag is over, else the oldest of all where the whole is. So a client that retains everything holds at
@@ -40,6 +47,11 @@ from itertools import islice
 
 from kvprof.models.hints import Hint
 from kvprof.policy.base import EvictionPolicy
+
+
+#: What :attr:`HintLayer._holders` keeps of a block no request held yet since it was cached, and of one
+#: held by two sessions (or by a request without one).
+NEW, SHARED = object(), object()
 
 
 @dataclass
@@ -75,6 +87,15 @@ class HintLayer:
     whose sequence number is no longer the block's are dead and skipped. :attr:`active` is False
     exactly when the layer holds nothing (no released block, no retention): then every call is
     the base's, and a caller on a hot path may call the base directly.
+
+    Sessions: until a request names one, :attr:`tracks_sessions` is False and ``_holders`` empty (no
+    work per block). From then on ``_holders[block]`` is the one session whose requests alone held the
+    block's content since it was cached (:data:`NEW`: none yet, :data:`SHARED`: two sessions, or a
+    request without one); a block without an entry counts as shared (its content was cached before
+    sessions were tracked). A release naming session ``s`` puts a block in ``_released`` only where
+    ``_holders[block] == s``: it never demotes a block another session, or a request naming none,
+    held. Entries go when a block is evicted through the layer or discarded, and restart at
+    :meth:`recached`: ``_holders`` holds at most one entry per block id.
     """
 
     def __init__(self, base, budget_blocks: int | None = None, take=None):
@@ -92,6 +113,8 @@ class HintLayer:
         self._expiries: list[tuple[float, int, int]] = []  # (expiry, seq, block)
         self._victims: list[tuple[int, float, int, int]] = []  # (priority, -expiry, seq, block)
         self._seq = 0
+        self.tracks_sessions = False
+        self._holders: dict[int, object] = {}  # block -> the one session that held it, NEW or SHARED
 
     @property
     def active(self) -> bool:
@@ -112,7 +135,8 @@ class HintLayer:
                 self._retain(block, expiry, hint.priority, hint.tag, now)
             elif retention is not None:
                 self._retain(block, *retention, now)
-            elif hint is not None and hint.release:
+            elif hint is not None and hint.release and (
+                    hint.session is None or self._holders.get(block, SHARED) == hint.session):
                 self._released[block] = None
             else:
                 to_base.append(block)
@@ -133,11 +157,33 @@ class HintLayer:
             self._take_from_base(block)
 
     def recached(self, block: int) -> None:
-        """New content in ``block``'s slot: an old retention was the old content's."""
+        """New content in ``block``'s slot: an old retention was the old content's, and no one held it yet."""
         self._retention.pop(block, None)
+        if self.tracks_sessions:
+            self._holders[block] = NEW
+
+    def recached_all(self, blocks: Iterable[int]) -> None:
+        """:meth:`recached` of each of ``blocks``."""
+        for block in blocks:
+            self.recached(block)
+
+    def note_held(self, blocks: Iterable[int], session) -> None:
+        """A request of ``session`` (None: naming none) finishes holding ``blocks`` (all of them, shared
+        ones too): each is private to ``session`` only where no one else held it since it was cached."""
+        if session is None and not self.tracks_sessions:
+            return
+        self.tracks_sessions = True
+        holders = self._holders
+        for block in blocks:
+            before = holders.get(block, SHARED)
+            if before is not SHARED and (session is None or (before is not NEW and before != session)):
+                holders[block] = SHARED
+            elif before is NEW:
+                holders[block] = session
 
     def discard(self, block: int) -> None:
         """Forget an evictable block, its retention too, counting nothing (no-op if not evictable)."""
+        self._holders.pop(block, None)
         if block in self._released:
             del self._released[block]
         elif block in self._retained:
@@ -165,6 +211,9 @@ class HintLayer:
                 self._unretain(block)
                 del self._retention[block]
                 out.append(block)
+        if self._holders:
+            for block in out:
+                self._holders.pop(block, None)
         return out
 
     def order(self, now: float, limit: int | None = None) -> list[int]:
@@ -182,7 +231,7 @@ class HintLayer:
 
     def clear(self) -> None:
         self.base.clear()
-        for pool in (self._released, self._retained, self._retention, self._by_tag, self._oldest):
+        for pool in (self._released, self._retained, self._retention, self._by_tag, self._oldest, self._holders):
             pool.clear()
         self._expiries.clear()
         self._victims.clear()
@@ -261,7 +310,7 @@ class HintedPolicy(HintLayer, EvictionPolicy):
     (:class:`HintLayer`), told each request's hint at its ``finish``: the simulator's hint layer.
 
     Invariant: :class:`HintLayer`'s, and ``_hint`` is the hint of the request whose blocks the next
-    free releases (None once that free happened).
+    free releases, ``_held`` the blocks that request holds (both None once that free happened).
     """
 
     def __init__(self, base: EvictionPolicy, budget_blocks: int | None = None):
@@ -271,15 +320,21 @@ class HintedPolicy(HintLayer, EvictionPolicy):
         self.offline = base.offline
         self._tells_finish = "finish" in inspect.signature(base.finish).parameters
         self._hint: Hint | None = None
+        self._held: Sequence[int] | None = None
 
     def admit(self, request, contents, now, workload=0, *, n_lookup=None, n_blocks=None) -> None:
         self.base.admit(request, contents, now, workload, n_lookup=n_lookup, n_blocks=n_blocks)
 
     def finish(self, request: Hashable, now: float, contents: Sequence[Hashable] | None = None, *,
                n_blocks: int | None = None, n_output: int | None = None, finish: int | None = None,
-               hint: Hint | None = None) -> None:
-        """As the base's, and ``hint`` (None: none) applies to the free that follows."""
-        self._hint = hint
+               hint: Hint | None = None, held: Sequence[int] | None = None) -> None:
+        """As the base's, and ``hint`` (None: none) applies to the free that follows; ``held`` is the
+        request's blocks, which tell the layer who held them (:meth:`HintLayer.note_held`): now, and again
+        at that free (a replay may add the output's blocks in between; a free may not come, where
+        another request holds every block)."""
+        self._hint, self._held = hint, held
+        if held is not None:
+            self.note_held(held, None if hint is None else hint.session)
         if self._tells_finish:
             self.base.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output, finish=finish)
         else:
@@ -292,7 +347,9 @@ class HintedPolicy(HintLayer, EvictionPolicy):
         self.base.access(block, now, workload, depth, hit=hit, next_use=next_use, content=content)
 
     def free(self, blocks: Iterable[int], now: float) -> None:
-        hint, self._hint = self._hint, None
+        hint, held, self._hint, self._held = self._hint, self._held, None, None
+        if held is not None:
+            self.note_held(held, None if hint is None else hint.session)
         self.free_hinted(blocks, now, hint)
 
     def remove(self, block: int) -> None:

@@ -194,7 +194,7 @@ class Replay:
     def release(self, r: int, now: float) -> None:
         told = {"finish": self.finish[r] or None} if self.tells_finish else {}
         if self.hints is not None:
-            told["hint"] = self.hints[r]
+            told["hint"], told["held"] = self.hints[r], self.held[r]
         self.gpu.policy.finish(r, now, n_output=self.output[r], **told)
         self.gpu.release(self.held.pop(r), now)
         if self.observer:

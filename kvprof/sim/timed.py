@@ -63,7 +63,7 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu,
         else:
             told = {} if codes is None else {"finish": codes[r] or None}
             if hints is not None:
-                told["hint"] = hints[r]
+                told["hint"], told["held"] = hints[r], mine
             gpu.policy.finish(r, now, blocks[start:offsets[r + 1]], n_blocks=n_prompt[r] + n_new[r],
                               n_output=n_output[r], **told)
             gpu.cache_filled(blocks, next_use, start, n_full[r], offsets[r + 1] - start, mine, now, classes[r])
