@@ -51,6 +51,10 @@ def test_the_reader_keeps_each_requests_hint(hinted_trace):
     ("retain_priority", 5.0, "retain_priority': must be an integer, got float"),
     ("release", 1, "release': must be true or false, got int"),
     ("hint_tag", -2, "hint_tag': must be from 0"),
+    ("hint_session", "", "hint_session': must be 1 to 128 characters, got 0"),
+    ("hint_session", 2.5, "hint_session': must be a string or an integer (a session id), got float"),
+    ("hint_session", False, "hint_session': must be a string or an integer (a session id), got bool"),
+    ("hint_session", -3, "hint_session': must be from 0"),
 ])
 def test_a_bad_hint_field_is_an_error_naming_file_line_and_field(tmp_path, field, value, message):
     records = _records()[:8]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from kvprof.models.hints import Hint, hint_of_args
 from kvprof.policy import make_policy
 from kvprof.policy.hinted import HintedPolicy
+from kvprof.profiler.reader import read_trace
 
 N_BLOCKS = 6
 SESSIONS = (None, 0, "chat-a")
@@ -159,3 +160,30 @@ def test_a_session_alone_is_a_hint_and_round_trips_as_fields():
     assert hint_of_args({"hint_session": 0, "release": 1}).fields() == {
         "retain_s": 0.0, "retain_priority": 50, "release": True, "hint_tag": 0, "hint_session": 0}
     assert "hint_session" not in Hint(release=True).fields()
+
+
+def test_the_reader_keeps_sessions_of_either_type(tmp_path):
+    from kvprof.profiler.synth import write_jsonl
+    from tests.test_cli_hints import _records
+
+    records = _records()[:4]
+    records[1]["hint_session"] = "chat-7"
+    records[2].update(hint_session=7, release=True)
+    path = tmp_path / "sessions.jsonl"
+    write_jsonl(path, records)
+    hints = read_trace(path)[0].hints.hints()
+    assert hints[1].session == "chat-7" and hints[2] == Hint(release=True, session=7)
+
+
+def test_stop_hints_name_each_requests_conversation(tmp_path):
+    import numpy as np
+
+    from kvprof.profiler.fit import fit_trace
+    from kvprof.sim.hints import stop_hints
+    from kvprof.sim.sample import chain_roots
+    from tests.test_cli_hints import _stopped
+
+    trace = read_trace(_stopped(tmp_path))[0]
+    hints = stop_hints(trace, fit_trace(trace.time_window(0, 360)))
+    np.testing.assert_array_equal(hints.session.astype(np.int64), chain_roots(trace))
+    assert hints.release.any() and (hints.retain_s > 0).any()

@@ -38,6 +38,8 @@ def test_synth_hints_follow_the_sessions_future_as_accurately_as_asked(tmp_path)
     np.testing.assert_array_equal(hints.release, ~continues)
     np.testing.assert_allclose(hints.retain_s[continues], np.maximum(gap[continues], 0.001), rtol=1e-9, atol=1e-6)
     np.testing.assert_array_equal(hints.tag, perfect.type_code)  # a tenant per request type
+    from kvprof.sim.sample import chain_roots
+    np.testing.assert_array_equal(hints.session.astype(np.int64), chain_roots(perfect))  # its conversation
 
     slow = _synth(tmp_path, "slow", "--hints", "future", "--hint-time-factor", "2")
     np.testing.assert_allclose(slow.hints.retain_s[continues], 2 * np.maximum(gap[continues], 0.001), rtol=1e-9)

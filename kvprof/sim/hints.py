@@ -8,7 +8,9 @@ Python engine tells hints: the compiled engine and the vLLM plugin do not honour
 :mod:`kvprof.models.finish`): after a tool call it asks to retain the session's blocks for the fitted
 retention (``hp.retention``, :mod:`kvprof.models.retention`: the wait that catches a share of the
 returns, for the request's class); after an end of turn it releases them, or retains them for that
-kind's own figure (``end_turn="retain"``); other requests send no hint.
+kind's own figure (``end_turn="retain"``); other requests send no hint. Every request names its
+session (its conversation's first ``chat_id``), so an end of turn releases only the blocks that
+conversation alone held, not a system prompt or a document other conversations read.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from kvprof.policy.hinted import HintedPolicy
 from kvprof.profiler.classes import classify_trace
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimulationError
+from kvprof.sim.sample import chain_roots
 
 #: The suffix of a policy name replayed with hints (``lru+hints``).
 HINTED = "+hints"
@@ -87,6 +90,7 @@ def stop_hints(trace: Trace, hp, share: float = 0.9, end_turn: str = "release") 
         columns.retain_s[chosen] = per_class[codes[chosen]]
     if end_turn == "release":
         columns.release[finish == END_OF_TURN] = True
+    columns.session[:] = [root if root >= 0 else None for root in chain_roots(trace).tolist()]
     return columns
 
 

@@ -144,7 +144,9 @@ def emit(plan: Plan, type_names: tuple[str, ...], first_fresh_id: int, rng, hint
     hinted = None
     if hints is not None:  # the plan's rows are sessions' turns in order: the next row is the next request
         gap = np.where(is_last_turn, np.inf, np.append(timestamp[1:], np.inf) - timestamp)
-        hinted = future_hints(gap, plan.type_code, hints, hint_rng)
+        first = np.flatnonzero(plan.turn == 1)
+        session = chat_id[first[np.cumsum(plan.turn == 1) - 1]]  # the chat id of the session's first request
+        hinted = future_hints(gap, plan.type_code, hints, hint_rng, session)
 
     columns = (chat_id, parent_chat_id, timestamp, plan.input_length, plan.output_length,
                plan.type_code, plan.turn, plan.inherited, plan.shared_base, fresh, is_last_turn)  # fmt: skip

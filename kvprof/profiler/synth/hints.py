@@ -12,7 +12,9 @@ knows (whether and when each session's next request comes) and then spoiled:
 * ``random``: each request retains or releases by a fair coin, retaining for a time drawn uniformly
   up to twice the median true gap.
 
-Each hint is charged to a tag: the request's type (a tenant per type), so a budget bounds each.
+Each hint is charged to a tag: the request's type (a tenant per type), so a budget bounds each, and
+names the request's session (its first request's ``chat_id``), so a release demotes only the blocks
+that session alone held, not a system prompt other sessions share.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvprof.models.hints import MAX_RETAIN_S, HintColumns
+from kvprof.models.hints import MAX_RETAIN_S, RELEASE_FIELD, RETAIN_FIELD, SESSION_FIELD, TAG_FIELD, HintColumns
 
 HINT_MODES = ("future", "retain-all", "random")
 #: The shortest retention a hint asks for (a next request in the same instant still needs one).
@@ -46,12 +48,15 @@ class HintSpec:
                              f"(0, {MAX_RETAIN_S:g}], got {self}")
 
 
-def future_hints(gap: np.ndarray, tag: np.ndarray, spec: HintSpec, rng: np.random.Generator) -> HintColumns:
+def future_hints(gap: np.ndarray, tag: np.ndarray, spec: HintSpec, rng: np.random.Generator,
+                 session: np.ndarray | None = None) -> HintColumns:
     """Each request's hint from ``gap`` (seconds from its arrival to its session's next request;
-    ``inf`` where the session ends), charged to ``tag``."""
+    ``inf`` where the session ends), charged to ``tag``, naming ``session`` (ints >= 0; None: none)."""
     n = gap.shape[0]
     columns = HintColumns.empty(n)
     columns.tag[:] = tag
+    if session is not None:
+        columns.session[:] = np.asarray(session).tolist()
     if spec.mode == "retain-all":
         columns.retain_s[:] = spec.retain_s
         return columns
@@ -71,12 +76,14 @@ def future_hints(gap: np.ndarray, tag: np.ndarray, spec: HintSpec, rng: np.rando
 
 def hint_fields(columns: HintColumns, row: int) -> dict:
     """The trace fields of request ``row``'s hint (none where it has none; defaults left out)."""
+    session = columns.session[row]
+    fields = {} if session is None else {SESSION_FIELD: session}
     if columns.release[row]:
-        fields = {"release": True}
+        fields[RELEASE_FIELD] = True
     elif columns.retain_s[row] > 0:
-        fields = {"retain_s": float(columns.retain_s[row])}
+        fields[RETAIN_FIELD] = float(columns.retain_s[row])
     else:
-        return {}
+        return fields
     if columns.tag[row]:
-        fields["hint_tag"] = int(columns.tag[row])
+        fields[TAG_FIELD] = int(columns.tag[row])
     return fields
