@@ -26,6 +26,8 @@ JSON shapes the renderers read (keys not named are ignored):
   with --sample also ``samples[]``, which the ``quality-samples`` block renders).
 - windows.json: bench_windows.py -o (``run``, ``rows[]``).
 - unseen.json: bench_quality.py --unseen -o (as quality.json, on the synthetic traces no rule was chosen on).
+- points.json: points.py -o (``run``, ``runs.{before,after}``, ``rows[]``, ``summary.{before,after}``): the three
+  above against an earlier run of them.
 - profiler.json, sim.json, memory.json: bench_profiler.py / bench_sim.py / bench_memory.py -o; profiler.json's
   ``sharded`` (with --sharded-hours) is ``{"preset", "seed", "fits": [{"hours", "sharded", "requests",
   "block_accesses", "peak_rss_mb", "cpu_s", "wall_s"}]}``, one fit in memory and one --sharded.
@@ -236,6 +238,21 @@ def render_windows(document: dict) -> list[str]:
             f"Over these {len(gains)} points `wa` is {signed(sum(gains) / len(gains))} against the best baseline on "
             f"average, {signed(min(gains))} at worst."]
 
+
+
+def render_points(document: dict) -> list[str]:
+    rows = [[r["set"], r["trace"], f"{r['fit'][0]:g}-{r['fit'][1]:g}", count(r["capacity"]),
+             r["after_best_baseline"], signed(r["gain_before"]), signed(r["gain_after"])] for r in document["rows"]]
+    sides = []
+    for side, runs in document["runs"].items():
+        commits = sorted({run["commit"] for run in runs.values() if run and run.get("commit")})
+        figures = document["summary"][side]
+        sides.append(f"- {side} ({', '.join(commits)}): worst {signed(figures['worst'])}, {figures['below_1_percent']} of "
+                     f"{figures['points']} points more than 1 % below the best baseline, mean {signed(figures['mean'], 2)}; "
+                     f"at the real traces' two smallest sizes (every split) {signed(figures['mean_real_smallest'], 2)} on average")
+    return [provenance(document.get("run")), "",
+            *table(["set", "trace", "fit window (s)", "GPU blocks", "best baseline (after)", "wa vs best, before",
+                    "wa vs best, after"], rows), "", *sides]
 
 # --- the demo (kvprof demo --json, recorded) ------------------------------------------------------------
 
@@ -684,6 +701,7 @@ BLOCKS = {
     "quality-samples": ("quality.json", render_quality_samples),
     "windows": ("windows.json", render_windows),
     "unseen": ("unseen.json", render_quality),
+    "points": ("points.json", render_points),
     "demo": ("demo.json", render_demo),
     "learned": ("learned.json", render_learned),
     "shadows": ("shadows.json", render_shadows),
