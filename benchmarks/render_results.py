@@ -47,6 +47,8 @@ JSON shapes the renderers read (keys not named are ignored):
   ``median_step_us``, ``p99_step_us``, ``median_x_native``, ``p99_x_native``, ``added_us_per_block``,
   ``max_kvprof_call_us`` (absent with --no-call-pass), ``plugin_built_bytes_per_block`` and
   ``plugin_bytes_per_block``; one table per run.
+- scheduler_stalls.json: ``record scheduler_stalls --append`` of bench_scheduler.py --json, several runs
+  of each traffic shape (rendered as one table of the worst calls per shape and configuration).
 - serve.json: ``record serve`` of bench_serve.py --json: ``runs[i].report`` is ``{"configs": {CONFIG:
   {"requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "throughput_x_native",
   "ttft_p99_x_native", "token_hit_ratio"}}, "blocks", "block_size", "concurrency", "seconds", "rounds"}``;
@@ -570,6 +572,35 @@ def render_scheduler(document: dict) -> list[str]:
     return lines
 
 
+
+def render_stalls(document: dict) -> list[str]:
+    """Several runs of bench_scheduler.py per traffic shape, one row per shape and configuration: the
+    longest kvprof call of any run (CPU, less the GC collections inside it, wall), the runs whose longest
+    call less GC passed 1 ms, and the shadow feed's waits summed over the runs."""
+    runs = document["runs"]
+    shapes: dict[str, list[dict]] = {}
+    for record in runs:
+        shapes.setdefault(record["report"]["traffic"], []).append(record["report"])
+    rows = []
+    for shape, reports in shapes.items():
+        configs = [name for name in reports[0]["pools"][str(reports[0]["pool"])] if name != "native"]
+        for name in configs:
+            by_run = [report["pools"][str(report["pool"])][name] for report in reports]
+            medians = [row["median_x_native"] for row in by_run]
+            waits = [wait for row in by_run for wait in (row.get("call_pass_feed_waits") or {}).values()]
+            rows.append([shape, name, f"{min(medians):.2f}-{max(medians):.2f}",
+                         f"{max(row['max_kvprof_call_us'] for row in by_run):,.0f}",
+                         f"{max(row['max_kvprof_call_less_gc_us'] for row in by_run):,.0f}",
+                         f"{max(row['max_kvprof_call_wall_us'] for row in by_run):,.0f}",
+                         f"{sum(row['max_kvprof_call_less_gc_us'] > 1000 for row in by_run)} of {len(by_run)}",
+                         f"{sum(w[0] for w in waits)}, longest {max((w[2] for w in waits), default=0):.2f} ms"])
+    commands = list(dict.fromkeys(record["run"]["command"] for record in runs))
+    head = provenance({**runs[0]["run"], "command": "-"}).removesuffix(" Command: `-`.")
+    return [f"{head} {len(runs)} runs, each of: " + "; ".join(f"`{command}`" for command in commands) + ".", "",
+            *table(["traffic", "config", "median step x native (runs' range)", "longest kvprof call, CPU (us)",
+                    "less GC inside it (us)", "wall (us)", "runs with a call over 1 ms less GC",
+                    "shadow-feed waits (all runs)"], rows)]
+
 # --- the free queue (bench_free_queue.py's results) ------------------------------------------------------------
 
 def render_free_queue(document: dict) -> list[str]:
@@ -712,6 +743,7 @@ BLOCKS = {
     "fleet-weka": ("fleet-weka.json", render_fleet),
     "hints": ("hints.json", render_hints),
     "scheduler": ("scheduler.json", render_scheduler),
+    "scheduler-stalls": ("scheduler_stalls.json", render_stalls),
     "free-queue": ("free_queue.json", render_free_queue),
     "serve": ("serve.json", render_serve),
     "live": ("live.json", render_live),

@@ -279,3 +279,22 @@ def test_the_hints_json_of_the_documented_shape_renders(monkeypatch, tmp_path):
     assert "| random, budget (0.1 of the cache, per tag and in all) | best baseline | .1081 (-8 %) | .3765 (-71 %) |" in text
     assert "| belady |  | .3100 | .6600 |" in text
     assert "- **missed**: perfect hints: at least the oracle's share: -7%" in text
+
+
+def test_the_stall_runs_render_as_the_worst_of_each_shape(monkeypatch, tmp_path):
+    def report(traffic, call, less_gc, waits):
+        row = {"median_step_us": 110.0, "median_x_native": 1.1 if call < 900 else 1.3, "max_kvprof_call_us": call,
+               "max_kvprof_call_less_gc_us": less_gc, "max_kvprof_call_wall_us": call + 5,
+               "call_pass_feed_waits": waits}
+        return {"traffic": traffic, "pool": 200000,
+                "pools": {"200000": {"native": {"median_step_us": 100.0}, "wa": row}}}
+
+    runs = [{"run": {**RUN, "command": "bench_scheduler.py --traffic agent"},
+             "report": report("agent", 800.0, 700.0, {"settle": [1, 0.1, 0.1]})},
+            {"run": {**RUN, "command": "bench_scheduler.py --traffic agent"},
+             "report": report("agent", 2500.0, 1100.0, {"settle": [2, 0.5, 0.3]})}]
+    (tmp_path / "scheduler_stalls.json").write_text(json.dumps({"runs": runs}))
+    monkeypatch.setattr(render_results, "RESULTS", tmp_path)
+    text = render_results.render_block("scheduler-stalls")
+    assert "2 runs, each of: `bench_scheduler.py --traffic agent`." in " ".join(text.split())
+    assert "| agent | wa | 1.10-1.30 | 2,500 | 1,100 | 2,505 | 1 of 2 | 3, longest 0.30 ms |" in text
