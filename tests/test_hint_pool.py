@@ -55,6 +55,8 @@ class Pair:
         content = (block, self.contents[block])
         self.reference.hinted.access(block, self.now, cls, depth, hit=hit, content=content)
         self.pool.base.access(block, self.now, cls, depth, hit=hit, content=content)
+        if not hit and self.pool.hinted.tracks_sessions:  # as the pool's cache_full_blocks tells it
+            self.pool.hinted.recached(block)
 
     def take(self, block: int, cls: int) -> None:
         self.reference.hinted.remove(block)
@@ -74,8 +76,11 @@ class Pair:
                     self.access(block, cls, depth, hit=False)
                     self.held.add(block)
             self.requests += 1
-            self.reference.hinted.finish(self.requests, self.now, hint=hint)
+            self.reference.hinted.finish(self.requests, self.now, hint=hint, held=blocks)
             self.pool.base.finish(self.requests, self.now)
+            session = None if hint is None else hint.session
+            if session is not None or self.pool.hinted.tracks_sessions:  # as the pool's finish_request tells it
+                self.pool.hinted.note_held(blocks, session)
             tail_first = blocks[::-1]
             self.reference.hinted.free(tail_first, self.now)
             self.pool.hinted.free_hinted(tail_first, self.now, hint)
@@ -106,8 +111,8 @@ def test_the_pools_hint_layer_decides_as_the_simulators(name, ops, budget):
         pair.step(op)
         assert pair.pool.victims == pair.reference.victims
         assert len(pool) == len(reference) == len(pair.evictable)
-        assert (pool.n_released, pool.n_retained, pool.active) == (
-            reference.n_released, reference.n_retained, reference.active)
+        assert (pool.n_released, pool.n_retained, pool.active, pool._holders) == (
+            reference.n_released, reference.n_retained, reference.active, reference._holders)
     assert pool.counters == reference.counters
     assert pool.order(pair.now + 1) == reference.order(pair.now + 1)
     assert pool.evict_n(len(pool), pair.now + 1) == reference.evict_n(len(reference), pair.now + 1)

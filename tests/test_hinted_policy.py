@@ -12,11 +12,13 @@ from kvprof.policy.hinted import HintedPolicy
 
 N_BLOCKS = 12
 
+sessions = st.sampled_from([None, 0, "chat-a"])
 hints = st.one_of(
     st.none(),
     st.builds(Hint, retain_s=st.sampled_from([0.5, 1.0, 3.0, 10.0]), priority=st.integers(0, 99),
-              tag=st.integers(0, 2)),
-    st.just(Hint(release=True)),
+              tag=st.integers(0, 2), session=sessions),
+    st.builds(Hint, release=st.just(True), session=sessions),
+    st.builds(Hint, session=sessions),
 )
 operations = st.lists(st.one_of(
     st.tuples(st.just("free"), st.lists(st.integers(0, N_BLOCKS - 1), min_size=1, max_size=4, unique=True), hints),
@@ -53,7 +55,7 @@ class Driver:
             if hint is None:
                 policy.finish(0, self.now)
             else:
-                policy.finish(0, self.now, hint=hint)
+                policy.finish(0, self.now, hint=hint, held=blocks)
             policy.free(blocks, self.now)
             self.held -= set(blocks)
             self.evictable |= set(blocks)

@@ -212,7 +212,7 @@ def replay(
     ] = "skip",
     ignore_hints: Annotated[
         bool, typer.Option("--ignore-hints", help="Send no client hints: requests carry the trace's retain_s, "
-                                                  "retain_priority, release and hint_tag (docs/hints.md) unless "
+                                                  "retain_priority, release, hint_tag and hint_session (docs/hints.md) unless "
                                                   "given; a run without them is what they are measured against.")
     ] = False,
     output: Annotated[Path, typer.Option("-o", "--output", "--out", help="Output directory.")] = Path("results"),

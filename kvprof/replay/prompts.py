@@ -57,7 +57,7 @@ def requests_of(trace: Trace) -> list[ReplayRequest]:
     """The trace's requests in arrival order, arrival times from its first request.
 
     Each is tagged with its type and turn (the plugin's class rule), its client hint where the trace
-    carries one (the four hint fields, which the plugin honours: docs/hints.md) and, when it belongs
+    carries one (its hint fields, which the plugin honours: docs/hints.md) and, when it belongs
     to a conversation (it has a parent or children), ``session``: the chat id of the conversation's
     first request, so that a server recording the replay (``--kv-record``) links the turns.
     """

@@ -601,6 +601,8 @@ class KvprofBlockPool(BlockPool):
             return
         new = blocks[num_cached_blocks:num_full_blocks]
         block_ids = [block.block_id for block in new]
+        if self.free_block_queue.hints.tracks_sessions:  # new contents: no session held them yet
+            self.free_block_queue.hints.recached_all(block_ids)
         if self.policy.reads_contents:
             keys = [block._block_hash for block in new]
             uncached = None in keys
@@ -703,17 +705,22 @@ class KvprofBlockPool(BlockPool):
                                    n_lookup=min(max(request.num_tokens - 1, 0) // size, n_full),
                                    n_blocks=-(-prompt // size))
 
-    def finish_request(self, request, n_blocks: int, code: int = UNKNOWN) -> None:
+    def finish_request(self, request, n_blocks: int, code: int = UNKNOWN, held=()) -> None:
         """``request``, holding ``n_blocks`` blocks, is about to be freed: its whole chain of computed
         full blocks (the output's too) reaches the policy, which caches what the output filled, how
         many tokens it generated (``wa``'s long-output candidate sorts its blocks by that) and how it
         ended, finish ``code`` (:mod:`kvprof.vllm.finish`; the finish-reason candidate reads it).
         A policy without shadows hears only the code, where one is known. The request's client hint
         (:func:`~kvprof.models.hints.hint_of_args` of its ``extra_args``, checked by the API server
-        already) applies to the frees until :meth:`request_freed`."""
+        already) applies to the frees until :meth:`request_freed`; ``held``, the request's blocks (a list
+        per KV-cache group), tells the hint layer who held them (a release naming a session demotes only
+        that session's own blocks: :meth:`~kvprof.policy.hinted.HintLayer.note_held`)."""
         hint = request_hint(request)
         if hint is not None:
             self.free_block_queue.set_hint(hint)
+        session, layer = None if hint is None else hint.session, self.free_block_queue.hints
+        if session is not None or layer.tracks_sessions:
+            layer.note_held([block.block_id for group in held for block in group], session)
         self._request_classes.pop(request.request_id, None)
         if not self._shadowed:
             self._chain_numbers.pop(request.request_id, None)  # kept under a policy served before a reload

@@ -18,7 +18,7 @@ sampling parameters, so requests name their class in ``kv_transfer_params`` (``{
 or ``{"type": "text", "turn": 2}``) or with a ``workload=<class>`` token in the request id.
 
 Client hints come the same way, in ``kv_transfer_params`` (``retain_s``, ``retain_priority``,
-``release``, ``hint_tag``: :func:`kvprof.models.hints.hint_of_args`; a malformed one is logged and
+``release``, ``hint_tag``, ``hint_session``: :func:`kvprof.models.hints.hint_of_args`; a malformed one is logged and
 ignored here, the API server refuses it where vLLM checks requests). A request's hint applies at its
 finish (``on_request_finished``; 0.30 reports none, so it honours no hint): the request's chunks that
 are evictable then, those it stored and those it reused, are freed again with the hint into the
@@ -26,7 +26,9 @@ are evictable then, those it stored and those it reused, are freed again with th
 ``HintedPolicy`` do (released chunks evicted first, retained ones last, a retention lapsing when its
 time passes; retained chunks at most ``hint_max_fraction`` of the tier's chunks, per tag and in all); those
 not evictable then (a store still in flight, another request's load) take it when they become
-evictable. A request without a hint is ordered exactly as without the layer.
+evictable. A request without a hint is ordered exactly as without the layer. Every chunk a finished
+request holds tells the layer its session (a release naming one demotes only the chunks that session
+alone held); a session alone places nothing.
 
 Mapping of vLLM's calls onto the kvprof protocol (chunk keys are mapped to ints), as 0.33's
 ``CachePolicy`` (``vllm/v1/kv_offload/cpu/policies/base.py``) defines them:
@@ -248,6 +250,11 @@ class KvprofCachePolicy(CachePolicy):
         # Each group comes head to tail. The insertion-only chunks had their access at ``insert``;
         # with a client hint they are freed again with it (module docstring).
         hint = self._hint_of(req_context)
+        session = None if hint is None else hint.session
+        if session is not None or self.hints.tracks_sessions:  # who held them (a release demotes one session's own)
+            self.hints.note_held([self._id[key] for group in key_groups for key in group if key in self._id], session)
+        if hint is not None and not (hint.retains or hint.release):
+            hint = None  # a session alone places nothing
         own = insertion_only_keys if hint is not None else ()
         for group in key_groups:
             self._access(group, req_context, reused=reused_keys, only_reused=True, hint=hint, own=own)

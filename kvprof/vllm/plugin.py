@@ -570,9 +570,12 @@ def track_requests(scheduler, manager, pool, live) -> None:
     def _free_request(request, *args, **kwargs):
         code = _finish_code(request, live.spec.tool_call_tokens)
         if pool is not None and request.request_id in first_scheduled:
-            # the coordinator's own list of the request's blocks (group 0), not a KVCacheBlocks built to count them
-            _never_raise(lambda: pool.finish_request(request, len(manager.coordinator.get_blocks(request.request_id)[0]),
-                                                     code))
+            # the coordinator's own lists of the request's blocks (group 0 counted), not a KVCacheBlocks built to count them
+            def finish():
+                held = manager.coordinator.get_blocks(request.request_id)
+                pool.finish_request(request, len(held[0]), code, held)
+
+            _never_raise(finish)
         try:
             return original_free(request, *args, **kwargs)
         finally:

@@ -304,7 +304,7 @@ class Recorder:
 
     @staticmethod
     def _hint(record: dict, tags: dict) -> None:
-        """The request's client hint as the trace's hint fields (all four, as the pool honoured it: ``release``
+        """The request's client hint as the trace's hint fields (the four, and ``hint_session`` where it names one, as the pool honoured it: ``release``
         a boolean where ``vllm_xargs`` made it 1); none where it has none or a malformed one (which the API
         server refused, and the pool ignored)."""
         try:

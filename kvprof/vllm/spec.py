@@ -38,7 +38,7 @@ exactly as the profiler did. Untagged requests get the default class (and the ce
 gives a request of no class).
 
 Requests may also carry a client hint in the same ``extra_args`` (``retain_s``, ``retain_priority``,
-``release``, ``hint_tag``: :func:`kvprof.models.hints.hint_of_args`), which the pool honours
+``release``, ``hint_tag``, ``hint_session``: :func:`kvprof.models.hints.hint_of_args`), which the pool honours
 (:class:`kvprof.policy.hinted.HintLayer`) and the recorder keeps.
 """
 

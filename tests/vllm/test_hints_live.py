@@ -93,6 +93,28 @@ def _hint_of(k: int) -> dict:
     return [{"retain_s": 1000, "hint_tag": 1}, {"release": True}, {}, {}][k % 4]
 
 
+#: Two sessions read one document (two blocks of 32 tokens), each with a block of its own after it.
+DOCUMENT = [16] + [(11 * i) % 400 + 20 for i in range(63)]
+OWN = {"A": [(5 * i + 1) % 400 + 20 for i in range(32)] + [21, 22, 23, 24],
+       "B": [(3 * i + 2) % 400 + 20 for i in range(32)] + [25, 26, 27, 28]}
+
+
+def _sends() -> list[tuple[str, list[int], dict]]:
+    """``(label, prompt, vllm_xargs)`` in the order sent: twelve prompts of three full blocks, twice; before
+    them a request naming a session (sessions are tracked from its finish on), then session A reads the
+    document, B reads it, and A reads it again and releases; B reads it once more after four more prompts,
+    whose blocks evict the released ones: A's own block, not the document B shares."""
+    main = [(f"prompt {k}", [3 + k] + [(7 * i + 13 * k) % 400 + 20 for i in range(99)], _hint_of(k))
+            for k in list(range(12)) * 2]
+    return [("first session", [17] + [30] * 39, {"hint_session": "warm-up"}),
+            ("A", DOCUMENT + OWN["A"], {"hint_session": "A"}),
+            ("B", DOCUMENT + OWN["B"], {"hint_session": "B"}),
+            ("A ends", DOCUMENT + OWN["A"], {"hint_session": "A", "release": True}),
+            *main[:4],
+            ("B again", DOCUMENT + OWN["B"], {"hint_session": "B"}),
+            *main[4:]]
+
+
 #: The hint budget served and replayed: 8 of the 15 usable blocks, where tag 1 asks to retain 9 (three
 #: prompts of three blocks); counted over the 16 blocks with the null block it would be 9, all retained,
 #: and the live hits would differ from the replay's (288 tokens against 192 on the recording measured).
@@ -103,8 +125,9 @@ BUDGET = "0.5625"
 def hinted(vllm_venv, tiny_model, tmp_path_factory):
     """``vllm serve --kv-policy lru --kv-record --kv-hint-max-fraction BUDGET``: twelve prompts of three full
     blocks each sent twice (twice the usable cache in all, so the second round's hits depend on what was
-    kept), every fourth retained, the next released, with two malformed hints sent in between; the prompt
-    tokens each found cached, the answers to the malformed ones, and /metrics at the end."""
+    kept), every fourth retained, the next released, with two malformed hints sent in between, and two
+    sessions sharing a document (:func:`_sends`); the prompt tokens each found cached (by label), the
+    answers to the malformed ones, and /metrics at the end."""
     import time
     import urllib.request
 
@@ -115,17 +138,15 @@ def hinted(vllm_venv, tiny_model, tmp_path_factory):
     cached, refused = [], []
     with vllm_server(vllm_venv, tiny_model, "--kv-policy", "lru", "--kv-record", str(rec), "--kv-hint-max-fraction",
                      BUDGET, log=tmp / "serve.log") as url:
-        for n, k in enumerate(list(range(12)) * 2):
-            if n == 6:
+        for n, (label, prompt, xargs) in enumerate(_sends()):
+            if n == 10:
                 for bad in ({"retain_priority": 500}, {"retain_s": "soon", "workload": "text_1"}):
                     refused.append(post_completion(url, {"model": "tiny", "prompt": [5] * 40, "max_tokens": 1,
                                                          "vllm_xargs": bad}))
-            prompt = [3 + k] + [(7 * i + 13 * k) % 400 + 20 for i in range(99)]
             status, body = post_completion(url, {"model": "tiny", "prompt": prompt, "max_tokens": 1,
-                                                 "temperature": 0.0,
-                                                 **({"vllm_xargs": _hint_of(k)} if _hint_of(k) else {})})
+                                                 "temperature": 0.0, **({"vllm_xargs": xargs} if xargs else {})})
             assert status == 200, body
-            cached.append((body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+            cached.append((label, (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0))
         time.sleep(2.5)  # a metrics snapshot and a closed frame of the recording
         with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
             metrics = r.read().decode()
@@ -142,16 +163,17 @@ def test_a_malformed_hint_gets_a_400_naming_the_field_and_changes_nothing(hinted
     from kvprof.profiler.reader import read_trace
 
     trace, _ = read_trace(hinted["rec"])
-    assert trace.n_requests == len(hinted["cached"]) == 24
+    assert trace.n_requests == len(hinted["cached"]) == len(_sends())
 
 
 def test_the_recording_keeps_each_requests_hint(hinted):
-    from kvprof.models.hints import Hint
+    from kvprof.models.hints import Hint, hint_of_args
     from kvprof.profiler.reader import read_trace
 
     trace, _ = read_trace(hinted["rec"])
     order = trace.timestamp.argsort(kind="stable")
-    expected = [{0: Hint(retain_s=1000.0, tag=1), 1: Hint(release=True)}.get(k % 4) for k in list(range(12)) * 2]
+    expected = [hint_of_args(xargs) for _, _, xargs in _sends()]
+    assert expected[3] == Hint(release=True, session="A") and expected[4] == Hint(retain_s=1000.0, tag=1)
     assert [trace.hints.hints()[i] for i in order] == expected
 
 
@@ -173,7 +195,7 @@ def test_the_server_cached_what_the_simulator_predicts_with_its_hints(hinted):
     """The live hits are ``kvprof compare --hints trace``'s lru+hints row of the server's own recording (with
     the server's budget), and not its lru row (the same traffic without the hints): the hints changed what
     was cached, and the budget lapsed retentions as the simulator's does."""
-    live = sum(hinted["cached"])
+    live = sum(tokens for _, tokens in hinted["cached"])
     replayed = _replayed(hinted)
     assert live == replayed["lru+hints"], replayed
     assert live != replayed["lru"], replayed
@@ -184,6 +206,28 @@ def test_the_server_cached_what_the_simulator_predicts_with_its_hints(hinted):
     over_budget = [line for line in hinted["metrics"].splitlines()
                    if line.startswith("kvprof_hint_blocks_total{") and 'outcome="over_budget"' in line]
     assert over_budget and float(over_budget[0].rsplit(" ", 1)[1]) > 0, over_budget
+
+
+def test_a_release_naming_a_session_demotes_only_that_sessions_own_blocks(hinted, monkeypatch):
+    """A's release demoted its own block and not the document B reads too: B found the document cached
+    again after the prompts that evicted the released blocks. The simulator's replay of the recording
+    with the sessions dropped (a release demoting all of A's blocks) caches other tokens than the server did."""
+    import json
+
+    from kvprof.models.hints import SESSION_FIELD, HintColumns
+    from tests.helpers import invoke
+
+    b_again = [tokens for label, tokens in hinted["cached"] if label == "B again"]
+    assert b_again[0] >= len(DOCUMENT), hinted["cached"]
+    of_extra = HintColumns.of_extra.__func__
+    monkeypatch.setattr(HintColumns, "of_extra", classmethod(
+        lambda cls, extra, n: of_extra(cls, {k: v for k, v in extra.items() if k != SESSION_FIELD}, n)))
+    out = hinted["tmp"] / "compare-without-sessions"
+    result = invoke("compare", hinted["rec"], "--policies", "lru", "--hints", "trace", "--hint-max-fraction", BUDGET,
+                    "--eval-window", "0:", "-o", out, "-j", "1")
+    assert result.exit_code == 0, result.output[-3000:]
+    without = {run["policy"]: run["cached_tokens"] for run in json.loads((out / "results.json").read_text())["runs"]}
+    assert without["lru+hints"] != sum(tokens for _, tokens in hinted["cached"]), without
 
 
 def test_vllms_request_checks_refuse_a_malformed_hint_under_either_model_runner(in_vllm):
