@@ -345,3 +345,34 @@ def test_shared_chunks_take_the_last_finishing_requests_hint_and_a_load_counts_o
     load_and_finish(ReqContext("later"))
     counters = tier.hints.counters
     assert tier.hints.n_retained == 3 and (counters.honoured, counters.hinted_hits) == (6, 6)
+
+
+def test_a_release_naming_a_session_demotes_only_that_sessions_own_chunks(tmp_path, in_vllm):
+    """Sessions A and B read one document (two chunks), each with a chunk of its own after it; A's
+    release then demotes its own chunk only, the document stays in the policy's order."""
+    if not in_vllm:
+        return
+    from vllm.v1.kv_offload.base import ReqContext
+
+    mirror = Mirror(_spec(tmp_path), lambda reference, budget: reference)
+    tier, manager = mirror.tier, mirror.manager
+    document, own = [_key(0, 0), _key(0, 1)], {"A": _key(1, 2), "B": _key(2, 2)}
+
+    def request(name, params, loads, stores):
+        ctx = ReqContext(name, kv_transfer_params=params)
+        if loads:
+            manager.prepare_load(loads, ctx)
+            manager.complete_load(loads, ctx)
+        if stores:
+            manager.complete_store(manager.prepare_store(stores, ctx).keys_to_store, ctx)
+        manager.on_request_finished(ctx)
+
+    request("first", {"hint_session": "warm-up"}, [], [_key(3, 0)])  # sessions are tracked from its finish
+    request("a1", {"hint_session": "A"}, [], [*document, own["A"]])
+    request("b1", {"hint_session": "B"}, document, [own["B"]])
+    assert tier.hints.n_released == 0
+    request("a2", {"hint_session": "A", "release": True}, [*document, own["A"]], [])
+    assert [tier._key[block] for block in tier.hints._released] == [own["A"]]
+    assert all(tier._id[key] in tier.policy for key in document)
+    request("b2", {"release": True}, [*document, own["B"]], [])  # naming no session: every chunk
+    assert {tier._key[block] for block in tier.hints._released} == {own["A"], own["B"], *document}
