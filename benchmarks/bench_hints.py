@@ -14,7 +14,7 @@ Python engine) over LRU and over the best baseline:
   returns; after an end of turn release (``stop-release``) or retain for that kind's own 90 % figure
   (``stop-retain``);
 * the others: hints from each session's true future (:mod:`kvprof.profiler.synth.hints`, a tag per request
-  type): ``perfect``, ``70 %`` right, and adversarial: ``retain-all`` (every request retains for 600 s) and
+  type, each naming the request's session, so a release demotes only that session's own blocks): ``perfect``, ``70 %`` right, and adversarial: ``retain-all`` (every request retains for 600 s) and
   ``random``, each without a budget and with one (``--max-fraction`` of the cache, per tag and in all).
 
 Each figure is a token hit ratio and its share of the gap from the best baseline to Belady. The targets
@@ -58,7 +58,7 @@ def scenarios(name: str, window, hp, future: Future, arrival: np.ndarray, max_fr
     tag = window.type_code.astype(np.int64)
 
     def made(spec: HintSpec):
-        return future_hints(gap, tag, spec, np.random.default_rng(38))
+        return future_hints(gap, tag, spec, np.random.default_rng(38), future.session)  # a release names its session
 
     out = [("perfect", made(HintSpec()), None), ("70 %", made(HintSpec(accuracy=0.7)), None)]
     for mode in ADVERSARIAL:
