@@ -537,7 +537,9 @@ def render_hints(document: dict) -> list[str]:
             body += [[shown, "lru" if base == "lru" else "best baseline", *(over(r, base, scenario) for r in rows)]
                      for base in ("lru", "best")]
         body.append(["belady", "", *(ratio(r["token_hit_ratio"]["belady"]) for r in rows)])
-        lines += ["", f"**{case['trace']}**: {case['n_requests']:,} requests of the evaluation window; token hit "
+        split = (f", fit {case['fit_window'][0]:g}-{case['fit_window'][1]:g} s (another split)"
+                 if case.get("other_split") else "")
+        lines += ["", f"**{case['trace']}**{split}: {case['n_requests']:,} requests of the evaluation window; token hit "
                       "ratio (share of the best-baseline-to-Belady gap closed) at each size in GPU blocks.", "",
                   *table(["hints", "over", *sizes], body)]
     return [*lines, "", *target_lines(document["targets"])]

@@ -7,9 +7,12 @@ import json
 import numpy as np
 import pytest
 
+from kvprof.models.finish import END_OF_TURN
 from kvprof.models.hints import Hint
+from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.reader import read_trace
 from kvprof.profiler.synth import generate, write_jsonl
+from kvprof.sim.hints import stop_hints
 from tests.helpers import invoke, one_line
 
 WINDOWS = ("--fit-window", "0:360", "--eval-window", "360:", "-j", "1")
@@ -126,12 +129,29 @@ def test_stop_hints_from_the_fitted_retention(tmp_path):
     assert result.exit_code == 0, result.output
     document = json.loads((out / "results.json").read_text())
     assert document["inputs"]["hints"] == {"source": "stop", "hinted_requests": document["inputs"]["hints"]["hinted_requests"],
-                                           "max_fraction": None, "share": 0.9, "end_turn": "retain"}
+                                           "max_fraction": None, "share": 0.9, "end_turn": "retain",
+                                           "tool_call": "retain"}
     assert document["inputs"]["hints"]["hinted_requests"] > 0
     assert "lru+hints" in document["config"]["policies"]
 
 
+def test_stop_hints_that_only_release_retain_nothing(tmp_path):
+    """``--hint-tool-call none``: a tool call sends no hint, so every hinted request is an end of turn's release."""
+    path = _stopped(tmp_path)
+    trace = read_trace(path)[0]
+    hints = stop_hints(trace, fit_trace(trace.time_window(0, 360)), tool_call="none")
+    assert not hints.retain_s.any()
+    assert (hints.release == (trace.finish == END_OF_TURN)).all() and hints.release.any()
+    out = tmp_path / "out"
+    result = invoke("compare", path, "--policies", "lru", "--capacity", "64", "-o", out, "--hints", "stop",
+                    "--hint-tool-call", "none", *WINDOWS)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "results.json").read_text())["inputs"]["hints"]["tool_call"] == "none"
+
+
 @pytest.mark.parametrize("args, message", [
+    (("--hints", "stop", "--hint-tool-call", "pin"), "'pin' is not one of retain, none"),
+    (("--hint-tool-call", "none"), "applies to --hints stop only"),
     (("--hints", "stop"), "stop hints need the trace's 'stop' field"),
     (("--hints", "nope"), "'nope' is not one of trace, stop"),
     (("--hints", "stop", "--hint-end-turn", "keep"), "'keep' is not one of release, retain"),

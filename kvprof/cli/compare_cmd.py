@@ -157,6 +157,11 @@ def compare(
                                              "blocks go first; the default) or retain (for the end-of-turn "
                                              "retention).", rich_help_panel=_HINTS),
     ] = None,
+    hint_tool_call: Annotated[
+        Optional[str],
+        typer.Option("--hint-tool-call", help="With --hints stop: what a tool call sends: retain (for the fitted "
+                                              "retention; the default) or none.", rich_help_panel=_HINTS),
+    ] = None,
     hint_max_fraction: Annotated[
         Optional[float],
         number_option("--hint-max-fraction", bound=SHARE,
@@ -222,7 +227,8 @@ def compare(
     from kvprof.cli.plots import FILES
 
     names = policy_list(policies)
-    hint_share, hint_end_turn = _hint_options(hints, hint_share, hint_end_turn, hint_max_fraction, ignore_hints)
+    hint_share, hint_end_turn, hint_tool_call = _hint_options(hints, hint_share, hint_end_turn, hint_tool_call,
+                                                              hint_max_fraction, ignore_hints)
     schedule = _schedule(capacity_schedule)
     if timing not in TIMINGS:
         raise typer.BadParameter(f"{timing!r} is not one of {', '.join(TIMINGS)}", param_hint="--timing")
@@ -275,8 +281,8 @@ def compare(
         hp_input = {"fitted_on_window": fit_window, "path": str(output / FITTED_HP)}
     document_inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit,
                        "seed": seed}
-    evaluated, names, hint_facts = _hinted(evaluated, hp, names, hints, hint_share, hint_end_turn, hint_max_fraction,
-                                           ignore_hints)
+    evaluated, names, hint_facts = _hinted(evaluated, hp, names, hints, (hint_share, hint_end_turn, hint_tool_call),
+                                           hint_max_fraction, ignore_hints)
     if hint_facts is not None:
         document_inputs["hints"] = hint_facts
         _warn_empty_budgets(hint_max_fraction, capacities)
@@ -316,18 +322,22 @@ def demo(
                         json_out, inputs, hp)
 
 
-def _hint_options(hints: str, share: float | None, end_turn: str | None, max_fraction: float | None,
-                  ignore: bool) -> tuple[float, str]:
-    """``--hint-share`` and ``--hint-end-turn`` with their defaults, after refusing an option the hint
-    source given would ignore (as synth's hint options are)."""
-    from kvprof.sim.hints import END_TURN_HINTS
+def _hint_options(hints: str, share: float | None, end_turn: str | None, tool_call: str | None,
+                  max_fraction: float | None, ignore: bool) -> tuple[float, str, str]:
+    """``--hint-share``, ``--hint-end-turn`` and ``--hint-tool-call`` with their defaults, after refusing an
+    option the hint source given would ignore (as synth's hint options are)."""
+    from kvprof.sim.hints import END_TURN_HINTS, TOOL_CALL_HINTS
 
     if hints not in HINT_SOURCES:
         raise typer.BadParameter(f"{hints!r} is not one of {', '.join(HINT_SOURCES)}", param_hint="--hints")
     if end_turn is not None and end_turn not in END_TURN_HINTS:
         raise typer.BadParameter(f"{end_turn!r} is not one of {', '.join(END_TURN_HINTS)}",
                                  param_hint="--hint-end-turn")
-    stop_only = [name for name, value in (("--hint-share", share), ("--hint-end-turn", end_turn)) if value is not None]
+    if tool_call is not None and tool_call not in TOOL_CALL_HINTS:
+        raise typer.BadParameter(f"{tool_call!r} is not one of {', '.join(TOOL_CALL_HINTS)}",
+                                 param_hint="--hint-tool-call")
+    stop_only = [name for name, value in (("--hint-share", share), ("--hint-end-turn", end_turn),
+                                          ("--hint-tool-call", tool_call)) if value is not None]
     if hints != "stop" and stop_only:
         raise typer.BadParameter("applies to --hints stop only", param_hint="/".join(stop_only))
     if ignore:
@@ -335,7 +345,8 @@ def _hint_options(hints: str, share: float | None, end_turn: str | None, max_fra
         if given:
             raise typer.BadParameter(f"--ignore-hints replays no hints, so {' and '.join(given)} would do nothing",
                                      param_hint="--ignore-hints")
-    return 0.9 if share is None else share, "release" if end_turn is None else end_turn
+    return (0.9 if share is None else share, "release" if end_turn is None else end_turn,
+            "retain" if tool_call is None else tool_call)
 
 
 def _warn_empty_budgets(max_fraction: float | None, capacities) -> None:
@@ -346,7 +357,7 @@ def _warn_empty_budgets(max_fraction: float | None, capacities) -> None:
              f"{', '.join(f'{c:,}' for c in empty)}: no hint tag retains anything there")
 
 
-def _hinted(trace, hp, names, source, share, end_turn, max_fraction, ignore):
+def _hinted(trace, hp, names, source, stop, max_fraction, ignore):
     """The evaluated trace with the hints to replay, the policies with their ``+hints`` twins (online
     policies only: an offline yardstick is told the future already), and what results.json records of
     the hints (None: none replayed)."""
@@ -357,7 +368,7 @@ def _hinted(trace, hp, names, source, share, end_turn, max_fraction, ignore):
         return with_hints(trace, None), names, {"source": "ignored"}
     if source == "stop":
         try:
-            trace = with_hints(trace, stop_hints(trace, hp, share, end_turn))
+            trace = with_hints(trace, stop_hints(trace, hp, *stop))
         except SimulationError as exc:
             raise typer.BadParameter(str(exc), param_hint="--hints") from None
     if trace.hints is None or not trace.hints.n_hinted:
@@ -372,7 +383,7 @@ def _hinted(trace, hp, names, source, share, end_turn, max_fraction, ignore):
                        for twin in ((name,) if POLICIES[name].offline else (name, f"{name}{HINTED}")))
     facts = {"source": source, "hinted_requests": trace.hints.n_hinted, "max_fraction": max_fraction}
     if source == "stop":
-        facts.update(share=share, end_turn=end_turn)
+        facts.update(zip(("share", "end_turn", "tool_call"), stop))
     return trace, with_twins, facts
 
 

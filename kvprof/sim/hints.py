@@ -33,6 +33,8 @@ from kvprof.sim.sample import chain_roots
 HINTED = "+hints"
 #: What an end of turn sends as a ``stop`` hint.
 END_TURN_HINTS = ("release", "retain")
+#: What a tool call sends: a retention for the fitted time, or nothing (the policy orders its blocks).
+TOOL_CALL_HINTS = ("retain", "none")
 
 
 def is_hinted(name: str) -> bool:
@@ -59,35 +61,45 @@ def with_hints(trace: Trace, hints: HintColumns | None) -> Trace:
     return dataclasses.replace(trace, extra=extra)
 
 
-def stop_hints(trace: Trace, hp, share: float = 0.9, end_turn: str = "release") -> HintColumns:
-    """The hints a runtime sends from each request's ``stop`` and the hp file's fitted retention.
+def stop_hints(trace: Trace, hp, share: float = 0.9, end_turn: str = "release",
+               tool_call: str = "retain") -> HintColumns:
+    """The hints a runtime sends from each request's ``stop`` and the hp file's fitted retention: after a
+    tool call a retention catching ``share`` of the returns of the request's class (``tool_call``
+    ``"none"``: no hint), after an end of turn a release or that kind's own retention (``end_turn``).
 
     Raises
     ------
     SimulationError
-        A trace without ``stop``, an hp file without ``retention`` or without ``share`` among its
-        shares, or an ``end_turn`` other than those of :data:`END_TURN_HINTS`.
+        A trace without ``stop``; where a hint retains, an hp file without ``retention`` or without
+        ``share`` among its shares; an ``end_turn`` other than those of :data:`END_TURN_HINTS` or a ``tool_call`` other than
+        those of :data:`TOOL_CALL_HINTS`.
     """
     if end_turn not in END_TURN_HINTS:
         raise SimulationError(f"an end of turn sends one of {', '.join(END_TURN_HINTS)}, not {end_turn!r}")
+    if tool_call not in TOOL_CALL_HINTS:
+        raise SimulationError(f"a tool call sends one of {', '.join(TOOL_CALL_HINTS)}, not {tool_call!r}")
     finish = trace.finish
     if not (finish != 0).any():
         raise SimulationError("stop hints need the trace's 'stop' field (how each response ended); it has none")
-    retention = getattr(hp, "retention", None)
-    if retention is None:
-        raise SimulationError("stop hints need the hp file's retention figures (kvprof fit on a trace whose "
-                              "requests name their parents)")
-    if share not in retention.shares:
-        raise SimulationError(f"the hp file has retention for shares {', '.join(f'{s:g}' for s in retention.shares)}"
-                              f", not {share!r}")
-    at = retention.shares.index(share)
-    codes, names = classify_trace(trace, hp.class_rule)
+    kinds = ([("tool_call", TOOL_CALL)] if tool_call == "retain" else []) + (
+        [("end_turn", END_OF_TURN)] if end_turn == "retain" else [])
+    retained = {}
+    if kinds:
+        retention = getattr(hp, "retention", None)
+        if retention is None:
+            raise SimulationError("stop hints that retain need the hp file's retention figures (kvprof fit on a "
+                                  "trace whose requests name their parents)")
+        if share not in retention.shares:
+            raise SimulationError(f"the hp file has retention for shares "
+                                  f"{', '.join(f'{s:g}' for s in retention.shares)}, not {share!r}")
+        at = retention.shares.index(share)
+        codes, names = classify_trace(trace, hp.class_rule)
+        retained = {code: np.array([_seconds(retention.row(name, kind), at) for name in names])[codes]
+                    for kind, code in kinds}
     columns = HintColumns.empty(trace.n_requests)
-    kinds = [("tool_call", TOOL_CALL)] + ([("end_turn", END_OF_TURN)] if end_turn == "retain" else [])
-    for kind, code in kinds:
-        per_class = np.array([_seconds(retention.row(name, kind), at) for name in names])
+    for code, seconds in retained.items():
         chosen = finish == code
-        columns.retain_s[chosen] = per_class[codes[chosen]]
+        columns.retain_s[chosen] = seconds[chosen]
     if end_turn == "release":
         columns.release[finish == END_OF_TURN] = True
     columns.session[:] = [root if root >= 0 else None for root in chain_roots(trace).tolist()]
