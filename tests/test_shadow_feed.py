@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 
 import numpy as np
@@ -182,3 +183,34 @@ def test_a_policy_without_shadows_keeps_the_synchronous_path():
     twin.feed_shadows_in_background()
     assert twin.shadow_feed is None
     np.testing.assert_array_equal(twin.numbers(["a"]), [0])
+
+
+def test_the_metrics_read_of_the_shadows_never_waits_and_catches_up(monkeypatch):
+    """``safety_net(wait=False)`` (what the metrics snapshot on the scheduler thread reads) returns what the
+    worker published after its last batch, without waiting for the items still queued; once the worker is
+    done it equals the settled figures."""
+    release, entered = threading.Event(), threading.Event()
+    feed_n = handle.feed_n
+
+    def held(*args):
+        entered.set()
+        release.wait(10)
+        feed_n(*args)
+
+    twin = CompiledTwin(sized_wa(), 8)
+    twin.feed_shadows_in_background()
+    twin.admit("a", ["x", "y"], 0.0)
+    twin.finish("a", 1.0, ["x", "y"])
+    twin.safety_net()  # settled: a's chain is in every shadow
+    settles = twin.shadow_feed.waits.get("settle", [0])[0]
+    monkeypatch.setattr(handle, "feed_n", held)
+    twin.admit("b", ["x", "y"], 2.0)  # two hits in every shadow once the held worker goes on
+    assert entered.wait(10)
+    leader, hits = twin.safety_net(wait=False)
+    assert hits.tolist() == [0] * len(hits) and twin.shadow_feed.done < twin.shadow_feed.put
+    assert twin.shadow_feed.waits.get("settle", [0])[0] == settles
+    release.set()
+    settled = twin.safety_net()
+    assert settled[1].tolist() == [2] * len(hits)
+    assert (twin.safety_net(wait=False)[0], twin.safety_net(wait=False)[1].tolist()) == (settled[0], settled[1].tolist())
+    twin.close()

@@ -21,6 +21,7 @@ from collections import deque
 import numpy as np
 
 from kvprof.core import handle
+from kvprof.core.wa import outcome
 from kvprof.models.finish import UNKNOWN
 
 logger = logging.getLogger("kvprof")
@@ -45,7 +46,9 @@ class ShadowFeed:
     everything put when a frequency leader's eviction reads its shadow's beta), :meth:`settle`
     (waits for everything) or :meth:`close`. Nothing put is dropped: a put to a full feed waits.
     The arrays handed over are the feed's: the caller never changes them afterwards. Waits are
-    counted by reason in ``waits`` (``[count, seconds, longest seconds]``, wall clock).
+    counted by reason in ``waits`` (``[count, seconds, longest seconds]``, wall clock). :meth:`latest` is the
+    leader and the shadows' hits as they were when the last batch was done, published by the worker, for
+    readers that must not wait (the metrics).
 
     One thread puts (the scheduler thread); :meth:`settle` may also be called from others.
     """
@@ -59,6 +62,7 @@ class ShadowFeed:
         self.done = 0
         self._checkpoint = 0  # items up to the last follow checkpoint put
         self._closed = False
+        self._outcome = outcome(policy)  # (leader, shadow hits) after the items done; the worker replaces it
         self.errors = 0
         self.waits: dict[str, list] = {}
         self._wake = threading.Event()
@@ -101,6 +105,11 @@ class ShadowFeed:
         """Wait until everything put so far is done (any thread)."""
         self._wait_for(self.put, "settle")
 
+    def latest(self) -> tuple[int, np.ndarray]:
+        """The leader and each shadow's hits after the items done so far, without waiting (any thread): what
+        :meth:`settle` then :func:`~kvprof.core.wa.outcome` gives, as of a moment up to a batch ago."""
+        return self._outcome
+
     def close(self) -> None:
         """Stop the worker after the batch it runs; what waits is not done (the policy is dropped)."""
         self._closed = True
@@ -133,6 +142,7 @@ class ShadowFeed:
                 except Exception:  # never leave a waiter hanging; serving goes on
                     self.errors += 1
                     logger.exception("kvprof: wa's shadow feed failed on a batch of %d (serving goes on)", len(batch))
+                self._outcome = outcome(self._policy)
                 with self._progress:
                     self.done += len(batch)
                     self._progress.notify_all()

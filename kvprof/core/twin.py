@@ -346,12 +346,16 @@ class CompiledTwin(EvictionPolicy):
         frees to come are no finished request's, e.g. a preempted one's): ``finish``'s part for them."""
         handle.count_finish(self._address, output_code(n_output), UNKNOWN)
 
-    def safety_net(self) -> tuple[int, np.ndarray] | None:
+    def safety_net(self, wait: bool = True) -> tuple[int, np.ndarray] | None:
         """``wa``'s leading candidate (its index in ``reference.order_names``) and each shadow's
-        hits so far; None for a policy without a safety net."""
+        hits so far; None for a policy without a safety net. With the shadows on a thread of their
+        own and not ``wait``, as of the last batch that thread finished (no wait: for metrics)."""
         if not getattr(self.reference, "_shadows", None):
             return None
         if self.shadow_feed is not None:
+            if not wait:
+                leader, hits = self.shadow_feed.latest()
+                return int(leader), hits
             self.shadow_feed.settle()
         leader, hits = outcome(self.handle)
         return int(leader), hits

@@ -290,7 +290,7 @@ class LiveLoop:
             return None
         if self.pool is not None:
             twin = self.pool.policy
-            net = twin.safety_net()
+            net = twin.safety_net(wait=False)  # on the scheduler thread: never wait for the shadows' thread
             if net is None:
                 return None
             leader, hits = net
