@@ -505,3 +505,33 @@ def test_the_compiled_numbering_recycles_as_the_dict_did_so_hits_are_unchanged()
         assert len(compiled[name]._numbers) == 24  # it recycled
         assert (compiled[name].lookups, compiled[name].hits) == (model[name].lookups, model[name].hits)
         assert compiled[name].hits[name] > 0
+
+
+def test_the_hint_counterfactual_replays_the_policy_in_force_without_hints(tmp_path, caplog):
+    """``--kv-hint-counterfactual``: the policy in force is replayed beside the server with no hints (the
+    counterfactual takes none), so its cached blocks against the server's are what the hints were worth;
+    a spec that cannot use it is refused, naming the flag."""
+    path = tmp_path / "hp.json"
+    path.write_text(json.dumps(HP))
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(path), "hint_counterfactual": True}})
+    assert spec.counterfactual_replays_policy
+    loop = LiveLoop(spec, num_gpu_blocks=64, block_size=BS, start={})  # not begun: events handled here
+    assert set(loop.counterfactual.tiers) == {"lru", "wa"}
+    plain = PolicySpec.from_additional_config({"kv_policy": {"config": str(path)}})
+    assert not plain.counterfactual_replays_policy
+    assert set(LiveLoop(plain, num_gpu_blocks=64, block_size=BS, start={}).counterfactual.tiers) == {"lru"}
+    chain = [b"a", b"b", b"c"]
+    first, second = fake_request("r0", chain), fake_request("r1", chain)
+    with caplog.at_level(logging.INFO, logger="vllm.kvprof"):
+        loop._handle(("admit", 1.0, first))
+        loop._handle(("finish", 2.0, first, True, 0, 0))
+        loop._handle(("admit", 3.0, second))
+        loop._handle(("finish", 5.0, second, True, 0, 0))  # the server (with hints) found nothing cached
+        loop._log_interval(6.0)
+    line = next(r.getMessage() for r in caplog.records if "last" in r.getMessage())
+    assert "wa hit 0.0 %" in line and "without the clients' hints it would have hit 50.0 %" in line
+    for bad, message in (({"policy": "lru", "mode": "shadow", "hint_counterfactual": True}, "needs a policy in enforce"),
+                         ({"record": str(tmp_path / "rec"), "hint_counterfactual": True}, "needs a policy in enforce"),
+                         ({"policy": "lru", "hint_counterfactual": 1}, "must be true or false, got 1")):
+        with pytest.raises(ValueError, match=f"--kv-hint-counterfactual.*{message}|{message}"):
+            PolicySpec.from_additional_config({"kv_policy": bad})

@@ -194,3 +194,11 @@ def test_a_start_refused_for_its_recording_key_leaves_no_recording_directory(tmp
     with pytest.raises(KvPolicyConfigError, match="is not a recording key"):
         check_recording(spec, 16)
     assert not (tmp_path / "rec").exists()
+
+
+def test_the_hint_counterfactual_switch_is_given_or_not(hp_file):
+    assert spec_of_flags("--kv-policy-config", hp_file, "--kv-hint-counterfactual").hint_counterfactual is True
+    assert spec_of_flags("--kv-policy-config", hp_file).hint_counterfactual is False
+    with pytest.raises(KvPolicyConfigError, match=r"hint_counterfactual \(--kv-hint-counterfactual\) replays the "
+                                                  "policy in force"):
+        spec_of_flags("--kv-policy-config", hp_file, "--kv-policy-mode", "shadow", "--kv-hint-counterfactual")

@@ -97,7 +97,7 @@ class LiveLoop:
             self.recorder = Recorder(spec.record, block_size=block_size, rotate_s=spec.record_rotate_s,
                                      start={**start, "num_gpu_blocks": num_gpu_blocks, "hp_sha256": spec.hp_sha256})
         policies = {"lru": make_policy("lru")}
-        if spec.policy is not None and spec.mode == "shadow" and spec.policy != "lru":
+        if spec.counterfactual_replays_policy:  # the counterfactual takes no hints
             policies[spec.policy] = spec.reference_policy(self.capacity)
         self.counterfactual = Counterfactual(policies, self.capacity, block_size)
         self._events = Handoff(EVENT_QUEUE)
@@ -290,7 +290,7 @@ class LiveLoop:
             return None
         if self.pool is not None:
             twin = self.pool.policy
-            net = twin.safety_net(wait=False)  # on the scheduler thread: never wait for the shadows' thread
+            net = twin.safety_net(wait=False)  # metrics: never wait for (or race with) the shadows' thread
             if net is None:
                 return None
             leader, hits = net
@@ -327,6 +327,10 @@ class LiveLoop:
         else:
             line = head + (f"{spec.policy} hit {100 * real:.1f} %; lru would have hit {100 * lru:.1f} % on the same "
                            f"traffic ({spec.policy} {_relative(real, lru)})")
+            if spec.policy in cf_delta and spec.policy != "lru":  # the hint counterfactual
+                unhinted = cf_delta[spec.policy] / cf_n
+                line += (f"; without the clients' hints it would have hit {100 * unhinted:.1f} % "
+                         f"(the hints {_relative(real, unhinted)})")
         logger.info(line)
 
     def _declare(self) -> None:
@@ -397,6 +401,8 @@ class LiveLoop:
                 dropped, self._pending = self._pending, None
                 message = "the reload waiting for the scheduler is dropped" if dropped else "nothing to swap"
             elif self.pool is not None:  # the scheduler thread swaps it in (poll)
+                if spec.hint_counterfactual and spec.policy in self.counterfactual.tiers:
+                    self.counterfactual.replace(spec.policy, spec.reference_policy(self.capacity))
                 self._pending = (spec, twin, offloaded)
                 message = "in force from the scheduler's next step"
             else:

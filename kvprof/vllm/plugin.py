@@ -9,7 +9,7 @@ Hooks, all installed once per process and all pass-through unless ``kv_policy`` 
 * ``EngineArgs.add_cli_args`` -- adds kvprof's flags (group "kvprof": ``--kv-policy-config``,
   ``--kv-policy``, ``--kv-policy-mode``, ``--kv-record``, ``--kv-record-rotate``,
   ``--kv-record-key``, ``--kv-policy-reload-interval``, ``--kv-log-interval``, ``--kv-tool-call-tokens``,
-  ``--kv-hint-max-fraction``) to ``vllm serve``;
+  ``--kv-hint-max-fraction``, ``--kv-hint-counterfactual``) to ``vllm serve``;
 * ``EngineArgs.from_cli_args`` -- carries them into ``additional_config={"kv_policy": {...}}``
   (:mod:`kvprof.vllm.spec`; ``--additional-config`` and offline ``LLM(..., additional_config=...)``
   reach the same place directly);
@@ -127,6 +127,10 @@ FLAGS = (
      "Budget of client hints (vllm_xargs retain_s, retain_priority, release, hint_tag; docs/hints.md): "
      "retained blocks hold at most this share of the pool, each hint_tag's and all together, 0 < F <= 1; beyond "
      "it the oldest retention lapses (default: no budget)."),
+    ("hint_counterfactual", None,
+     "Replay the policy in force beside the server without the clients' hints, on the same traffic: "
+     "kvprof_counterfactual_cached_blocks_total{policy=NAME} against the server's cached blocks is what the hints "
+     "were worth (costs a second copy of the policy, off the scheduler thread)."),
 )
 
 
@@ -142,7 +146,12 @@ def add_arguments(parser) -> None:
         description="Profile-driven KV-cache eviction (kvprof plugin). Without these flags vLLM is unchanged.",
     )
     for key, metavar, help_text in FLAGS:
-        group.add_argument(FLAG_OF[key], dest=_dest(key), metavar=metavar, default=argparse.SUPPRESS, help=help_text)
+        if metavar is None:  # a switch: given means true
+            group.add_argument(FLAG_OF[key], dest=_dest(key), action="store_true", default=argparse.SUPPRESS,
+                               help=help_text)
+        else:
+            group.add_argument(FLAG_OF[key], dest=_dest(key), metavar=metavar, default=argparse.SUPPRESS,
+                               help=help_text)
 
 
 def _dest(key: str) -> str:

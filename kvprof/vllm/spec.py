@@ -21,6 +21,8 @@ The configuration (every key optional; ``vllm serve`` flags in brackets)::
                                       #   request ended (kvprof.vllm.finish)
         "hint_max_fraction": 0.2,     # [--kv-hint-max-fraction] retained blocks hold at most this share
                                       #   of the pool, per tag and in all (default: no budget; docs/hints.md)
+        "hint_counterfactual": True,  # [--kv-hint-counterfactual] replay the served policy beside the
+                                      #   server without the clients' hints: what they were worth (metrics)
     }}
 
 ``policy`` defaults to ``wa`` when ``config`` is given; a policy that needs no hp file (NO_HP_POLICIES)
@@ -92,7 +94,8 @@ SECONDS_SETTINGS = {"record_rotate_s": Seconds(3600.0, Bound(1.0, 1e9), False),
 FLAG_OF = {"config": "--kv-policy-config", "policy": "--kv-policy", "mode": "--kv-policy-mode",
            "record": "--kv-record", "record_rotate_s": "--kv-record-rotate", "record_key": "--kv-record-key",
            "reload_interval_s": "--kv-policy-reload-interval", "log_interval_s": "--kv-log-interval",
-           "tool_call_tokens": "--kv-tool-call-tokens", "hint_max_fraction": "--kv-hint-max-fraction"}
+           "tool_call_tokens": "--kv-tool-call-tokens", "hint_max_fraction": "--kv-hint-max-fraction",
+           "hint_counterfactual": "--kv-hint-counterfactual"}
 _KEYS = tuple(FLAG_OF)
 
 
@@ -177,6 +180,9 @@ class PolicySpec:
     hint_max_fraction : float or None
         The hint budget (``--kv-hint-max-fraction``): retained blocks hold at most this share of the
         pool, each hint tag's and all together; None: no budget.
+    hint_counterfactual : bool
+        Replay the served policy beside the server without the clients' hints (``--kv-hint-counterfactual``),
+        so the metrics say what the hints were worth: its cached blocks against the server's.
     """
 
     policy: str | None
@@ -192,6 +198,7 @@ class PolicySpec:
     log_interval_s: float = 300.0
     tool_call_tokens: frozenset[int] = frozenset()
     hint_max_fraction: float | None = None
+    hint_counterfactual: bool = False
     hp_sha256: str | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
@@ -223,6 +230,7 @@ class PolicySpec:
         settings = {key: _seconds(key, raw.get(key), setting) for key, setting in SECONDS_SETTINGS.items()}
         settings["tool_call_tokens"] = _token_ids("tool_call_tokens", raw.get("tool_call_tokens"))
         settings["hint_max_fraction"] = _share("hint_max_fraction", raw.get("hint_max_fraction"))
+        settings["hint_counterfactual"] = _flag("hint_counterfactual", raw.get("hint_counterfactual"))
         for key in ("record_rotate_s", "record_key"):
             if raw.get(key) is not None and record is None:
                 raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) is about a recording: it needs {FLAG_OF['record']} DIR")
@@ -232,6 +240,10 @@ class PolicySpec:
         if settings["hint_max_fraction"] is not None and ((name is None and path is None) or mode == "shadow"):
             raise KvPolicyConfigError(f"hint_max_fraction ({FLAG_OF['hint_max_fraction']}) bounds the client hints "
                                       "kvprof's policy honours where it evicts: it needs a policy in enforce mode")
+        if settings["hint_counterfactual"] and ((name is None and path is None) or mode == "shadow"):
+            raise KvPolicyConfigError(f"hint_counterfactual ({FLAG_OF['hint_counterfactual']}) replays the policy "
+                                      "in force without the hints it honours: it needs a policy in enforce mode "
+                                      "(shadow mode replays the policy without hints already)")
         name = name or (DEFAULT_POLICY if path is not None else None)
         if name is None:
             if mode == "shadow":
@@ -285,6 +297,12 @@ class PolicySpec:
         from kvprof.core.twin import CompiledTwin
 
         return CompiledTwin(self.reference_policy(capacity), n_blocks)
+
+    @property
+    def counterfactual_replays_policy(self) -> bool:
+        """Whether the live counterfactual replays the policy beside LRU: in shadow mode (what it would have
+        hit) or with the hint counterfactual (what the policy in force would have hit without the hints)."""
+        return self.policy not in (None, "lru") and (self.mode == "shadow" or self.hint_counterfactual)
 
     def hint_budget(self, n_blocks: int) -> int | None:
         """Retained blocks a hint tag may hold in a cache of ``n_blocks`` usable blocks (None: no budget), as
@@ -494,6 +512,15 @@ def _seconds(key: str, value, setting: Seconds) -> float:
     except ValueError:
         raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) must be {rule} seconds, got {_shown(value)}") from None
     return float(number)
+
+
+def _flag(key: str, value) -> bool:
+    """``value``, true or false (a JSON boolean; the flag given on the command line is True); absent: False."""
+    if value is None:
+        return False
+    if type(value) is not bool:
+        raise KvPolicyConfigError(f"{key} ({FLAG_OF[key]}) must be true or false, got {_shown(value)}")
+    return value
 
 
 def _share(key: str, value) -> float | None:

@@ -31,7 +31,7 @@ def warm_up(spec: PolicySpec, pool, block_size: int) -> float:
         twin.close()
         _drive_numbering()
     policies = {"lru": make_policy("lru")}
-    if spec.policy is not None and spec.mode == "shadow" and spec.policy != "lru":
+    if spec.counterfactual_replays_policy:  # the counterfactual takes no hints
         policies[spec.policy] = spec.reference_policy(_BLOCKS)
     _drive_counterfactual(Counterfactual(policies, _BLOCKS // 2, block_size, max_contents=8), block_size)
     return time.perf_counter() - started

@@ -121,23 +121,19 @@ def _sends() -> list[tuple[str, list[int], dict]]:
 BUDGET = "0.5625"
 
 
-@pytest.fixture(scope="module")
-def hinted(vllm_venv, tiny_model, tmp_path_factory):
-    """``vllm serve --kv-policy lru --kv-record --kv-hint-max-fraction BUDGET``: twelve prompts of three full
-    blocks each sent twice (twice the usable cache in all, so the second round's hits depend on what was
-    kept), every fourth retained, the next released, with two malformed hints sent in between, and two
-    sessions sharing a document (:func:`_sends`); the prompt tokens each found cached (by label), the
-    answers to the malformed ones, and /metrics at the end."""
+def _served(vllm_venv, tiny_model, tmp, *flags: str) -> dict:
+    """``vllm serve *flags --kv-record --kv-hint-max-fraction BUDGET`` sent :func:`_sends`, with two malformed
+    hints in between: the prompt tokens each found cached (by label), the answers to the malformed ones, and
+    /metrics at the end."""
     import time
     import urllib.request
 
     from vllm_support import post_completion, vllm_server
 
-    tmp = tmp_path_factory.mktemp("hints-live")
     rec = tmp / "rec"
     cached, refused = [], []
-    with vllm_server(vllm_venv, tiny_model, "--kv-policy", "lru", "--kv-record", str(rec), "--kv-hint-max-fraction",
-                     BUDGET, log=tmp / "serve.log") as url:
+    with vllm_server(vllm_venv, tiny_model, *flags, "--kv-record", str(rec), "--kv-hint-max-fraction", BUDGET,
+                     log=tmp / "serve.log") as url:
         for n, (label, prompt, xargs) in enumerate(_sends()):
             if n == 10:
                 for bad in ({"retain_priority": 500}, {"retain_s": "soon", "workload": "text_1"}):
@@ -152,6 +148,27 @@ def hinted(vllm_venv, tiny_model, tmp_path_factory):
             metrics = r.read().decode()
     time.sleep(3)  # the guard finishes the recording after the engine core went
     return {"rec": rec, "cached": cached, "refused": refused, "metrics": metrics, "tmp": tmp, "venv": vllm_venv}
+
+
+@pytest.fixture(scope="module")
+def hinted(vllm_venv, tiny_model, tmp_path_factory):
+    """``vllm serve --kv-policy lru`` with hints (:func:`_served`): twelve prompts of three full blocks each
+    sent twice (twice the usable cache in all, so the second round's hits depend on what was kept), every
+    fourth retained, the next released, and two sessions sharing a document (:func:`_sends`)."""
+    return _served(vllm_venv, tiny_model, tmp_path_factory.mktemp("hints-live"), "--kv-policy", "lru")
+
+
+@pytest.fixture(scope="module")
+def hinted_wa(vllm_venv, tiny_model, tmp_path_factory):
+    """The same traffic served by ``wa`` (the tests' hp file) with ``--kv-hint-counterfactual``."""
+    import json
+
+    from vllm_support import HP_TEST
+
+    tmp = tmp_path_factory.mktemp("hints-live-wa")
+    hp = tmp / "hp.json"
+    hp.write_text(json.dumps(HP_TEST))
+    return {**_served(vllm_venv, tiny_model, tmp, "--kv-policy-config", str(hp), "--kv-hint-counterfactual"), "hp": hp}
 
 
 def test_a_malformed_hint_gets_a_400_naming_the_field_and_changes_nothing(hinted):
@@ -177,15 +194,16 @@ def test_the_recording_keeps_each_requests_hint(hinted):
     assert [trace.hints.hints()[i] for i in order] == expected
 
 
-def _replayed(hinted) -> dict[str, int]:
+def _replayed(hinted, policy: str = "lru") -> dict[str, int]:
     """Cached prompt tokens of ``kvprof compare --hints trace`` of the recording, by policy row."""
     import json
     import subprocess
 
     out = hinted["tmp"] / "compare"
-    proc = subprocess.run([str(hinted["venv"] / "bin" / "kvprof"), "compare", str(hinted["rec"]), "--policies", "lru",
-                           "--hints", "trace", "--hint-max-fraction", BUDGET, "--eval-window", "0:", "-o", str(out),
-                           "-j", "1"],
+    config = ["--config", str(hinted["hp"])] if "hp" in hinted else []
+    proc = subprocess.run([str(hinted["venv"] / "bin" / "kvprof"), "compare", str(hinted["rec"]), "--policies", policy,
+                           *config, "--hints", "trace", "--hint-max-fraction", BUDGET, "--eval-window", "0:", "-o",
+                           str(out), "-j", "1"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {run["policy"]: run["cached_tokens"] for run in json.loads((out / "results.json").read_text())["runs"]}
@@ -275,3 +293,16 @@ def test_the_plugin_adds_the_check_for_the_model_runner_in_use(in_vllm):
     speculative = config()
     speculative.speculative_config = object()
     assert not add_hint_check(speculative) and speculative.model_config.logits_processors == ["my.module:Mine"]
+
+
+def test_the_hint_counterfactual_is_the_served_policy_without_the_hints(hinted_wa):
+    """``--kv-hint-counterfactual``: what the live counterfactual of ``wa`` found is ``kvprof compare``'s ``wa``
+    row of the server's own recording (the same traffic, no hints), the server's own hits its ``wa+hints`` row,
+    and the two differ: /metrics says what the clients' hints were worth to the policy in force."""
+    replayed = _replayed(hinted_wa, "wa")
+    lines = [line for line in hinted_wa["metrics"].splitlines()
+             if line.startswith("kvprof_counterfactual_cached_blocks_total{") and 'policy="wa"' in line]
+    assert len(lines) == 1, lines
+    assert float(lines[0].rsplit(" ", 1)[1]) * 32 == replayed["wa"], (lines, replayed)
+    assert sum(tokens for _, tokens in hinted_wa["cached"]) == replayed["wa+hints"], (hinted_wa["cached"], replayed)
+    assert replayed["wa"] != replayed["wa+hints"], replayed
