@@ -167,10 +167,15 @@ class HintLayer:
         for block in blocks:
             self.recached(block)
 
+    def tracks(self, session) -> bool:
+        """Whether a request of ``session`` (None: naming none) tells :meth:`note_held` what it held: once
+        any request named a session, every request does (a caller may skip listing its blocks otherwise)."""
+        return session is not None or self.tracks_sessions
+
     def note_held(self, blocks: Iterable[int], session) -> None:
         """A request of ``session`` (None: naming none) finishes holding ``blocks`` (all of them, shared
         ones too): each is private to ``session`` only where no one else held it since it was cached."""
-        if session is None and not self.tracks_sessions:
+        if not self.tracks(session):
             return
         self.tracks_sessions = True
         holders = self._holders

@@ -719,7 +719,7 @@ class KvprofBlockPool(BlockPool):
         if hint is not None:
             self.free_block_queue.set_hint(hint)
         session, layer = None if hint is None else hint.session, self.free_block_queue.hints
-        if session is not None or layer.tracks_sessions:
+        if layer.tracks(session):
             layer.note_held([block.block_id for group in held for block in group], session)
         self._request_classes.pop(request.request_id, None)
         if not self._shadowed:

@@ -251,7 +251,7 @@ class KvprofCachePolicy(CachePolicy):
         # with a client hint they are freed again with it (module docstring).
         hint = self._hint_of(req_context)
         session = None if hint is None else hint.session
-        if session is not None or self.hints.tracks_sessions:  # who held them (a release demotes one session's own)
+        if self.hints.tracks(session):  # who held them (a release demotes one session's own)
             self.hints.note_held([self._id[key] for group in key_groups for key in group if key in self._id], session)
         if hint is not None and not (hint.retains or hint.release):
             hint = None  # a session alone places nothing
