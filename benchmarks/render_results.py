@@ -129,6 +129,11 @@ def machine(run: dict) -> str:
 
 def provenance(run: dict | None, command: str | None = None) -> str:
     """One line: when, at which commit, on what machine, by which command."""
+    return f"{measured(run)} Command: `{command or run['command']}`."
+
+
+def measured(run: dict | None) -> str:
+    """When, at which commit, on what machine (:func:`provenance` without the command)."""
     if not run:
         raise RenderError("the JSON has no `run` (benchmarks/provenance.py facts): re-run the benchmark")
     commit = f"commit {run['commit']}" if run.get("commit") else "an unknown commit"
@@ -136,8 +141,7 @@ def provenance(run: dict | None, command: str | None = None) -> str:
         commit += " with uncommitted changes to " + ", ".join(f"`{p}`" for p in run["uncommitted"])
     load_average = run.get("load_average_at_start")
     load_text = f", load average {load_average:g} at the start" if load_average is not None else ""
-    return (f"Measured {run['date']} at {commit}, on {machine(run)}{load_text}. "
-            f"Command: `{command or run['command']}`.")
+    return f"Measured {run['date']} at {commit}, on {machine(run)}{load_text}."
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -597,8 +601,8 @@ def render_stalls(document: dict) -> list[str]:
                          f"{sum(row['max_kvprof_call_less_gc_us'] > 1000 for row in by_run)} of {len(by_run)}",
                          f"{sum(w[0] for w in waits)}, longest {max((w[2] for w in waits), default=0):.2f} ms"])
     commands = list(dict.fromkeys(record["run"]["command"] for record in runs))
-    head = provenance({**runs[0]["run"], "command": "-"}).removesuffix(" Command: `-`.")
-    return [f"{head} {len(runs)} runs, each of: " + "; ".join(f"`{command}`" for command in commands) + ".", "",
+    each = "; ".join(f"`{command}`" for command in commands)
+    return [f"{measured(runs[0]['run'])} {len(runs)} runs, each of: {each}.", "",
             *table(["traffic", "config", "median step x native (runs' range)", "longest kvprof call, CPU (us)",
                     "less GC inside it (us)", "wall (us)", "runs with a call over 1 ms less GC",
                     "shadow-feed waits (all runs)"], rows)]
