@@ -209,7 +209,8 @@ class PolicyFreeQueue:
     front : FrontBlocks, optional
         The hash-less free blocks, first out; default every block, in id order.
     hint_budget : int, optional
-        Retained blocks a hint tag may hold (:class:`~kvprof.policy.hinted.HintLayer`); None: no budget.
+        Retained blocks each hint tag's alone and all tags' together may hold
+        (:class:`~kvprof.policy.hinted.HintLayer`); None: no budget.
 
     Invariants: ``num_free_blocks`` is the length of the three parts together and ``_n_cached`` that of
     the policy's (blocks taken back but not yet applied to it excluded): both plain ints kept at
