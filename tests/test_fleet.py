@@ -16,6 +16,7 @@ from kvprof.sim.fleet import ROUTERS, RouterSpec, jump_hash, route, run_fleet
 from kvprof.sim.sample import chain_roots
 from kvprof.sim.workload import prepare_workload
 from tests.helpers import invoke, one_line, synthetic
+from tests.test_cli_hints import hinted_trace  # noqa: F401 (a fixture: every third request retains, every fifth releases)
 
 WINDOWS = ("--fit-window", "0:360", "--eval-window", "360:", "-j", "1")
 
@@ -69,6 +70,43 @@ def test_replicas_read_while_routing_hit_what_their_replays_hit(prepared, spec, 
     assert sum(replica.n_requests for replica in run.runs) == trace.n_requests
     assert all(replica.token_hit_ratio <= bound.token_hit_ratio + 1e-12 for replica, bound in zip(run.runs, run.bounds))
     assert run.qttft.size == trace.n_requests - sum(replica.n_rejected for replica in run.runs)
+
+
+def test_one_replica_with_hints_is_compare_with_hints(hinted_trace, tmp_path):
+    """Each online policy runs also as P+hints, within the same budget as compare's, behind any router."""
+    common = ("--capacity", "64,256", "--hint-max-fraction", "0.5", *WINDOWS, "--json")
+    single = invoke("compare", hinted_trace, "--policies", "lru,belady", *common, "-o", tmp_path / "compare")
+    assert single.exit_code == 0, single.output
+    expected = {(run["policy"], run["capacity"]): run["token_hit_ratio"] for run in json.loads(single.stdout)["runs"]}
+    assert expected[("lru+hints", 64)] != expected[("lru", 64)]  # the hints change something
+    fleet = invoke("fleet", hinted_trace, "--policies", "lru", *common, "--replicas", "1", "--router", "round-robin,least-loaded",
+                   "-o", tmp_path / "fleet")
+    assert fleet.exit_code == 0, fleet.output
+    rows = json.loads(fleet.stdout)
+    assert sorted({row["policy"] for row in rows}) == ["lru", "lru+hints"] and len(rows) == 2 * 2 * 2
+    for row in rows:
+        assert row["fleet_token_hit_ratio"] == expected[row["policy"], row["capacity"]]
+    document = results.load(tmp_path / "fleet" / results.FILE)
+    assert document["inputs"]["hints"] == {"source": "trace", "hinted_requests": document["inputs"]["hints"][
+        "hinted_requests"], "max_fraction": 0.5}
+    ignored = invoke("fleet", hinted_trace, "--policies", "lru", "--capacity", "64", "--ignore-hints", *WINDOWS,
+                     "--json", "--replicas", "2", "--router", "round-robin", "-o", tmp_path / "ignored")
+    assert ignored.exit_code == 0, ignored.output
+    assert [row["policy"] for row in json.loads(ignored.stdout)] == ["lru"]
+
+
+@pytest.mark.parametrize("router", ["least-loaded", "prefix-precise"])
+def test_hinted_replicas_read_while_routing_hit_what_their_replays_hit(hinted_trace, router):
+    """With hints the live pass and the measuring pass are the same Python replays, budget included."""
+    from kvprof.profiler.reader import read_trace
+
+    trace = read_trace(hinted_trace)[0]
+    run = run_fleet(trace, prepare_workload(trace, None, 128), None, RouterSpec(router), 3, "lru+hints", 64,
+                    SimConfig(), hint_max_fraction=0.25)
+    assert run.live_hits == tuple(replica.hits_device for replica in run.runs)
+    plain = run_fleet(trace, prepare_workload(trace, None, 128), None, RouterSpec(router), 3, "lru", 64, SimConfig())
+    assert run.live_hits != plain.live_hits  # the hints changed what the replicas cached
+    assert sum(replica.n_requests for replica in run.runs) == trace.n_requests
 
 
 def test_routers_that_read_only_the_trace(prepared):

@@ -584,27 +584,6 @@ def test_the_servers_startup_line_says_what_it_does_with_client_hints(entry, say
     assert line.endswith(says), line
 
 
-def test_fleet_says_it_replays_no_client_hints(tmp_path):
-    """fleet ran a hinted trace as if it had no hints and said nothing (docs/hints.md: not built there)."""
-    from tests.helpers import one_line
-
-    from kvprof.profiler.synth import generate, write_jsonl
-
-    records = list(generate("bailian-a", 0.2, 5))
-    for record in records[::3]:
-        record.update(retain_s=30.0, hint_tag=1)
-    path = tmp_path / "hinted.jsonl"
-    write_jsonl(path, records)
-    common = ("--replicas", "2", "--router", "round-robin", "--policies", "lru", "--capacity", "512",
-              "--fit-window", "0:360", "--eval-window", "360:", "-j", "1")
-    result = invoke("fleet", path, *common, "-o", tmp_path / "out")
-    assert result.exit_code == 0, result.output
-    assert "evaluated requests carry client hints, which fleet does not replay" in one_line(result.stderr)
-    write_jsonl(path, generate("bailian-a", 0.2, 5))
-    result = invoke("fleet", path, *common, "-o", tmp_path / "plain")
-    assert result.exit_code == 0 and "client hints" not in result.stderr
-
-
 def test_a_budget_over_an_evaluation_window_without_hints_says_the_window_has_none(tmp_path):
     """Hints only before the evaluation window: the warning said the trace carries none."""
     from tests.helpers import one_line

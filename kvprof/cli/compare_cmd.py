@@ -57,11 +57,21 @@ from kvprof.cli.common import (
     recording_of,
     trace_block_size,
 )
+from kvprof.cli.hint_options import (
+    HintEndTurnOpt,
+    HintMaxFractionOpt,
+    HintShareOpt,
+    HintsOpt,
+    HintToolCallOpt,
+    IgnoreHintsOpt,
+    hint_options,
+    hinted,
+    warn_empty_budgets,
+)
 from kvprof.cli.output import print_json, say, show, status, table, task_progress, warn
 from kvprof import results as results_file
 from kvprof.atomic import staged
 from kvprof.limits import BLOCK_TOKENS, COUNT, RATE_SCALE, SAMPLE_RATE
-from kvprof.models.retention import SHARE
 from kvprof.sim.config import (
     COST_BOUNDS,
     TIMINGS,
@@ -75,8 +85,6 @@ from kvprof.sim.config import (
 DEMO_CAPACITIES = tuple(range(1024, 8193, 1024))
 DEFAULT_CAPACITIES = "1024,2048,4096,8192"
 DEMO_POLICIES = ("lru", "wa-paper", "wa", "belady")
-HINT_SOURCES = ("trace", "stop")
-_HINTS = "Client hints (docs/hints.md; replayed on the Python engine)"
 SeedOpt = Annotated[int, number_option("--seed", bound=COUNT, help="Seed of the synthetic trace.")]
 _COST = "Modelled server (default: the published A800 node; see --cost)"
 
@@ -137,44 +145,12 @@ def compare(
         number_option("--seed", bound=COUNT,
                       help="Recorded in results.json; replays are deterministic and draw no random numbers."),
     ] = 0,
-    hints: Annotated[
-        str,
-        typer.Option("--hints", help="Where hints come from: trace (the trace's retain_s/retain_priority/release/"
-                                     "hint_tag fields, docs/cli.md) or stop (what an agent runtime sends from each "
-                                     "response's stop and the hp file's fitted retention). Where there are hints, "
-                                     "each online policy P is replayed also as P+hints, honouring them.",
-                     rich_help_panel=_HINTS),
-    ] = "trace",
-    hint_share: Annotated[
-        Optional[float], number_option("--hint-share", bound=SHARE,
-                             help="With --hints stop: the share of a session's returns the retention asked for "
-                                  "catches (one of the hp file's retention shares; default 0.9).",
-                             rich_help_panel=_HINTS),
-    ] = None,
-    hint_end_turn: Annotated[
-        Optional[str],
-        typer.Option("--hint-end-turn", help="With --hints stop: what an end of turn sends: release (the session's "
-                                             "blocks go first; the default) or retain (for the end-of-turn "
-                                             "retention).", rich_help_panel=_HINTS),
-    ] = None,
-    hint_tool_call: Annotated[
-        Optional[str],
-        typer.Option("--hint-tool-call", help="With --hints stop: what a tool call sends: retain (for the fitted "
-                                              "retention; the default) or none.", rich_help_panel=_HINTS),
-    ] = None,
-    hint_max_fraction: Annotated[
-        Optional[float],
-        number_option("--hint-max-fraction", bound=SHARE,
-                      help="Budget: retained blocks hold at most this share of the cache, each hint tag's and all "
-                           "together; beyond it the oldest retention lapses (default: no budget).",
-                      rich_help_panel=_HINTS),
-    ] = None,
-    ignore_hints: Annotated[
-        bool,
-        typer.Option("--ignore-hints", help="Replay without hints: no P+hints rows (the rows without them are the "
-                                            "same traffic without hints, what the hints are measured against).",
-                     rich_help_panel=_HINTS),
-    ] = False,
+    hints: HintsOpt = "trace",
+    hint_share: HintShareOpt = None,
+    hint_end_turn: HintEndTurnOpt = None,
+    hint_tool_call: HintToolCallOpt = None,
+    hint_max_fraction: HintMaxFractionOpt = None,
+    ignore_hints: IgnoreHintsOpt = False,
     json_out: JsonOpt = False,
     output: OutputOpt = Path("results"),
     format: FormatOpt = None,
@@ -227,7 +203,7 @@ def compare(
     from kvprof.cli.plots import FILES
 
     names = policy_list(policies)
-    hint_share, hint_end_turn, hint_tool_call = _hint_options(hints, hint_share, hint_end_turn, hint_tool_call,
+    hint_share, hint_end_turn, hint_tool_call = hint_options(hints, hint_share, hint_end_turn, hint_tool_call,
                                                               hint_max_fraction, ignore_hints)
     schedule = _schedule(capacity_schedule)
     if timing not in TIMINGS:
@@ -281,11 +257,11 @@ def compare(
         hp_input = {"fitted_on_window": fit_window, "path": str(output / FITTED_HP)}
     document_inputs = {"trace_path": str(trace_path), "hp": hp_input, "eval_window": eval_window, "limit": limit,
                        "seed": seed}
-    evaluated, names, hint_facts = _hinted(evaluated, hp, names, hints, (hint_share, hint_end_turn, hint_tool_call),
+    evaluated, names, hint_facts = hinted(evaluated, hp, names, hints, (hint_share, hint_end_turn, hint_tool_call),
                                            hint_max_fraction, ignore_hints)
     if hint_facts is not None:
         document_inputs["hints"] = hint_facts
-        _warn_empty_budgets(hint_max_fraction, capacities)
+        warn_empty_budgets(hint_max_fraction, capacities)
     _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, document_inputs, fitted,
                     default_block=block_size is None and recording is None, cost_file=cost_file, ray=ray,
                     hint_max_fraction=hint_max_fraction)
@@ -320,71 +296,6 @@ def demo(
                   "hp": {"fitted_on_window": "0:3600", "path": str(output / FITTED_HP)}, "eval_window": "3600:"}
         _run_and_report(trace.time_window(3600.0, None), hp, DEMO_POLICIES, DEMO_CAPACITIES, SimConfig(), jobs, output,
                         json_out, inputs, hp)
-
-
-def _hint_options(hints: str, share: float | None, end_turn: str | None, tool_call: str | None,
-                  max_fraction: float | None, ignore: bool) -> tuple[float, str, str]:
-    """``--hint-share``, ``--hint-end-turn`` and ``--hint-tool-call`` with their defaults, after refusing an
-    option the hint source given would ignore (as synth's hint options are)."""
-    from kvprof.sim.hints import END_TURN_HINTS, TOOL_CALL_HINTS
-
-    if hints not in HINT_SOURCES:
-        raise typer.BadParameter(f"{hints!r} is not one of {', '.join(HINT_SOURCES)}", param_hint="--hints")
-    if end_turn is not None and end_turn not in END_TURN_HINTS:
-        raise typer.BadParameter(f"{end_turn!r} is not one of {', '.join(END_TURN_HINTS)}",
-                                 param_hint="--hint-end-turn")
-    if tool_call is not None and tool_call not in TOOL_CALL_HINTS:
-        raise typer.BadParameter(f"{tool_call!r} is not one of {', '.join(TOOL_CALL_HINTS)}",
-                                 param_hint="--hint-tool-call")
-    stop_only = [name for name, value in (("--hint-share", share), ("--hint-end-turn", end_turn),
-                                          ("--hint-tool-call", tool_call)) if value is not None]
-    if hints != "stop" and stop_only:
-        raise typer.BadParameter("applies to --hints stop only", param_hint="/".join(stop_only))
-    if ignore:
-        given = ["--hints stop"] * (hints == "stop") + ["--hint-max-fraction"] * (max_fraction is not None)
-        if given:
-            raise typer.BadParameter(f"--ignore-hints replays no hints, so {' and '.join(given)} would do nothing",
-                                     param_hint="--ignore-hints")
-    return (0.9 if share is None else share, "release" if end_turn is None else end_turn,
-            "retain" if tool_call is None else tool_call)
-
-
-def _warn_empty_budgets(max_fraction: float | None, capacities) -> None:
-    """Warn of the capacities where ``--hint-max-fraction`` rounds down to no block: no tag retains anything there."""
-    empty = [capacity for capacity in capacities if max_fraction is not None and int(max_fraction * capacity) == 0]
-    if empty:
-        warn(f"--hint-max-fraction {max_fraction:g} holds no whole block at capacity "
-             f"{', '.join(f'{c:,}' for c in empty)}: no hint tag retains anything there")
-
-
-def _hinted(trace, hp, names, source, stop, max_fraction, ignore):
-    """The evaluated trace with the hints to replay, the policies with their ``+hints`` twins (online
-    policies only: an offline yardstick is told the future already), and what results.json records of
-    the hints (None: none replayed)."""
-    from kvprof.policy import POLICIES
-    from kvprof.sim.hints import HINTED, stop_hints, with_hints
-
-    if ignore:
-        return with_hints(trace, None), names, {"source": "ignored"}
-    if source == "stop":
-        try:
-            trace = with_hints(trace, stop_hints(trace, hp, *stop))
-        except SimulationError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--hints") from None
-    if trace.hints is None or not trace.hints.n_hinted:
-        if source == "stop":
-            warn("--hints stop: no evaluated request ended in a tool call or an end of turn that gives a hint "
-                 "(a retention fitted for its class, or a release), so nothing is replayed with them")
-        elif max_fraction is not None:
-            warn("--hint-max-fraction: no evaluated request carries a hint (none has retain_s or release), "
-                 "so nothing is replayed with them")
-        return trace, names, None
-    with_twins = tuple(twin for name in names
-                       for twin in ((name,) if POLICIES[name].offline else (name, f"{name}{HINTED}")))
-    facts = {"source": source, "hinted_requests": trace.hints.n_hinted, "max_fraction": max_fraction}
-    if source == "stop":
-        facts.update(zip(("share", "end_turn", "tool_call"), stop))
-    return trace, with_twins, facts
 
 
 def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, json_out, inputs, fitted,

@@ -54,6 +54,17 @@ from kvprof.cli.common import (
     recording_of,
     trace_block_size,
 )
+from kvprof.cli.hint_options import (
+    HintEndTurnOpt,
+    HintMaxFractionOpt,
+    HintShareOpt,
+    HintsOpt,
+    HintToolCallOpt,
+    IgnoreHintsOpt,
+    hint_options,
+    hinted,
+    warn_empty_budgets,
+)
 from kvprof.cli.output import print_json, say, show, table, task_progress, warn
 from kvprof.limits import BLOCK_TOKENS, BLOCKS, RATE_SCALE, Bound
 from kvprof.sim.config import COST_BOUNDS, SimConfig, SimulationError, default_engine_block
@@ -148,13 +159,20 @@ def fleet(
     format: FormatOpt = None,
     trace_block_tokens: TraceBlockTokensOpt = None,
     skip_invalid: SkipOpt = False,
+    hints: HintsOpt = "trace",
+    hint_share: HintShareOpt = None,
+    hint_end_turn: HintEndTurnOpt = None,
+    hint_tool_call: HintToolCallOpt = None,
+    hint_max_fraction: HintMaxFractionOpt = None,
+    ignore_hints: IgnoreHintsOpt = False,
 ):
     """Replay a trace through N replicas behind a router, each the server compare models.
 
     Prints per configuration the fleet's token hit ratio, Belady's per replica as the bound, the
     load imbalance (max/mean prefill work) and modelled queued TTFT; writes results.json (one run
     per configuration) and the plots compare draws. Several vLLM recordings (one per server) are
-    one fleet trace: the recorded router replays what each server received.
+    one fleet trace: the recorded router replays what each server received. Client hints are
+    replayed as compare replays them: each online policy P also as P+hints, on every replica.
     """
     from kvprof.cli.plots import FILES
     from kvprof.sim.fleet import RECORDED, ROUTERS, RouterSpec
@@ -171,30 +189,23 @@ def fleet(
                                  f"{', '.join(known)}" + ("" if recordings else f" ({RECORDED}: for vLLM recordings)"),
                                  param_hint="--router")
     names = policy_list(policies)
+    stop = hint_options(hints, hint_share, hint_end_turn, hint_tool_call, hint_max_fraction, ignore_hints)
     if capacity is None:
         capacity = recorded_capacity(trace_paths, recordings) if recordings else "1024"
     capacities = distinct(capacity_list(capacity), "--capacity", "capacity")
     fit_bounds = parse_window_option(fit_window, "--fit-window")
     eval_bounds = parse_window_option(eval_window, "--eval-window")
     check_format(format)
-    fits = config is None and needs_hp(names)
-    modes = {policy: (False, True) if hp_per_replica and needs_hp([policy]) else (False,) for policy in names}
+    fits = config is None and (needs_hp(names) or (hints == "stop" and not ignore_hints))
     counts_of = {name: (recorded,) if name == RECORDED else counts for name in routers}
     replica_files = [replica_hp_file(name, n, c, j) for name in routers for n in counts_of[name] for c in capacities
-                     for j in range(n)] if any(True in mode for mode in modes.values()) else []
+                     for j in range(n)] if hp_per_replica and needs_hp(names) else []
     output_dir(output, files=[results_file.FILE, *FILES, *((FITTED_HP,) if fits else ()), *replica_files],
                inputs=[*trace_paths, config, cost_file])
     _check_knobs(routers, names, replicas, hp_per_replica, load_weight, index_blocks)
     specs = {name: RouterSpec(name, 1.0 if load_weight is None else load_weight, index_blocks) for name in routers}
     _check_offline_policies(specs.values(), names)
-    tasks = [(specs[name], n, policy, c, per_replica)
-             for name in routers for n in counts_of[name] for policy in names for c in capacities
-             for per_replica in modes[policy]]
-    if len(tasks) > MAX_CONFIGURATIONS:
-        raise typer.BadParameter(f"{len(tasks):,} configurations (routers x replica counts x policies x capacities, "
-                                 f"x2 for a policy run --hp-per-replica too) is more than the {MAX_CONFIGURATIONS:,} "
-                                 f"one fleet sweep runs: split the sweep", param_hint="--router/--replicas/--policies/"
-                                                                                       "--capacity")
+    tasks = _configurations(specs, counts_of, names, capacities, hp_per_replica)
     check_memory([max(task[1] for task in tasks) * max(capacities)], 0, jobs, len(tasks), "--replicas/--capacity")
     cost = cost_model(cost_file, prefill_tokens_per_s=prefill_rate, decode=decode)
     trace_block = recordings[0].block_size if recordings else trace_block_size(trace_paths[0], format,
@@ -212,9 +223,6 @@ def fleet(
     if block_size is not None:
         check_multiple(block_size, trace.block_size)
     evaluated = evaluation_window(trace, eval_bounds, eval_window, limit, fits or hp_per_replica)
-    if evaluated.hints is not None and evaluated.hints.n_hinted:
-        warn(f"{evaluated.hints.n_hinted:,} evaluated requests carry client hints, which fleet does not replay "
-             "(kvprof compare does: docs/hints.md); every policy runs as without them")
     engine_block = block_size or (trace.block_size if recordings else default_engine_block(trace.block_size))
     sim_config = SimConfig(engine_block_size=engine_block, cost=cost, rate_scale=rate_scale, timing="model")
     fitted = None
@@ -223,10 +231,16 @@ def fleet(
         hp_input = {"fitted_on_window": fit_window, "path": str(output / FITTED_HP)}
     inputs = {"trace_path": " + ".join(map(str, trace_paths)), "hp": hp_input, "eval_window": eval_window,
               "limit": limit}
+    evaluated, names, hint_facts = hinted(evaluated, hp, names, hints, stop, hint_max_fraction, ignore_hints)
+    if hint_facts is not None:
+        inputs["hints"] = hint_facts
+        warn_empty_budgets(hint_max_fraction, capacities)
+        tasks = _configurations(specs, counts_of, names, capacities, hp_per_replica)
     fit_part = trace.time_window(*fit_bounds) if hp_per_replica else None
     if fit_part is not None and fit_part.n_requests == 0:
         raise SimulationError(f"the fit window {fit_window} holds no requests to fit the replicas' hp files on")
-    document, rows, replica_hps = _run(evaluated, hp, fit_part, tasks, sim_config, jobs, ray, inputs, json_out)
+    document, rows, replica_hps = _run(evaluated, hp, fit_part, tasks, sim_config, jobs, ray, inputs, json_out,
+                                       hint_max_fraction)
     from kvprof.cli.plots import plot_results
 
     with made_dir(output), staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
@@ -245,7 +259,7 @@ def fleet(
 
 
 def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: dict,
-         quiet: bool) -> tuple[dict, list[dict], dict]:
+         quiet: bool, hint_max_fraction: float | None = None) -> tuple[dict, list[dict], dict]:
     """Every configuration as a task; the results document, its rows (one per configuration) and
     the per-replica hp files by file name (:func:`replica_hp_file`)."""
     from kvprof.sim.fleet import label
@@ -255,7 +269,7 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
     started = time.perf_counter()
     workload = prepare_workload(trace, hp, config.engine_block_size, config.rate_scale)
     with task_progress(f"routing and replaying {len(tasks):,} configurations", len(tasks), quiet) as update:
-        outcomes = run_tasks(run_configuration, (trace, workload, hp, fit_part), [(*task, config) for task in tasks],
+        outcomes = run_tasks(run_configuration, (trace, workload, hp, fit_part), [(*task, config, hint_max_fraction) for task in tasks],
                              n_jobs=jobs, ray=ray, progress=update)
     runs = [run for run, _ in outcomes]
     replica_hps = {replica_hp_file(run.router, run.replicas, run.capacity, j): one
@@ -274,6 +288,22 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
         runs=[{**row, "policy": name, "fleet_policy": row["policy"]} for row, name in zip(rows, labels)],
         wall_s=time.perf_counter() - started)
     return document, rows, replica_hps
+
+
+def _configurations(specs: dict, counts_of: dict, policies: tuple, capacities, hp_per_replica: bool) -> list[tuple]:
+    """The sweep's configurations ``(router spec, replicas, policy, capacity, hp per replica)``; a policy that
+    reads an hp file runs both ways with ``--hp-per-replica``. More than MAX_CONFIGURATIONS is a usage error."""
+    from kvprof.sim.hints import base_name
+
+    tasks = [(spec, n, policy, c, per_replica)
+             for name, spec in specs.items() for n in counts_of[name] for policy in policies for c in capacities
+             for per_replica in ((False, True) if hp_per_replica and needs_hp([base_name(policy)]) else (False,))]
+    if len(tasks) > MAX_CONFIGURATIONS:
+        raise typer.BadParameter(f"{len(tasks):,} configurations (routers x replica counts x policies x capacities, "
+                                 f"x2 for a policy run --hp-per-replica too, x2 for one replayed with hints too) is "
+                                 f"more than the {MAX_CONFIGURATIONS:,} one fleet sweep runs: split the sweep",
+                                 param_hint="--router/--replicas/--policies/--capacity")
+    return tasks
 
 
 def _check_knobs(routers: tuple, policies: tuple, replicas: str | None, hp_per_replica: bool,
@@ -348,7 +378,7 @@ def replica_hp_file(router: str, replicas: int, capacity: int, replica: int) -> 
 
 
 def run_configuration(shared, spec, replicas: int, policy: str, capacity: int, per_replica: bool,
-                      config: SimConfig):
+                      config: SimConfig, hint_max_fraction: float | None = None):
     """One configuration, a task of the sweep: ``(FleetRun, per-replica hp files or None)``;
     ``shared`` is ``(trace, workload, hp, fit window)``, the window read only with ``per_replica``."""
     from kvprof.profiler.fit import fit_trace
@@ -356,7 +386,7 @@ def run_configuration(shared, spec, replicas: int, policy: str, capacity: int, p
 
     trace, workload, hp, fit_part = shared
     hps = fit_per_replica(fit_part, spec, replicas, capacity, config, hp, fit_trace) if per_replica else None
-    return run_fleet(trace, workload, hp, spec, replicas, policy, capacity, config, hps), hps
+    return run_fleet(trace, workload, hp, spec, replicas, policy, capacity, config, hps, hint_max_fraction), hps
 
 
 def _table(rows: list[dict], document: dict, of_recordings: bool):

@@ -11,8 +11,9 @@ the router sends it each request on arrival. A fleet is replayed in two passes:
    weighing load) drive the N replicas together on the Python engine
    (:meth:`kvprof.sim.engine.Replay.steps`): before each arrival every replica runs until its
    clock reaches it, then the router reads their loads (requests waiting or running) and caches.
-2. Measuring: each replica's traffic is replayed alone by the compiled engine ``compare`` runs,
-   and under Belady for the bound. A replica's replay depends only on the requests it gets, so
+2. Measuring: each replica's traffic is replayed alone by the engine ``compare`` runs (the
+   compiled one; the Python one for a policy honouring client hints, ``P+hints``), and under
+   Belady for the bound. A replica's replay depends only on the requests it gets, so
    the second pass reproduces the first's hits (a test checks it), and one replica is exactly
    ``compare``.
 """
@@ -27,12 +28,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvprof.core import has_twin
 from kvprof.models.hp import HpFile
-from kvprof.policy import make_policy
 from kvprof.policy.prefix_cache import PrefixCache
 from kvprof.profiler.trace import Trace
 from kvprof.sim.config import SimConfig, SimulationError
 from kvprof.sim.engine import Arrivals, Replay, simulate
+from kvprof.sim.hints import make_hinted_policy
 from kvprof.sim.metrics import RunMetrics, metrics
 from kvprof.sim.recorded import REPLICA, resolve_timing
 from kvprof.sim.sample import chain_roots
@@ -203,9 +205,10 @@ class Routing:
 
 
 def route(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: int, policy: str, capacity: int,
-          config: SimConfig, replica_hps: Sequence | None = None) -> Routing:
+          config: SimConfig, replica_hps: Sequence | None = None, hint_budget: int | None = None) -> Routing:
     """The replica of every request of ``workload`` (prepared from ``trace`` with ``hp``) under
-    ``spec``; replica ``j`` runs ``replica_hps[j]`` (default: ``hp``) when the replicas run.
+    ``spec``; replica ``j`` runs ``replica_hps[j]`` (default: ``hp``) when the replicas run, a
+    ``P+hints`` policy with ``hint_budget`` retained blocks at most (None: no budget).
 
     Raises
     ------
@@ -241,7 +244,8 @@ def route(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: int,
     for other in hps:
         if id(other) not in workloads:
             workloads[id(other)] = prepare_workload(trace, other, config.engine_block_size, config.rate_scale)
-    return _route_live(router, [(workloads[id(one)], one) for one in hps], policy, capacity, config, chosen)
+    return _route_live(router, [(workloads[id(one)], one) for one in hps], policy, capacity, config, chosen,
+                       hint_budget)
 
 
 def recorded_replicas(trace: Trace, replicas: int) -> np.ndarray:
@@ -263,13 +267,13 @@ def recorded_replicas(trace: Trace, replicas: int) -> np.ndarray:
 
 
 def _route_live(router: _Router, replicas: list[tuple[Workload, object]], policy: str, capacity: int,
-                config: SimConfig, chosen: np.ndarray) -> Routing:
+                config: SimConfig, chosen: np.ndarray, hint_budget: int | None) -> Routing:
     """Route while the replicas (each a workload and its hp file) run on the Python engine, each
     paused at every arrival."""
     first: dict[int, Replay] = {}  # per workload, the replica whose columns the others share
     runs = []
     for workload, hp in replicas:
-        gpu = PrefixCache(make_policy(policy, hp, capacity), capacity)
+        gpu = PrefixCache(make_hinted_policy(policy, hp, capacity, hint_budget), capacity)
         shared = first.get(id(workload))
         runs.append(shared.over(gpu) if shared else Replay(workload, gpu, None, config, [(0.0, capacity)], None))
         first.setdefault(id(workload), runs[-1])
@@ -368,18 +372,20 @@ def label(policy: str, router: str, replicas: int, hp: str = "fleet") -> str:
 
 
 def run_fleet(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: int, policy: str, capacity: int,
-              config: SimConfig, replica_hps: Sequence | None = None) -> FleetRun:
+              config: SimConfig, replica_hps: Sequence | None = None,
+              hint_max_fraction: float | None = None) -> FleetRun:
     """Route ``trace`` (prepared as ``workload`` with ``hp``) over ``replicas`` servers of
     ``capacity`` blocks under ``policy``, then replay each replica's share alone, under ``policy``
-    and Belady. Replica ``j`` runs ``replica_hps[j]`` when given (:func:`fit_per_replica`), else ``hp``."""
-    from kvprof.core.engine import run as replay_compiled  # numba is imported only when a replay runs
-
+    and Belady. Replica ``j`` runs ``replica_hps[j]`` when given (:func:`fit_per_replica`), else ``hp``.
+    ``P+hints`` honours the trace's hints, each replica's retained blocks at most ``hint_max_fraction``
+    of its cache (None: no budget), as ``compare`` replays one server."""
     config = _model_timed(config)
+    budget = None if hint_max_fraction is None else int(hint_max_fraction * capacity)
     if spec.name == RECORDED:  # the servers' own timing where the trace has it, as compare's --timing auto
         config = dataclasses.replace(config, timing=resolve_timing("auto", trace, config.engine_block_size,
                                                                    config.rate_scale))
     hps = list(replica_hps or [hp] * replicas)
-    routing = route(trace, workload, hp, spec, replicas, policy, capacity, config, hps)
+    routing = route(trace, workload, hp, spec, replicas, policy, capacity, config, hps, budget)
     runs, bounds, qttft = [], [], []
     for j, replica_hp in enumerate(hps):
         rows = routing.replica == j
@@ -388,17 +394,31 @@ def run_fleet(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: 
             if share is None:
                 out.append(_idle(name, capacity))
                 continue
+            replica_policy = make_hinted_policy(name, replica_hp, capacity, budget)
             if config.timing == "recorded":  # no modelled queueing: no QTTFT to pool
-                out.append(simulate(share, make_policy(name, replica_hp, capacity), capacity, config))
+                out.append(simulate(share, replica_policy, capacity, config))
                 continue
-            outcome = replay_compiled(share, make_policy(name, replica_hp, capacity), None, config,
-                                      [(0.0, capacity)])
+            outcome = _replayed_alone(share, replica_policy, capacity, config)
             out.append(metrics(share, config.cost, name, capacity, **outcome))
             if name == policy:
                 qttft.append(outcome["qttft"])
     return FleetRun(spec.name, policy, replicas, capacity, tuple(runs), tuple(bounds),
                     np.concatenate(qttft) if qttft else np.empty(0), routing.live_hits, replica_hps is not None,
                     config.timing)
+
+
+def _replayed_alone(share: Workload, policy, capacity: int, config: SimConfig) -> dict:
+    """The raw counts (:func:`~kvprof.sim.metrics.metrics`' arguments) of one replica's replay of its
+    ``share`` on the engine ``simulate`` picks: the compiled one where the policy has a twin, else the
+    Python one (a policy honouring hints)."""
+    schedule = [(0.0, capacity)]
+    if has_twin(policy):
+        from kvprof.core.engine import run  # numba is imported only when a compiled replay runs
+
+        return run(share, policy, None, config, schedule)
+    replay = Replay(share, PrefixCache(policy, capacity), None, config, schedule, None)
+    replay.run()
+    return replay.outcome
 
 
 def replica_shares(fit_window: Trace, spec: RouterSpec, replicas: int, capacity: int,

@@ -1,0 +1,124 @@
+"""The client-hint options ``kvprof compare`` and ``kvprof fleet`` share, and the hints they replay.
+
+A command with hints replays each online policy ``P`` also as ``P+hints`` (:mod:`kvprof.sim.hints`),
+honouring the evaluated requests' hints: the trace's own (``--hints trace``) or what an agent runtime
+sends from each response's ``stop`` (``--hints stop``); ``--ignore-hints`` replays none.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from kvprof.cli.common import number_option
+from kvprof.cli.output import warn
+from kvprof.models.retention import SHARE
+from kvprof.sim.config import SimulationError
+
+HINT_SOURCES = ("trace", "stop")
+_PANEL = "Client hints (docs/hints.md; replayed on the Python engine)"
+
+HintsOpt = Annotated[
+    str,
+    typer.Option("--hints", help="Where hints come from: trace (the trace's retain_s/retain_priority/release/"
+                                 "hint_tag fields, docs/cli.md) or stop (what an agent runtime sends from each "
+                                 "response's stop and the hp file's fitted retention). Where there are hints, "
+                                 "each online policy P is replayed also as P+hints, honouring them.",
+                 rich_help_panel=_PANEL),
+]
+HintShareOpt = Annotated[
+    Optional[float], number_option("--hint-share", bound=SHARE,
+                                   help="With --hints stop: the share of a session's returns the retention asked for "
+                                        "catches (one of the hp file's retention shares; default 0.9).",
+                                   rich_help_panel=_PANEL),
+]
+HintEndTurnOpt = Annotated[
+    Optional[str],
+    typer.Option("--hint-end-turn", help="With --hints stop: what an end of turn sends: release (the session's "
+                                         "blocks go first; the default) or retain (for the end-of-turn "
+                                         "retention).", rich_help_panel=_PANEL),
+]
+HintToolCallOpt = Annotated[
+    Optional[str],
+    typer.Option("--hint-tool-call", help="With --hints stop: what a tool call sends: retain (for the fitted "
+                                          "retention; the default) or none.", rich_help_panel=_PANEL),
+]
+HintMaxFractionOpt = Annotated[
+    Optional[float],
+    number_option("--hint-max-fraction", bound=SHARE,
+                  help="Budget: retained blocks hold at most this share of the cache, each hint tag's and all "
+                       "together; beyond it the oldest retention lapses (default: no budget).",
+                  rich_help_panel=_PANEL),
+]
+IgnoreHintsOpt = Annotated[
+    bool,
+    typer.Option("--ignore-hints", help="Replay without hints: no P+hints rows (the rows without them are the "
+                                        "same traffic without hints, what the hints are measured against).",
+                 rich_help_panel=_PANEL),
+]
+
+
+def hint_options(hints: str, share: float | None, end_turn: str | None, tool_call: str | None,
+                 max_fraction: float | None, ignore: bool) -> tuple[float, str, str]:
+    """``--hint-share``, ``--hint-end-turn`` and ``--hint-tool-call`` with their defaults, after refusing an
+    option the hint source given would ignore (as synth's hint options are)."""
+    from kvprof.sim.hints import END_TURN_HINTS, TOOL_CALL_HINTS
+
+    if hints not in HINT_SOURCES:
+        raise typer.BadParameter(f"{hints!r} is not one of {', '.join(HINT_SOURCES)}", param_hint="--hints")
+    if end_turn is not None and end_turn not in END_TURN_HINTS:
+        raise typer.BadParameter(f"{end_turn!r} is not one of {', '.join(END_TURN_HINTS)}",
+                                 param_hint="--hint-end-turn")
+    if tool_call is not None and tool_call not in TOOL_CALL_HINTS:
+        raise typer.BadParameter(f"{tool_call!r} is not one of {', '.join(TOOL_CALL_HINTS)}",
+                                 param_hint="--hint-tool-call")
+    stop_only = [name for name, value in (("--hint-share", share), ("--hint-end-turn", end_turn),
+                                          ("--hint-tool-call", tool_call)) if value is not None]
+    if hints != "stop" and stop_only:
+        raise typer.BadParameter("applies to --hints stop only", param_hint="/".join(stop_only))
+    if ignore:
+        given = ["--hints stop"] * (hints == "stop") + ["--hint-max-fraction"] * (max_fraction is not None)
+        if given:
+            raise typer.BadParameter(f"--ignore-hints replays no hints, so {' and '.join(given)} would do nothing",
+                                     param_hint="--ignore-hints")
+    return (0.9 if share is None else share, "release" if end_turn is None else end_turn,
+            "retain" if tool_call is None else tool_call)
+
+
+def warn_empty_budgets(max_fraction: float | None, capacities) -> None:
+    """Warn of the capacities where ``--hint-max-fraction`` rounds down to no block: no tag retains anything there."""
+    empty = [capacity for capacity in capacities if max_fraction is not None and int(max_fraction * capacity) == 0]
+    if empty:
+        warn(f"--hint-max-fraction {max_fraction:g} holds no whole block at capacity "
+             f"{', '.join(f'{c:,}' for c in empty)}: no hint tag retains anything there")
+
+
+def hinted(trace, hp, names, source, stop, max_fraction, ignore):
+    """The evaluated trace with the hints to replay, the policies with their ``+hints`` twins (online
+    policies only: an offline yardstick is told the future already), and what results.json records of
+    the hints (None: none replayed)."""
+    from kvprof.policy import POLICIES
+    from kvprof.sim.hints import HINTED, stop_hints, with_hints
+
+    if ignore:
+        return with_hints(trace, None), names, {"source": "ignored"}
+    if source == "stop":
+        try:
+            trace = with_hints(trace, stop_hints(trace, hp, *stop))
+        except SimulationError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--hints") from None
+    if trace.hints is None or not trace.hints.n_hinted:
+        if source == "stop":
+            warn("--hints stop: no evaluated request ended in a tool call or an end of turn that gives a hint "
+                 "(a retention fitted for its class, or a release), so nothing is replayed with them")
+        elif max_fraction is not None:
+            warn("--hint-max-fraction: no evaluated request carries a hint (none has retain_s or release), "
+                 "so nothing is replayed with them")
+        return trace, names, None
+    with_twins = tuple(twin for name in names
+                       for twin in ((name,) if POLICIES[name].offline else (name, f"{name}{HINTED}")))
+    facts = {"source": source, "hinted_requests": trace.hints.n_hinted, "max_fraction": max_fraction}
+    if source == "stop":
+        facts.update(zip(("share", "end_turn", "tool_call"), stop))
+    return trace, with_twins, facts
