@@ -15,6 +15,7 @@ from kvprof.core import tiers
 from kvprof.core.build import compile_policy
 from kvprof.core.kinds import KIND, NAMES
 from kvprof.core.policies import new_core, reserve_blocks
+from kvprof.core.prefix_cache import MIN_SLOTS, first_size
 from kvprof.core.structs import MAX_ID
 from kvprof.policy import make_policy
 
@@ -78,6 +79,35 @@ def test_a_simulated_tier_holds_two_int32_tables_a_slot():
     """``slot_block`` and ``refs``; its never-used slots are a range on the empty stack (no table)."""
     gpu = tiers.new_device(compile_policy(make_policy("lru"), N), N, 64)
     assert _pool_tables(gpu) == ((N, 4), (N, 4), (16, 4))
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 4096, 8191, 8192, 8193, 50_000, 500_000, 2**20])
+def test_a_pools_first_tables_double_to_within_its_capacity(capacity):
+    first = first_size(capacity)
+    if capacity < 2 * MIN_SLOTS:
+        assert first == capacity
+        return
+    assert MIN_SLOTS <= first < 2 * MIN_SLOTS
+    size = first
+    while size < capacity:
+        size *= 2
+    assert size - capacity < size // first  # fewer than 2**k to spare after k doublings
+
+
+def test_a_simulated_tier_holds_tables_for_the_slots_it_used():
+    """Past ``2 * MIN_SLOTS`` slots, the tables cover :func:`first_size`'s slots at first and double as the
+    never-used slots are handed out, lowest first, ending at the capacity."""
+    from kvprof.core.prefix_cache import pop_empty
+
+    capacity = 50_000
+    gpu = tiers.new_device(compile_policy(make_policy("lru"), first_size(capacity)), capacity, 64)
+    assert first_size(capacity) == 6250
+    assert _pool_tables(gpu)[:2] == ((6250, 4), (6250, 4))
+    taken = [pop_empty(gpu) for _ in range(6251)]
+    assert taken == list(range(6251)) and _pool_tables(gpu)[:2] == ((12500, 4), (12500, 4))
+    for _ in range(capacity - 6251):
+        pop_empty(gpu)
+    assert _pool_tables(gpu)[:2] == ((capacity, 4), (capacity, 4))
 
 
 @njit

@@ -67,7 +67,8 @@ def pool_fields(policy_type) -> list:
     return [
         ("policy", policy_type),
         ("limit", types.int64), ("n_live", types.int64), ("n_slots", types.int64),
-        # per slot and per content int32: slots and content numbers are ids (kvprof.core.structs.MAX_ID)
+        # per slot and per content int32: slots and content numbers are ids (kvprof.core.structs.MAX_ID);
+        # the per-slot ones cover the slots handed out so far (first_size)
         ("slot_block", types.int32[:]), ("refs", types.int32[:]),
         # the stack of empty slots: the never-used ones as a range, those made empty again above them
         ("empty", types.int32[:]), ("n_empty", types.int64), ("fresh", types.int64), ("fresh_end", types.int64),
@@ -76,6 +77,27 @@ def pool_fields(policy_type) -> list:
         ("evictions", types.int64), ("dropped", types.int64),
         ("scratch", types.int64[:]),
     ]
+
+
+#: The fewest entries a pool's per-slot tables start with (:func:`first_size`).
+MIN_SLOTS = 4096
+
+
+@njit(cache=True)
+def first_size(capacity):
+    """Entries the per-slot tables of a pool of ``capacity`` slots start with: ``capacity / 2**k`` rounded
+    up, for the largest ``k`` that leaves at least :data:`MIN_SLOTS` (``capacity`` for a smaller pool).
+
+    Never-used slots are handed out lowest first, and a table doubles when the next one is past its
+    end, so the tables cover the slots used so far (at most twice over) and, after ``k`` doublings,
+    all of them with fewer than ``2**k`` to spare: a pool costs what its traffic used, not its
+    capacity from the start. A policy over the slots numbered from ``first_size(capacity)`` blocks
+    grows the same way (:func:`kvprof.core.policies.reserve_blocks` doubles too).
+    """
+    k = 0
+    while capacity >> (k + 1) >= MIN_SLOTS:
+        k += 1
+    return -(-capacity // (1 << k))
 
 
 @njit(cache=True)
@@ -87,14 +109,16 @@ def init_pool(pool, policy, capacity, n_contents):
     (``refs > 0``) or evictable in the policy (cached content, ``refs == 0``). The ``n_empty`` empty
     slots are a stack, top last: ``fresh_end - 1, ..., fresh`` (never used: no memory per slot),
     then ``empty[:n_empty - (fresh_end - fresh)]`` (made empty again, :func:`push_empty`).
+    ``slot_block`` and ``refs`` cover every slot below ``fresh`` and every slot ever added by
+    :func:`set_limit`: all but never-used ones (:func:`first_size`).
     """
     pool.policy = policy
     pool.limit = capacity
     pool.n_live = capacity
     pool.n_slots = capacity
     check_ids(max(capacity, n_contents))
-    pool.slot_block = np.full(capacity, NONE, np.int32)
-    pool.refs = np.zeros(capacity, np.int32)
+    pool.slot_block = np.full(first_size(capacity), NONE, np.int32)
+    pool.refs = np.zeros(first_size(capacity), np.int32)
     pool.empty = np.zeros(16, np.int32)
     pool.n_empty = capacity
     pool.fresh = 0
@@ -263,6 +287,9 @@ def pop_empty(pool):
         return np.int64(pool.empty[pushed])
     slot = pool.fresh
     pool.fresh += 1
+    if slot >= len(pool.refs):  # the first never-used slot past the per-slot tables: they double
+        pool.refs = grown(pool.refs, slot + 1, 0)
+        pool.slot_block = grown(pool.slot_block, slot + 1, NONE)
     return slot
 
 
@@ -316,7 +343,7 @@ def _shrink(pool, now):
 @njit(cache=True)
 def mark_pool(pool, live):
     """Mark in ``live`` (a flag per content number) the contents the pool's slots hold."""
-    for slot in range(pool.n_slots):
+    for slot in range(min(pool.n_slots, len(pool.slot_block))):  # (never-used slots hold nothing)
         content = pool.slot_block[slot]
         if content != NONE:
             live[content] = True
@@ -325,28 +352,34 @@ def mark_pool(pool, live):
 @njit(cache=True)
 def check_pool(pool):
     """Raise if the pool's invariant does not hold (tests; O(slots))."""
+    covered = len(pool.slot_block)
+    if len(pool.refs) != covered or pool.fresh > covered:
+        raise AssertionError("the per-slot tables do not cover the slots handed out")
     place = np.zeros(pool.n_slots, np.int64)
     pushed = pool.empty[:pool.n_empty - (pool.fresh_end - pool.fresh)].astype(np.int64)
+    for slot in pushed:
+        if slot >= covered:
+            raise AssertionError("an empty slot made empty again is past the per-slot tables")
     for slot in np.concatenate((np.arange(pool.fresh, pool.fresh_end), pushed)):
         place[slot] += 1
-        if pool.slot_block[slot] != NONE:
+        if slot < covered and pool.slot_block[slot] != NONE:
             raise AssertionError("an empty slot holds content")
     for i in range(pool.n_retired):
         place[pool.retired[i]] += 1
-        if pool.slot_block[pool.retired[i]] != NONE:
-            raise AssertionError("a retired slot holds content")
+        if pool.retired[i] >= covered or pool.slot_block[pool.retired[i]] != NONE:
+            raise AssertionError("a retired slot holds content or is past the per-slot tables")
     n_evictable = 0
     for slot in range(pool.n_slots):
-        pinned = pool.refs[slot] > 0
+        pinned = slot < covered and pool.refs[slot] > 0
         evictable = pool.policy.holds(slot)
+        block = pool.slot_block[slot] if slot < covered else NONE
         place[slot] += pinned + evictable
         if evictable:
             n_evictable += 1
-            if pool.slot_block[slot] == NONE:
+            if block == NONE:
                 raise AssertionError("an evictable slot holds no content")
         if place[slot] != 1:
             raise AssertionError("a slot is in more or fewer than one place (empty, retired, pinned, evictable)")
-        block = pool.slot_block[slot]
         if block != NONE and pool.block_slot[block] != slot:
             raise AssertionError("block_slot and slot_block disagree")
     if n_evictable != pool.policy.n_evictable():
