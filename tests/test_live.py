@@ -98,7 +98,12 @@ HOLES_IN_FINISHED_CHAINS = (hot_rows(
 def test_the_live_counterfactual_computes_what_compare_of_a_recording_does(case):
     """Fed the server's events as they happen, the counterfactual hits what the replay on recorded
     timing of the same traffic hits, request for request."""
-    rows, capacity, policy = case
+    assert_live_hits_as_replayed(*case)
+
+
+def assert_live_hits_as_replayed(rows, capacity, policy, engine=None):
+    """The counterfactual fed :func:`traffic`'s ``rows`` at ``capacity`` hits what the replay of them does
+    (by ``engine``: :func:`~kvprof.sim.engine.simulate`'s)."""
     hp = HpFile.from_dict(HP)
     spec = PolicySpec(policy=policy, config=None, hp=hp, class_names=tuple(hp.table()[0]),
                       keyed_by=make_policy(policy, hp=hp).keyed_by)
@@ -128,9 +133,36 @@ def test_the_live_counterfactual_computes_what_compare_of_a_recording_does(case)
         output_length=np.array([r["output"] for r in rows], dtype=np.int64),
         extra={"scheduled": np.array([r["scheduled"] for r in rows]), "finished": np.array([r["finished"] for r in rows])})
     workload = prepare_workload(trace, hp, engine_block_size=BS)
-    m = simulate(workload, make_policy(policy, hp=hp, capacity=capacity), capacity, SimConfig(engine_block_size=BS))
+    m = simulate(workload, make_policy(policy, hp=hp, capacity=capacity), capacity, SimConfig(engine_block_size=BS),
+                 engine=engine)
     assert live.lookups == m.block_lookups
     assert live.hits[policy] == m.hits_device
+    return live
+
+
+@pytest.mark.parametrize("policy", ["lru", "wa"])
+def test_a_counterfactual_past_its_first_tables_hits_as_the_replay(policy):
+    """A tier of more than twice :data:`~kvprof.core.prefix_cache.MIN_SLOTS` starts with tables for part of
+    its slots (:func:`~kvprof.core.prefix_cache.first_size`); traffic that uses more of them grows the
+    tables, and the hits stay those of the Python replay (:class:`kvprof.policy.prefix_cache.PrefixCache`)."""
+    from kvprof.core.prefix_cache import MIN_SLOTS, first_size
+
+    capacity = 2 * MIN_SLOTS + 5
+    rng = np.random.default_rng(0)
+    rows, next_id = [], 0
+    for i in range(120):  # ~7000 distinct blocks, some chains continued: past first_size's, within the capacity
+        if rows and rng.random() < 0.3:
+            chain = rows[int(rng.integers(len(rows)))]["chain"][: int(rng.integers(1, 40))]
+        else:
+            chain = []
+        n_new = int(rng.integers(20, 100))
+        chain = chain + list(range(next_id, next_id + n_new))
+        next_id += n_new
+        rows.append(dict(chain=chain, partial=int(rng.integers(0, BS)), output=int(rng.integers(1, 3 * BS)),
+                         arrival=0.1 * i, scheduled=0.1 * i, finished=0.1 * i + 0.35, kind=("hot", "cold")[i % 2]))
+    live = assert_live_hits_as_replayed(rows, capacity, policy, engine="python")
+    assert first_size(capacity) < next_id
+    assert live.hits[policy] > 0
 
 
 #: What the plugin tells the recorder about the server.

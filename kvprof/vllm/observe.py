@@ -20,6 +20,7 @@ import numpy as np
 
 from kvprof.core import tiers
 from kvprof.core.build import compile_policy
+from kvprof.core.prefix_cache import first_size
 from kvprof.core.wa import outcome, policy_admit, policy_finish
 from kvprof.core.structs import NONE
 from kvprof.core.twin import Seats
@@ -34,12 +35,17 @@ MIN_CONTENTS = 1 << 16
 
 
 class _Tier:
-    """One policy's simulated tier and the slots each running request holds in it."""
+    """One policy's simulated tier and the slots each running request holds in it.
+
+    The tier's per-slot tables and its policy's per-block ones start at :func:`first_size` of the
+    capacity and double as the traffic first uses slots: a server's counterfactual costs what its
+    traffic filled, and about the capacity once that is full.
+    """
 
     def __init__(self, reference: EvictionPolicy, capacity: int, n_contents: int) -> None:
         self.reference = reference
         self.keyed_by = reference.keyed_by
-        self.compiled = compile_policy(reference, capacity)
+        self.compiled = compile_policy(reference, first_size(capacity))
         self.gpu = tiers.new_device(self.compiled, capacity, n_contents)
         # request -> (its slots, how many it holds, its class or cell, its prompt's contents, its hits)
         self.running: dict[Hashable, tuple[np.ndarray, int, int, np.ndarray, int]] = {}
