@@ -2,8 +2,9 @@
 
 What the plugin holds per block of vLLM's pool (issue 20, section 1): ``lru``'s core is its
 queue's three links, 12 bytes a block; a simulated tier (the live counterfactual's) adds its
-pool's three int32 slot tables. Decisions do not depend on this (the differential tests of
-tests/test_core_policies.py drive every kind against its reference); here the layout is checked.
+pool's two int32 slot tables, for the slots its traffic used so far. Decisions do not depend on
+this (the differential tests of tests/test_core_policies.py drive every kind against its
+reference); here the layout is checked.
 """
 
 from __future__ import annotations
