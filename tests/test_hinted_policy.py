@@ -232,6 +232,31 @@ def test_a_fresh_tag_per_request_gets_round_the_budget_of_no_tag():
     assert set(policy._retained) == {8, 9}
 
 
+def test_a_retention_longer_than_the_caches_horizon_is_not_honoured():
+    """Four evictable blocks, evicted one a second: a block lives about 4 s unhinted there, so a retention
+    of 3 s is honoured and one of 30 s is not (its blocks go to the base order, counted beyond_horizon)."""
+    policy = HintedPolicy(make_policy("lru"))
+    policy.finish(1, 0.0, hint=Hint(retain_s=1000.0))
+    policy.free([0], 0.0)  # no eviction yet: the horizon is unbounded, every retention honoured
+    assert policy.n_retained == 1
+    policy.finish(2, 0.0)
+    policy.free([1, 2, 3, 4, 5], 0.0)
+    for t in range(1, 5):
+        policy.evict_n(1, float(t))  # 1, 2, 3 and 4, one a second since 1 s
+    assert policy.horizon.seconds(len(policy), 5.0) == 2 * (5.0 - 1.0) / 4  # 2 evictable: 0 and 5
+    policy.finish(3, 5.0, hint=Hint(retain_s=1.5))
+    policy.free([6], 5.0)
+    assert policy.n_retained == 2 and policy.counters.beyond_horizon == 0
+    policy.finish(4, 5.0, hint=Hint(retain_s=30.0))
+    policy.free([7, 8], 5.0)
+    assert policy.n_retained == 2 and policy.counters.beyond_horizon == 2
+    assert policy.order(5.0) == [5, 7, 8, 0, 6]  # 7 and 8 in the base order (LRU), before the retained
+    policy.remove(6)  # a hit
+    policy.finish(5, 5.0, hint=Hint(retain_s=30.0))
+    policy.free([6], 5.0)  # a retention beyond the horizon keeps the live one, no longer
+    assert policy._retention[6][0] == 6.5
+
+
 def test_hint_checks_and_columns_round_trip():
     with pytest.raises(ValueError, match="contradict"):
         Hint(retain_s=1.0, release=True)

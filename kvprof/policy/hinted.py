@@ -4,7 +4,8 @@ A request may come with a :class:`~kvprof.models.hints.Hint` (told at its ``fini
 of its blocks). At that free its blocks go to one of three places:
 
 * ``release``: a *released* pool, evicted before anything else, oldest-freed first;
-* ``retain_s > 0``: *retained* until ``now + retain_s``, out of the base order; evicted only when
+* ``retain_s > 0``, no longer than the cache's horizon (below): *retained* until ``now + retain_s``, out
+  of the base order; evicted only when
   the released pool and the base are empty, lowest priority first, then latest expiry first: a
   retention is the client's word on when it will want the blocks back, and the one wanted last is
   Belady's victim (measured against earliest expiry first and oldest-retained first in
@@ -23,6 +24,13 @@ the others (a shared prefix: a system prompt, a document other sessions read) go
 puts them. A release without a session releases all the request's blocks. Who held a block is learnt at
 each request's finish (:meth:`HintLayer.note_held`, before its free, with all the blocks it holds: the free
 itself sees only those no other request holds), and new content is told by :meth:`HintLayer.recached`.
+
+The horizon: a retention is honoured only where the cache can afford it, where it is no longer than an
+unhinted block lives in the cache now (:class:`EvictionHorizon`: the evictable blocks over the rate of
+evictions, Little's law; LRU's eviction age). A retention that asks for longer would keep the block past
+the time the cache gives any block, at the cost of blocks that come back sooner (the continuation oracle
+evicts such a session's blocks first); its blocks go where an unhinted free puts them, and count as
+``beyond_horizon``. Until the first eviction the horizon is unbounded: every retention is honoured.
 
 The budget: retained blocks number at most ``budget_blocks``, each tag's alone and all tags' together;
 retaining one more lapses the tag's oldest retention (earliest retained) into the base order where the
@@ -60,7 +68,8 @@ class HintCounters:
 
     ``honoured``: retained blocks hit before they lapsed; ``lapsed``: retentions that ran out of
     time; ``over_budget``: retentions lapsed by the budget; ``released_evicted``: released blocks
-    evicted; ``hinted_hits``: hits on blocks that were released or retained when hit.
+    evicted; ``hinted_hits``: hits on blocks that were released or retained when hit;
+    ``beyond_horizon``: blocks freed with a retention longer than the cache's horizon, not retained.
     """
 
     honoured: int = 0
@@ -68,6 +77,33 @@ class HintCounters:
     over_budget: int = 0
     released_evicted: int = 0
     hinted_hits: int = 0
+    beyond_horizon: int = 0
+
+
+@dataclass
+class EvictionHorizon:
+    """How long an unhinted evictable block lives in the cache now: the evictable blocks over the rate of
+    evictions since the first (Little's law), the age at which LRU evicts.
+
+    Invariant: ``evicted`` blocks were evicted, the first at ``first`` (None: none yet). Whoever evicts
+    counts (:meth:`count`): the hint layer's own evictions, and a caller's that bypass it (vLLM's pool
+    while no hint is held, the CPU tier), so every caller measures the same horizon.
+    """
+
+    evicted: int = 0
+    first: float | None = None
+
+    def count(self, n: int, now: float) -> None:
+        """``n`` blocks were evicted at ``now``."""
+        if n and self.first is None:
+            self.first = now
+        self.evicted += n
+
+    def seconds(self, n_evictable: int, now: float) -> float:
+        """The horizon at ``now`` with ``n_evictable`` blocks evictable; inf until an eviction and time after it."""
+        if not self.evicted or now <= self.first:
+            return math.inf
+        return n_evictable * (now - self.first) / self.evicted
 
 
 class HintLayer:
@@ -104,6 +140,7 @@ class HintLayer:
         self.base = base
         self.budget_blocks = budget_blocks
         self.counters = HintCounters()
+        self.horizon = EvictionHorizon()
         self._take_from_base = base.remove if take is None else take
         self._released: OrderedDict[int, None] = OrderedDict()
         self._retained: dict[int, int] = {}  # block -> seq of its live heap entries
@@ -124,13 +161,17 @@ class HintLayer:
     def free_hinted(self, blocks: Iterable[int], now: float, hint: Hint | None) -> None:
         """``blocks`` become evictable, freed by a request with ``hint`` (None: none)."""
         self._lapse(now)
+        retains = hint is not None and hint.retains
+        beyond = retains and hint.retain_s > self.horizon.seconds(len(self), now)
+        retains = retains and not beyond
         to_base = []
         for block in blocks:
+            self.counters.beyond_horizon += beyond
             retention = self._retention.get(block)
             if retention is not None and retention[0] <= now:  # ran out while a hit held the block
                 del self._retention[block]
                 retention = None
-            if hint is not None and hint.retains:
+            if retains:
                 expiry = now + hint.retain_s if retention is None else max(retention[0], now + hint.retain_s)
                 self._retain(block, expiry, hint.priority, hint.tag, now)
             elif retention is not None:
@@ -204,6 +245,7 @@ class HintLayer:
         if n > len(self):
             raise IndexError(f"{n} victims asked for, {len(self)} evictable")
         self._lapse(now)
+        self.horizon.count(n, now)
         released = self._released
         out = [released.popitem(last=False)[0] for _ in range(min(n, len(released)))]
         self.counters.released_evicted += len(out)

@@ -245,8 +245,8 @@ class PolicyFreeQueue:
         self.policy = policy
         before = getattr(self, "hints", None)
         self.hints = HintLayer(policy, self._hint_budget, take=policy.take)
-        if before is not None:  # the counts go on (they are counters on /metrics)
-            self.hints.counters = before.counters
+        if before is not None:  # the counts go on (they are counters on /metrics), as does the horizon
+            self.hints.counters, self.hints.horizon = before.counters, before.horizon
         self._n_cached = len(policy)
         self._hints_changed()
 
@@ -282,7 +282,9 @@ class PolicyFreeQueue:
             self.evictions += 1
             if self._hinting:
                 return self._blocks[self._evict_hinted(1)[0]]
-            return self._blocks[self.policy.evict(self._clock())]
+            now = self._clock()
+            self.hints.horizon.count(1, now)  # the layer counts its own evictions
+            return self._blocks[self.policy.evict(now)]
         return self._back.popleft()
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
@@ -304,11 +306,14 @@ class PolicyFreeQueue:
                 if self._hinting:
                     blocks = self._blocks
                     out.extend([blocks[i] for i in self._evict_hinted(m)])
-                elif m <= _FEW:
-                    blocks = self._blocks
-                    out.extend([blocks[i] for i in self.policy.evict_n(m, self._clock())])
                 else:
-                    out.extend(self._block_array[self.policy.evict_n_array(m, self._clock())].tolist())
+                    now = self._clock()
+                    self.hints.horizon.count(m, now)  # the layer counts its own evictions
+                    if m <= _FEW:
+                        blocks = self._blocks
+                        out.extend([blocks[i] for i in self.policy.evict_n(m, now)])
+                    else:
+                        out.extend(self._block_array[self.policy.evict_n_array(m, now)].tolist())
                 n -= m
             if n:
                 back = self._back

@@ -59,7 +59,9 @@ FAMILIES = {
     "kvprof_hint_blocks_total": ("counter", "What client hints did, in blocks, by outcome: honoured (retained blocks "
                                             "hit before they lapsed), lapsed (retentions that ran out of time), "
                                             "over_budget (retentions lapsed by --kv-hint-max-fraction), "
-                                            "released_evicted, hinted_hits (hits on released or retained blocks)."),
+                                            "released_evicted, hinted_hits (hits on released or retained blocks), "
+                                            "beyond_horizon (blocks whose retention was longer than an unhinted "
+                                            "block lives in the cache, not retained)."),
     "kvprof_hinted_blocks": ("gauge", "Cached free blocks held by client hints now, by pool (released: evicted "
                                       "first; retained: evicted last)."),
 }

@@ -319,6 +319,7 @@ class KvprofCachePolicy(CachePolicy):
             assert chunk.ref_cnt == 0
             out.append((key, chunk))
         hints.counters.released_evicted += released - hints.n_released
+        hints.horizon.count(len(out), now)
         return out
 
     def clear(self) -> None:
@@ -360,9 +361,9 @@ class KvprofCachePolicy(CachePolicy):
                                                    content=item.content),
                    lambda item: policy.free((item.id,), item.stamp))
         self.policy = policy
-        counters = self.hints.counters
+        before = self.hints
         self.hints = HintLayer(policy, spec.hint_budget(self.cache_capacity))
-        self.hints.counters = counters
+        self.hints.counters, self.hints.horizon = before.counters, before.horizon
 
     def build_policy(self, spec: PolicySpec):
         """A fresh policy of ``spec`` for this tier's capacity."""
