@@ -38,7 +38,7 @@ from kvprof.models.finish import UNKNOWN
 from kvprof.policy import make_policy
 from kvprof.recording import PROBE_TAG
 from kvprof.vllm.handoff import Handoff
-from kvprof.vllm.metrics import METRICS_DIR_ENV, Metrics, note_hints
+from kvprof.vllm.metrics import METRICS_DIR_ENV, Metrics, note_hints, offload_hint_layers
 from kvprof.vllm.observe import Counterfactual
 from kvprof.vllm.spec import KvPolicyConfigError, PolicySpec, load_spec_hp, request_extra_args
 
@@ -273,7 +273,10 @@ class LiveLoop:
             metrics.set("kvprof_leader_info", 1, candidate=leader)
         if self.pool is not None:
             metrics.set("kvprof_evictions_total", self.pool.free_block_queue.evictions)
-            note_hints(metrics, self.pool.free_block_queue.hints)
+            note_hints(metrics, [self.pool.free_block_queue.hints], "gpu")
+        offloaded = offload_hint_layers()
+        if offloaded:
+            note_hints(metrics, offloaded, "cpu")
         if self.recorder is not None:
             metrics.set("kvprof_records_total", self.recorder.written, result="written")
             for reason, count in self.recorder.dropped.items():
@@ -339,7 +342,7 @@ class LiveLoop:
         for name in ("kvprof_events_dropped_total",) + (("kvprof_evictions_total",) if self.pool is not None else ()):
             metrics.inc(name, 0)
         if self.pool is not None:
-            note_hints(metrics, self.pool.free_block_queue.hints)
+            note_hints(metrics, [self.pool.free_block_queue.hints], "gpu")
         for name in self.counterfactual.tiers:
             metrics.inc("kvprof_counterfactual_cached_blocks_total", 0, policy=name)
         if self.recorder is not None:

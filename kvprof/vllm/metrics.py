@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -56,14 +57,15 @@ FAMILIES = {
                                                       "to the default class, by reason."),
     "kvprof_events_dropped_total": ("counter", "Scheduler events kvprof's background thread could not take (its "
                                                "queue was full): the counterfactual and the class counts miss them."),
-    "kvprof_hint_blocks_total": ("counter", "What client hints did, in blocks, by outcome: honoured (retained blocks "
+    "kvprof_hint_blocks_total": ("counter", "What client hints did, in blocks (CPU tier: chunks), by tier (gpu, cpu) "
+                                            "and outcome: honoured (retained blocks "
                                             "hit before they lapsed), lapsed (retentions that ran out of time), "
                                             "over_budget (retentions lapsed by --kv-hint-max-fraction), "
                                             "released_evicted, hinted_hits (hits on released or retained blocks), "
                                             "beyond_horizon (blocks whose retention was longer than an unhinted "
                                             "block lives in the cache, not retained)."),
-    "kvprof_hinted_blocks": ("gauge", "Cached free blocks held by client hints now, by pool (released: evicted "
-                                      "first; retained: evicted last)."),
+    "kvprof_hinted_blocks": ("gauge", "Cached free blocks (CPU tier: chunks) held by client hints now, by tier "
+                                      "(gpu, cpu) and pool (released: evicted first; retained: evicted last)."),
 }
 
 
@@ -108,14 +110,23 @@ class Metrics:
         atomic_write_text(Path(directory) / f"engine-{engine_labels['engine']}.json", json.dumps(document))
 
 
-def note_hints(metrics: Metrics, layer) -> None:
-    """The counts of a pool's hint layer (:class:`~kvprof.policy.hinted.HintLayer`: its
-    :class:`~kvprof.policy.hinted.HintCounters`, each field an ``outcome``) and its hinted blocks now."""
-    counters = layer.counters
-    for field in dataclasses.fields(counters):
-        metrics.set("kvprof_hint_blocks_total", getattr(counters, field.name), outcome=field.name)
-    metrics.set("kvprof_hinted_blocks", layer.n_released, pool="released")
-    metrics.set("kvprof_hinted_blocks", layer.n_retained, pool="retained")
+def note_hints(metrics: Metrics, layers: Iterable, tier: str) -> None:
+    """The counts of a tier's hint layers (:class:`~kvprof.policy.hinted.HintLayer`: their
+    :class:`~kvprof.policy.hinted.HintCounters` summed, each field an ``outcome``) and their hinted blocks
+    now, labelled ``tier`` (``gpu``: the pool's layer; ``cpu``: the offload tiers'); at least one layer."""
+    layers = list(layers)
+    for field in dataclasses.fields(layers[0].counters):
+        metrics.set("kvprof_hint_blocks_total", sum(getattr(layer.counters, field.name) for layer in layers),
+                    outcome=field.name, tier=tier)
+    metrics.set("kvprof_hinted_blocks", sum(layer.n_released for layer in layers), pool="released", tier=tier)
+    metrics.set("kvprof_hinted_blocks", sum(layer.n_retained for layer in layers), pool="retained", tier=tier)
+
+
+def offload_hint_layers() -> list:
+    """The hint layers of this process's CPU offload tiers (:data:`kvprof.vllm.offload.TIERS`); none where
+    vLLM offloads no KV cache to the CPU (the module is imported only where it does)."""
+    offload = sys.modules.get("kvprof.vllm.offload")
+    return [tier.hints for tier in list(offload.TIERS)] if offload is not None else []
 
 
 def read_snapshots(directory: str | Path) -> list[tuple[str, dict, float]]:

@@ -212,10 +212,18 @@ def test_hints_order_the_tier_as_the_hinted_policy_over_the_same_reference(tmp_p
         compared = _run(mirror, random.Random(seed), 150)
     assert compared > 50  # the tier filled and evicted many times
     tier, model = mirror.tier.hints.counters, mirror.model.counters
-    for field in ("lapsed", "over_budget", "released_evicted"):
+    for field in ("lapsed", "over_budget", "released_evicted", "beyond_horizon"):
         assert getattr(tier, field) == getattr(model, field), field
     assert tier.released_evicted > 0 and tier.lapsed > 0 and tier.honoured > 0
     assert (tier.over_budget > 0) == (fraction is not None)
+    # /metrics reads every CPU tier of the process, labelled tier="cpu", beside the GPU pool's
+    from kvprof.vllm.metrics import Metrics, note_hints, offload_hint_layers
+
+    assert any(layer is mirror.tier.hints for layer in offload_hint_layers())
+    metrics = Metrics()
+    note_hints(metrics, [mirror.tier.hints], "cpu")
+    assert metrics.get("kvprof_hint_blocks_total", outcome="lapsed", tier="cpu") == model.lapsed
+    assert metrics.get("kvprof_hinted_blocks", pool="released", tier="cpu") == mirror.model.n_released
     malformed = [r for r in caplog.records if "retain_priority" in r.getMessage()]
     assert malformed and all("kv_transfer_params" in r.getMessage() for r in malformed)
 
