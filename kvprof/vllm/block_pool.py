@@ -260,6 +260,11 @@ class PolicyFreeQueue:
         self._hinting = self.hint is not None or self.hints.active
         self._take = self.hints.take if self._hinting else self.policy.take
 
+    def hint_horizon(self) -> float:
+        """The longest retention a hint is honoured for now, in seconds (the layer's
+        :class:`~kvprof.policy.hinted.EvictionHorizon` over the evictable cached blocks)."""
+        return self.hints.horizon.seconds(self._n_cached, self._clock())
+
     def _evict_hinted(self, n: int) -> list[int]:
         victims = self.hints.evict_n(n, self._clock())
         self._hints_changed()

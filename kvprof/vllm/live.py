@@ -274,6 +274,7 @@ class LiveLoop:
         if self.pool is not None:
             metrics.set("kvprof_evictions_total", self.pool.free_block_queue.evictions)
             note_hints(metrics, [self.pool.free_block_queue.hints], "gpu")
+            metrics.set("kvprof_hint_horizon_seconds", self.pool.free_block_queue.hint_horizon())
         offloaded = offload_hint_layers()
         if offloaded:
             note_hints(metrics, offloaded, "cpu")
@@ -343,6 +344,7 @@ class LiveLoop:
             metrics.inc(name, 0)
         if self.pool is not None:
             note_hints(metrics, [self.pool.free_block_queue.hints], "gpu")
+            metrics.set("kvprof_hint_horizon_seconds", self.pool.free_block_queue.hint_horizon())
         for name in self.counterfactual.tiers:
             metrics.inc("kvprof_counterfactual_cached_blocks_total", 0, policy=name)
         if self.recorder is not None:

@@ -64,6 +64,10 @@ FAMILIES = {
                                             "released_evicted, hinted_hits (hits on released or retained blocks), "
                                             "beyond_horizon (blocks whose retention was longer than an unhinted "
                                             "block lives in the cache, not retained)."),
+    "kvprof_hint_horizon_seconds": ("gauge", "How long an unhinted cached block lives in the GPU pool now (its "
+                                             "evictable blocks over the eviction rate since the first eviction): "
+                                             "the longest retention a client hint is honoured for; +Inf until the "
+                                             "pool first evicts."),
     "kvprof_hinted_blocks": ("gauge", "Cached free blocks (CPU tier: chunks) held by client hints now, by tier "
                                       "(gpu, cpu) and pool (released: evicted first; retained: evicted last)."),
 }

@@ -4,6 +4,7 @@ and caches what ``kvprof compare --hints trace`` of its own recording predicts."
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -81,6 +82,7 @@ def test_the_pool_evicts_as_the_hinted_reference(seed, in_vllm):
         assert len(queue.hints) == len(reference)
         assert (queue.hints.n_released, queue.hints.n_retained) == (reference.n_released, reference.n_retained)
     assert queue.hints.counters == reference.counters
+    assert queue.hint_horizon() == reference.horizon.seconds(len(reference), now[0]) < math.inf
     assert reference.counters.honoured and reference.counters.released_evicted and reference.counters.over_budget
     order = [b.block_id for b in queue.get_all_free_blocks() if b.block_id in cached]
     assert order == reference.order(now[0])
@@ -225,6 +227,8 @@ def test_the_server_cached_what_the_simulator_predicts_with_its_hints(hinted):
     beyond = [line for line in hinted["metrics"].splitlines()
               if line.startswith("kvprof_hint_blocks_total{") and 'outcome="beyond_horizon"' in line]
     assert beyond and float(beyond[0].rsplit(" ", 1)[1]) > 0, beyond
+    horizon = [line for line in hinted["metrics"].splitlines() if line.startswith("kvprof_hint_horizon_seconds{")]
+    assert horizon and 0 < float(horizon[0].rsplit(" ", 1)[1]) < 1000, horizon  # why tag 1's 1,000 s went beyond
 
 
 def test_a_release_naming_a_session_demotes_only_that_sessions_own_blocks(hinted, monkeypatch):
