@@ -269,8 +269,9 @@ def _run(trace, hp, fit_part, tasks, config: SimConfig, jobs: int, ray, inputs: 
     started = time.perf_counter()
     workload = prepare_workload(trace, hp, config.engine_block_size, config.rate_scale)
     with task_progress(f"routing and replaying {len(tasks):,} configurations", len(tasks), quiet) as update:
-        outcomes = run_tasks(run_configuration, (trace, workload, hp, fit_part), [(*task, config, hint_max_fraction) for task in tasks],
-                             n_jobs=jobs, ray=ray, progress=update)
+        outcomes = run_tasks(run_configuration, (trace, workload, hp, fit_part),
+                             [(*task, config, hint_max_fraction) for task in tasks], n_jobs=jobs, ray=ray,
+                             progress=update)
     runs = [run for run, _ in outcomes]
     replica_hps = {replica_hp_file(run.router, run.replicas, run.capacity, j): one
                    for run, hps in outcomes for j, one in enumerate(hps or ())}
