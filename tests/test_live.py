@@ -347,7 +347,9 @@ class FakePool:
         from kvprof.policy.hinted import HintLayer
 
         self.policy = spec.make_policy(capacity=blocks, n_blocks=blocks)
-        self.free_block_queue = SimpleNamespace(evictions=0, hints=HintLayer(self.policy))  # its hint counts
+        hints = HintLayer(self.policy)  # its hint counts and horizon, as the pool's free queue keeps them
+        self.free_block_queue = SimpleNamespace(evictions=0, hints=hints,
+                                                hint_horizon=lambda: hints.horizon.seconds(len(hints), time.monotonic()))
 
     def replace_policy(self, spec, twin):
         self.policy = twin
