@@ -153,6 +153,11 @@ class HintLayer:
         self.tracks_sessions = False
         self._holders: dict[int, object] = {}  # block -> the one session that held it, NEW or SHARED
 
+    def carry_from(self, before: HintLayer) -> None:
+        """Go on with ``before``'s counts and horizon: a layer over a reloaded policy (its counts are
+        counters on /metrics; the horizon measures the cache, not the policy)."""
+        self.counters, self.horizon = before.counters, before.horizon
+
     @property
     def active(self) -> bool:
         """Whether the layer holds anything: a released block or a retention (evictable or held)."""

@@ -227,8 +227,6 @@ class PolicyFreeQueue:
         self._hint_budget = hint_budget
         #: The hint of the request whose blocks are being freed (None: none), until :meth:`set_hint` (None).
         self.hint: Hint | None = None
-        #: Cached blocks the policy evicted so far.
-        self.evictions = 0
         # The same blocks as an object array: victims come back as an id array, and one gather
         # turns it into blocks three times faster than a list comprehension would.
         self._block_array = np.empty(len(blocks), dtype=object)
@@ -245,8 +243,8 @@ class PolicyFreeQueue:
         self.policy = policy
         before = getattr(self, "hints", None)
         self.hints = HintLayer(policy, self._hint_budget, take=policy.take)
-        if before is not None:  # the counts go on (they are counters on /metrics), as does the horizon
-            self.hints.counters, self.hints.horizon = before.counters, before.horizon
+        if before is not None:
+            self.hints.carry_from(before)
         self._n_cached = len(policy)
         self._hints_changed()
 
@@ -259,6 +257,11 @@ class PolicyFreeQueue:
     def _hints_changed(self) -> None:
         self._hinting = self.hint is not None or self.hints.active
         self._take = self.hints.take if self._hinting else self.policy.take
+
+    @property
+    def evictions(self) -> int:
+        """Cached blocks evicted so far, reloads included: the horizon's count, which every eviction feeds."""
+        return self.hints.horizon.evicted
 
     def hint_horizon(self) -> float:
         """The longest retention a hint is honoured for now, in seconds (the layer's
@@ -284,7 +287,6 @@ class PolicyFreeQueue:
             return self._front.popleft()
         if self._n_cached:
             self._n_cached -= 1
-            self.evictions += 1
             if self._hinting:
                 return self._blocks[self._evict_hinted(1)[0]]
             now = self._clock()
@@ -307,7 +309,6 @@ class PolicyFreeQueue:
             m = min(n, self._n_cached)
             if m:
                 self._n_cached -= m
-                self.evictions += m
                 if self._hinting:
                     blocks = self._blocks
                     out.extend([blocks[i] for i in self._evict_hinted(m)])

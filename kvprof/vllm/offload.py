@@ -363,7 +363,7 @@ class KvprofCachePolicy(CachePolicy):
         self.policy = policy
         before = self.hints
         self.hints = HintLayer(policy, spec.hint_budget(self.cache_capacity))
-        self.hints.counters, self.hints.horizon = before.counters, before.horizon
+        self.hints.carry_from(before)
 
     def build_policy(self, spec: PolicySpec):
         """A fresh policy of ``spec`` for this tier's capacity."""
