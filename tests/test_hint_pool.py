@@ -80,7 +80,7 @@ class Pair:
             self.pool.base.finish(self.requests, self.now)
             session = None if hint is None else hint.session
             if session is not None or self.pool.hinted.tracks_sessions:  # as the pool's finish_request tells it
-                self.pool.hinted.note_held(blocks, session)
+                self.pool.hinted.note_held(blocks, session, self.now)
             tail_first = blocks[::-1]
             self.reference.hinted.free(tail_first, self.now)
             self.pool.hinted.free_hinted(tail_first, self.now, hint)

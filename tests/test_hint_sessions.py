@@ -37,7 +37,7 @@ class Sessions:
     def __init__(self, tracked: bool = False):
         self.policy = HintedPolicy(make_policy("lru"))
         if tracked:  # as after a request of a session that held nothing
-            self.policy.note_held([], "earlier")
+            self.policy.note_held([], "earlier", 0.0)
         self.now = 0.0
         self.refs = [0] * N_BLOCKS
         self.evictable: set[int] = set()

@@ -257,6 +257,42 @@ def test_a_retention_longer_than_the_caches_horizon_is_not_honoured():
     assert policy._retention[6][0] == 6.5
 
 
+def replay_releases(come_back: bool) -> HintedPolicy:
+    """Each second an unhinted request of 4 blocks and one of a new session that releases its 4 blocks,
+    4 blocks evicted; with ``come_back`` each released session sends another request half a second
+    later (4 blocks of its own, no hint), which the base order evicts in its turn."""
+    policy = HintedPolicy(make_policy("lru"))
+    blocks = iter(range(10_000))
+
+    def request(now: float, hint: Hint | None) -> None:
+        held = [next(blocks) for _ in range(4)]
+        for block in held:
+            policy.access(block, now, hit=False)
+        policy.finish(0, now, hint=hint, held=held)
+        policy.free(held, now)
+
+    for t in range(1, 40):
+        request(float(t), None)
+        request(float(t), Hint(release=True, session=t))
+        if come_back:
+            request(t + 0.5, Hint(session=t))
+        policy.evict_n(4 + 4 * come_back, t + 0.75)
+    return policy
+
+
+def test_releases_are_declined_while_their_sessions_come_back_more_often_than_the_base_victims():
+    """Releases whose sessions come back at once are judged worse victims than the base order's (sessions
+    that never come back): after the first judgements they go to the base order, counted release_declined.
+    Releases whose sessions never come back stay honoured."""
+    wrong = replay_releases(come_back=True)
+    # one release judged just after the first eviction, when the horizon was a fraction of a second
+    assert wrong.released_record.share_returned(40.0) > 0.9 and wrong.evicted_record.share_returned(40.0) == 0.0
+    assert wrong.counters.release_declined > 30 * 4 and wrong.n_released == 0
+    right = replay_releases(come_back=False)
+    assert right.released_record.share_returned(40.0) == 0.0
+    assert right.counters.release_declined == 0 and right.counters.released_evicted > 30 * 4
+
+
 def test_hint_checks_and_columns_round_trip():
     with pytest.raises(ValueError, match="contradict"):
         Hint(retain_s=1.0, release=True)

@@ -32,6 +32,15 @@ the time the cache gives any block, at the cost of blocks that come back sooner 
 evicts such a session's blocks first); its blocks go where an unhinted free puts them, and count as
 ``beyond_horizon``. Until the first eviction the horizon is unbounded: every retention is honoured.
 
+Trust: a release that names its session is a claim that the session will not come back while its blocks
+would still be cached, and it is judged so (:class:`ReturnRecord`): every such release, honoured or not,
+is right where its session stays away for the cache's horizon after it and wrong where it comes back.
+The base order's own victims are judged the same way (the sessions whose own blocks it evicts). A release
+is honoured while the released sessions come back no more often than the base's victims: while releases
+pick victims at least as well as the policy does. So a client whose releases are no better than a coin
+falls back to the policy's order, and is trusted again once its releases are right again. A release
+naming no session cannot be judged and is honoured as told.
+
 The budget: retained blocks number at most ``budget_blocks``, each tag's alone and all tags' together;
 retaining one more lapses the tag's oldest retention (earliest retained) into the base order where the
 tag is over, else the oldest of all where the whole is. So a client that retains everything holds at
@@ -69,7 +78,8 @@ class HintCounters:
     ``honoured``: retained blocks hit before they lapsed; ``lapsed``: retentions that ran out of
     time; ``over_budget``: retentions lapsed by the budget; ``released_evicted``: released blocks
     evicted; ``hinted_hits``: hits on blocks that were released or retained when hit;
-    ``beyond_horizon``: blocks freed with a retention longer than the cache's horizon, not retained.
+    ``beyond_horizon``: blocks freed with a retention longer than the cache's horizon, not retained;
+    ``release_declined``: blocks a release named that went to the base order, the releases not trusted.
     """
 
     honoured: int = 0
@@ -78,6 +88,7 @@ class HintCounters:
     released_evicted: int = 0
     hinted_hits: int = 0
     beyond_horizon: int = 0
+    release_declined: int = 0
 
 
 @dataclass
@@ -104,6 +115,61 @@ class EvictionHorizon:
         if not self.evicted or now <= self.first:
             return math.inf
         return n_evictable * (now - self.first) / self.evicted
+
+
+class ReturnRecord:
+    """Whether the sessions a choice named come back by its deadline: how good a kind of choice is.
+
+    A choice names a session and a deadline: a victim (a release, the base order's eviction) is wrong
+    where its session comes back within the cache's horizon, when its blocks would still have been
+    cached; a retention is right where its session comes back before the retention ends.
+
+    Invariant: ``_deadline`` maps each session chosen and not yet judged to its last choice's deadline,
+    and ``_by_deadline`` (a heap of ``(deadline, seq, session)``, entries no longer a session's last
+    dead) holds each; a judged choice counts once, as ``returned`` (its session came back by the
+    deadline) or ``stayed_away`` (the deadline passed first).
+    """
+
+    def __init__(self):
+        self.returned = 0
+        self.stayed_away = 0
+        self._deadline: dict = {}
+        self._by_deadline: list = []
+        self._seq = 0
+
+    def chosen(self, session, deadline: float) -> None:
+        """A choice names ``session`` until ``deadline`` (a session chosen again is judged on its last)."""
+        self._seq += 1
+        self._deadline[session] = (deadline, self._seq)
+        heapq.heappush(self._by_deadline, (deadline, self._seq, session))
+
+    def came_back(self, session, now: float) -> None:
+        """A request of ``session`` at ``now``: its pending choice, if any, is judged."""
+        chosen = self._deadline.pop(session, None)
+        if chosen is not None:
+            if now <= chosen[0]:
+                self.returned += 1
+            else:
+                self.stayed_away += 1
+
+    def age(self, now: float) -> None:
+        """Choices whose deadline passed before their session came back stayed away."""
+        heap, deadlines = self._by_deadline, self._deadline
+        while heap and heap[0][0] < now:
+            deadline, seq, session = heapq.heappop(heap)
+            if deadlines.get(session) == (deadline, seq):
+                del deadlines[session]
+                self.stayed_away += 1
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._deadline)
+
+    def share_returned(self, now: float) -> float | None:
+        """The share of the choices judged by ``now`` whose session came back (None: none judged)."""
+        self.age(now)
+        judged = self.returned + self.stayed_away
+        return self.returned / judged if judged else None
 
 
 class HintLayer:
@@ -141,6 +207,8 @@ class HintLayer:
         self.budget_blocks = budget_blocks
         self.counters = HintCounters()
         self.horizon = EvictionHorizon()
+        self.released_record = ReturnRecord()  # the sessions releases named
+        self.evicted_record = ReturnRecord()  # the sessions whose own blocks the base order evicted
         self._take_from_base = base.remove if take is None else take
         self._released: OrderedDict[int, None] = OrderedDict()
         self._retained: dict[int, int] = {}  # block -> seq of its live heap entries
@@ -157,6 +225,7 @@ class HintLayer:
         """Go on with ``before``'s counts and horizon: a layer over a reloaded policy (its counts are
         counters on /metrics; the horizon measures the cache, not the policy)."""
         self.counters, self.horizon = before.counters, before.horizon
+        self.released_record, self.evicted_record = before.released_record, before.evicted_record
 
     @property
     def active(self) -> bool:
@@ -169,6 +238,8 @@ class HintLayer:
         retains = hint is not None and hint.retains
         beyond = retains and hint.retain_s > self.horizon.seconds(len(self), now)
         retains = retains and not beyond
+        releases = hint is not None and hint.release and not retains
+        declined = releases and hint.session is not None and not self._release_trusted(hint.session, now)
         to_base = []
         for block in blocks:
             self.counters.beyond_horizon += beyond
@@ -181,9 +252,12 @@ class HintLayer:
                 self._retain(block, expiry, hint.priority, hint.tag, now)
             elif retention is not None:
                 self._retain(block, *retention, now)
-            elif hint is not None and hint.release and (
-                    hint.session is None or self._holders.get(block, SHARED) == hint.session):
-                self._released[block] = None
+            elif releases and (hint.session is None or self._holders.get(block, SHARED) == hint.session):
+                if declined:
+                    self.counters.release_declined += 1
+                    to_base.append(block)
+                else:
+                    self._released[block] = None
             else:
                 to_base.append(block)
         if to_base:
@@ -218,12 +292,16 @@ class HintLayer:
         any request named a session, every request does (a caller may skip listing its blocks otherwise)."""
         return session is not None or self.tracks_sessions
 
-    def note_held(self, blocks: Iterable[int], session) -> None:
+    def note_held(self, blocks: Iterable[int], session, now: float) -> None:
         """A request of ``session`` (None: naming none) finishes holding ``blocks`` (all of them, shared
-        ones too): each is private to ``session`` only where no one else held it since it was cached."""
+        ones too) at ``now``: each is private to ``session`` only where no one else held it since it was
+        cached; and ``session`` came back, which judges its last choice as a victim (:meth:`_release_trusted`)."""
         if not self.tracks(session):
             return
         self.tracks_sessions = True
+        if session is not None:
+            self.released_record.came_back(session, now)
+            self.evicted_record.came_back(session, now)
         holders = self._holders
         for block in blocks:
             before = holders.get(block, SHARED)
@@ -250,13 +328,13 @@ class HintLayer:
         if n > len(self):
             raise IndexError(f"{n} victims asked for, {len(self)} evictable")
         self._lapse(now)
-        self.horizon.count(n, now)
         released = self._released
         out = [released.popitem(last=False)[0] for _ in range(min(n, len(released)))]
         self.counters.released_evicted += len(out)
         from_base = min(n - len(out), len(self.base))
-        if from_base:
-            out.extend(self.base.evict_n(from_base, now))
+        by_base = self.base.evict_n(from_base, now) if from_base else []
+        self.count_evicted(n, now, by_base)
+        out.extend(by_base)
         while len(out) < n:
             _, _, seq, block = heapq.heappop(self._victims)
             if self._retained.get(block) == seq:
@@ -267,6 +345,31 @@ class HintLayer:
             for block in out:
                 self._holders.pop(block, None)
         return out
+
+    def count_evicted(self, n: int, now: float, by_base: Iterable[int] = ()) -> None:
+        """``n`` blocks were evicted at ``now``, ``by_base`` those of them the base order chose: the
+        horizon counts them all, and the sessions that alone held the base's victims are victims the
+        base chose (:meth:`_release_trusted`). A caller that evicts from the base without the layer
+        (vLLM's pool while no hint is held, the CPU tier) tells it here, so every caller judges alike."""
+        self.horizon.count(n, now)
+        holders = self._holders
+        if holders:
+            deadline = None
+            for block in by_base:
+                session = holders.pop(block, SHARED)
+                if session is not SHARED and session is not NEW:
+                    if deadline is None:
+                        deadline = now + self.horizon.seconds(len(self), now)
+                    self.evicted_record.chosen(session, deadline)
+
+    def _release_trusted(self, session, now: float) -> bool:
+        """Whether a release naming ``session`` is honoured now: while the sessions releases named come
+        back within the horizon no more often than those whose blocks the base order evicted, so a release
+        picks victims at least as well as the base does. Every release naming a session is judged, honoured
+        or not, so a client's word is trusted again once it is right again."""
+        released, evicted = self.released_record.share_returned(now), self.evicted_record.share_returned(now)
+        self.released_record.chosen(session, now + self.horizon.seconds(len(self), now))
+        return released is None or evicted is None or released <= evicted
 
     def order(self, now: float, limit: int | None = None) -> list[int]:
         """The eviction order (first victim first), as :meth:`evict_n` would take it now."""
@@ -386,7 +489,7 @@ class HintedPolicy(HintLayer, EvictionPolicy):
         another request holds every block)."""
         self._hint, self._held = hint, held
         if held is not None:
-            self.note_held(held, None if hint is None else hint.session)
+            self.note_held(held, None if hint is None else hint.session, now)
         if self._tells_finish:
             self.base.finish(request, now, contents, n_blocks=n_blocks, n_output=n_output, finish=finish)
         else:
@@ -401,7 +504,7 @@ class HintedPolicy(HintLayer, EvictionPolicy):
     def free(self, blocks: Iterable[int], now: float) -> None:
         hint, held, self._hint, self._held = self._hint, self._held, None, None
         if held is not None:
-            self.note_held(held, None if hint is None else hint.session)
+            self.note_held(held, None if hint is None else hint.session, now)
         self.free_hinted(blocks, now, hint)
 
     def remove(self, block: int) -> None:

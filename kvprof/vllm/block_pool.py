@@ -290,8 +290,9 @@ class PolicyFreeQueue:
             if self._hinting:
                 return self._blocks[self._evict_hinted(1)[0]]
             now = self._clock()
-            self.hints.horizon.count(1, now)  # the layer counts its own evictions
-            return self._blocks[self.policy.evict(now)]
+            victim = self.policy.evict(now)
+            self.hints.count_evicted(1, now, (victim,))  # the layer counts its own evictions
+            return self._blocks[victim]
         return self._back.popleft()
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
@@ -314,12 +315,16 @@ class PolicyFreeQueue:
                     out.extend([blocks[i] for i in self._evict_hinted(m)])
                 else:
                     now = self._clock()
-                    self.hints.horizon.count(m, now)  # the layer counts its own evictions
                     if m <= _FEW:
+                        victims = self.policy.evict_n(m, now)
                         blocks = self._blocks
-                        out.extend([blocks[i] for i in self.policy.evict_n(m, now)])
+                        out.extend([blocks[i] for i in victims])
                     else:
-                        out.extend(self._block_array[self.policy.evict_n_array(m, now)].tolist())
+                        victims = self.policy.evict_n_array(m, now)
+                        out.extend(self._block_array[victims].tolist())
+                        victims = victims.tolist() if self.hints.tracks_sessions else ()
+                    # the layer counts its own evictions (and, where it tracks sessions, whose they were)
+                    self.hints.count_evicted(m, now, victims if self.hints.tracks_sessions else ())
                 n -= m
             if n:
                 back = self._back
@@ -732,7 +737,7 @@ class KvprofBlockPool(BlockPool):
             self.free_block_queue.set_hint(hint)
         session, layer = None if hint is None else hint.session, self.free_block_queue.hints
         if layer.tracks(session):
-            layer.note_held([block.block_id for group in held for block in group], session)
+            layer.note_held([block.block_id for group in held for block in group], session, self._clock())
         self._request_classes.pop(request.request_id, None)
         if not self._shadowed:
             self._chain_numbers.pop(request.request_id, None)  # kept under a policy served before a reload

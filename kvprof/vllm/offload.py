@@ -252,7 +252,8 @@ class KvprofCachePolicy(CachePolicy):
         hint = self._hint_of(req_context)
         session = None if hint is None else hint.session
         if self.hints.tracks(session):  # who held them (a release demotes one session's own)
-            self.hints.note_held([self._id[key] for group in key_groups for key in group if key in self._id], session)
+            self.hints.note_held([self._id[key] for group in key_groups for key in group if key in self._id], session,
+                                 self._clock())
         if hint is not None and not (hint.retains or hint.release):
             hint = None  # a session alone places nothing
         own = insertion_only_keys if hint is not None else ()
@@ -309,6 +310,8 @@ class KvprofCachePolicy(CachePolicy):
                 break
         if len(chosen) < n:
             return None
+        # the layer counts its own evictions (and, where it tracks sessions, whose the base's victims were)
+        hints.count_evicted(n, now, [block for block in chosen if block in hints.base] if hints.tracks_sessions else ())
         out = []
         released = hints.n_released
         for block in chosen:
@@ -319,7 +322,6 @@ class KvprofCachePolicy(CachePolicy):
             assert chunk.ref_cnt == 0
             out.append((key, chunk))
         hints.counters.released_evicted += released - hints.n_released
-        hints.horizon.count(len(out), now)
         return out
 
     def clear(self) -> None:
