@@ -114,6 +114,9 @@ def test_the_pools_hint_layer_decides_as_the_simulators(name, ops, budget):
         assert (pool.n_released, pool.n_retained, pool.active, pool._holders) == (
             reference.n_released, reference.n_retained, reference.active, reference._holders)
     assert pool.counters == reference.counters
+    for record in ("released_record", "evicted_record"):  # the releases judged alike
+        pool_side, reference_side = getattr(pool, record), getattr(reference, record)
+        assert (pool_side.returned, pool_side.stayed_away) == (reference_side.returned, reference_side.stayed_away)
     assert pool.order(pair.now + 1) == reference.order(pair.now + 1)
     assert pool.evict_n(len(pool), pair.now + 1) == reference.evict_n(len(reference), pair.now + 1)
 

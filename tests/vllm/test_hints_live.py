@@ -20,9 +20,11 @@ def _cache(pool, block, key: bytes) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_the_pool_evicts_as_the_hinted_reference(seed, in_vllm):
-    """kvprof's pool serving ``lru``, its requests freed with random hints (retain, release, none) under
-    a budget, hands out the blocks that ``HintedPolicy`` over the reference ``lru`` evicts, on the same
-    operations and clock; prefix hits on released and retained blocks go through the layer."""
+    """kvprof's pool serving ``lru``, its requests freed with random hints (retain, release, none, some
+    naming one of three sessions) under a budget, hands out the blocks that ``HintedPolicy`` over the
+    reference ``lru`` evicts, on the same operations and clock; prefix hits on released and retained
+    blocks go through the layer, and both judge the releases alike (evictions without a hint held
+    bypass the pool's layer)."""
     if not in_vllm:
         return
     from kvprof.models.hints import Hint
@@ -42,7 +44,8 @@ def test_the_pool_evicts_as_the_hinted_reference(seed, in_vllm):
     cached: set[int] = set()  # blocks with a hash the reference holds (held or evictable)
     evictable: set[int] = set()
     running: list[list] = []
-    choices = [None, None, Hint(retain_s=2.0, tag=1), Hint(retain_s=6.0, priority=10), Hint(release=True)]
+    choices = [None, None, Hint(retain_s=2.0, tag=1), Hint(retain_s=6.0, priority=10), Hint(release=True),
+               *(Hint(release=True, session=s) for s in range(3)), *(Hint(session=s) for s in range(3))]
     key = 0
     for step in range(500):
         now[0] += rng.choice([0.0, 0.1, 0.5, 1.5])
@@ -65,23 +68,34 @@ def test_the_pool_evicts_as_the_hinted_reference(seed, in_vllm):
                 key += 1
                 _cache(pool, block, key.to_bytes(8, "little"))
                 pool.policy.access(block.block_id, now[0], hit=False)
+                if queue.hints.tracks_sessions:  # as the pool's cache_full_blocks tells it
+                    queue.hints.recached(block.block_id)
                 reference.access(block.block_id, now[0], hit=False)
                 cached.add(block.block_id)
             running.append([pool.blocks[i] for i in hits] + fresh)
         elif running:
             blocks = running.pop(rng.randrange(len(running)))
             hint = rng.choice(choices)
+            held = [b.block_id for b in blocks]
+            if queue.hints.tracks(None if hint is None else hint.session):  # as the pool's finish_request
+                queue.hints.note_held(held, hint.session if hint else None, now[0])
+            reference.finish(step, now[0], hint=hint, held=held)
             queue.set_hint(hint)
             pool.free_blocks(reversed(blocks))
             queue.set_hint(None)
             freed = [b.block_id for b in reversed(blocks) if b.block_id in cached and b.ref_cnt == 0]
-            reference.finish(step, now[0], hint=hint)
             if freed:  # a free of no cached block does not reach the policy
                 reference.free(freed, now[0])
             evictable |= set(freed)
         assert len(queue.hints) == len(reference)
         assert (queue.hints.n_released, queue.hints.n_retained) == (reference.n_released, reference.n_retained)
     assert queue.hints.counters == reference.counters
+    assert queue.hints._holders == reference._holders
+    for record in ("released_record", "evicted_record"):
+        pool_side, reference_side = getattr(queue.hints, record), getattr(reference, record)
+        assert (pool_side.returned, pool_side.stayed_away) == (reference_side.returned, reference_side.stayed_away)
+    assert reference.evicted_record.returned + reference.evicted_record.stayed_away
+    assert reference.released_record.returned + reference.released_record.stayed_away
     assert queue.hint_horizon() == reference.horizon.seconds(len(reference), now[0]) < math.inf
     assert reference.counters.honoured and reference.counters.released_evicted and reference.counters.over_budget
     order = [b.block_id for b in queue.get_all_free_blocks() if b.block_id in cached]
