@@ -37,9 +37,10 @@ would still be cached, and it is judged so (:class:`ReturnRecord`): every such r
 is right where its session stays away for the cache's horizon after it and wrong where it comes back.
 The base order's own victims are judged the same way (the sessions whose own blocks it evicts). A release
 is honoured while the released sessions come back no more often than the base's victims: while releases
-pick victims at least as well as the policy does. So a client whose releases are no better than a coin
-falls back to the policy's order, and is trusted again once its releases are right again. A release
-naming no session cannot be judged and is honoured as told.
+pick victims at least as well as the policy does (until a victim of the base is judged, as though the
+base's victims never came back). So a client whose releases are no better than a coin falls back to the
+policy's order, and is trusted again once its releases are right again. A release naming no session
+cannot be judged and is honoured as told.
 
 The budget: retained blocks number at most ``budget_blocks``, each tag's alone and all tags' together;
 retaining one more lapses the tag's oldest retention (earliest retained) into the base order where the
@@ -366,10 +367,12 @@ class HintLayer:
         """Whether a release naming ``session`` is honoured now: while the sessions releases named come
         back within the horizon no more often than those whose blocks the base order evicted, so a release
         picks victims at least as well as the base does. Every release naming a session is judged, honoured
-        or not, so a client's word is trusted again once it is right again."""
+        or not, so a client's word is trusted again once it is right again. Before any is judged a release
+        is honoured; before any of the base's victims is, they count as never coming back (trust is earned
+        against the strictest yardstick until the base's own record exists)."""
         released, evicted = self.released_record.share_returned(now), self.evicted_record.share_returned(now)
         self.released_record.chosen(session, now + self.horizon.seconds(len(self), now))
-        return released is None or evicted is None or released <= evicted
+        return released is None or released <= (evicted or 0.0)
 
     def order(self, now: float, limit: int | None = None) -> list[int]:
         """The eviction order (first victim first), as :meth:`evict_n` would take it now."""

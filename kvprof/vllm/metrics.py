@@ -63,7 +63,9 @@ FAMILIES = {
                                             "over_budget (retentions lapsed by --kv-hint-max-fraction), "
                                             "released_evicted, hinted_hits (hits on released or retained blocks), "
                                             "beyond_horizon (blocks whose retention was longer than an unhinted "
-                                            "block lives in the cache, not retained)."),
+                                            "block lives in the cache, not retained), release_declined (blocks of "
+                                            "releases not honoured: released sessions came back more often than "
+                                            "those the policy evicted)."),
     "kvprof_hint_horizon_seconds": ("gauge", "How long an unhinted cached block lives in the GPU pool now (its "
                                              "evictable blocks over the eviction rate since the first eviction): "
                                              "the longest retention a client hint is honoured for; +Inf until the "
