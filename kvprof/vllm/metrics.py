@@ -66,6 +66,12 @@ FAMILIES = {
                                             "block lives in the cache, not retained), release_declined (blocks of "
                                             "releases not honoured: released sessions came back more often than "
                                             "those the policy evicted)."),
+    "kvprof_hint_sessions_judged_total": ("counter", "Sessions chosen as victims and judged so far, by tier (gpu, "
+                                                     "cpu), chosen (released: by a client's release naming it; "
+                                                     "evicted: by the policy evicting its own blocks) and outcome "
+                                                     "(returned within the horizon, stayed_away): a release is "
+                                                     "honoured while the released return no more often than the "
+                                                     "evicted."),
     "kvprof_hint_horizon_seconds": ("gauge", "How long an unhinted cached block lives in the GPU pool now (its "
                                              "evictable blocks over the eviction rate since the first eviction): "
                                              "the longest retention a client hint is honoured for; +Inf until the "
@@ -118,12 +124,17 @@ class Metrics:
 
 def note_hints(metrics: Metrics, layers: Iterable, tier: str) -> None:
     """The counts of a tier's hint layers (:class:`~kvprof.policy.hinted.HintLayer`: their
-    :class:`~kvprof.policy.hinted.HintCounters` summed, each field an ``outcome``) and their hinted blocks
-    now, labelled ``tier`` (``gpu``: the pool's layer; ``cpu``: the offload tiers'); at least one layer."""
+    :class:`~kvprof.policy.hinted.HintCounters` summed, each field an ``outcome``), the sessions their
+    releases and their policies' evictions chose, judged, and their hinted blocks now, labelled ``tier`` (``gpu``: the pool's layer; ``cpu``: the offload tiers'); at least one layer."""
     layers = list(layers)
     for field in dataclasses.fields(layers[0].counters):
         metrics.set("kvprof_hint_blocks_total", sum(getattr(layer.counters, field.name) for layer in layers),
                     outcome=field.name, tier=tier)
+    for chosen in ("released", "evicted"):
+        records = [getattr(layer, f"{chosen}_record") for layer in layers]
+        for outcome in ("returned", "stayed_away"):
+            metrics.set("kvprof_hint_sessions_judged_total", sum(getattr(record, outcome) for record in records),
+                        chosen=chosen, outcome=outcome, tier=tier)
     metrics.set("kvprof_hinted_blocks", sum(layer.n_released for layer in layers), pool="released", tier=tier)
     metrics.set("kvprof_hinted_blocks", sum(layer.n_retained for layer in layers), pool="retained", tier=tier)
 

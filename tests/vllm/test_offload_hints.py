@@ -357,7 +357,8 @@ def test_shared_chunks_take_the_last_finishing_requests_hint_and_a_load_counts_o
 
 def test_a_release_naming_a_session_demotes_only_that_sessions_own_chunks(tmp_path, in_vllm):
     """Sessions A and B read one document (two chunks), each with a chunk of its own after it; A's
-    release then demotes its own chunk only, the document stays in the policy's order."""
+    release then demotes its own chunk only, the document stays in the policy's order. A's return
+    judges its release, C's return the policy's eviction of C's own chunks."""
     if not in_vllm:
         return
     from vllm.v1.kv_offload.base import ReqContext
@@ -384,3 +385,21 @@ def test_a_release_naming_a_session_demotes_only_that_sessions_own_chunks(tmp_pa
     assert all(tier._id[key] in tier.policy for key in document)
     request("b2", {"release": True}, [*document, own["B"]], [])  # naming no session: every chunk
     assert {tier._key[block] for block in tier.hints._released} == {own["A"], own["B"], *document}
+    # the releases and the policy's victims are judged by their sessions' returns, as in the simulator
+    request("a3", {"hint_session": "A"}, [own["A"]], [])  # A came back after its release
+    assert (tier.hints.released_record.returned, tier.hints.released_record.stayed_away) == (1, 0)
+    request("c1", {"hint_session": "C"}, [], [_key(4, i) for i in range(7)])  # the tier is full
+    # six victims: the three chunks still released, then the policy's first three: the warm-up chunk
+    # (cached before sessions were tracked: shared) and two of C's own, victims of a session it chose
+    victims = [tier._key[block] for block in tier.hints.order(mirror.now, 6)]
+    assert victims[3:] == [_key(3, 0), _key(4, 0), _key(4, 1)]
+    request("d1", {"hint_session": "D"}, [], [_key(5, i) for i in range(6)])
+    assert not any(key in tier.chunks for key in victims)
+    request("c2", {"hint_session": "C"}, [_key(4, 2)], [])
+    assert (tier.hints.evicted_record.returned, tier.hints.evicted_record.stayed_away) == (1, 0)
+    from kvprof.vllm.metrics import Metrics, note_hints
+
+    metrics = Metrics()
+    note_hints(metrics, [tier.hints], "cpu")  # on /metrics as the tier keeps it
+    assert [metrics.get("kvprof_hint_sessions_judged_total", chosen=chosen, outcome="returned", tier="cpu")
+            for chosen in ("released", "evicted")] == [1, 1]
