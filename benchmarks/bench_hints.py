@@ -33,7 +33,6 @@ import dataclasses
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 

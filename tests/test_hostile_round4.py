@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -46,10 +47,8 @@ def test_replay_without_its_extra_says_what_to_install_before_any_option_needs_i
     assert not (tmp_path / "out").exists()
 
 
-def _fed_once(path: Path, data: bytes) -> "threading.Thread":
+def _fed_once(path: Path, data: bytes) -> threading.Thread:
     """A FIFO at ``path`` whose writer gives ``data`` once (a second open of it would wait forever)."""
-    import threading
-
     os.mkfifo(path)
 
     def feed():

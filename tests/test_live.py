@@ -55,7 +55,7 @@ def traffic(draw):
     (the replay of a recording on a smaller cache rejects such a request; the counterfactual runs at the
     server's own capacity)."""
     ids: dict[tuple, int] = {}
-    rows, events, t = [], [], 0.0
+    rows, t = [], 0.0
     for r in range(draw(st.integers(1, 60))):  # up to ~360 lookups: wa weighs its shadows every 64
         symbols = draw(st.lists(st.integers(0, 2), min_size=1, max_size=6))
         chain = [ids.setdefault(tuple(symbols[: k + 1]), len(ids)) for k in range(len(symbols))]

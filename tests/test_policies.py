@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kvprof.models.hp import ClassParams, HpFile
 from kvprof.models.score import published_score, reuse_probability
-from kvprof.policy.orders import N_TIERS, ModelOrder
+from kvprof.policy.orders import N_TIERS
 from kvprof.policy import classed
 from kvprof.policy import (
     POLICIES,

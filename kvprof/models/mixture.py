@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import njit
 
-from kvprof.models.data import BIN_RATIO, GAP_RESOLUTION_S, ReuseData, gap_bins
+from kvprof.models.data import GAP_RESOLUTION_S, ReuseData, gap_bins
 from kvprof.models.score import mixture_reuse_probability
 
 # Rates stay within what a microsecond clock and a year of data can identify.
@@ -46,8 +46,8 @@ class CureMixture:
     EM (each step raises the likelihood): the E-step splits every reused access among the
     components and every censored one among the components and the never-reused class; the
     M-step is closed-form (``l_j`` = events of ``j`` / exposure of ``j``). The data are first
-    compressed into geometric bins (values within a factor :data:`BIN_RATIO` ~ 1.09 merged at
-    their weighted mean), so a fit costs the same for a thousand accesses or ten million.
+    compressed into geometric bins (values within a factor :data:`kvprof.models.data.BIN_RATIO` ~ 1.09
+    merged at their weighted mean), so a fit costs the same for a thousand accesses or ten million.
     ``k`` runs from 1 to ``max_components`` and the one with the lowest BIC
     (``-2 loglik + 2k log n``) is kept.
 
