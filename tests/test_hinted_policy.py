@@ -234,23 +234,29 @@ def test_a_fresh_tag_per_request_gets_round_the_budget_of_no_tag():
 
 def test_a_retention_longer_than_the_caches_horizon_is_not_honoured():
     """Four evictable blocks, evicted one a second: a block lives about 4 s unhinted there, so a retention
-    of 3 s is honoured and one of 30 s is not (its blocks go to the base order, counted beyond_horizon)."""
+    of 1.5 s is honoured and one of 30 s is not (its blocks go to the base order, counted beyond_horizon).
+    A retention granted before the first eviction, when the horizon was unbounded, lapses as soon as its
+    time left is longer than the horizon."""
     policy = HintedPolicy(make_policy("lru"))
     policy.finish(1, 0.0, hint=Hint(retain_s=1000.0))
     policy.free([0], 0.0)  # no eviction yet: the horizon is unbounded, every retention honoured
     assert policy.n_retained == 1
     policy.finish(2, 0.0)
     policy.free([1, 2, 3, 4, 5], 0.0)
-    for t in range(1, 5):
-        policy.evict_n(1, float(t))  # 1, 2, 3 and 4, one a second since 1 s
-    assert policy.horizon.seconds(len(policy), 5.0) == 2 * (5.0 - 1.0) / 4  # 2 evictable: 0 and 5
+    policy.evict_n(1, 1.0)
+    assert policy.n_retained == 1  # the first eviction, at 1 s: no time since it, the horizon still unbounded
+    policy.evict_n(1, 2.0)  # 5 evictable, one evicted in the second since: 0's 998 s left are beyond 5 s
+    assert policy.n_retained == 0 and policy.counters.beyond_horizon == 1
+    for t in range(3, 5):
+        policy.evict_n(1, float(t))  # 1, 2, 3 and 4, one a second since 1 s; 0 went to the base at 2 s
+    assert policy.horizon.seconds(len(policy), 5.0) == 2 * (5.0 - 1.0) / 4  # 2 evictable: 5 and 0
     policy.finish(3, 5.0, hint=Hint(retain_s=1.5))
     policy.free([6], 5.0)
-    assert policy.n_retained == 2 and policy.counters.beyond_horizon == 0
+    assert policy.n_retained == 1 and policy.counters.beyond_horizon == 1
     policy.finish(4, 5.0, hint=Hint(retain_s=30.0))
     policy.free([7, 8], 5.0)
-    assert policy.n_retained == 2 and policy.counters.beyond_horizon == 2
-    assert policy.order(5.0) == [5, 7, 8, 0, 6]  # 7 and 8 in the base order (LRU), before the retained
+    assert policy.n_retained == 1 and policy.counters.beyond_horizon == 3
+    assert policy.order(5.0) == [5, 0, 7, 8, 6]  # 0, 7 and 8 in the base order (LRU), before the retained
     policy.remove(6)  # a hit
     policy.finish(5, 5.0, hint=Hint(retain_s=30.0))
     policy.free([6], 5.0)  # a retention beyond the horizon keeps the live one, no longer

@@ -30,7 +30,10 @@ unhinted block lives in the cache now (:class:`EvictionHorizon`: the evictable b
 evictions, Little's law; LRU's eviction age). A retention that asks for longer would keep the block past
 the time the cache gives any block, at the cost of blocks that come back sooner (the continuation oracle
 evicts such a session's blocks first); its blocks go where an unhinted free puts them, and count as
-``beyond_horizon``. Until the first eviction the horizon is unbounded: every retention is honoured.
+``beyond_horizon``. Until the first eviction the horizon is unbounded: every retention is honoured. The
+rule holds for as long as a block is retained: one whose time left grows longer than the horizon (granted
+before the first eviction, or when the cache kept blocks longer) lapses into the base order then, counted
+``beyond_horizon`` too (the first victims among the retained first: lowest priority, latest expiry).
 
 Trust: a release that names its session is a claim that the session will not come back while its blocks
 would still be cached, and it is judged so (:class:`ReturnRecord`): every such release, honoured or not,
@@ -79,7 +82,8 @@ class HintCounters:
     ``honoured``: retained blocks hit before they lapsed; ``lapsed``: retentions that ran out of
     time; ``over_budget``: retentions lapsed by the budget; ``released_evicted``: released blocks
     evicted; ``hinted_hits``: hits on blocks that were released or retained when hit;
-    ``beyond_horizon``: blocks freed with a retention longer than the cache's horizon, not retained;
+    ``beyond_horizon``: blocks freed with a retention longer than the cache's horizon, not retained, and
+    retained blocks lapsed when their time left grew longer than it;
     ``release_declined``: blocks a release named that went to the base order, the releases not trusted.
     """
 
@@ -454,13 +458,29 @@ class HintLayer:
         self.base.free([block], when)
 
     def _lapse(self, now: float) -> None:
-        """Retentions whose time has passed go to the base order, earliest expiry first."""
+        """Retentions whose time has passed go to the base order, earliest expiry first; then those whose
+        time left is longer than the horizon now, the first victims among the retained first (a retention
+        granted before the cache first evicted, or when the horizon was longer)."""
         heap = self._expiries
         while heap and heap[0][0] <= now:
             expiry, seq, block = heapq.heappop(heap)
             if self._retained.get(block) == seq:
                 self._lapse_one(block, expiry)
                 self.counters.lapsed += 1
+        victims = self._victims
+        if not victims:
+            return
+        horizon = self.horizon.seconds(len(self), now)
+        while victims:
+            _, neg_expiry, seq, block = victims[0]
+            if self._retained.get(block) != seq:
+                heapq.heappop(victims)  # dead
+            elif -neg_expiry - now > horizon:
+                heapq.heappop(victims)
+                self._lapse_one(block, now)
+                self.counters.beyond_horizon += 1
+            else:
+                break
 
 
 class HintedPolicy(HintLayer, EvictionPolicy):

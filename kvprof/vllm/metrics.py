@@ -62,8 +62,9 @@ FAMILIES = {
                                             "hit before they lapsed), lapsed (retentions that ran out of time), "
                                             "over_budget (retentions lapsed by --kv-hint-max-fraction), "
                                             "released_evicted, hinted_hits (hits on released or retained blocks), "
-                                            "beyond_horizon (blocks whose retention was longer than an unhinted "
-                                            "block lives in the cache, not retained), release_declined (blocks of "
+                                            "beyond_horizon (blocks whose retention, or its time left, was longer "
+                                            "than an unhinted block lives in the cache: not retained, or lapsed), "
+                                            "release_declined (blocks of "
                                             "releases not honoured: released sessions came back more often than "
                                             "those the policy evicted)."),
     "kvprof_hint_sessions_judged_total": ("counter", "Sessions chosen as victims and judged so far, by tier (gpu, "
