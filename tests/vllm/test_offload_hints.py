@@ -241,7 +241,9 @@ def test_unhinted_traffic_evicts_as_the_plain_policy(tmp_path, in_vllm):
 def test_a_client_retaining_everything_holds_at_most_its_budget(tmp_path, in_vllm):
     """One tenant retains every chunk it stores for an hour; with ``hint_max_fraction`` 0.25 of 12
     chunks it holds at most 3 retained, its oldest retention lapsing past that, and another tenant's
-    chunks, stored later and unhinted, are not pushed out by its retentions: without the budget they are."""
+    chunks, stored later and unhinted, are not pushed out by its retentions: without the budget they are.
+    A second after the first evictions the tier's horizon is a few seconds, and the hour-long retentions
+    lapse as beyond it."""
     if not in_vllm:
         return
     from kvprof.models.hints import Hint
@@ -256,16 +258,20 @@ def test_a_client_retaining_everything_holds_at_most_its_budget(tmp_path, in_vll
             assert mirror.tier.hints.retained_of(1) <= (3 if fraction else 12)
         mirror.now += 1
         _, evicted, other = mirror.store(10, 3, {"workload": "cold_1"}, None)
-        mirror.now += 1
+        # in the same instant as the first evictions: no time since them, the horizon still unbounded
         _, evicted_next, _ = mirror.store(11, 3, {"workload": "cold_1"}, None)
         mirror.check()
-        return mirror.tier, other, evicted_next
+        return mirror, other, evicted_next
 
-    tier, other, evicted = run(0.25)
+    mirror, other, evicted = run(0.25)
+    tier = mirror.tier
     assert tier.hints.retained_of(1) == 3 and tier.hints.counters.over_budget == 9
     assert not set(other) & set(evicted)  # the greedy tenant's unretained chunks went instead
-    tier, other, evicted = run(None)
-    assert tier.hints.retained_of(1) == 9 and set(other) == set(evicted)  # retained last: the other tenant's go
+    mirror.now += 1
+    mirror.check()  # the order, the model's too, a second later
+    assert tier.hints.retained_of(1) == 0 and tier.hints.counters.beyond_horizon == 3
+    mirror, other, evicted = run(None)
+    assert mirror.tier.hints.retained_of(1) == 9 and set(other) == set(evicted)  # retained last: the other's go
 
 
 def test_clear_discard_and_reload_keep_every_evictable_chunk_in_one_place(tmp_path, in_vllm):
