@@ -123,11 +123,11 @@ class EvictionHorizon:
 
 
 class ReturnRecord:
-    """Whether the sessions a choice named come back by its deadline: how good a kind of choice is.
+    """Whether the sessions a kind of victim choice named come back by its deadline: how good it is.
 
-    A choice names a session and a deadline: a victim (a release, the base order's eviction) is wrong
-    where its session comes back within the cache's horizon, when its blocks would still have been
-    cached; a retention is right where its session comes back before the retention ends.
+    A choice (a release, the base order's eviction) names a session and a deadline, the cache's horizon
+    after it: it is wrong where its session comes back by then, when its blocks would still have been
+    cached.
 
     Invariant: ``_deadline`` maps each session chosen and not yet judged to its last choice's deadline,
     and ``_by_deadline`` (a heap of ``(deadline, seq, session)``, entries no longer a session's last
@@ -165,10 +165,6 @@ class ReturnRecord:
             if deadlines.get(session) == (deadline, seq):
                 del deadlines[session]
                 self.stayed_away += 1
-
-    @property
-    def pending(self) -> bool:
-        return bool(self._deadline)
 
     def share_returned(self, now: float) -> float | None:
         """The share of the choices judged by ``now`` whose session came back (None: none judged)."""
@@ -243,7 +239,7 @@ class HintLayer:
         retains = hint is not None and hint.retains
         beyond = retains and hint.retain_s > self.horizon.seconds(len(self), now)
         retains = retains and not beyond
-        releases = hint is not None and hint.release and not retains
+        releases = hint is not None and hint.release  # never with a retention (Hint's invariant)
         declined = releases and hint.session is not None and not self._release_trusted(hint.session, now)
         to_base = []
         for block in blocks:

@@ -324,7 +324,7 @@ class PolicyFreeQueue:
                         out.extend(self._block_array[victims].tolist())
                         victims = victims.tolist() if self.hints.tracks_sessions else ()
                     # the layer counts its own evictions (and, where it tracks sessions, whose they were)
-                    self.hints.count_evicted(m, now, victims if self.hints.tracks_sessions else ())
+                    self.hints.count_evicted(m, now, victims)
                 n -= m
             if n:
                 back = self._back
