@@ -125,6 +125,34 @@ def test_a_release_never_demotes_a_block_another_session_touched(ops, tracked):
         assert driver.policy.tracks_sessions == driver.named
 
 
+class ChosenEvictions(Sessions):
+    """:class:`Sessions` whose evictions take the order's first block and evict it with
+    ``evict_chosen``, as the CPU tier does (which must skip the chunks a load protects)."""
+
+    def step(self, op) -> None:
+        if op[0] != "evict" or not self.evictable:
+            return super().step(op)
+        (victim,) = self.policy.order(self.now, 1)
+        self.policy.evict_chosen([victim], self.now)
+        self.evictable.discard(victim)
+        del self.touched[victim]
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations, st.booleans())
+def test_evicting_chosen_blocks_counts_and_judges_as_evicting_from_the_layer(ops, tracked):
+    by_layer, by_caller = Sessions(tracked), ChosenEvictions(tracked)
+    for op in ops:
+        by_layer.step(op)
+        by_caller.step(op)
+        ours, theirs = by_caller.policy, by_layer.policy
+        assert ours.order(by_caller.now) == theirs.order(by_layer.now) and ours._holders == theirs._holders
+        assert ours.counters == theirs.counters and ours.horizon.evicted == theirs.horizon.evicted
+        for record in ("released_record", "evicted_record"):
+            mine, other = getattr(ours, record), getattr(theirs, record)
+            assert (mine.returned, mine.stayed_away, mine._deadline) == (other.returned, other.stayed_away, other._deadline)
+
+
 def test_the_unnamed_path_keeps_no_holders():
     """Until a request names a session, the layer does no work per block and a release releases all."""
     driver = Sessions()

@@ -347,6 +347,28 @@ class HintLayer:
                 self._holders.pop(block, None)
         return out
 
+    def evict_chosen(self, blocks: list[int], now: float) -> None:
+        """Evict ``blocks`` (each evictable), taken from :meth:`order` by a caller that must skip some
+        (the CPU tier's protected chunks): counted and judged as :meth:`evict_n` counts its own victims,
+        the horizon read with the released and the base's victims gone and the retained ones not yet."""
+        by_base, retained = [], []
+        for block in blocks:
+            if block in self._released:
+                del self._released[block]
+                self.counters.released_evicted += 1
+            elif block in self._retained:
+                retained.append(block)
+            else:
+                self.base.remove(block)
+                by_base.append(block)
+        self.count_evicted(len(blocks), now, by_base)
+        for block in retained:
+            self._unretain(block)
+            del self._retention[block]
+        if self._holders:
+            for block in blocks:
+                self._holders.pop(block, None)
+
     def count_evicted(self, n: int, now: float, by_base: Iterable[int] = ()) -> None:
         """``n`` blocks were evicted at ``now``, ``by_base`` those of them the base order chose: the
         horizon counts them all, and the sessions that alone held the base's victims are victims the

@@ -49,7 +49,8 @@ Mapping of vLLM's calls onto the kvprof protocol (chunk keys are mapped to ints)
   finishes) records nothing: the access comes once, at the finish,
 * ``evict(n, protected)`` -> the first ``n`` unprotected blocks of the layer's order (released,
   ``policy.order``, retained; atomic: nothing changes when ``n`` cannot be met but the lazy lapse
-  of retentions whose time has passed), ``remove`` -> ``discard``, ``clear`` -> ``clear``.
+  of retentions whose time has passed; the victims counted and judged as ``evict_n``'s own:
+  ``HintLayer.evict_chosen``), ``remove`` -> ``discard``, ``clear`` -> ``clear``.
 
 Depth is the chunk's 0-based place in the request's chain, as in the GPU tier: from the end-token
 position the connector records for each key (``ReqContext.get_offload_key_position``, 0.31 on),
@@ -310,18 +311,14 @@ class KvprofCachePolicy(CachePolicy):
                 break
         if len(chosen) < n:
             return None
-        # the layer counts its own evictions (and, where it tracks sessions, whose the base's victims were)
-        hints.count_evicted(n, now, [block for block in chosen if block in hints.base] if hints.tracks_sessions else ())
+        hints.evict_chosen(chosen, now)  # counted and judged as the simulator's evictions are
         out = []
-        released = hints.n_released
         for block in chosen:
-            hints.discard(block)
             key = self._key[block]
             self._forget(key, block)
             chunk = self.chunks.pop(key)
             assert chunk.ref_cnt == 0
             out.append((key, chunk))
-        hints.counters.released_evicted += released - hints.n_released
         return out
 
     def clear(self) -> None:
