@@ -205,6 +205,15 @@ def evict_n(address, n, now, out):
 
 
 @njit(cache=True)
+def evict_one(address, now):
+    """:func:`evict_n` of one block, the victim returned: no array crosses from Python (an array
+    argument costs the dispatcher more than the eviction itself)."""
+    out = np.empty(1, np.int64)
+    core.policy_evict_n(policy_at(address), 1, now, out, 0)
+    return out[0]
+
+
+@njit(cache=True)
 def order(address, n, now, out):
     core.policy_order(policy_at(address), n, now, out)
 

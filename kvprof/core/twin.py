@@ -308,9 +308,18 @@ class CompiledTwin(EvictionPolicy):
         self._size -= 1
 
     def evict(self, now: float) -> int:
-        return self.evict_n(1, now)[0]
+        if not len(self):
+            raise IndexError("1 victim asked for, 0 evictable")
+        if self._taken:
+            self._apply_taken()
+        if self.shadow_feed is not None:
+            self.shadow_feed.before_eviction()
+        self._size -= 1
+        return handle.evict_one(self._address, float(now))
 
     def evict_n(self, n: int, now: float) -> list[int]:
+        if n == 1:  # a decode step's block: the call without an array
+            return [self.evict(now)]
         if n > len(self._out):
             self._out = np.empty(max(n, 2 * len(self._out)), dtype=np.int64)
         return self._evict_into(self._out, n, now)[:n].tolist()

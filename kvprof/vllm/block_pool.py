@@ -300,6 +300,8 @@ class PolicyFreeQueue:
             return []
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot pop {n} free blocks: only {self.num_free_blocks} are free")
+        if n == 1:  # a decode step's block
+            return [self.popleft()]
         self.num_free_blocks -= n
         front = self._front
         if front.size >= n:  # the usual case until the pool first fills
