@@ -8,7 +8,8 @@ For each pool size and each configuration (``native``: vLLM's own pool; ``lru``,
 ``arc``, ``wa``: kvprof's plugin enforcing that policy; ``wa+record``: ``wa`` with ``--kv-record``
 on, the live counterfactual beside it as always; ``wa+long-output``: ``wa`` from a file tuned with a
 long-output limit, so with that candidate too; ``wa+first-turn``: ``wa`` from a file whose next-turn
-counts switch it to its ``first-turn`` candidate and LRU) it builds vLLM's scheduler the way ``vllm serve``
+counts switch it to its ``first-turn`` candidate and LRU; ``wa+shadow``: ``--kv-policy-mode shadow``, vLLM's own
+eviction with ``wa`` replayed beside it on the block hashes) it builds vLLM's scheduler the way ``vllm serve``
 does (the class from ``scheduler_config.get_scheduler_cls()``, so the plugin installs itself), feeds
 it the same traffic, and after each ``schedule()`` hands it a model output with one sampled token
 per scheduled request that is past its prompt, as the engine core would. It reports per step the
@@ -55,7 +56,7 @@ os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
 
 import numpy as np  # noqa: E402
 
-CONFIGS = ("native", "lru", "s3fifo", "arc", "wa", "wa+record", "wa+long-output", "wa+first-turn")
+CONFIGS = ("native", "lru", "s3fifo", "arc", "wa", "wa+record", "wa+long-output", "wa+first-turn", "wa+shadow")
 BLOCK = 16
 #: ``wa+long-output``'s limit: the middle of the traffic's outputs (16-128 tokens), so about half the
 #: requests' blocks are freed to its first list.
@@ -147,6 +148,8 @@ def build_scheduler(config: str, args, work: Path):
             entry["config"] = tuned.get(config, args.hp)
         if config.endswith("+record"):
             entry["record"] = str(work / f"record-{time.monotonic_ns()}")
+        if config.endswith("+shadow"):
+            entry["mode"] = "shadow"
         additional = {"kv_policy": entry}
     model = ModelConfig(model=args.model, max_model_len=args.max_model_len, seed=0, dtype="float32")
     cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=True, gpu_memory_utilization=0.9)
