@@ -308,12 +308,7 @@ class CompiledTwin(EvictionPolicy):
         self._size -= 1
 
     def evict(self, now: float) -> int:
-        if not len(self):
-            raise IndexError("1 victim asked for, 0 evictable")
-        if self._taken:
-            self._apply_taken()
-        if self.shadow_feed is not None:
-            self.shadow_feed.before_eviction()
+        self._ready_to_evict(1)
         self._size -= 1
         return handle.evict_one(self._address, float(now))
 
@@ -328,16 +323,21 @@ class CompiledTwin(EvictionPolicy):
         return self._evict_into(np.empty(n, dtype=np.int64), n, now)
 
     def _evict_into(self, out: np.ndarray, n: int, now: float) -> np.ndarray:
-        if n > len(self):
-            raise IndexError(f"{n} victims asked for, {len(self)} evictable")
         if n:
-            if self._taken:
-                self._apply_taken()
-            if self.shadow_feed is not None:
-                self.shadow_feed.before_eviction()
+            self._ready_to_evict(n)
             handle.evict_n(self._address, n, float(now), out)
             self._size -= n
         return out
+
+    def _ready_to_evict(self, n: int) -> None:
+        """Before ``n`` > 0 victims are taken: IndexError, changing nothing, if fewer are evictable; else
+        the core holds what it must decide on (blocks taken back, the shadows' decisions it reads)."""
+        if n > len(self):
+            raise IndexError(f"{n} victims asked for, {len(self)} evictable")
+        if self._taken:
+            self._apply_taken()
+        if self.shadow_feed is not None:
+            self.shadow_feed.before_eviction()
 
     def order(self, now: float, limit: int | None = None) -> list[int]:
         if self._taken:
