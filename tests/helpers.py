@@ -7,6 +7,10 @@ from typer.testing import CliRunner
 
 from kvprof.profiler.trace import Trace
 
+#: Seconds a begun LiveLoop may take to load its compiled core: minutes where the cache is empty (a child
+#: process compiles it), under a few seconds where it is not. A bound, not a timing the tests judge.
+READY_S = 900.0
+
 
 def make_trace(rows, block_size=16, window=(0.0, float("inf")), type_names=None) -> Trace:
     """Build a Trace from ``(timestamp, type, turn, hash_ids)`` tuples (optionally with chat/parent ids).

@@ -30,7 +30,7 @@ from kvprof.vllm.metrics import SnapshotCollector, read_snapshots
 from kvprof.vllm.observe import Counterfactual
 from kvprof.vllm.spec import PolicySpec
 
-from tests.helpers import make_trace
+from tests.helpers import READY_S, make_trace
 
 BS = 4
 HP = {
@@ -171,6 +171,7 @@ START = {"pid": 1, "model": "m", "vllm": "0.32.0", "kvprof": "0.1.0", "policy": 
 
 def run_loop(tmp_path, spec, requests, clock, **kwargs):
     loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start=START, clock=clock, **kwargs).begin()
+    assert loop.wait_ready(READY_S)  # the compiled core loaded (compiled first, where not cached)
     for request, hits in requests:
         clock.t += 1
         loop.scheduled(request, clock.t)
@@ -305,6 +306,7 @@ def test_a_reload_racing_a_write_never_serves_half_a_file(tmp_path, atomic):
     spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "mode": "shadow",
                                                             "reload_interval_s": 0.01}})
     loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start={}).begin()
+    assert loop.wait_ready(READY_S)  # the compiled core loaded (compiled first, where not cached)
     stop, seen = threading.Event(), set()
 
     def write():
@@ -382,6 +384,7 @@ def test_the_newest_hp_file_wins_over_a_reload_still_pending(tmp_path, third):
     atomic_write_text(hp_path, texts[60.0])
     spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "reload_interval_s": 0.01}})
     loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start={}, pool=FakePool(spec)).begin()
+    assert loop.wait_ready(READY_S)  # the compiled core loaded (compiled first, where not cached)
     try:
         atomic_write_text(hp_path, texts[30.0])
         wait_for(lambda: loop._pending is not None)
@@ -398,6 +401,55 @@ def test_the_newest_hp_file_wins_over_a_reload_still_pending(tmp_path, third):
     assert loop.metrics.get("kvprof_reloads_total", result="error") == 0
 
 
+class NativePool(FakePool):
+    """A pool serving vLLM's own order until the live loop hands over (the plugin builds it so)."""
+
+    def __init__(self, spec, blocks=9):
+        from kvprof.vllm.native import NativeOrder
+
+        super().__init__(spec, blocks)
+        self.policy, self.replaced = NativeOrder(blocks), []
+
+    @property
+    def serves_natively(self) -> bool:
+        return not self.replaced
+
+    def replace_policy(self, spec, twin):
+        self.replaced.append((spec, twin))
+        self.policy = twin
+
+
+def test_the_policy_takes_over_from_vllms_order_once_its_core_is_loaded(tmp_path):
+    """A pool that starts with vLLM's own order gets the compiled policy of the spec in force at the scheduler's
+    first step after the core is loaded, once, and then a reload waiting beside it; /metrics says when."""
+    import hashlib
+
+    from kvprof.atomic import atomic_write_text
+
+    hp_path = tmp_path / "hp.json"
+    atomic_write_text(hp_path, json.dumps(HP))
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "reload_interval_s": 0.01}})
+    pool = NativePool(spec)
+    loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start={}, pool=pool)
+    assert loop.metrics.get("kvprof_core_ready") == 0 and loop.metrics.get("kvprof_handovers_total") == 0
+    loop.begin()
+    try:
+        assert loop.wait_ready(READY_S)
+        assert loop.metrics.get("kvprof_core_ready") == 1 and pool.serves_natively  # until the scheduler's step
+        changed = json.dumps(dict(HP, horizon_s=30.0))
+        atomic_write_text(hp_path, changed)
+        wait_for(lambda: loop._pending is not None)
+        loop.poll()
+        (handed, first), (reloaded, second) = pool.replaced
+        assert handed is spec and first.name == "wa" and reloaded.hp.horizon == 30.0 and second is pool.policy
+        assert loop.spec is reloaded and loop.spec.hp_sha256 == hashlib.sha256(changed.encode()).hexdigest()
+        assert loop.metrics.get("kvprof_handovers_total") == 1
+        loop.poll()
+        assert len(pool.replaced) == 2  # once
+    finally:
+        loop.close()
+
+
 def test_every_series_exists_at_zero_from_the_start(tmp_path, monkeypatch):
     monkeypatch.setenv("KVPROF_METRICS_DIR", str(tmp_path))
     hp_path = tmp_path / "hp.json"
@@ -405,6 +457,7 @@ def test_every_series_exists_at_zero_from_the_start(tmp_path, monkeypatch):
     spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "mode": "shadow",
                                                             "record": str(tmp_path / "rec")}})
     loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start=START, rank=1).begin()
+    assert loop.wait_ready(READY_S)  # the compiled core loaded (compiled first, where not cached)
     try:
         wait_for(lambda: read_snapshots(tmp_path))
     finally:
@@ -460,6 +513,7 @@ def test_two_engine_cores_report_by_rank_and_both_take_a_reload(tmp_path, monkey
     for rank, loop in enumerate(loops):
         loop._labels["engine"] = f"core{rank}"  # one process here; in vLLM each core has its own pid
         loop.begin()
+        assert loop.wait_ready(READY_S)
     changed = json.dumps(dict(HP, horizon_s=30.0))
     try:
         atomic_write_text(hp_path, changed)

@@ -23,6 +23,7 @@ from kvprof.profiler.reader import read_trace
 from kvprof.recording import CHAT_IDS_PER_START, RecordingError, load_recording, trace_files
 from kvprof.vllm import record as record_module
 from kvprof.vllm.record import Recorder
+from tests.helpers import READY_S
 
 START = {"pid": 1, "model": "tiny", "vllm": "0.32.0", "kvprof": "0.1.0", "num_gpu_blocks": 64, "policy": "lru"}
 BS = 4
@@ -144,6 +145,7 @@ sys.path.insert(0, {str(Path(__file__).parents[1])!r})
 from tests.test_recording import request, START, BS
 from kvprof.vllm import record as record_module
 from kvprof.vllm.record import Recorder
+from tests.helpers import READY_S
 rec = Recorder({str(tmp_path / 'k')!r}, block_size=BS, start=START, flush_s=0.05, guard=False).begin()
 t0 = time.time()
 for i in range(100000):
@@ -200,6 +202,7 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 from tests.test_recording import request, START, BS
 from kvprof.vllm import record as record_module
 from kvprof.vllm.record import Recorder
+from tests.helpers import READY_S
 rec = Recorder({str(tmp_path / 'f')!r}, block_size=BS, start=START, flush_s=0.01).begin()
 resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
 t0 = time.time()
@@ -305,6 +308,7 @@ sys.path.insert(0, {str(Path(__file__).parents[1])!r})
 from tests.test_recording import request, START, BS
 from kvprof.vllm import record as record_module
 from kvprof.vllm.record import Recorder
+from tests.helpers import READY_S
 rec = Recorder({str(directory)!r}, block_size=BS, start={{**START, "rank": {rank}}}, flush_s={flush_s},
                guard={guard}).begin()
 t0 = time.time()
@@ -628,6 +632,7 @@ def test_a_reload_the_live_loop_puts_in_force_reaches_the_recording(tmp_path):
     spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "mode": "shadow",
                                                             "reload_interval_s": 0.1, "record": str(tmp_path / "r")}})
     loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start=START).begin()
+    assert loop.wait_ready(READY_S)  # the compiled core loaded (compiled first, where not cached)
     try:
         refit = json.dumps(dict(HP, horizon_s=30.0))
         hp_path.write_text(refit)

@@ -59,6 +59,7 @@ from kvprof.models.finish import UNKNOWN
 from kvprof.models.hints import Hint, hint_of_args
 from kvprof.policy.hinted import HintLayer
 from kvprof.vllm.carry import Held, carry_over
+from kvprof.vllm.native import NativeOrder
 from kvprof.vllm.numbering import ContentNumbers
 from kvprof.vllm.spec import PolicySpec, request_extra_args, shadow_thread
 
@@ -507,6 +508,9 @@ class KvprofBlockPool(BlockPool):
     configuration; the request being scheduled is set in :attr:`current_request` by the plugin's
     wrapper around ``KVCacheManager.allocate_slots`` so that hits know their class.
 
+    With ``native_first`` it serves vLLM's own order (:class:`~kvprof.vllm.native.NativeOrder`, no
+    compiled code) until :meth:`replace_policy` hands over to the compiled policy (:mod:`kvprof.vllm.warmup`).
+
     For a reload (:meth:`replace_policy`) the pool remembers of every cached block what the new
     policy is told again: the tags and prompt length of the request that last accessed it
     (``_owner``); how often it was hit since it was cached, its depth and when it was last accessed
@@ -514,10 +518,14 @@ class KvprofBlockPool(BlockPool):
     :meth:`~kvprof.core.twin.CompiledTwin.touches`).
     """
 
-    def __init__(self, *args, kvprof_spec: PolicySpec, clock=time.monotonic, **kwargs) -> None:
+    def __init__(self, *args, kvprof_spec: PolicySpec, clock=time.monotonic, native_first: bool = False,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.kvprof_spec = kvprof_spec
-        policy = kvprof_spec.make_policy(capacity=self.num_gpu_blocks, n_blocks=self.num_gpu_blocks)
+        if native_first:  # the compiled policy comes later (replace_policy), once its core is loaded
+            policy = NativeOrder(self.num_gpu_blocks)
+        else:
+            policy = kvprof_spec.make_policy(capacity=self.num_gpu_blocks, n_blocks=self.num_gpu_blocks)
         self.current_request = None
         self._clock = clock
         n = len(self.blocks)
@@ -776,8 +784,14 @@ class KvprofBlockPool(BlockPool):
             return numbers
         return numbers.copy()  # the policy's (its shadow feed reads it later); the kept one grows in place
 
+    @property
+    def serves_natively(self) -> bool:
+        """Whether vLLM's own order serves, the compiled policy not handed over yet."""
+        return isinstance(self.policy, NativeOrder)
+
     def replace_policy(self, spec: PolicySpec, policy) -> None:
-        """Serve with ``policy`` (a fresh compiled twin built from ``spec``) from now on.
+        """Serve with ``policy`` (a fresh compiled twin built from ``spec``) from now on: a reload, or the
+        hand-over from vLLM's own order.
 
         The cached blocks carry over by :func:`kvprof.vllm.carry.carry_over`'s rule, each with its
         depth, classified by the new hp file from the tags of the request that accessed it last;

@@ -41,6 +41,7 @@ from kvprof.vllm.handoff import Handoff
 from kvprof.vllm.metrics import METRICS_DIR_ENV, Metrics, note_hints, offload_hint_layers
 from kvprof.vllm.observe import Counterfactual
 from kvprof.vllm.spec import KvPolicyConfigError, PolicySpec, load_spec_hp, request_extra_args
+from kvprof.vllm.warmup import compile_in_child, warm_up, warmed
 
 logger = logging.getLogger("vllm.kvprof")
 
@@ -65,7 +66,8 @@ class LiveLoop:
     counterfactual admission comes before its finish (one queue, in the scheduler's order);
     ``spec`` is the configuration in force (replaced whole on a reload); at most one reload waits
     for the scheduler thread (``_pending``, taken and replaced under ``_swap``), and it is never
-    of the file in force. Every series the loop will report exists from its start, at 0.
+    of the file in force; the hand-over from vLLM's own order to the compiled policy waits beside it
+    (``_handover``, set once, taken first). Every series the loop will report exists from its start, at 0.
 
     Parameters
     ----------
@@ -96,12 +98,13 @@ class LiveLoop:
 
             self.recorder = Recorder(spec.record, block_size=block_size, rotate_s=spec.record_rotate_s,
                                      start={**start, "num_gpu_blocks": num_gpu_blocks, "hp_sha256": spec.hp_sha256})
-        policies = {"lru": make_policy("lru")}
-        if spec.counterfactual_replays_policy:  # the counterfactual takes no hints
-            policies[spec.policy] = spec.reference_policy(self.capacity)
-        self.counterfactual = Counterfactual(policies, self.capacity, block_size)
+        self._counterfactual: Counterfactual | None = None  # built once the compiled core is loaded
+        self._counterfactual_policies = ["lru"] + ([spec.policy] if spec.counterfactual_replays_policy else [])
+        self._ready = threading.Event()
+        self._child = None  # the process compiling the core, while it runs
         self._events = Handoff(EVENT_QUEUE)
-        self._pending = None  # (spec, compiled twin) for the scheduler thread to swap in
+        self._pending = None  # (spec, compiled twin, offloaded) of a reload, for the scheduler thread to swap in
+        self._handover = None  # the same of the spec in force, once its compiled core is loaded
         self._swap = threading.Lock()
         self._shown = None  # the spec kvprof_info describes
         self._stop = threading.Event()
@@ -116,6 +119,7 @@ class LiveLoop:
         self._declare()
         self._show_in_force()
         self._thread = threading.Thread(target=self._run, name="kvprof-live", daemon=True)
+        self._warming = threading.Thread(target=self._get_ready, name="kvprof-warm-up", daemon=True)
 
     def begin(self) -> LiveLoop:
         now = self._clock()
@@ -124,12 +128,16 @@ class LiveLoop:
         self._interval["start"] = now
         if self.recorder is not None:
             self.recorder.begin()
+        self._warming.start()
         self._thread.start()
         return self
 
     def close(self) -> None:
         """Take the events still waiting, write the last snapshot, close the recording."""
         self._stop.set()
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()  # the server stops before the core was compiled
         self._thread.join(10)
         if self.recorder is not None:
             self.recorder.close()
@@ -149,19 +157,29 @@ class LiveLoop:
         self._put(("finish", now, request, scheduled is not None, hit_tokens, code))
 
     def poll(self) -> None:
-        """Swap in a reloaded policy, if one is ready (the scheduler thread, between its calls to the pool)."""
-        if self._pending is None:
+        """Swap in the compiled policy or a reloaded one, if one is ready (the scheduler thread, between its
+        calls to the pool)."""
+        if self._pending is None and self._handover is None:
             return
         with self._swap:
+            handover, self._handover = self._handover, None
             pending, self._pending = self._pending, None
-            if pending is None:
-                return
-            spec, twin, offloaded = pending
-            self.pool.replace_policy(spec, twin)
-            offload = sys.modules.get("kvprof.vllm.offload")  # imported only where vLLM offloads to CPU
-            if offload is not None:
-                offload.replace_policies(spec, offloaded)
-            self._put_in_force(spec)
+            if handover is not None:
+                started = time.perf_counter()
+                self._swap_in(*handover)
+                self.metrics.inc("kvprof_handovers_total")
+                logger.info("kvprof: %s is in force from this step on; vLLM's own order served until now "
+                            "(%d cached free blocks handed over in %.3f s)", handover[0].policy, len(handover[1]),
+                            time.perf_counter() - started)
+            if pending is not None:
+                self._swap_in(*pending)
+                self._put_in_force(pending[0])
+
+    def _swap_in(self, spec: PolicySpec, twin, offloaded) -> None:
+        self.pool.replace_policy(spec, twin)
+        offload = sys.modules.get("kvprof.vllm.offload")  # imported only where vLLM offloads to CPU
+        if offload is not None and offloaded is not None:
+            offload.replace_policies(spec, offloaded)
 
     def _put_in_force(self, spec: PolicySpec) -> None:
         """``spec``, a reloaded hp file's, is in force from now on (the recording lists it)."""
@@ -174,9 +192,62 @@ class LiveLoop:
             self.metrics.inc("kvprof_events_dropped_total")
 
     # -- background thread ----------------------------------------------------------------
+    def _get_ready(self) -> None:
+        """Compile the core in a child process (nothing to compile when the cache holds it), load it here,
+        build the counterfactual, and in enforce mode the policy for the scheduler thread to take over
+        with (:meth:`poll`); until then events wait and vLLM's own order serves."""
+        spec, pool = self.spec, self.pool
+        try:
+            started = time.perf_counter()
+            child = "none: this process has it already"
+            if not warmed(spec, pool, self.block_size):
+                status, cpu = compile_in_child(spec, pool is not None, self.block_size, self._started_child)
+                child = f"exit {status}, {cpu:.1f} s of CPU"
+                self._child = None
+            if self._stop.is_set():
+                return
+            loaded = warm_up(spec, pool, self.block_size)  # loads what the child compiled; compiles if it failed
+            counterfactual = self._new_counterfactual()
+            handing_over = getattr(pool, "serves_natively", False)
+            if handing_over:
+                twin = spec.make_policy(capacity=pool.num_gpu_blocks, n_blocks=pool.num_gpu_blocks)
+                with self._swap:  # the CPU offload tier, built when vLLM builds its connector, has its policy
+                    self._handover = (spec, twin, None)
+            self._counterfactual = counterfactual
+            self._ready.set()
+            self.metrics.set("kvprof_core_ready", 1)
+            logger.info("kvprof: compiled core ready in %.1f s (compiled in a child process: %s; loaded here in "
+                        "%.1f s)%s", time.perf_counter() - started, child, loaded,
+                        "; the policy takes over at the scheduler's next step" if handing_over else "")
+        except Exception:  # noqa: BLE001 - kvprof must never stop serving
+            logger.exception("kvprof: the compiled core could not be loaded; vLLM's own order goes on serving")
+
+    @property
+    def counterfactual(self) -> Counterfactual:
+        """The replays beside the server: built by a begun loop once its core is loaded (:meth:`_get_ready`),
+        on first use by one not begun (handed its events directly)."""
+        if self._counterfactual is None:
+            self._counterfactual = self._new_counterfactual()
+        return self._counterfactual
+
+    def _new_counterfactual(self) -> Counterfactual:
+        policies = {"lru": make_policy("lru")}
+        if self.spec.counterfactual_replays_policy:  # the counterfactual takes no hints
+            policies[self.spec.policy] = self.spec.reference_policy(self.capacity)
+        return Counterfactual(policies, self.capacity, self.block_size)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the compiled core is loaded and the counterfactual runs (:meth:`_get_ready`)."""
+        return self._ready.wait(timeout)
+
+    def _started_child(self, child) -> None:
+        self._child = child
+        if self._stop.is_set():
+            child.kill()
+
     def _run(self) -> None:
         while True:
-            event = self._events.take()
+            event = self._events.take() if self._ready.is_set() else None  # events wait for the counterfactual
             if event is None:
                 if self._stop.is_set():
                     break
@@ -245,6 +316,11 @@ class LiveLoop:
 
     def _periodic(self) -> None:
         now = self._clock()
+        if not self._ready.is_set():
+            if now >= self._next_snapshot:
+                self._next_snapshot = now + SNAPSHOT_S
+                self._snapshot()
+            return  # reloads and interval lines wait for the compiled core
         if self.spec is not self._shown:
             self._show_in_force()
         if now >= self._next_snapshot:
@@ -259,7 +335,7 @@ class LiveLoop:
 
     def _snapshot(self) -> None:
         metrics = self.metrics
-        for name, hits in self.counterfactual.hits.items():
+        for name, hits in (self._counterfactual.hits.items() if self._counterfactual is not None else ()):
             metrics.set("kvprof_counterfactual_cached_blocks_total", hits, policy=name)
         net = self._safety_net()
         if net is not None:
@@ -299,7 +375,9 @@ class LiveLoop:
                 return None
             leader, hits = net
             return twin.reference.order_names[leader], twin.reference.order_names, hits.tolist()
-        net = self.counterfactual.safety_net(self.spec.policy) if self.spec.policy in self.counterfactual.tiers else None
+        if self._counterfactual is None or self.spec.policy not in self._counterfactual.tiers:
+            return None
+        net = self.counterfactual.safety_net(self.spec.policy)
         if net is None:
             return None
         names = self.counterfactual.tiers[self.spec.policy].reference.order_names
@@ -345,8 +423,11 @@ class LiveLoop:
         if self.pool is not None:
             note_hints(metrics, [self.pool.free_block_queue.hints], "gpu")
             metrics.set("kvprof_hint_horizon_seconds", self.pool.free_block_queue.hint_horizon())
-        for name in self.counterfactual.tiers:
+        for name in self._counterfactual_policies:
             metrics.inc("kvprof_counterfactual_cached_blocks_total", 0, policy=name)
+        metrics.set("kvprof_core_ready", 0)
+        if self.pool is not None:
+            metrics.inc("kvprof_handovers_total", 0)
         if self.recorder is not None:
             for result in RECORD_RESULTS:
                 metrics.inc("kvprof_records_total", 0, result=result)
@@ -356,7 +437,7 @@ class LiveLoop:
         if spec.hp is not None:
             for reason in UNCLASSIFIED_REASONS:
                 metrics.inc("kvprof_unclassified_requests_total", 0, reason=reason)
-        if self._safety_net() is not None:
+        if spec.policy is not None and getattr(spec.reference_policy(self.capacity), "_shadows", None):  # wa's net
             metrics.inc("kvprof_leader_changes_total", 0)
 
     def _show_in_force(self) -> None:

@@ -50,6 +50,12 @@ FAMILIES = {
                                                      "would have hit."),
     "kvprof_leader_info": ("gauge", "The candidate order wa follows now; value 1."),
     "kvprof_leader_changes_total": ("counter", "Changes of wa's leading candidate order, observed once a second."),
+    "kvprof_core_ready": ("gauge", "1 once kvprof's compiled core is loaded (compiled in a child process where "
+                                   "its cache was empty): the counterfactual runs from then on and, in enforce "
+                                   "mode, the policy takes over at the scheduler's next step; 0 before, while "
+                                   "vLLM's own order serves."),
+    "kvprof_handovers_total": ("counter", "Hand-overs from vLLM's own order, which serves while the compiled core "
+                                          "loads, to kvprof's policy (enforce mode; one per engine start)."),
     "kvprof_reloads_total": ("counter", "Reloads of a changed hp file, by result (ok, error)."),
     "kvprof_records_total": ("counter", "Requests the recorder wrote (result=written) or dropped (result=queue_full, "
                                         "disk, error)."),

@@ -445,7 +445,8 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
         except ImportError:  # a vLLM without the pluggable offload CachePolicy
             pass
         saved = kv_cache_coordinator.BlockPool
-        kv_cache_coordinator.BlockPool = functools.partial(KvprofBlockPool, kvprof_spec=spec)
+        # vLLM's own order serves until the compiled core is loaded (kvprof.vllm.warmup): nothing compiles here
+        kv_cache_coordinator.BlockPool = functools.partial(KvprofBlockPool, kvprof_spec=spec, native_first=True)
         try:
             construct()
         finally:
@@ -460,12 +461,10 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
         construct()
     from kvprof import __version__
     from kvprof.vllm.live import LiveLoop
-    from kvprof.vllm.warmup import warm_up
 
     manager = scheduler.kv_cache_manager
     num_gpu_blocks = manager.block_pool.num_gpu_blocks
     block_size = getattr(scheduler, "hash_block_size", None) or scheduler.cache_config.block_size
-    seconds = warm_up(spec, pool, block_size)
     start = {"pid": os.getpid(), "model": str(getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
                                                 and scheduler.vllm_config.model_config.model),
              "vllm": vllm_version(), "kvprof": __version__,
@@ -477,8 +476,9 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
     track_requests(scheduler, manager, pool, live)
     live.begin()
     scheduler._kvprof_live = live
-    _logger().info("%s; GPU tier: %d blocks; compiled core ready in %.1f s", spec.describe(num_gpu_blocks),
-                   num_gpu_blocks, seconds)
+    _logger().info("%s; GPU tier: %d blocks; %s", spec.describe(num_gpu_blocks), num_gpu_blocks,
+                   "vLLM's own order serves until the compiled core is loaded" if pool is not None
+                   else "the counterfactual starts once the compiled core is loaded")
     groups = getattr(getattr(scheduler, "kv_cache_config", None), "kv_cache_groups", ())
     if len(groups) > 1:
         _logger().warning(

@@ -1,24 +1,50 @@
-"""Compile kvprof's core before vLLM reports ready, not inside the first requests.
+"""Compile kvprof's core off the serving path, and load it before the policy needs it.
 
 numba compiles a function the first time it is called with given argument types, or loads it from
-its on-disk cache (``kvprof/core/__pycache__``, or numba's per-user cache directory when the package
-directory cannot be written). Either way it happens at the first call: without this, the first
-request after an install waited 12 s and the first one that evicted 6.6 s. :func:`warm_up` drives
-throw-away copies of what the engine will call -- the pool's compiled twin through every call the
-free queue makes, and the live counterfactual through an admission, a finish and a recycled content --
-while the scheduler is being built, which vLLM does before it answers ``/health``.
+its on-disk cache (``kvprof/core/__pycache__``, ``NUMBA_CACHE_DIR``, or numba's per-user cache
+directory when the package directory cannot be written). Either way it happens at the first call:
+without a warm-up the first request after an install waited 12 s and the first one that evicted
+6.6 s. :func:`warm_up` drives throw-away copies of what the engine will call -- the pool's compiled
+twin through every call the free queue makes, and the live counterfactual through an admission, a
+finish and a recycled content.
+
+With an empty cache that is minutes of CPU, so a server does not wait for it:
+:func:`compile_in_child` runs :func:`warm_up` in a child process (``python -m kvprof.vllm.warmup``),
+which fills the cache on another core while vLLM's own order serves (:mod:`kvprof.vllm.native`);
+then :func:`warm_up` in the engine loads what the child compiled (about a second) and the policy
+takes over (:class:`kvprof.vllm.live.LiveLoop`). ``kvprof warm`` fills a cache ahead, for an image.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import logging
 import time
 
 from kvprof.policy import make_policy
 from kvprof.vllm.numbering import ContentNumbers
 from kvprof.vllm.observe import Counterfactual
-from kvprof.vllm.spec import PolicySpec
+from kvprof.vllm.spec import CONFIG_KEY, PolicySpec
 
 _BLOCKS = 32
+
+
+#: What :func:`warm_up` has run in this process (:func:`_key`): compiled or loaded, nothing left to compile.
+_WARMED: set[tuple] = set()
+
+
+def _key(spec: PolicySpec, pool, block_size: int) -> tuple:
+    return spec.policy, spec.mode, spec.counterfactual_replays_policy, pool is not None, block_size
+
+
+def warmed(spec: PolicySpec, pool, block_size: int) -> bool:
+    """Whether this process ran :func:`warm_up` of the same paths already (a second engine's loop, a test)."""
+    return _key(spec, pool, block_size) in _WARMED
 
 
 def warm_up(spec: PolicySpec, pool, block_size: int) -> float:
@@ -34,7 +60,37 @@ def warm_up(spec: PolicySpec, pool, block_size: int) -> float:
     if spec.counterfactual_replays_policy:  # the counterfactual takes no hints
         policies[spec.policy] = spec.reference_policy(_BLOCKS)
     _drive_counterfactual(Counterfactual(policies, _BLOCKS // 2, block_size, max_contents=8), block_size)
+    _WARMED.add(_key(spec, pool, block_size))
     return time.perf_counter() - started
+
+
+def compile_in_child(spec: PolicySpec, pool: bool, block_size: int, started=None) -> tuple[int, float]:
+    """Run :func:`warm_up` of ``spec`` in a child process, which compiles into the cache this process
+    reads (the same interpreter, environment and package); returns its exit status and CPU seconds.
+
+    The child reads the hp file in force from a copy (the file may be a pipe, or change meanwhile).
+    ``started``, when given, is called with the child (:class:`subprocess.Popen`) once it runs, so that
+    a caller can end it early.
+    """
+    with tempfile.TemporaryDirectory(prefix="kvprof-warm-") as directory:
+        config = {"policy": spec.policy or "lru", "mode": spec.mode, "hint_counterfactual": spec.hint_counterfactual}
+        if spec.hp is not None:
+            config["config"] = os.path.join(directory, "hp.json")
+            spec.hp.save(config["config"])
+        command = [sys.executable, "-m", "kvprof.vllm.warmup", json.dumps({k: v for k, v in config.items() if v}),
+                   "--block-size", str(block_size), *(["--pool"] if pool else [])]
+        before = os.times()
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+        if started is not None:
+            started(child)
+        _, errors = child.communicate()
+        after = os.times()
+        if child.returncode:
+            logging.getLogger("vllm.kvprof").warning("kvprof: compiling in a child process failed (exit %d): %s",
+                                                     child.returncode, errors.strip()[-2000:])
+    return child.returncode, (after.children_user - before.children_user) + (after.children_system -
+                                                                              before.children_system)
 
 
 def _drive_twin(twin, workload: int) -> None:
@@ -76,3 +132,18 @@ def _drive_counterfactual(counterfactual: Counterfactual, block_size: int) -> No
     counterfactual.forget_request("c", 3.0)
     for name in counterfactual.tiers:
         counterfactual.safety_net(name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The child of :func:`compile_in_child`: :func:`warm_up` of a ``kv_policy`` configuration (JSON)."""
+    parser = argparse.ArgumentParser(prog="python -m kvprof.vllm.warmup", description=main.__doc__)
+    parser.add_argument("config", help="the kv_policy configuration, as JSON")
+    parser.add_argument("--block-size", type=int, required=True)
+    parser.add_argument("--pool", action="store_true", help="warm the GPU pool's calls too (enforce mode)")
+    args = parser.parse_args(argv)
+    spec = PolicySpec.from_additional_config({CONFIG_KEY: json.loads(args.config)})
+    warm_up(spec, object() if args.pool else None, args.block_size)
+
+
+if __name__ == "__main__":
+    main()

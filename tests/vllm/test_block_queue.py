@@ -15,32 +15,41 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 
-def _pools(num_blocks: int, policy: str = "lru"):
+def _pools(num_blocks: int, policy: str = "lru", native_first: bool = False):
     from vllm.v1.core.block_pool import BlockPool
 
     from kvprof.vllm.block_pool import KvprofBlockPool
     from kvprof.vllm.spec import PolicySpec
 
-    spec = PolicySpec.from_additional_config({"kv_policy": {"policy": policy}})
+    spec = _wa_spec() if policy == "wa" else PolicySpec.from_additional_config({"kv_policy": {"policy": policy}})
     native = BlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=16)
-    ours = KvprofBlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=16, kvprof_spec=spec)
+    ours = KvprofBlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=16, kvprof_spec=spec,
+                           native_first=native_first)
     return native, ours
 
 
-def _wa_pool(num_blocks: int):
-    """kvprof's pool running ``wa`` from the tests' hp file, and its spec."""
+def _wa_spec():
+    """The spec of ``wa`` from the tests' hp file."""
     import json
     import tempfile
 
     from vllm_support import HP_TEST
 
-    from kvprof.vllm.block_pool import KvprofBlockPool
     from kvprof.vllm.spec import PolicySpec
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(HP_TEST, fh)
-    spec = PolicySpec.from_additional_config({"kv_policy": {"config": fh.name}})
-    return KvprofBlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=16, kvprof_spec=spec), spec
+    return PolicySpec.from_additional_config({"kv_policy": {"config": fh.name}})
+
+
+def _wa_pool(num_blocks: int, native_first: bool = False):
+    """kvprof's pool running ``wa`` from the tests' hp file (vLLM's own order first, with ``native_first``),
+    and its spec."""
+    from kvprof.vllm.block_pool import KvprofBlockPool
+
+    spec = _wa_spec()
+    return KvprofBlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=16, kvprof_spec=spec,
+                           native_first=native_first), spec
 
 
 def _ids(blocks):
@@ -53,11 +62,13 @@ def _cache(pool, block, key):
     pool._insert_block_hash(make_block_hash_with_group_id(key, 0), block, num_tokens=16)
 
 
+@pytest.mark.parametrize("served", ["lru", "wa-native-first"])
 @pytest.mark.parametrize("own_free", [True, False], ids=["one-pass-free", "vllms-free"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_lru_pool_matches_vllm_block_pool(seed, own_free, in_vllm, monkeypatch):
+def test_lru_pool_matches_vllm_block_pool(seed, own_free, served, in_vllm, monkeypatch):
     """Both ways a request's blocks are freed: the pool's own ``free_blocks`` (one pass that hands the
-    queue the cached blocks' ids, where vLLM's is the plain loop it replaces) and vLLM's."""
+    queue the cached blocks' ids, where vLLM's is the plain loop it replaces) and vLLM's. Under kvprof's
+    ``lru``, and under ``wa`` before the compiled policy takes over (vLLM's own order serves)."""
     if not in_vllm:
         return
     import kvprof.vllm.block_pool as block_pool
@@ -67,7 +78,8 @@ def test_lru_pool_matches_vllm_block_pool(seed, own_free, in_vllm, monkeypatch):
     monkeypatch.setattr(block_pool, "_PLAIN_FREE", own_free)
     rng = random.Random(seed)
     n = 64
-    native, ours = _pools(n)
+    native, ours = _pools(n, "wa", native_first=True) if served == "wa-native-first" else _pools(n)
+    assert ours.serves_natively == (served == "wa-native-first")
     running: list[tuple[list, list]] = []  # (native blocks, our blocks) per request, in allocation order
     key = 0
     for step in range(600):
@@ -492,14 +504,18 @@ def test_wa_core_keeps_each_blocks_last_touch_and_depth(seed, in_vllm):
     pool.close()
 
 
+@pytest.mark.parametrize("native_first", [False, True], ids=["compiled", "native-first"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_reload_tells_the_new_policy_what_the_pool_served(seed, in_vllm):
+def test_a_reload_tells_the_new_policy_what_the_pool_served(seed, native_first, in_vllm):
     """A reload (``replace_policy``) in the middle of random traffic, ``wa`` -> ``lru`` -> ``wa`` -> ``wa``:
     each new policy orders the free cached blocks as one told the traffic's record by carry_over's rule,
-    and the pool serves on (its last touches and depths kept by the pool or by the core, as the policy has them)."""
+    and the pool serves on (its last touches and depths kept by the pool or by the core, as the policy has them).
+    Started with vLLM's own order (``native_first``), the first replacement is the hand-over to the compiled
+    policy, under the same rule."""
     if not in_vllm:
         return
-    pool, wa_spec = _wa_pool(48)
+    pool, wa_spec = _wa_pool(48, native_first)
+    assert pool.serves_natively == native_first
     lru_spec = _pools(4)[1].kvprof_spec
     traffic = _Traffic(pool, seed)
     pool._clock = pool.free_block_queue._clock = lambda: traffic.now[0]
@@ -508,6 +524,7 @@ def test_a_reload_tells_the_new_policy_what_the_pool_served(seed, in_vllm):
         policy, expected = (spec.make_policy(capacity=pool.num_gpu_blocks, n_blocks=pool.num_gpu_blocks)
                             for _ in range(2))
         pool.replace_policy(spec, policy)
+        assert not pool.serves_natively
         traffic.carried_into(spec, expected)
         now = traffic.now[0]
         assert len(policy) == len(expected) > 5

@@ -202,6 +202,10 @@ def test_every_kvprof_series_is_on_metrics_from_the_start(wa_run):
                  'kvprof_unclassified_requests_total{engine="', 'kvprof_evictions_total{engine="'):
         assert line in text, line
     assert re.search(r'^kvprof_info\{.*rank="0"', text, re.M)
+    # up once the compiled core is loaded; the policy takes over at the first request's step, once
+    assert re.search(r'^kvprof_core_ready\{[^}]*\} 1\.0', text, re.M)
+    assert re.search(r'^kvprof_handovers_total\{[^}]*\} 0\.0', text, re.M)
+    assert re.search(r'^kvprof_handovers_total\{[^}]*\} 1\.0', wa_run["reloads"]["after"], re.M)
 
 
 def test_the_newest_hp_file_wins_over_a_pending_reload(wa_run):
@@ -217,7 +221,9 @@ def test_startup_log_names_policy_file_and_classes(wa_run, served_hp):
     assert f"kvprof eviction policy 'wa' in force from {served_hp}: 2 fitted classes + default" in log
     # the engine core says what runs at its own cache size: wa's horizon and first candidate
     assert "horizon 60 s, starting on order 'model' (not tuned: fitted defaults)" in log
-    assert "GPU tier: 16 blocks; compiled core ready in" in log
+    assert "GPU tier: 16 blocks; vLLM's own order serves until the compiled core is loaded" in log
+    assert "compiled core ready in" in log
+    assert "wa is in force from this step on; vLLM's own order served until now" in log
 
 
 def test_wa_cached_tokens_match_kvprof_prediction(wa_run):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -140,20 +141,31 @@ def vllm_server(venv: Path, model: Path, *extra: str, log: Path, blocks: int = 1
 
 
 def wait_until_up(url: str, proc: subprocess.Popen, log: Path) -> None:
-    """Return once ``vllm serve`` at ``url`` answers /health; raise with its log's tail if it exits or takes too long."""
+    """Return once ``vllm serve`` at ``url`` answers /health and, where it runs kvprof, once kvprof's compiled
+    core is loaded (``kvprof_core_ready`` 1 on /metrics: the policy is in force from the next step, which the
+    tests' first request makes; vLLM's own order serves until then); raise with its log's tail if it exits or
+    takes too long."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    runs_kvprof = any(str(arg).startswith("--kv-") or "kv_policy" in str(arg) for arg in proc.args)
+    path = "/metrics" if runs_kvprof else "/health"
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
         try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
+            with urllib.request.urlopen(url + path, timeout=2) as r:
+                if r.status == 200 and (not runs_kvprof or _core_ready(r.read().decode())):
                     return
         except (urllib.error.URLError, ConnectionError, OSError):
             pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"vllm serve not up after {STARTUP_TIMEOUT_S:.0f} s:\n{log.read_text()[-4000:]}")
         time.sleep(1.0)
+
+
+def _core_ready(metrics: str) -> bool:
+    """Whether every engine core on ``metrics`` has loaded kvprof's compiled core."""
+    values = re.findall(r"^kvprof_core_ready\{[^}]*\} (\S+)$", metrics, re.M)
+    return bool(values) and all(float(v) == 1 for v in values)
 
 
 def run_to_exit(cmd: list[str], timeout: float, cwd: Path) -> tuple[int, str]:
