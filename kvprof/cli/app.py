@@ -10,7 +10,7 @@ import signal
 
 import typer
 
-from kvprof.cli import compare_cmd, fit_cmd, fleet_cmd, inspect_cmd, replay_cmd, show_cmd, synth_cmd
+from kvprof.cli import compare_cmd, fit_cmd, fleet_cmd, inspect_cmd, replay_cmd, show_cmd, synth_cmd, warm_cmd
 from kvprof.cli.output import escape_unencodable_streams
 
 app = typer.Typer(
@@ -33,6 +33,7 @@ app.command("compare")(compare_cmd.compare)
 app.command("demo")(compare_cmd.demo)
 app.command("replay")(replay_cmd.replay)
 app.command("fleet")(fleet_cmd.fleet)
+app.command("warm")(warm_cmd.warm)
 
 
 class Terminated(KeyboardInterrupt):
