@@ -541,6 +541,8 @@ class KvprofBlockPool(BlockPool):
         self._request_classes: dict[str, tuple[np.ndarray, int]] = {}
         # vLLM's queue has popped the null block already; keep its order for the rest.
         free = self.free_block_queue.get_all_free_blocks()
+        for block in free:  # the links of vLLM's list, which this queue does not keep (they take part in ==)
+            block.prev_free_block = block.next_free_block = None
         self.free_block_queue = PolicyFreeQueue(self.blocks, policy, clock, front_of(self.blocks, free),
                                                 hint_budget=kvprof_spec.hint_budget(usable_blocks(self.num_gpu_blocks)))
         self._install(policy)

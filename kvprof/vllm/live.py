@@ -99,7 +99,6 @@ class LiveLoop:
             self.recorder = Recorder(spec.record, block_size=block_size, rotate_s=spec.record_rotate_s,
                                      start={**start, "num_gpu_blocks": num_gpu_blocks, "hp_sha256": spec.hp_sha256})
         self._counterfactual: Counterfactual | None = None  # built once the compiled core is loaded
-        self._counterfactual_policies = ["lru"] + ([spec.policy] if spec.counterfactual_replays_policy else [])
         self._ready = threading.Event()
         self._child = None  # the process compiling the core, while it runs
         self._events = Handoff(EVENT_QUEUE)
@@ -166,7 +165,10 @@ class LiveLoop:
             pending, self._pending = self._pending, None
             if handover is not None:
                 started = time.perf_counter()
-                self._swap_in(*handover)
+                spec, twin, offloaded = handover
+                self.pool.replace_policy(spec, twin)
+                if offloaded:
+                    sys.modules["kvprof.vllm.offload"].hand_over(spec, offloaded)
                 self.metrics.inc("kvprof_handovers_total")
                 logger.info("kvprof: %s is in force from this step on; vLLM's own order served until now "
                             "(%d cached free blocks handed over in %.3f s)", handover[0].policy, len(handover[1]),
@@ -211,8 +213,10 @@ class LiveLoop:
             handing_over = getattr(pool, "serves_natively", False)
             if handing_over:
                 twin = spec.make_policy(capacity=pool.num_gpu_blocks, n_blocks=pool.num_gpu_blocks)
-                with self._swap:  # the CPU offload tier, built when vLLM builds its connector, has its policy
-                    self._handover = (spec, twin, None)
+                offload = sys.modules.get("kvprof.vllm.offload")  # imported only where vLLM offloads to CPU
+                offloaded = offload.native_tiers_policies(spec) if offload is not None else []
+                with self._swap:
+                    self._handover = (spec, twin, offloaded)
             self._counterfactual = counterfactual
             self._ready.set()
             self.metrics.set("kvprof_core_ready", 1)
@@ -230,10 +234,14 @@ class LiveLoop:
             self._counterfactual = self._new_counterfactual()
         return self._counterfactual
 
+    def _replayed(self) -> tuple[str, ...]:
+        """What the counterfactual replays: lru, and the policy in force where it runs without its hints or
+        only beside vLLM's eviction (the counterfactual takes no hints)."""
+        return ("lru", self.spec.policy) if self.spec.counterfactual_replays_policy else ("lru",)
+
     def _new_counterfactual(self) -> Counterfactual:
-        policies = {"lru": make_policy("lru")}
-        if self.spec.counterfactual_replays_policy:  # the counterfactual takes no hints
-            policies[self.spec.policy] = self.spec.reference_policy(self.capacity)
+        policies = {name: make_policy(name) if name == "lru" else self.spec.reference_policy(self.capacity)
+                    for name in self._replayed()}
         return Counterfactual(policies, self.capacity, self.block_size)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
@@ -375,12 +383,13 @@ class LiveLoop:
                 return None
             leader, hits = net
             return twin.reference.order_names[leader], twin.reference.order_names, hits.tolist()
-        if self._counterfactual is None or self.spec.policy not in self._counterfactual.tiers:
+        counterfactual = self._counterfactual
+        if counterfactual is None or self.spec.policy not in counterfactual.tiers:
             return None
-        net = self.counterfactual.safety_net(self.spec.policy)
+        net = counterfactual.safety_net(self.spec.policy)
         if net is None:
             return None
-        names = self.counterfactual.tiers[self.spec.policy].reference.order_names
+        names = counterfactual.tiers[self.spec.policy].reference.order_names
         return names[net[0]], names, net[1].tolist()
 
     def _log_interval(self, now: float) -> None:
@@ -423,7 +432,7 @@ class LiveLoop:
         if self.pool is not None:
             note_hints(metrics, [self.pool.free_block_queue.hints], "gpu")
             metrics.set("kvprof_hint_horizon_seconds", self.pool.free_block_queue.hint_horizon())
-        for name in self._counterfactual_policies:
+        for name in self._replayed():
             metrics.inc("kvprof_counterfactual_cached_blocks_total", 0, policy=name)
         metrics.set("kvprof_core_ready", 0)
         if self.pool is not None:

@@ -89,12 +89,17 @@ except ImportError:  # 0.30: one group
         return 0
 
 from kvprof.models.hints import Hint, hint_of_args
+from kvprof.policy import make_policy
 from kvprof.policy.hinted import HintLayer
+from kvprof.policy.lru import LRUPolicy
 from kvprof.vllm.carry import Held, carry_over
 from kvprof.vllm.spec import CONFIG_KEY, KvPolicyConfigError, PolicySpec
 
 #: Set by the plugin in the engine core when ``kv_policy`` is configured.
 ACTIVE_SPEC: PolicySpec | None = None
+#: Set by the plugin with it: tiers built while the engine core starts order their chunks by LRU (the
+#: reference policy, no compiled code) until the live loop hands the compiled policy over (:func:`hand_over`).
+NATIVE_FIRST = False
 #: Every tier of this process, for :func:`replace_policies` (a reload of the hp file).
 TIERS: weakref.WeakSet[KvprofCachePolicy] = weakref.WeakSet()
 _REQ_ID_TAG = re.compile(r"(?:^|[^A-Za-z0-9])workload=([A-Za-z0-9_.+\-]+)")
@@ -127,7 +132,7 @@ class KvprofCachePolicy(CachePolicy):
                 "(or set KVPROF_KV_POLICY_CONFIG)"
             )
         self.spec = spec
-        self.policy = self.build_policy(spec)
+        self.policy = make_policy("lru") if NATIVE_FIRST else self.build_policy(spec)
         self.hints = HintLayer(self.policy, spec.hint_budget(cache_capacity))
         self._pending_hints: dict[Any, Hint] = {}
         self._clock = clock
@@ -368,11 +373,28 @@ class KvprofCachePolicy(CachePolicy):
         """A fresh policy of ``spec`` for this tier's capacity."""
         return spec.make_policy(capacity=self.cache_capacity, n_blocks=self.cache_capacity)
 
+    @property
+    def serves_natively(self) -> bool:
+        """Whether LRU orders the tier until the compiled policy is handed over (:data:`NATIVE_FIRST`)."""
+        return isinstance(self.policy, LRUPolicy)
+
 
 def build_policies(spec: PolicySpec) -> list:
     """A fresh policy of ``spec`` for every CPU offload tier of this process (:data:`TIERS`): built on
     the reload thread, handed to :func:`replace_policies` on the scheduler thread."""
     return [(tier, tier.build_policy(spec)) for tier in list(TIERS)]
+
+
+def native_tiers_policies(spec: PolicySpec) -> list:
+    """:func:`build_policies` for the tiers that wait for the compiled policy (built off the scheduler thread)."""
+    return [(tier, tier.build_policy(spec)) for tier in list(TIERS) if tier.serves_natively]
+
+
+def hand_over(spec: PolicySpec, built: list) -> None:
+    """Each tier of ``built`` (:func:`native_tiers_policies`) is ordered by its compiled policy from now on, its
+    chunks carried over as by a reload."""
+    for tier, policy in built:
+        tier.replace_policy(spec, policy)
 
 
 def replace_policies(spec: PolicySpec, built: list | None = None) -> None:

@@ -442,6 +442,7 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
             from kvprof.vllm import offload
 
             offload.ACTIVE_SPEC = spec
+            offload.NATIVE_FIRST = True  # as the pool: LRU until the compiled policy is handed over
         except ImportError:  # a vLLM without the pluggable offload CachePolicy
             pass
         saved = kv_cache_coordinator.BlockPool

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
 import tempfile
-import logging
 import time
 
 from kvprof.policy import make_policy

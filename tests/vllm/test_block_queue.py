@@ -95,6 +95,7 @@ def test_lru_pool_matches_vllm_block_pool(seed, own_free, served, in_vllm, monke
             ours.touch([ours.blocks[i] for i in hit_ids])
             a, b = native.get_new_blocks(k), ours.get_new_blocks(k)
             assert _ids(a) == _ids(b), f"step {step}: allocation differs"
+            assert a == b, f"step {step}: blocks in use differ (their free-list links included)"
             for x, y in zip(a[: rng.randint(0, k)], b):  # full blocks get a hash
                 key += 1
                 _cache(native, x, key.to_bytes(8, "little"))

@@ -189,6 +189,41 @@ def test_a_reload_reorders_the_tier_and_keeps_its_chunks(tmp_path, in_vllm):
     assert sorted(out.evicted_keys) == sorted(hot)  # hot_1 now scores as never reused: its chunks go first
 
 
+def test_a_tier_built_as_the_engine_starts_is_lru_until_the_hand_over(tmp_path, in_vllm, monkeypatch):
+    """Built while the engine core starts (the plugin sets NATIVE_FIRST), the tier orders its chunks by LRU
+    with no compiled code, as vLLM's own tier does; the live loop's hand-over gives it the compiled policy,
+    its chunks carried over as a reload carries them, and from then on the policy's scores decide."""
+    if not in_vllm:
+        return
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+
+    from kvprof.vllm import offload
+
+    spec = _spec(tmp_path)
+    monkeypatch.setattr(offload, "NATIVE_FIRST", True)
+    native = _manager("kvprof", spec)
+    assert native._policy.serves_natively
+    _, _, out = _scenario(native)
+    _, _, out_lru = _scenario(_manager("lru"))
+    assert sorted(out.evicted_keys) == sorted(out_lru.evicted_keys)  # the oldest (hot's) go, as vLLM's tier
+
+    manager = _manager("kvprof", spec)
+    tier = manager._policy
+    hot = [make_offload_key(bytes([1, i]) * 8, 0) for i in range(4)]
+    cold = [make_offload_key(bytes([2, i]) * 8, 0) for i in range(4)]
+    _store(manager, hot, ReqContext("hot-req", kv_transfer_params={"type": "hot", "turn": 1}))
+    _store(manager, cold, ReqContext("cold-req", kv_transfer_params={"workload": "cold_1"}))
+    held = dict(tier.chunks)
+    built = offload.native_tiers_policies(spec)
+    assert tier in {t for t, _ in built}  # (and the first manager's tier, while it lives)
+    offload.hand_over(spec, built)
+    assert not tier.serves_natively and tier.chunks == held and len(tier.policy) == len(held)
+    assert not offload.native_tiers_policies(spec)
+    out = _store(manager, [make_offload_key(bytes([3, i]) * 8, 0) for i in range(4)],
+                 ReqContext("new-req", kv_transfer_params={"workload": "cold_1"}))
+    assert sorted(out.evicted_keys) == sorted(cold)  # the classes stored before the hand-over decide, not age
+
+
 def _venv_vllm_version() -> str | None:
     """The vLLM release in the venv the tests run against (read from its metadata, so the outer
     interpreter without vLLM decides a skip the same way as the venv's own)."""
