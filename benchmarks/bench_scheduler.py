@@ -23,7 +23,10 @@ Traffic (synthetic, seeded; the same for every configuration):
   20 shared system prompts of 512-2,048 tokens; 16-128 output tokens;
 * ``agent`` -- sessions whose context grows turn by turn (previous prompt + its output + 2k-8k
   new tokens) up to ``--agent-max`` tokens (default 32k; 128k with the flag), the WEKA dev
-  trace's shape.
+  trace's shape;
+* ``prefill`` -- prompts of ``--prefill-tokens`` tokens (32k by default, 128k with the flag), unique
+  past one of the 20 shared system prompts: long-context traffic on a cache miss, prefill-heavy;
+  with ``--running`` as large as ``--requests`` they are all queued at once.
 
 ``--running`` requests are kept in flight (a closed loop: a finished request is replaced at once).
 
@@ -74,9 +77,9 @@ class Traffic:
     a session's turn ``k + 1`` extends turn ``k``'s prompt and output.
     """
 
-    def __init__(self, kind: str, total: int, seed: int, agent_max: int) -> None:
+    def __init__(self, kind: str, total: int, seed: int, agent_max: int, prefill_tokens: int = 32768) -> None:
         self.rng = np.random.default_rng(seed)
-        self.kind, self.total, self.agent_max = kind, total, agent_max
+        self.kind, self.total, self.agent_max, self.prefill_tokens = kind, total, agent_max, prefill_tokens
         self.given = 0
         self.systems = [self._tokens(int(n)) for n in self.rng.integers(512, 2049, 20)]
         self.ready: list = []  # (prompt, tags, session) of agent turns waiting to be sent
@@ -91,6 +94,9 @@ class Traffic:
             return None
         self.given += 1
         out_len = int(self.rng.integers(16, 129))
+        if self.kind == "prefill":
+            system = self.systems[int(self.rng.integers(len(self.systems)))]
+            return system + self._tokens(self.prefill_tokens - len(system)), out_len, {"type": "text", "turn": 1}, None
         if self.kind == "bailian" or (self.kind == "mixed" and self.rng.random() < 0.5):
             n = int(min(max(self.rng.lognormal(7.4, 0.8), 64), 16000))  # mean ~2,300
             system = self.systems[int(self.rng.integers(len(self.systems)))]
@@ -164,8 +170,13 @@ def build_scheduler(config: str, args, work: Path):
                                                         dtype=__import__("torch").float32))])
     cls = vllm_config.scheduler_config.get_scheduler_cls()
     assert issubclass(cls, Scheduler)
-    return cls(vllm_config=vllm_config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(
+    scheduler = cls(vllm_config=vllm_config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(
         vllm_config), block_size=BLOCK, log_stats=False)
+    live = getattr(scheduler, "_kvprof_live", None)
+    if live is not None:  # measure the policy, not vLLM's own order, which serves while kvprof's core loads
+        assert live.wait_ready(900), "kvprof's compiled core did not load"
+        live.poll()  # the hand-over, as the first step would make it
+    return scheduler
 
 
 class CallTimer:
@@ -252,7 +263,7 @@ def run(config: str, args, work: Path, timed_calls: bool) -> dict:
     timer = CallTimer() if timed_calls else None
     if timer:
         timer.install(scheduler)
-    traffic = Traffic(args.traffic, args.requests, args.seed, args.agent_max)
+    traffic = Traffic(args.traffic, args.requests, args.seed, args.agent_max, args.prefill_tokens)
     meta = {}  # request id -> (prompt, session)
     serial = [0]
 
@@ -380,11 +391,12 @@ def main() -> None:
     ap.add_argument("--pools", type=int, nargs="+", default=[20000],
                     help="GPU blocks (50000 200000 500000 for the full shapes)")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
-    ap.add_argument("--traffic", choices=("bailian", "agent", "mixed"), default="mixed")
+    ap.add_argument("--traffic", choices=("bailian", "agent", "mixed", "prefill"), default="mixed")
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--running", type=int, default=64, help="requests kept in flight (max_num_seqs)")
     ap.add_argument("--batched-tokens", type=int, default=8192)
     ap.add_argument("--agent-max", type=int, default=32768, help="agent sessions grow to this many tokens")
+    ap.add_argument("--prefill-tokens", type=int, default=32768, help="--traffic prefill: each prompt's length")
     ap.add_argument("--max-model-len", type=int, default=131072)
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--seed", type=int, default=0)
@@ -421,6 +433,7 @@ def main() -> None:
             profiler = cProfile.Profile()
             profiler.runcall(run, args.profile, args, work, False)
             pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats("kvprof/", 30)  # kvprof's share
             return
         report = {"pools": {}}
         warm = argparse.Namespace(**{**vars(args), "pool": 2000, "requests": 12, "running": 8})
