@@ -5,6 +5,9 @@ duplicate keys (the last silently wins), numbers that overflow to infinity, and 
 enough to exhaust the stack. :func:`read_json` refuses each with a located error;
 :class:`JsonChecks` checks the types and ranges of a decoded document's values.
 
+Every JSON input is read by :func:`read_bounded`: at most :data:`kvprof.limits.MAX_JSON_BYTES`
+bytes, refused beyond that (an endless stream stops there).
+
 Locations (``where``) are JSON paths such as ``classes.text_1.p`` or ``runs[2].capacity``, or the
 line and column of a syntax error.
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from kvprof.errors import JsonFileError
-from kvprof.limits import INT64_MAX, Bound
+from kvprof.limits import INT64_MAX, MAX_JSON_BYTES, Bound
 
 #: A byte-order mark some editors put before UTF-8 text; it is not part of the JSON.
 _BOM = "\ufeff"
@@ -58,11 +61,31 @@ def read_json(path: str | Path, error: type[JsonFileError]) -> object:
     ------
     error
         Not UTF-8, not JSON (located by line and column), ``NaN``/``Infinity``, a duplicate key
-        (located by its JSON path), or nested too deeply.
+        (located by its JSON path), nested too deeply, or larger than :data:`~kvprof.limits.MAX_JSON_BYTES`.
     OSError
         The file cannot be read.
     """
-    return parse_json(Path(path).read_bytes(), path, error)
+    return parse_json(read_bounded(path, error), path, error)
+
+
+def read_bounded(path: str | Path, error: type[JsonFileError]) -> bytes:
+    """The bytes of the JSON input ``path``, read once (a FIFO has no second reading) and at most
+    :data:`~kvprof.limits.MAX_JSON_BYTES` of them: one byte more is read, no more, so an endless input
+    (``/dev/zero``, a pipe) stops there.
+
+    Raises
+    ------
+    error
+        ``path`` holds more than the bound; the message names the file and the bound.
+    OSError
+        The file cannot be read.
+    """
+    with open(path, "rb") as handle:
+        raw = handle.read(MAX_JSON_BYTES + 1)
+    if len(raw) > MAX_JSON_BYTES:
+        raise error(str(path), f"larger than {MAX_JSON_BYTES // 2**20} MiB ({MAX_JSON_BYTES:,} bytes), the most "
+                               f"kvprof reads of a JSON file")
+    return raw
 
 
 def parse_json(raw: bytes, path: str | Path, error: type[JsonFileError]) -> object:

@@ -22,6 +22,11 @@ from dataclasses import dataclass
 #: Largest integer kvprof stores (numpy int64).
 INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
+#: The most bytes kvprof reads of one JSON input (an hp, cost, results or recording file): 64 MiB, far
+#: more than any such file holds (an hp file of thousands of cells is a few MB), so that a wrong path
+#: (``/dev/zero``, a FIFO that never ends, a trace given as ``--config``) fails with a message instead
+#: of reading until memory runs out. :func:`kvprof.jsonfile.read_bounded` reads one byte more, no more.
+MAX_JSON_BYTES = 64 * 2**20
 
 _WHOLE_TEXT = re.compile(r"[+-]?[0-9]+")
 _FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")

@@ -47,7 +47,11 @@ def show(
         from kvprof.cli.plots import FILES
 
         output_dir(output, files=FILES, inputs=paths)
-    raws = [path.read_bytes() for path in paths]  # each read once: a FIFO or <(cat hp.json) has no second reading
+    from kvprof.errors import JsonFileError
+    from kvprof.jsonfile import read_bounded
+
+    # each read once (a FIFO or <(cat hp.json) has no second reading), and at most the bound of a JSON input
+    raws = [read_bounded(path, JsonFileError) for path in paths]
     documents = [load_if_results(path, raw) for path, raw in zip(paths, raws)]
     if None not in documents:
         show_results(paths, documents, output, json_out)
