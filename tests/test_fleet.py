@@ -333,8 +333,8 @@ def recordings(tmp_path_factory):
 
 
 def test_recorded_routing_replays_each_servers_traffic_as_compare_of_its_recording(recordings, tmp_path):
-    common = ("--policies", "lru,s3fifo", "--capacity", "6", "--eval-window", "0:", "-j", "1", "--json")
-    fleet = invoke("fleet", *recordings, *common, "-o", tmp_path / "fleet")
+    common = ("--capacity", "6", "--eval-window", "0:", "-j", "1", "--json")
+    fleet = invoke("fleet", *recordings, "--policies", "lru,s3fifo", *common, "-o", tmp_path / "fleet")
     assert fleet.exit_code == 0, fleet.output
     rows = json.loads(fleet.stdout)
     assert {row["router"] for row in rows} == {"recorded", *ROUTERS}  # the default: every router that applies
