@@ -1,8 +1,8 @@
 """Atomic file writes: a reader sees the old file or the complete new one, never half of one.
 
-Only regular files (or new paths) are replaced. A device or a FIFO (``-o /dev/null``, a named
-pipe) is written through, as a user naming one means; anything else that exists and is not a
-regular file (a directory, a socket) is refused. A symbolic link is followed: its target is
+Only regular files (or new paths) are replaced. A device, a FIFO or a pipe (``-o /dev/null``, a
+named pipe, ``-o /dev/stdout | head``, ``/dev/fd/N``) is written through, as a user naming one
+means; anything else that exists and is not a regular file (a directory, a socket) is refused. A symbolic link is followed: its target is
 replaced, the link stays. Errors name the path the caller gave, never the hidden temporary file
 nor the resolved one. The temporary file is removed on any exception, an interrupt included
 (the CLI turns SIGTERM into one, :mod:`kvprof.cli.app`).
@@ -81,8 +81,13 @@ class StagedFiles:
 
     def stage(self, path: str | os.PathLike) -> Path:
         """A new empty temporary file (0666 less the umask) that becomes ``path`` on commit; write it
-        by any means. A device or FIFO at ``path`` is returned itself, written through."""
+        by any means. A device, FIFO or pipe at ``path`` is returned itself, written through."""
         path = Path(path)
+        with _naming(path):
+            # Asked of the path as given, links followed by the system: /dev/stdout and /dev/fd/N lead to
+            # the descriptor's file, a pipe included, which no resolved name (``pipe:[...]``) reaches.
+            if _existing_kind(path) == "stream":
+                return path
         target = Path(os.path.realpath(path))
         with _naming(path):
             kind = _existing_kind(target)

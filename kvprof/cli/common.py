@@ -26,7 +26,8 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import DownloadColumn, TimeRemainingColumn
 
-from kvprof.cli.output import count, end_quietly_on_closed_stdout, fail, progress, say, status, task_progress, warn
+from kvprof.cli.output import (claim_stdout, count, end_quietly_on_closed_stdout, fail, progress, say, status,
+                               task_progress, warn)
 from kvprof.errors import KvprofError, ParallelError
 from kvprof.limits import BLOCK_TOKENS, BLOCKS, INT64_MAX, Bound, usable_blocks
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
@@ -46,6 +47,7 @@ def guarded(command: Callable) -> Callable:
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        claim_stdout(None, claimed=False)  # a command in-process after another (tests) starts with stdout its own
         try:
             return command(*args, **kwargs)
         except KvprofError as exc:
@@ -463,6 +465,8 @@ def _warn_if_overlapping(fitted, evaluated) -> None:
 
 def output_file(path: Path, inputs: Iterable[Path | None] = (), option: str = "-o/--output") -> Path:
     """``path`` if a file can be written there without replacing an input; a usage error otherwise.
+    Where ``path`` is stdout itself (``-o /dev/stdout``), what the command prints on stdout goes to
+    stderr instead (:func:`kvprof.cli.output.claim_stdout`).
 
     Checked before any work: its directory exists (``-o t.jsonl/hp.json`` with ``t.jsonl`` a
     file, or a directory not made yet, are refused), ``path`` is not a directory, and ``path`` is
@@ -484,8 +488,10 @@ def output_file(path: Path, inputs: Iterable[Path | None] = (), option: str = "-
         raise typer.BadParameter(f"{path}: {exc.strerror}", param_hint=option) from None
     if path.is_dir():
         raise typer.BadParameter(f"{path} is a directory; give a file name", param_hint=option)
-    _check_creatable(directory, path, option)
+    if not _is_stream(path):  # a device or pipe (/dev/stdout) is written through: nothing is created beside it
+        _check_creatable(directory, path, option)
     _check_not_an_input(path, inputs, option)
+    claim_stdout(path)  # -o /dev/stdout: stdout carries the file, tables go to stderr
     return path
 
 

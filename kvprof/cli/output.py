@@ -107,17 +107,40 @@ def fail(text: str, code: int = EXIT_DATA_ERROR) -> typer.Exit:
     return typer.Exit(code)
 
 
+#: Whether this command's output file is stdout itself (``-o /dev/stdout``): what would be printed on
+#: stdout goes to stderr instead, so that stdout carries the file alone (:func:`claim_stdout`).
+_stdout_is_output = False
+
+
+def claim_stdout(path, claimed: bool = True) -> None:
+    """Note whether the output file ``path`` is this process's stdout (``-o /dev/stdout``, ``/dev/fd/1``,
+    or a path that names where stdout is redirected): if so, tables and JSON go to stderr from now on.
+    ``claimed=False`` forgets it (each command starts so). The null device is never claimed."""
+    global _stdout_is_output
+    if not claimed:
+        _stdout_is_output = False
+        return
+    try:
+        given, out = os.stat(path), os.fstat(sys.stdout.fileno())
+        null = os.stat(os.devnull)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no such file yet; no real stdout
+        return
+    same = (given.st_dev, given.st_ino) == (out.st_dev, out.st_ino)
+    _stdout_is_output = _stdout_is_output or (same and (given.st_dev, given.st_ino) != (null.st_dev, null.st_ino))
+
+
 def show(renderable) -> None:
-    """A table (or a line) on stdout."""
-    console.print(renderable, soft_wrap=isinstance(renderable, (str, Text)))
+    """A table (or a line) on stdout (on stderr where stdout carries the output file)."""
+    (err_console if _stdout_is_output else console).print(renderable, soft_wrap=isinstance(renderable, (str, Text)))
 
 
 def print_json(data) -> None:
     """Machine-readable output on stdout, nothing else on it: strict JSON (a NaN or an infinity is null,
-    and JSON escapes what UTF-8 cannot encode)."""
+    and JSON escapes what UTF-8 cannot encode). On stderr where stdout carries the output file."""
     from kvprof.jsonfile import json_safe
 
-    sys.stdout.write(json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
+    stream = sys.stderr if _stdout_is_output else sys.stdout
+    stream.write(json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 #: Rows a table shows at most (rich takes about 2 ms a row); the rest are counted under it, ``--json`` has all.
