@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 
-from kvprof.cli.output import first_rows, table
+from kvprof.cli.output import first_rows, percent, table
 
 
 def horizons(hp) -> str:
@@ -185,7 +185,7 @@ def retention_table(hp):
     """Per class (all classes pooled first) and hint kind: the requests, the share of their sessions that
     came back, and the wait that catches each share of those returns."""
     retention = hp.retention
-    shares = [f"{share:.0%}" if round(share * 100) == share * 100 else f"{share:.1%}" for share in retention.shares]
+    shares = [percent(share, retention.shares) for share in retention.shares]
     rows, more = first_rows([("(all classes)", retention.default), *sorted(retention.classes.items())], "classes",
                             len(_AFTER))
     out = table(f"retention to ask for (docs/hints.md): the wait from a request's {retention.basis} that catches a "
@@ -208,7 +208,7 @@ def retention_line(hp, share: float = 0.9) -> str | None:
     if retention is None:
         return None
     at = min(range(len(retention.shares)), key=lambda i: abs(retention.shares[i] - share))
-    kinds = [f"after {_AFTER[kind]} {_wait(row.seconds[at])} ({row.share_returned:.0%} of {row.requests:,} came back)"
-             for kind, row in retention.default.items()]
-    return (f"retention catching {retention.shares[at]:.0%} of a session's returns, from a request's "
-            f"{retention.basis}, all classes: {'; '.join(kinds)} (kvprof show: per class)")
+    kinds = [f"after {_AFTER[kind]} {_wait(row.seconds[at])} ({percent(row.share_returned)} of {row.requests:,} "
+             f"came back)" for kind, row in retention.default.items()]
+    return (f"retention catching {percent(retention.shares[at], retention.shares)} of a session's returns, from a "
+            f"request's {retention.basis}, all classes: {'; '.join(kinds)} (kvprof show: per class)")

@@ -22,6 +22,7 @@ import contextlib
 import errno
 import io
 import json
+import math
 import os
 import re
 import sys
@@ -141,6 +142,30 @@ def print_json(data) -> None:
 
     stream = sys.stderr if _stdout_is_output else sys.stdout
     stream.write(json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def percent(share: float, among=()) -> str:
+    """``share`` (0.995) as a percentage label (``99.5%``) that says which share it is.
+
+    Whole percentages as such (``50%``), others with a decimal or as many more as it takes: to tell
+    ``share`` from each other share of ``among`` (shares listed together: ``99.91%`` and ``99.92%``,
+    not two ``99.9%``), never to show a share below 1 as ``100%`` nor one above 0 as ``0%``. Never ``-0%``.
+    """
+    share = float(share) + 0.0  # -0.0 + 0.0 is 0.0
+    if not math.isfinite(share):
+        return f"{share}%"
+    others = {float(other) * 100 for other in among if math.isfinite(other) and float(other) != share}
+    scaled = share * 100
+    for digits in range(0, 20):
+        text = f"{scaled:.{digits}f}"
+        shown = float(text)
+        if (share < 1 and shown >= 100) or (share > 0 and shown <= 0) or (share < 0 and shown >= 0):
+            continue  # rounded onto a bound it is not
+        if any(f"{other:.{digits}f}" == text for other in others):
+            continue
+        if digits or abs(shown - scaled) <= 1e-12 * max(1.0, abs(scaled)):  # a fraction keeps a decimal
+            return f"{text}%"
+    return f"{scaled!r}%"  # tinier than 20 decimals show (1e-30): Python's shortest form, an exponent
 
 
 #: Rows a table shows at most (rich takes about 2 ms a row); the rest are counted under it, ``--json`` has all.

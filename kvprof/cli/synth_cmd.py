@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvprof.cli.common import guarded, number_option, output_file
-from kvprof.cli.output import say, status
+from kvprof.cli.output import percent, say, status
 from kvprof.limits import COUNT, HOURS, RATE_SCALE, Bound
 from kvprof.models.hints import MAX_RETAIN_S
 
@@ -81,5 +81,5 @@ def synth(
                                  param_hint="--hours")
     count = write_jsonl(output, itertools.chain([first], records))
     hinted = "" if spec is None else f", {hints} hints" + (
-        f" ({spec.accuracy:.0%} right, times x{spec.time_factor:g})" if hints == "future" else "")
+        f" ({percent(spec.accuracy)} right, times x{spec.time_factor:g})" if hints == "future" else "")
     say(f"wrote {output}: {count:,} requests, {hours:g} h of {preset} (seed {seed}){hinted}")
