@@ -466,6 +466,8 @@ def main() -> None:
             report["pools"][pool] = rows
         largest = report["pools"][max(args.pools)]
         report["pool"], report["traffic"], report["running"] = max(args.pools), args.traffic, args.running
+        report["shape"] = (f"{args.requests} prompts of {args.prefill_tokens:,} tokens, {args.running} queued at once"
+                           if args.traffic == "prefill" else f"{args.traffic} traffic, {args.running} running")
         report["configs"] = {name: {key: row.get(key, 0.0) for key in ("median_step_us", "p99_step_us",
                                                                       "max_kvprof_call_us")}
                              for name, row in largest.items()}

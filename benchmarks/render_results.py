@@ -60,6 +60,9 @@ JSON shapes the renderers read (keys not named are ignored):
   "over_1ms_recording", "over_1ms_alone"}``, ``"serve": {"plain": [{"requests_per_s"}], "record": [...],
   "record_x_plain", "server_commit"}``, ``"startup": [{"start", "server_commit", "ready_s", "warm_up_s",
   "first_request_s", "next_median_s"}]``; a target's ``met`` is true, false or null (not judged); one table per run.
+- cold_start.json: bench_cold_start.py -o (``run``, ``serve[]`` of ``start``, ``health_s``, ``core_ready_s`` (null
+  without kvprof), ``first_request_s``; ``compile[]`` of ``policy``, ``cpu_s``, ``wall_s``; ``first_runs[]`` of
+  ``command``, ``cache`` (empty, filled), ``wall_s``, ``cpu_s``; ``targets``); any part may be absent.
 - free_queue.json: ``record free_queue --append`` of each mode's JSON, whose parts are
   ``{"per_block": {CLASSES: {BLOCKS: {QUEUE: [cycle_ns, remove_ns]}}}, "per_call": {CLASSES: {QUEUE: {N: us}}},
   "chain": {"blocks": K, "pool": P, "ns_per_block": {PHASE: ns}}, "caching": {"pool": P, "us_per_call":
@@ -555,24 +558,28 @@ def render_scheduler(document: dict) -> list[str]:
     lines = []
     for record in document["runs"]:
         lines += ([""] if lines else []) + [provenance(record["run"]), ""]
+        shape = record["report"].get("shape")
         for pool, configs in record["report"]["pools"].items():
             native = configs.get("native", {})
+            totals = "total_s" in native  # the scheduler's total time, where the run gave it
             rows = []
             for name, row in configs.items():
+                total = [f"{row['total_s']:.2f}", f"{row['total_s'] / native['total_s']:.2f}"] if totals else []
                 if name == "native":
                     rows.append([name, f"{row['median_step_us']:,.0f}", "1.00", f"{row['p99_step_us']:,.0f}", "1.00",
-                                 "-", "-", "-"])
+                                 *total, "-", "-", "-"])
                     continue
                 call = row.get("max_kvprof_call_us")
                 rows.append([name, f"{row['median_step_us']:,.0f}", f"{row.get('median_x_native', 0):.2f}",
-                             f"{row['p99_step_us']:,.0f}", f"{row.get('p99_x_native', 0):.2f}",
+                             f"{row['p99_step_us']:,.0f}", f"{row.get('p99_x_native', 0):.2f}", *total,
                              "-" if call is None else f"{call:,.0f}",
                              f"{row.get('added_us_per_block', 0):.2f}",
                              f"{row.get('plugin_built_bytes_per_block', 0):.1f} / "
                              f"{row.get('plugin_bytes_per_block', 0):.1f}"])
-            lines += [f"Pool of {int(pool):,} blocks" + (f" (native median {native['median_step_us']:,.0f} us)"
-                                                           if native else "") + ":", "",
+            lines += [f"Pool of {int(pool):,} blocks" + (f", {shape}" if shape else "")
+                      + (f" (native median {native['median_step_us']:,.0f} us)" if native else "") + ":", "",
                       *table(["config", "median step (us)", "x native", "p99 step (us)", "x native",
+                              *(["total (s)", "x native"] if totals else []),
                               "longest kvprof call (us)", "added us per block", "plugin B/block, built / after traffic"],
                              rows)]
     return lines
@@ -731,6 +738,29 @@ def render_live(document: dict) -> list[str]:
     return lines
 
 
+def render_cold_start(document: dict) -> list[str]:
+    """bench_cold_start.py -o: start-up of `vllm serve`, each policy's compile, first runs on an empty cache."""
+    rows = []
+    for start in document.get("serve", []):
+        core = "-" if start["core_ready_s"] is None else f"{start['core_ready_s']:.0f} s"
+        rows.append([f"`vllm serve`, {start['start']}: /health / kvprof's core loaded / first request",
+                     f"{start['health_s']:.0f} s / {core} / {_ms(start['first_request_s'])}"])
+    for compiled in document.get("compile", []):
+        rows.append([f"compile for `vllm serve` under `{compiled['policy']}`, empty cache (CPU / wall)",
+                     f"{compiled['cpu_s']:.0f} s / {compiled['wall_s']:.0f} s"])
+    runs = {}
+    for run in document.get("first_runs", []):
+        runs.setdefault(run["command"], {})[run["cache"]] = run
+    for command, by_cache in runs.items():
+        empty, filled = by_cache["empty"], by_cache["filled"]
+        rows.append([f"`kvprof {command}`, empty cache / filled (wall; CPU with its workers)",
+                     f"{empty['wall_s']:.0f} / {filled['wall_s']:.0f} s ({empty['wall_s'] / filled['wall_s']:.2f}x); "
+                     f"{empty['cpu_s']:.0f} / {filled['cpu_s']:.0f} s"])
+    verdict = {True: "met", False: "**missed**", None: "not judged"}
+    return ([provenance(document["run"]), "", *table(["what", "measured"], rows), "", "Targets:", ""]
+            + [f"- {verdict[t['met']]}: {t['target']}: {t['measured']}" for t in document["targets"]])
+
+
 #: block name -> (the JSON file under benchmarks/results/, its renderer)
 BLOCKS = {
     "quality": ("quality.json", render_quality),
@@ -750,9 +780,11 @@ BLOCKS = {
     "hints": ("hints.json", render_hints),
     "scheduler": ("scheduler.json", render_scheduler),
     "scheduler-stalls": ("scheduler_stalls.json", render_stalls),
+    "scheduler-prefill": ("scheduler_prefill.json", render_scheduler),
     "free-queue": ("free_queue.json", render_free_queue),
     "serve": ("serve.json", render_serve),
     "live": ("live.json", render_live),
+    "cold-start": ("cold_start.json", render_cold_start),
 }
 
 

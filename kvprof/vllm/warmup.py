@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int, required=True)
     parser.add_argument("--pool", action="store_true", help="warm the GPU pool's calls too (enforce mode)")
     args = parser.parse_args(argv)
+    os.nice(10)  # behind the server it compiles for: its start-up and its scheduler come first
     spec = PolicySpec.from_additional_config({CONFIG_KEY: json.loads(args.config)})
     warm_up(spec, object() if args.pool else None, args.block_size)
 
