@@ -576,6 +576,8 @@ def render_scheduler(document: dict) -> list[str]:
                              f"{row.get('added_us_per_block', 0):.2f}",
                              f"{row.get('plugin_built_bytes_per_block', 0):.1f} / "
                              f"{row.get('plugin_bytes_per_block', 0):.1f}"])
+            if lines and lines[-1]:  # a blank line ends the table before
+                lines.append("")
             lines += [f"Pool of {int(pool):,} blocks" + (f", {shape}" if shape else "")
                       + (f" (native median {native['median_step_us']:,.0f} us)" if native else "") + ":", "",
                       *table(["config", "median step (us)", "x native", "p99 step (us)", "x native",
