@@ -450,6 +450,33 @@ def test_the_policy_takes_over_from_vllms_order_once_its_core_is_loaded(tmp_path
         loop.close()
 
 
+def test_an_hp_file_fitted_on_other_blocks_than_the_server_caches_is_refused(tmp_path, caplog):
+    """At start-up (the plugin's validation) and at a reload (the running policy stays), by the rule `kvprof
+    compare` of the server's recording applies: the file's block size is the server's."""
+    from kvprof.atomic import atomic_write_text
+    from kvprof.vllm.spec import KvPolicyConfigError
+
+    hp_path = tmp_path / "hp.json"
+    atomic_write_text(hp_path, json.dumps(HP))
+    spec = PolicySpec.from_additional_config({"kv_policy": {"config": str(hp_path), "reload_interval_s": 0.01}})
+    spec.check_block_size(BS)
+    with pytest.raises(KvPolicyConfigError, match=f"hp.json: block_size: the hp file was fitted on {BS}-token "
+                                                  f"blocks, and this server caches {2 * BS}-token blocks"):
+        spec.check_block_size(2 * BS)
+    PolicySpec.from_additional_config({"kv_policy": {"policy": "lru"}}).check_block_size(2 * BS)  # no file: no rule
+    loop = LiveLoop(spec, num_gpu_blocks=9, block_size=BS, start={}).begin()
+    try:
+        assert loop.wait_ready(READY_S)
+        with caplog.at_level(logging.ERROR, logger="vllm.kvprof"):
+            atomic_write_text(hp_path, json.dumps(dict(HP, block_size=2 * BS)))
+            wait_for(lambda: loop.metrics.get("kvprof_reloads_total", result="error") == 1)
+        assert loop.spec is spec and loop._pending is None
+        assert any("the running policy stays" in r.getMessage() and "fitted on 8-token blocks" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        loop.close()
+
+
 def test_every_series_exists_at_zero_from_the_start(tmp_path, monkeypatch):
     monkeypatch.setenv("KVPROF_METRICS_DIR", str(tmp_path))
     hp_path = tmp_path / "hp.json"

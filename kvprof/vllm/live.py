@@ -482,6 +482,7 @@ class LiveLoop:
             if sha256 == newest:  # touched, or rewritten with the same bytes
                 return
             spec = self.spec.with_hp(hp, sha256)
+            spec.check_block_size(self.block_size)
             twin = offloaded = None
             if self.pool is not None and sha256 != self.spec.hp_sha256:  # built here, swapped in by poll
                 twin = spec.make_policy(capacity=self.pool.num_gpu_blocks, n_blocks=self.pool.num_gpu_blocks)

@@ -234,6 +234,8 @@ def validate_vllm_config(vllm_config) -> PolicySpec | None:
 
         if not issubclass(scheduler_cls, Scheduler):
             raise KvPolicyConfigError(f"scheduler class {scheduler_cls!r} is not a vLLM Scheduler subclass")
+    if cache_config.block_size is not None:
+        spec.check_block_size(cache_config.block_size)
     if spec.record:
         check_recording(spec, cache_config.block_size)
     return spec

@@ -281,6 +281,24 @@ class PolicySpec:
         spec.reference_policy()
         return spec
 
+    def check_block_size(self, block_size: int) -> None:
+        """Refuse an hp file fitted on other blocks than the server caches, as ``kvprof compare`` of the server's
+        recording refuses it (its blocks are the server's): the fit's reuse gaps, depths and tiers count blocks
+        of that size.
+
+        Raises
+        ------
+        KvPolicyConfigError
+        """
+        fitted = None if self.hp is None else self.hp.block_size
+        if fitted is not None and fitted != block_size:
+            raise KvPolicyConfigError(
+                f"{self.config}: block_size: the hp file was fitted on {fitted}-token blocks, and this server caches "
+                f"{block_size}-token blocks (--block-size): fit on a trace of {block_size}-token blocks, such as a "
+                "recording of this server (--kv-record), or serve with --block-size "
+                f"{fitted}; `kvprof compare` of the recording would refuse the pair for the same reason"
+            )
+
     def reference_policy(self, capacity: int | None = None):
         """A fresh instance of the policy's Python reference for a tier of ``capacity`` blocks
         (for ``wa``'s tuning)."""

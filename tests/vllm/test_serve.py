@@ -259,6 +259,7 @@ def test_policy_changes_cache_hits_not_outputs(wa_run, lru_run):
         ("rotate-alone", "record_rotate_s (--kv-record-rotate) is about a recording: it needs --kv-record DIR"),
         ("huge-interval", "log_interval_s (--kv-log-interval) must be 0 (off) or a finite number from 1 to 1e+09"),
         ("nul-in-path", "config (--kv-policy-config) must be a path (non-empty, no NUL byte)"),
+        ("other-block-size", "the hp file was fitted on 16-token blocks, and this server caches 32-token blocks"),
         ("unknown-policy", "kvprof kv_policy: unknown policy 'nope'; live policies: lru, wa, wa-paper, lfu, s3fifo, arc"),
     ],
 )
@@ -281,6 +282,8 @@ def test_startup_fails_closed(case, expected, vllm_venv, tiny_model, hp_file, tm
         "huge-interval": ["--additional-config", json.dumps({"kv_policy": {"config": str(hp_file),
                                                                            "log_interval_s": int("9" * 400)}})],
         "nul-in-path": ["--additional-config", json.dumps({"kv_policy": {"config": "hp\0.json"}})],
+        "other-block-size": ["--kv-policy-config", str(_write(tmp_path / "hp16.json", json.dumps(dict(HP_TEST,
+                                                                                              block_size=16))))],
     }[case]
     rc, out = run_to_exit(serve_command(vllm_venv, tiny_model, free_port(), *extra), timeout=240, cwd=tmp_path)
     assert rc == 2, out[-3000:]
