@@ -63,6 +63,7 @@ JSON shapes the renderers read (keys not named are ignored):
 - cold_start.json: bench_cold_start.py -o (``run``, ``serve[]`` of ``start``, ``health_s``, ``core_ready_s`` (null
   without kvprof), ``first_request_s``; ``compile[]`` of ``policy``, ``cpu_s``, ``wall_s``; ``first_runs[]`` of
   ``command``, ``cache`` (empty, filled), ``wall_s``, ``cpu_s``; ``targets``); any part may be absent.
+  cold_start_runs.json: the same, of a run with --compare --demo only.
 - free_queue.json: ``record free_queue --append`` of each mode's JSON, whose parts are
   ``{"per_block": {CLASSES: {BLOCKS: {QUEUE: [cycle_ns, remove_ns]}}}, "per_call": {CLASSES: {QUEUE: {N: us}}},
   "chain": {"blocks": K, "pool": P, "ns_per_block": {PHASE: ns}}, "caching": {"pool": P, "us_per_call":
@@ -787,6 +788,7 @@ BLOCKS = {
     "serve": ("serve.json", render_serve),
     "live": ("live.json", render_live),
     "cold-start": ("cold_start.json", render_cold_start),
+    "cold-start-runs": ("cold_start_runs.json", render_cold_start),
 }
 
 
