@@ -42,11 +42,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 
 from benchmarks.provenance import facts  # noqa: E402
+from vllm_support import HP_TEST as HP  # noqa: E402  (the tests' hp file: 32-token blocks, as they serve)
 
-HP = {"schema": "kvprof.hp/1", "horizon_s": 60.0, "min_gap_s": 0.3, "block_size": 32,
-      "class_rule": {"key": "type_turn", "turn_cap": 5},
-      "classes": {"hot_1": {"p": 0.95, "lambda": 0.01}, "cold_1": {"p": 0.01, "lambda": 1.0}},
-      "default": {"p": 0.3, "lambda": 0.1, "source": "pooled"}}
 
 
 def _children_cpu(before) -> float:

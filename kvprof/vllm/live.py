@@ -324,16 +324,13 @@ class LiveLoop:
 
     def _periodic(self) -> None:
         now = self._clock()
-        if not self._ready.is_set():
-            if now >= self._next_snapshot:
-                self._next_snapshot = now + SNAPSHOT_S
-                self._snapshot()
-            return  # reloads and interval lines wait for the compiled core
-        if self.spec is not self._shown:
+        if self.spec is not self._shown:  # (a reload's: none before the compiled core is loaded)
             self._show_in_force()
         if now >= self._next_snapshot:
             self._next_snapshot = now + SNAPSHOT_S
             self._snapshot()
+        if not self._ready.is_set():
+            return  # interval lines and reloads wait for the compiled core
         if self.spec.log_interval_s and now >= self._next_log:
             self._next_log = now + self.spec.log_interval_s
             self._log_interval(now)
