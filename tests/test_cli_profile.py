@@ -167,3 +167,16 @@ def test_fit_learned_says_why_it_learned_nothing(tmp_path):
     result = invoke("fit", trace, "-o", tmp_path / "hp.json", "--capacity", "64", "--learned")
     assert result.exit_code == 0, result.output
     assert "nothing to learn" in " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize("option", ["--class-field", "--cell-fields"])
+@pytest.mark.parametrize("field", ["grown", "output_hash_ids"])
+def test_a_recordings_list_fields_are_no_class_keys(tmp_path, option, field):
+    path = tmp_path / "t.jsonl"
+    write_lines(path, [({"chat_id": i, "parent_chat_id": -1, "timestamp": float(i), "input_length": 32,
+                                   "output_length": 4, "type": "chat", "turn": 1, "hash_ids": [i, i + 100],
+                                   "grown": [i + 0.5], "output_hash_ids": [i + 200], "tenant": "a"})
+                       for i in range(20)])
+    result = invoke("fit", path, "-o", tmp_path / "hp.json", option, field)
+    assert result.exit_code == 2 and "a list per request" in result.stderr and "tenant" in result.stderr, result.output
+    assert not (tmp_path / "hp.json").exists()

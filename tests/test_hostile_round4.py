@@ -408,8 +408,8 @@ def test_the_per_interval_log_leaves_replays_test_request_out(caplog):
     traffic = fake_request("r0", [b"a", b"b", b"c"], tags={"type": "chat"})
     with caplog.at_level(logging.INFO, logger="vllm.kvprof"):
         for request in (probe, traffic):
-            loop._handle(("admit", 1.0, request))
-            loop._handle(("finish", 2.0, request, True, 0, 0))
+            loop._handle(("admit", 1.0, request, None))
+            loop._handle(("finish", 2.0, request, True, 0, 0, ()))
         loop._log_interval(3.0)
     (line,) = [r.getMessage() for r in caplog.records if "requests" in r.getMessage()]
     assert "1 requests, 2 prompt blocks" in line, line

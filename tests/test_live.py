@@ -101,21 +101,33 @@ def test_the_live_counterfactual_computes_what_compare_of_a_recording_does(case)
     assert_live_hits_as_replayed(*case)
 
 
-def assert_live_hits_as_replayed(rows, capacity, policy, engine=None):
+def assert_live_hits_as_replayed(rows, capacity, policy, engine=None, grows=False):
     """The counterfactual fed :func:`traffic`'s ``rows`` at ``capacity`` hits what the replay of them does
-    (by ``engine``: :func:`~kvprof.sim.engine.simulate`'s)."""
+    (by ``engine``: :func:`~kvprof.sim.engine.simulate`'s). With ``grows`` each request takes the blocks
+    it decodes into one at a time while it runs (the server's block ids told to the counterfactual as they
+    are taken, their times and the ids of the blocks its output filled in the recording), as a row's
+    ``output_chain`` (where given) names them."""
     hp = HpFile.from_dict(HP)
     spec = PolicySpec(policy=policy, config=None, hp=hp, class_names=tuple(hp.table()[0]),
                       keyed_by=make_policy(policy, hp=hp).keyed_by)
     # live: events in the order vLLM makes them (finishes before admissions at one instant)
     live = Counterfactual({policy: make_policy(policy, hp=hp, capacity=capacity)}, capacity, BS)
     fresh = iter(range(10**6, 10**7))
-    output_chains = [[next(fresh) for _ in range(max((r["partial"] + BS * len(r["chain"]) + r["output"] - 1) // BS
-                                                     - len(r["chain"]), 0))] for r in rows]
+    output_chains = [r.get("output_chain") or [
+        next(fresh) for _ in range(max((r["partial"] + BS * len(r["chain"]) + r["output"] - 1) // BS - len(r["chain"]), 0))]
+        for r in rows]
+    server_ids = iter(range(10**9, 10**10))  # the server's block ids of the blocks taken while decoding
+    grown_at, grown_ids = [[] for _ in rows], [[] for _ in rows]
     events = []
     for i, r in enumerate(rows):
         events.append((r["scheduled"], 1, i, "admit"))
         events.append((r["finished"], 2 if r["finished"] == r["scheduled"] else 0, i, "finish"))
+        if grows:
+            n_prompt = len(r["chain"]) + (r["partial"] > 0)
+            n_decoded = -(-(BS * len(r["chain"]) + r["partial"] + r["output"] - 1) // BS) - n_prompt
+            for k in range(n_decoded):
+                grown_at[i].append(r["scheduled"] + (k + 1) / (n_decoded + 1) * (r["finished"] - r["scheduled"]))
+                events.append((grown_at[i][-1], 0.5, i, "grow"))
     for _, _, i, kind in sorted(events):
         r = rows[i]
         request = fake_request(i, r["chain"], partial=r["partial"], output=r["output"], tags={"type": r["kind"], "turn": 1},
@@ -123,8 +135,12 @@ def assert_live_hits_as_replayed(rows, capacity, policy, engine=None):
         if kind == "admit":
             index = spec.class_index(request.sampling_params.extra_args, request.num_prompt_tokens)
             live.admit(i, request.block_hashes, request.num_prompt_tokens, (index, index), r["scheduled"])
+        elif kind == "grow":
+            grown_ids[i].append(next(server_ids))
+            live.grow(grown_ids[i][-1:], grown_at[i][len(grown_ids[i]) - 1])
         else:
-            live.finish(i, request.block_hashes, request.num_prompt_tokens, r["output"], r["finished"])
+            live.finish(i, request.block_hashes, request.num_prompt_tokens, r["output"], r["finished"],
+                        grown=grown_ids[i] if grows else None)
     # batch: the same traffic as a recording, replayed by the simulator
     trace = make_trace([(r["arrival"], r["kind"], 1, r["chain"] + ([10**8 + i] if r["partial"] else []))
                         for i, r in enumerate(rows)], block_size=BS)
@@ -132,12 +148,49 @@ def assert_live_hits_as_replayed(rows, capacity, policy, engine=None):
         trace, input_length=np.array([BS * len(r["chain"]) + r["partial"] for r in rows], dtype=np.int64),
         output_length=np.array([r["output"] for r in rows], dtype=np.int64),
         extra={"scheduled": np.array([r["scheduled"] for r in rows]), "finished": np.array([r["finished"] for r in rows])})
+    if grows or any("output_chain" in r for r in rows):
+        lists = {"output_hash_ids": [np.array(chain, np.int64) for chain in output_chains]}
+        if grows:
+            lists["grown"] = [np.array(times) for times in grown_at]
+        columns = {name: np.empty(len(rows), dtype=object) for name in lists}
+        for name, values in lists.items():
+            for i, value in enumerate(values):
+                columns[name][i] = value
+        trace = dataclasses.replace(trace, extra={**trace.extra, **columns})
     workload = prepare_workload(trace, hp, engine_block_size=BS)
     m = simulate(workload, make_policy(policy, hp=hp, capacity=capacity), capacity, SimConfig(engine_block_size=BS),
                  engine=engine)
     assert live.lookups == m.block_lookups
     assert live.hits[policy] == m.hits_device
     return live
+
+
+@pytest.mark.parametrize("engine", ["python", "compiled"])
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "wa"])
+def test_sessions_whose_next_turns_send_the_responses_back_hit_live_as_replayed(policy, engine):
+    """Multi-turn sessions, several at a time: each turn's prompt is the previous one's, the blocks its
+    response filled (decoded into blocks taken while it ran) and new blocks. The counterfactual, told the
+    blocks as the server takes them, hits what the replay of the recording (its ``grown`` times and
+    ``output_hash_ids``) does, request for request; and the next turns hit the responses' blocks."""
+    rng = np.random.default_rng(7)
+    fresh = iter(range(10**6, 10**7))
+    rows = []
+    for session in range(10):
+        chain, partial, t = [next(fresh) for _ in range(int(rng.integers(1, 3)))], int(rng.integers(0, BS)), 0.3 * session
+        for turn in range(4):
+            output = int(rng.integers(1, 3 * BS))
+            n_filled = (BS * len(chain) + partial + output - 1) // BS - len(chain)
+            row = dict(chain=chain, partial=partial, output=output, arrival=t, scheduled=t + 0.01,
+                       finished=t + 0.01 + 0.4 * rng.random() + 0.05, kind=("hot", "cold")[session % 2],
+                       output_chain=[next(fresh) for _ in range(n_filled)])
+            rows.append(row)
+            # the next turn: the response back, then new blocks and a partial one
+            chain = chain + row["output_chain"] + [next(fresh) for _ in range(int(rng.integers(0, 2)))]
+            partial, t = int(rng.integers(0, BS)), row["finished"] + 0.5 * rng.random()
+    rows.sort(key=lambda row: row["arrival"])
+    longest = max(len(row["chain"]) + 1 + 3 for row in rows)
+    live = assert_live_hits_as_replayed(rows, max(longest, 24), policy, engine=engine, grows=True)
+    assert live.hits[policy] > sum(len(row["chain"]) for row in rows if row["chain"][0] == rows[0]["chain"][0]) // 4
 
 
 @pytest.mark.parametrize("policy", ["lru", "wa"])
@@ -511,11 +564,11 @@ def test_a_log_line_counts_the_server_and_lru_over_the_same_requests(caplog):
     chain = [b"a", b"b", b"c"]
     first, second = fake_request("r0", chain), fake_request("r1", chain)
     with caplog.at_level(logging.INFO, logger="vllm.kvprof"):
-        loop._handle(("admit", 1.0, first))
-        loop._handle(("finish", 2.0, first, True, 0, 0))
-        loop._handle(("admit", 3.0, second))  # will hit 2 blocks (its prompt's last block is never looked up)
+        loop._handle(("admit", 1.0, first, None))
+        loop._handle(("finish", 2.0, first, True, 0, 0, ()))
+        loop._handle(("admit", 3.0, second, None))  # will hit 2 blocks (its prompt's last block is never looked up)
         loop._log_interval(4.0)
-        loop._handle(("finish", 5.0, second, True, 2 * BS, 0))
+        loop._handle(("finish", 5.0, second, True, 2 * BS, 0, ()))
         loop._log_interval(6.0)
     lines = [r.getMessage() for r in caplog.records if "last" in r.getMessage()]
     assert len(lines) == 2, lines
@@ -638,10 +691,10 @@ def test_the_hint_counterfactual_replays_the_policy_in_force_without_hints(tmp_p
     chain = [b"a", b"b", b"c"]
     first, second = fake_request("r0", chain), fake_request("r1", chain)
     with caplog.at_level(logging.INFO, logger="vllm.kvprof"):
-        loop._handle(("admit", 1.0, first))
-        loop._handle(("finish", 2.0, first, True, 0, 0))
-        loop._handle(("admit", 3.0, second))
-        loop._handle(("finish", 5.0, second, True, 0, 0))  # the server (with hints) found nothing cached
+        loop._handle(("admit", 1.0, first, None))
+        loop._handle(("finish", 2.0, first, True, 0, 0, ()))
+        loop._handle(("admit", 3.0, second, None))
+        loop._handle(("finish", 5.0, second, True, 0, 0, ()))  # the server (with hints) found nothing cached
         loop._log_interval(6.0)
     line = next(r.getMessage() for r in caplog.records if "last" in r.getMessage())
     assert "wa hit 0.0 %" in line and "without the clients' hints it would have hit 50.0 %" in line

@@ -305,6 +305,21 @@ def test_extra_scalar_fields_become_columns(tmp_path):
     assert "tags" not in extra and report.ignored_fields == ("tags",)
 
 
+def test_a_recordings_list_fields_are_kept_as_arrays(tmp_path):
+    records = bailian_records(3)
+    records[0].update(output_hash_ids=[5, 6], grown=[1, 2.5])
+    records[2].update(output_hash_ids=[7], grown=[])
+    trace, report = read_trace(write_jsonl(tmp_path / "t.jsonl", records))
+    ids, grown = trace.extra["output_hash_ids"], trace.extra["grown"]
+    assert ids[1] is None and grown[1] is None and report.ignored_fields == ()
+    assert ids[0].dtype == np.int64 and ids[0].tolist() == [5, 6] and ids[2].tolist() == [7]
+    assert grown[0].dtype == np.float64 and grown[0].tolist() == [1.0, 2.5] and grown[2].tolist() == []
+    # equal lengths stay one array per row, not a 2-D block
+    records[1].update(output_hash_ids=[8, 9], grown=[3.0, 4.0])
+    ids = read_trace(write_jsonl(tmp_path / "u.jsonl", records))[0].extra["output_hash_ids"]
+    assert ids.shape == (3,) and ids[1].tolist() == [8, 9]
+
+
 def test_extra_fields_follow_rows_through_sorting_and_windows(tmp_path):
     records = [dict(r, seq=i) for i, r in enumerate(bailian_records(30))]
     trace, _ = read_trace(write_jsonl(tmp_path / "t.jsonl", records), window=(3.0, 9.0))
@@ -400,6 +415,15 @@ BAD_LINES = [
     ("timestamp beyond milliseconds", _set("timestamp", 2.0**43), "bad_value", "timestamp",
      "where a float still holds a millisecond, got 8796093022208.0"),
     ("parent later", _set("parent_chat_id", 1004), "unknown_parent", "parent_chat_id", "earlier"),
+    # the list fields of a recording (output_hash_ids, grown): the field and the bad value named
+    ("output ids not a list", _set("output_hash_ids", 3), "wrong_type", "output_hash_ids", "list of integers"),
+    ("output id a float", _set("output_hash_ids", [1, 2.0]), "wrong_type", "output_hash_ids", "float 2.0"),
+    ("output id a bool", _set("output_hash_ids", [True]), "wrong_type", "output_hash_ids", "bool"),
+    ("output id too big", _set("output_hash_ids", [2**64]), "bad_value", "output_hash_ids", "64 bits"),
+    ("grown not a list", _set("grown", "1.5"), "wrong_type", "grown", "list of numbers"),
+    ("grown holds a string", _set("grown", [1.0, "2"]), "wrong_type", "grown", "str '2'"),
+    ("grown negative", _set("grown", [-1.0]), "bad_value", "grown", "-1.0"),
+    ("grown NaN", _set("grown", [float("nan")]), "bad_value", "grown", "nan"),
 ]
 
 

@@ -54,6 +54,24 @@ def record(directory, requests, clock=None, **kwargs):
     return recorder
 
 
+def test_a_response_s_blocks_and_when_they_were_taken_are_recorded(tmp_path):
+    # a 2-block prompt whose 9 output tokens fill 2 more blocks (10 written), taken while decoding at +0.2 s
+    # and +0.3 s; the next turn sends the response back: its third and fourth blocks are those blocks
+    t0 = 1_000_000.0
+    turn = request(t0 + 1, [1, 2, 3, 4], output=9)
+    turn.num_prompt_tokens = 2 * BS
+    recorder = Recorder(tmp_path / "rec", block_size=BS, start=START, clock=Clock(t0)).begin()
+    recorder.submit(turn, t0 + 1.1, 0, t0 + 2, grown_at=[t0 + 1.3, t0 + 1.4])
+    recorder.submit(request(t0 + 5, [1, 2, 3, 4, 5]), t0 + 5.1, 4 * BS, t0 + 6, grown_at=[])
+    recorder.submit(request(t0 + 7, [9], output=1), None, 0, t0 + 7.5)  # aborted while waiting: nothing taken
+    recorder.close()
+    trace, _ = read_trace(tmp_path / "rec")
+    outputs, grown = trace.extra["output_hash_ids"], trace.extra["grown"]
+    assert outputs[0].tolist() == trace.blocks_of(1)[2:4].tolist() and len(trace.blocks_of(0)) == 2
+    assert grown[0].tolist() == pytest.approx([1.3, 1.4]) and grown[1].tolist() == [] and grown[2] is None
+    assert outputs[1].tolist() == [] and outputs[2].tolist() == []  # one output token fills nothing
+
+
 def test_a_recording_reads_as_one_trace(tmp_path):
     t0 = 1_000_000.0
     reqs = [

@@ -18,11 +18,17 @@ from tests.helpers import make_trace
 from tests.test_policies import LAM, WA_ORDERS, P, build, wa_policy
 
 
-def recorded(rows, scheduled, finished, output=None, block_size=16, short=None):
+def recorded(rows, scheduled, finished, output=None, block_size=16, short=None, grown=None, output_ids=None):
     """A trace of ``rows`` with the recording's ``scheduled``/``finished`` columns; ``short[i]`` tokens
-    less than full blocks make request ``i``'s last prompt block a partial one."""
+    less than full blocks make request ``i``'s last prompt block a partial one; ``grown`` and
+    ``output_ids`` (lists per request, None for none) the recording's list fields."""
     trace = make_trace(rows, block_size=block_size)
     extra = {"scheduled": np.array(scheduled, dtype=object), "finished": np.array(finished, dtype=np.float64)}
+    for name, lists, dtype in (("grown", grown, np.float64), ("output_hash_ids", output_ids, np.int64)):
+        if lists is not None:
+            extra[name] = np.array([None] * len(rows), dtype=object)
+            for i, values in enumerate(lists):
+                extra[name][i] = None if values is None else np.array(values, dtype=dtype)
     trace = dataclasses.replace(trace, extra=extra)
     if output is not None:
         trace = dataclasses.replace(trace, output_length=np.array(output, dtype=np.int64))
@@ -101,6 +107,36 @@ def test_an_output_that_fills_the_prompts_partial_block_fills_it_in_place(output
     assert (m.hits_device, m.evictions) == (hits, evictions)
 
 
+@pytest.mark.parametrize("engine", ["python", "compiled"])
+def test_a_next_turn_hits_the_blocks_the_response_filled_where_the_recording_names_them(engine):
+    # A 2-block prompt with 40 output tokens fills 2 more blocks (71 written tokens), cached as vLLM caches
+    # them. The next turn sends the response back: its prompt's blocks 3 and 4 are those blocks, and the
+    # recording's output_hash_ids say so; without them the replay takes them for contents nobody names.
+    rows = [(0.0, "a", 1, [1, 2]), (10.0, "a", 1, [1, 2, 3, 4, 5])]
+    named = recorded(rows, [0.0, 10.0], [1.0, 11.0], output=[40, 1], output_ids=[[3, 4], None])
+    assert run(named, capacity=8, engine=engine).hits_device == 4
+    unnamed = recorded(rows, [0.0, 10.0], [1.0, 11.0], output=[40, 1])
+    assert run(unnamed, capacity=8, engine=engine).hits_device == 2
+    timing = prepare_workload(named, engine_block_size=16).timing
+    first, second = (timing.block[timing.offsets[i]:timing.offsets[i + 1]] for i in range(2))
+    assert first.tolist() == second[:4].tolist()
+
+
+@pytest.mark.parametrize("engine", ["python", "compiled"])
+def test_blocks_taken_while_decoding_evict_when_the_server_took_them(engine):
+    # 4 blocks. Request 0 leaves block 9 cached at 0.5; request 1 takes 2 blocks at 1 and, decoding 33
+    # tokens, one more at 2 and at 3 (the recording's grown): the second evicts 9, so request 2 (at 4)
+    # misses it, as on the server. Without the grow times both are taken at request 1's finish (10),
+    # after request 2 hit 9.
+    rows = [(0.0, "a", 1, [9]), (1.0, "a", 1, [1, 2]), (4.0, "a", 1, [9, 10])]
+    scheduled, finished, output = [0.0, 1.0, 4.0], [0.5, 10.0, 5.0], [1, 33, 1]
+    timed = recorded(rows, scheduled, finished, output=output, grown=[None, [2.0, 3.0], None])
+    timing = prepare_workload(timed, engine_block_size=16).timing
+    assert (timing.n_first.tolist(), timing.n_last.tolist(), timing.n_new.tolist()) == ([1, 2, 2], [0, 0, 0], [0, 2, 0])
+    assert run(timed, capacity=4, engine=engine).hits_device == 0
+    assert run(recorded(rows, scheduled, finished, output=output), capacity=4, engine=engine).hits_device == 1
+
+
 @st.composite
 def recordings(draw):
     ids: dict[tuple, int] = {}
@@ -115,8 +151,17 @@ def recordings(draw):
         finished.append((t if start is None else start) + draw(st.sampled_from([0.0, 0.3, 5.0])))
     output = [draw(st.integers(0, 40)) for _ in rows]
     short = [draw(st.sampled_from([0, 0, 1, 15])) for _ in rows]  # a partial last prompt block in about half
-    return recorded(rows, scheduled, finished, output=output, short=short), draw(st.integers(1, 12)), draw(
-        st.sampled_from(["lru", "lfu", "s3fifo", "arc", "belady"]))
+    # where drawn, the recording's grows (times in the request's run, or a little outside it) and the ids of
+    # its output-filled blocks (a prompt's, as a next turn's would be, or ids no prompt has)
+    grown = output_ids = None
+    if draw(st.booleans()):
+        grown = [None if draw(st.integers(0, 4)) == 0 else
+                 [(t0 if t0 is not None else end) + draw(st.sampled_from([-0.1, 0.0, 0.1, 0.3, 9.0]))
+                  for _ in range(draw(st.integers(0, 3)))] for t0, end in zip(scheduled, finished)]
+        output_ids = [None if draw(st.integers(0, 4)) == 0 else
+                      draw(st.lists(st.sampled_from(sorted(ids.values()) + [1000, 1001]), max_size=3)) for _ in rows]
+    return recorded(rows, scheduled, finished, output=output, short=short, grown=grown, output_ids=output_ids), draw(
+        st.integers(1, 12)), draw(st.sampled_from(["lru", "lfu", "s3fifo", "arc", "belady"]))
 
 
 @settings(max_examples=120, deadline=None)
@@ -141,7 +186,8 @@ def recorded_requests(workload):
     return RecordedRequests(blocks=timing.block, offsets=timing.offsets, n_full=timing.n_full,
                             n_prompt=timing.n_prompt, n_lookup=workload.n_lookup, n_new=timing.n_new,
                             classes=workload.workload.astype(np.int64), next_use=timing.next_use,
-                            n_output=workload.output_tokens, finish=workload.finish.astype(np.int64))
+                            n_output=workload.output_tokens, finish=workload.finish.astype(np.int64),
+                            n_first=timing.n_first, n_last=timing.n_last)
 
 
 @settings(max_examples=60, deadline=None)

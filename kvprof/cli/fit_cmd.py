@@ -110,17 +110,23 @@ def check_trace_fields(trace, rule: ClassRule, cell_fields=()) -> None:
     """The fields ``--class-field`` and ``--cell-fields`` name are in the trace (exit 2 otherwise), checked
     right after reading, before any work on it."""
     from kvprof.profiler.reader import required_fields
+    from kvprof.profiler.records import LIST_FIELDS
 
-    extra = sorted(trace.extra)
+    extra = sorted(name for name in trace.extra if name not in LIST_FIELDS)
     known = ", ".join(extra) or "none"
     required = required_fields(trace.format)
+    listed = "is a list per request (a recording's), not a tag a class can be keyed on"
+    if rule.field in LIST_FIELDS:
+        raise typer.BadParameter(f"{rule.field!r} {listed} (other fields: {known})", param_hint="--class-field")
     if rule.field is not None and rule.field not in trace.extra and rule.field not in ("type", "turn"):
         raise typer.BadParameter(f"{rule.field!r} is not a field of {trace.source}'s requests (other fields: {known})",
                                  param_hint="--class-field")
     for name in cell_fields:
-        if name in trace.extra:
+        if name in trace.extra and name not in LIST_FIELDS:
             continue
-        if name in required:
+        if name in LIST_FIELDS:
+            why = listed
+        elif name in required:
             why = (f"is a field every {trace.format} record has, not a tag clients set; the class rule and the "
                    f"turn feature already read type and turn")
         else:

@@ -39,6 +39,14 @@ _REQUIRED = {
     },
     "mooncake": {"timestamp": _NUMBER, "input_length": _INT, "output_length": _INT, "hash_ids": _INT_LIST},
 }
+#: Optional list fields a record may have (a vLLM recording writes them, :mod:`kvprof.recording`), kept in
+#: ``Trace.extra`` as object columns of arrays (None where a record has none): the ids of the blocks a
+#: response filled, in depth order from the prompt's last full block on (the same id space as
+#: ``hash_ids``: a later prompt that sends the response back names them), and the times (seconds, the
+#: timestamps' clock) at which the server gave the request each block it took after its first ones,
+#: while it decoded (and any later prefill chunk).
+OUTPUT_HASH_IDS, GROWN = "output_hash_ids", "grown"
+LIST_FIELDS = {OUTPUT_HASH_IDS: _INT_LIST, GROWN: "a list of numbers of seconds"}
 #: Fields whose presence marks a Bailian record.
 _SESSION_FIELDS = ("chat_id", "type", "turn")
 #: Timestamp units per second.
@@ -124,7 +132,7 @@ class Rows:
             return Problem("wrong_type", line_no, FINISH_FIELD, f"must be a string (how the response ended: "
                                                                 f"tool_use, end_turn, ...) or null, got {_describe(finish)}")
         if len(record) > len(self.required):
-            problem = _hint_problem(line_no, record)
+            problem = _hint_problem(line_no, record) or _list_problem(line_no, record)
             if problem is not None:
                 return problem
         n_ints, n_times = len(self.ints), len(self.timestamp)
@@ -193,7 +201,9 @@ class Rows:
         for name, value in record.items():
             if name in self.required or value is None:
                 continue
-            if isinstance(value, (list, dict)):
+            if name in LIST_FIELDS:
+                value = np.array(value, dtype=np.int64 if name == OUTPUT_HASH_IDS else np.float64)
+            elif isinstance(value, (list, dict)):
                 self.ignored_fields.add(name)
                 continue
             rows, values = self.extra.setdefault(name, (array("q"), []))
@@ -246,6 +256,29 @@ def _hint_problem(line_no: int, record: dict) -> Problem | None:
     return None
 
 
+def _list_problem(line_no: int, record: dict) -> Problem | None:
+    """The first of the record's list fields (:data:`LIST_FIELDS`) that is not a valid value."""
+    for name, expected in LIST_FIELDS.items():
+        value = record.get(name)
+        if value is None:
+            continue
+        if type(value) is not list:
+            return Problem("wrong_type", line_no, name, f"must be {expected}, got {_describe(value)}")
+        allowed = (int,) if name == OUTPUT_HASH_IDS else (int, float)
+        bad = next((v for v in value if type(v) not in allowed), _MISSING)
+        if bad is not _MISSING:
+            return Problem("wrong_type", line_no, name, f"must be {expected}, holds {_describe(bad)}")
+        if name == OUTPUT_HASH_IDS:
+            bad = next((v for v in value if not _INT64_MIN <= v < _INT64_END), _MISSING)
+            if bad is not _MISSING:
+                return Problem("bad_value", line_no, name, f"hash id {bad} does not fit in 64 bits")
+        else:
+            bad = next((v for v in value if not 0 <= v < 2**43), _MISSING)  # NaN fails both
+            if bad is not _MISSING:
+                return Problem("bad_value", line_no, name, f"times must be finite seconds >= 0, holds {bad!r}")
+    return None
+
+
 def _describe(value) -> str:
     return "null" if value is None else f"{type(value).__name__} {value!r:.40}"
 
@@ -261,7 +294,12 @@ def _extra_column(n: int, rows: array, values: list) -> np.ndarray:
     elif len(values) == n and kinds == {int, float}:
         return np.array(values, dtype=np.float64)
     column = np.full(n, None, dtype=object)
-    column[np.frombuffer(rows, dtype=np.int64)] = values
+    where = np.frombuffer(rows, dtype=np.int64)
+    if np.ndarray in kinds:  # a list field: one array per row (numpy would read equal lengths as a 2-D block)
+        for row, value in zip(where.tolist(), values):
+            column[row] = value
+    else:
+        column[where] = values
     return column
 
 

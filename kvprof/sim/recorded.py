@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvprof.core.timed import blocks_at_finish
+from kvprof.core.timed import ADMIT, FINISH, GROW, blocks_at_finish
+from kvprof.profiler.records import GROWN, OUTPUT_HASH_IDS
 from kvprof.profiler.reuse import next_access
 from kvprof.profiler.trace import Trace
 from kvprof.recording import CHAT_IDS_PER_START, FILE, Recording, RecordingError
@@ -40,26 +41,33 @@ REPLICA = "replica"
 class RecordedTiming:
     """When each request of a :class:`~kvprof.sim.workload.Workload` held which blocks.
 
-    Invariants: ``admit <= release`` wherever ``admit`` is finite (NaN: never scheduled). Request
-    ``r``'s blocks, by depth, are ``block[offsets[r]:offsets[r + 1]]``: its prompt's ``n_full[r]``
-    full blocks (the workload's), then the blocks full at its finish, each a content no other
-    request names (the first may be its prompt's partial last block, which its output filled in
-    place), then ``NONE`` for a partial last prompt block its output did not fill. It takes
-    ``n_prompt[r]`` blocks when scheduled and ``n_new[r]`` more at its finish, as vLLM's
-    ``allocate_slots`` does: ``ceil(written / block)`` blocks in all and ``written // block`` of
-    them full, where ``written = prompt + output - 1`` (the last sampled token's KV is never
-    computed).
+    Invariants: ``admit <= release`` wherever ``admit`` is finite (NaN: never scheduled), and every
+    grow time of a request lies in ``[admit, release]``. Request ``r``'s blocks, by depth, are
+    ``block[offsets[r]:offsets[r + 1]]``: its prompt's ``n_full[r]`` full blocks (the workload's),
+    then the blocks full at its finish (the first may be its prompt's partial last block, which its
+    output filled in place), each the content the recording names for it (``output_hash_ids``: a
+    later prompt that sends the response back hits it) or else a content no other request names,
+    then ``NONE`` for a partial last prompt block its output did not fill. It holds
+    ``n_prompt[r] + n_new[r]`` blocks at its finish, as vLLM's ``allocate_slots`` has it:
+    ``ceil(written / block)`` blocks in all and ``written // block`` of them full, where
+    ``written = prompt + output - 1`` (the last sampled token's KV is never computed). It takes
+    ``n_first[r]`` of them when scheduled, one more at each of its grow times (``grow_request``,
+    ``grow_time``: when the server gave it a block while it decoded, or a later prefill chunk, as
+    the recording's ``grown`` says), and ``n_last[r]`` more at its finish: a recording without
+    ``grown`` takes its prompt's blocks when scheduled and the rest at its finish.
 
     Attributes
     ----------
     admit, release : float64 arrays, shape (n,)
         Seconds since the evaluation window's start.
-    n_full, n_prompt, n_new : int64 arrays, shape (n,)
+    n_full, n_prompt, n_new, n_first, n_last : int64 arrays, shape (n,)
     offsets : int64 array, shape (n + 1,)
     block : int64 array
         Dense content ids (the workload's, then fresh ones), ``NONE`` for partial prompt blocks.
     next_use : float64 array
         Admission time of the next request using the same content (Belady), ``inf`` if none.
+    grow_request : int64 array, grow_time : float64 array
+        One entry per block taken while running, by request and then time.
     """
 
     admit: np.ndarray
@@ -67,27 +75,37 @@ class RecordedTiming:
     n_full: np.ndarray
     n_prompt: np.ndarray
     n_new: np.ndarray
+    n_first: np.ndarray
+    n_last: np.ndarray
     offsets: np.ndarray
     block: np.ndarray
     next_use: np.ndarray
+    grow_request: np.ndarray
+    grow_time: np.ndarray
 
     @property
     def n_contents(self) -> int:
         return int(self.block.max()) + 1 if self.block.size else 0
 
     def events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(request, admits, time)`` of every admission and finish, in the order they happened:
-        by time; at one time, the finishes of requests admitted earlier (vLLM frees finished
-        requests before it schedules the next step), then admissions, then the finishes of
-        requests admitted at that very time; then by request."""
+        """``(request, kind, time)`` of every admission (kind :data:`ADMIT`), grow (:data:`GROW`) and finish
+        (:data:`FINISH`), in the order they happened: by time; at one time, as a vLLM step runs them: the
+        finishes of requests admitted earlier (vLLM frees finished requests before it schedules the next
+        step), then the grows of running requests (it schedules running requests before waiting ones),
+        then admissions, then the grows and finishes of requests admitted at that very time; then by
+        request. A grow at its request's finish time comes before that finish."""
         scheduled = np.flatnonzero(np.isfinite(self.admit))
         admit, release = self.admit[scheduled], self.release[scheduled]
-        request = np.concatenate([scheduled, scheduled])
-        admits = np.concatenate([np.ones(scheduled.size, bool), np.zeros(scheduled.size, bool)])
-        time = np.concatenate([admit, release])
-        rank = np.concatenate([np.ones(scheduled.size), np.where(release == admit, 2, 0)])
+        grows = np.isfinite(self.admit[self.grow_request])
+        grower, grow_time = self.grow_request[grows], self.grow_time[grows]
+        grow_rank = np.where(grow_time == self.admit[grower], 1.5, np.where(grow_time == self.release[grower], -0.5, 0.5))
+        request = np.concatenate([scheduled, scheduled, grower])
+        kind = np.concatenate([np.full(scheduled.size, ADMIT, np.int8), np.full(scheduled.size, FINISH, np.int8),
+                               np.full(grower.size, GROW, np.int8)])
+        time = np.concatenate([admit, release, grow_time])
+        rank = np.concatenate([np.ones(scheduled.size), np.where(release == admit, 2, 0), grow_rank])
         order = np.lexsort((request, rank, time))
-        return request[order], admits[order], time[order]
+        return request[order], kind[order], time[order]
 
 
 def timing_absent(trace, engine_block_size: int, rate_scale: float) -> str | None:
@@ -168,7 +186,8 @@ def recorded_timing(trace, origin: float, offsets: np.ndarray, block: np.ndarray
                     output: np.ndarray, engine_block_size: int) -> RecordedTiming:
     """The recorded timing of ``trace``'s requests (it has the fields: :func:`timing_absent`).
 
-    ``origin`` is the workload's time zero; ``offsets``/``block`` its prompt's full blocks.
+    ``origin`` is the workload's time zero; ``offsets``/``block`` its prompt's full blocks (at the
+    trace's own block size: recorded timing applies at no other).
 
     Raises
     ------
@@ -189,8 +208,8 @@ def recorded_timing(trace, origin: float, offsets: np.ndarray, block: np.ndarray
     new_block = np.full(new_offsets[-1], NONE, dtype=np.int64)
     new_block[depth < n_full[owner]] = block
     from_output = (depth >= n_full[owner]) & (depth < (n_full + n_filled)[owner])
-    first_fresh = int(block.max()) + 1 if block.size else 0
-    new_block[from_output] = np.arange(first_fresh, first_fresh + int(from_output.sum()))
+    new_block[from_output] = _output_contents(trace, offsets, block, n_filled, depth[from_output] - n_full[owner[from_output]],
+                                              owner[from_output])
     next_use = np.full(new_block.size, math.inf)
     cached = new_block != NONE
     nxt = next_access(new_block[cached], owner[cached])
@@ -198,9 +217,75 @@ def recorded_timing(trace, origin: float, offsets: np.ndarray, block: np.ndarray
     later = np.full(nxt.size, math.inf)
     later[reused] = admit[owner[cached][nxt[reused]]]
     next_use[cached] = np.where(np.isnan(later), math.inf, later)
-    return RecordedTiming(admit=admit, release=release, n_full=n_full.astype(np.int64),
-                          n_prompt=n_prompt.astype(np.int64), n_new=n_new.astype(np.int64), offsets=new_offsets,
-                          block=new_block, next_use=next_use)
+    n_total = n_prompt + n_new
+    grow_request, grow_time, n_grown = _grows(trace, origin, n_total, admit, release)
+    recorded = n_grown >= 0  # the recording says when the request took its blocks
+    n_first = np.where(recorded, n_total - np.maximum(n_grown, 0), n_prompt)
+    n_last = np.where(recorded, 0, n_new)
+    as_int = {name: a.astype(np.int64) for name, a in (("n_full", n_full), ("n_prompt", n_prompt), ("n_new", n_new),
+                                                        ("n_first", n_first), ("n_last", n_last))}
+    return RecordedTiming(admit=admit, release=release, offsets=new_offsets, block=new_block, next_use=next_use,
+                          grow_request=grow_request, grow_time=grow_time, **as_int)
+
+
+def _output_contents(trace, offsets: np.ndarray, block: np.ndarray, n_filled: np.ndarray, index: np.ndarray,
+                     owner: np.ndarray) -> np.ndarray:
+    """The contents of the output-filled blocks ``index`` (0: the first past the prompt's full ones) of
+    requests ``owner``: the prompts' numbering where the recording's ``output_hash_ids`` name a hash a
+    prompt has, a fresh number per other named hash, a fresh one each for blocks it does not name."""
+    first_fresh = int(block.max()) + 1 if block.size else 0
+    named = trace.extra.get(OUTPUT_HASH_IDS)
+    hashes = np.full(index.size, NONE, np.int64)
+    have = np.zeros(index.size, bool)
+    if named is not None:
+        lengths = np.array([0 if ids is None else min(len(ids), k) for ids, k in zip(named.tolist(), n_filled.tolist())],
+                           np.int64)
+        have = index < lengths[owner]
+        if have.any():
+            flat = np.concatenate([ids[:k] for ids, k in zip(named.tolist(), lengths.tolist()) if k])
+            starts = np.zeros(lengths.size, np.int64)
+            np.cumsum(lengths[:-1], out=starts[1:])
+            hashes[have] = flat[starts[owner[have]] + index[have]]
+    contents = np.empty(index.size, np.int64)
+    if have.any():
+        # the prompts' own numbering (np.unique's, as Workload.block), then the hashes no prompt has
+        prompt_hashes = np.unique(trace.hash_ids[_prompt_positions(trace, offsets)])
+        at = np.minimum(np.searchsorted(prompt_hashes, hashes[have]), max(prompt_hashes.size - 1, 0))
+        known = prompt_hashes.size > 0
+        in_prompts = (prompt_hashes[at] == hashes[have]) if known else np.zeros(int(have.sum()), bool)
+        unknown, inverse = np.unique(hashes[have][~in_prompts], return_inverse=True)
+        numbers = np.empty(int(have.sum()), np.int64)
+        numbers[in_prompts] = at[in_prompts]
+        numbers[~in_prompts] = first_fresh + inverse.reshape(-1)
+        contents[have] = numbers
+        first_fresh += unknown.size
+    contents[~have] = np.arange(first_fresh, first_fresh + int((~have).sum()))
+    return contents
+
+
+def _prompt_positions(trace, offsets: np.ndarray) -> np.ndarray:
+    """Where the prompts' full blocks (``offsets``: their counts, at the trace's block size) are in ``trace.hash_ids``."""
+    lengths = np.diff(offsets)
+    owner = np.repeat(np.arange(lengths.size), lengths)
+    return trace.hash_offsets[owner] + np.arange(offsets[-1]) - offsets[owner]
+
+
+def _grows(trace, origin: float, n_total: np.ndarray, admit: np.ndarray, release: np.ndarray):
+    """``(grow_request, grow_time, n_grown)`` from the recording's ``grown`` times: one event per block each
+    request took after its first ones (at most ``n_total`` of them, in time order, kept within its
+    ``[admit, release]``), ``n_grown`` -1 for a request the recording gives no times for."""
+    n = n_total.size
+    column = trace.extra.get(GROWN)
+    n_grown = np.full(n, -1, np.int64)
+    if column is None:
+        return np.zeros(0, np.int64), np.zeros(0), n_grown
+    times = [None if t is None else np.sort(np.asarray(t, np.float64))[:k] for t, k in zip(column.tolist(), n_total.tolist())]
+    n_grown = np.array([-1 if t is None else t.size for t in times], np.int64)
+    counts = np.maximum(n_grown, 0)
+    grow_request = np.repeat(np.arange(n, dtype=np.int64), counts)
+    grow_time = np.concatenate([t for t in times if t is not None and t.size] or [np.zeros(0)]) - origin
+    grow_time = np.minimum(np.maximum(grow_time, admit[grow_request]), release[grow_request])
+    return grow_request, grow_time, n_grown
 
 
 def _seconds(trace, name: str) -> np.ndarray:
@@ -324,6 +409,10 @@ def distinct_keys(recordings: Sequence[tuple[str, Recording]]) -> int:
 def _on_clock(trace: Trace, shift: float, chat_base: int) -> Trace:
     """``trace`` with its times ``shift`` seconds later and its chat ids ``chat_base`` higher."""
     extra = dict(trace.extra)
+    if GROWN in extra:
+        extra[GROWN] = np.array([None] * trace.n_requests, dtype=object)
+        for i, times in enumerate(trace.extra[GROWN].tolist()):
+            extra[GROWN][i] = None if times is None else times + shift
     for name in (SCHEDULED, FINISHED):
         if name in extra:
             column = extra[name]

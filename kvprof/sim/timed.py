@@ -9,26 +9,30 @@ the capacity are the simulation's, so one recording answers "what would LRU, wa 
 hit on this server".
 
 What the replay models as the server did, per request: when scheduled, it takes its prefix hits
-(at most ``(prompt - 1) // block`` blocks, as vLLM) and new blocks for the rest of its prompt, the
-full ones cached at once; when it finishes, the blocks its output filled (``prompt + output - 1``
-tokens: the last sampled token is never written), cached too as vLLM caches them, though no
-later prompt of the recording names them: first its prompt's partial last block, filled in place
-(no new block, so nothing is evicted for it), then new blocks, as many as vLLM's
-``allocate_slots`` took (:func:`kvprof.sim.recorded.blocks_at_finish`); then it frees them all,
-tail first. Requests never
+(at most ``(prompt - 1) // block`` blocks, as vLLM) and new blocks for the rest of its first
+allocation (its prompt, or its first prefill chunk), the full ones cached at once; while it runs,
+one block at each time the recording says the server gave it one (``grown``: a decode step that
+started a block, a later prefill chunk); when it finishes, the blocks its output filled
+(``prompt + output - 1`` tokens: the last sampled token is never written) are cached as vLLM caches
+them, under the contents the recording names for them (``output_hash_ids``), so a later turn that
+sends the response back hits them: first its prompt's partial last block, filled in place, then
+the blocks it took while running (a recording without ``grown`` takes them at the finish, as many
+as vLLM's ``allocate_slots`` took: :func:`kvprof.core.timed.blocks_at_finish`); then it frees them
+all, tail first. Requests never
 scheduled (aborted while waiting) take nothing and are counted as not served, and so are requests
 whose prompt needs more blocks than the whole simulated cache (rejected, as on modelled timing: the
 server had room for them, a smaller cache would not). The policy hears of
 each request once scheduled (``admit``: its full prompt blocks) and once finished (``finish``:
 all its full blocks, output included, which ``wa``'s shadows cache then as the real tier does; and its
 client hint, where the policy takes hints, as the plugin's pool hears it: Python engine only). The live
-counterfactual of the vLLM plugin runs the same two steps as requests come and go.
+counterfactual of the vLLM plugin runs the same steps as requests come and go.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from kvprof.core.timed import ADMIT, GROW
 from kvprof.policy.base import finish_takes
 from kvprof.sim.config import SimulationError
 from kvprof.sim.metrics import metrics
@@ -44,30 +48,37 @@ def replay_python(workload, timing: RecordedTiming, classes: list[int], gpu,
     next_use = timing.next_use.tolist()
     offsets = timing.offsets.tolist()
     n_full, n_prompt, n_new = timing.n_full.tolist(), timing.n_prompt.tolist(), timing.n_new.tolist()
+    n_first, n_last = timing.n_first.tolist(), timing.n_last.tolist()
     n_lookup, n_output = workload.n_lookup.tolist(), workload.output_tokens.tolist()
     codes = workload.finish.tolist() if finish_takes(gpu.policy, "finish") else None  # how each request ended
     # each request's client hint, told as the vLLM plugin's pool applies it: at the finish, to the free that follows
     hints = workload.hints.hints() if workload.hints is not None and finish_takes(gpu.policy, "hint") else None
     n = len(n_prompt)
-    hits, held, slots = [0] * n, [0] * n, [[] for _ in range(n)]
-    for r, admits, now in zip(*(a.tolist() for a in events)):
+    hits, held, first_held, slots = [0] * n, [0] * n, [0] * n, [[] for _ in range(n)]
+    for r, kind, now in zip(*(a.tolist() for a in events)):
         start, mine = offsets[r], slots[r]
-        if admits:
+        if kind == ADMIT:
             n_hit_evictable = gpu.cached_prefix(blocks, start, n_lookup[r], mine)
             hits[r] = len(mine)
-            held[r] = hits[r] + min(n_prompt[r] - hits[r], gpu.n_free - n_hit_evictable)
+            held[r] = hits[r] + min(max(n_first[r] - hits[r], 0), gpu.n_free - n_hit_evictable)
             gpu.pin_hits(mine, now, classes[r], next_use, start)
             gpu.allocate(blocks, next_use, start, hits[r], n_full[r], held[r], now, classes[r], mine)
+            first_held[r] = held[r]
             gpu.policy.admit(r, blocks[start:start + n_full[r]], now, classes[r], n_lookup=n_lookup[r],
                              n_blocks=n_prompt[r])
+        elif kind == GROW:  # one more block, empty until the finish (kvprof.core.timed.grow)
+            if held[r] < n_prompt[r] + n_new[r] and gpu.n_free >= 1:
+                gpu.allocate(blocks, next_use, start, held[r], 0, held[r] + 1, now, classes[r], mine)
+                held[r] += 1
         else:
             told = {} if codes is None else {"finish": codes[r] or None}
             if hints is not None:
                 told["hint"], told["held"] = hints[r], mine
             gpu.policy.finish(r, now, blocks[start:offsets[r + 1]], n_blocks=n_prompt[r] + n_new[r],
                               n_output=n_output[r], **told)
-            gpu.cache_filled(blocks, next_use, start, n_full[r], offsets[r + 1] - start, mine, now, classes[r])
-            more = min(n_new[r], gpu.n_free)
+            gpu.cache_filled(blocks, next_use, start, min(n_full[r], first_held[r]), offsets[r + 1] - start, mine, now,
+                             classes[r])
+            more = min(n_last[r], gpu.n_free)
             gpu.allocate(blocks, next_use, start, held[r], offsets[r + 1] - start, held[r] + more, now, classes[r],
                          mine)
             held[r] += more
@@ -89,8 +100,8 @@ def simulate_recorded(workload, policy, capacity: int, config, engine: str):
         raise SimulationError(NO_TIERS)
     classes = workload.codes_for(policy).astype(np.int64)
     fits = timing.n_prompt <= capacity  # the others are rejected, never admitted
-    request, admits, time = timing.events()
-    events = request[fits[request]], admits[fits[request]], time[fits[request]]
+    request, kind, time = timing.events()
+    events = request[fits[request]], kind[fits[request]], time[fits[request]]
     if engine == "compiled":
         from kvprof.core import tiers
         from kvprof.core.build import compile_policy, write_back
@@ -101,7 +112,8 @@ def simulate_recorded(workload, policy, capacity: int, config, engine: str):
         requests = RecordedRequests(blocks=timing.block, offsets=timing.offsets, n_full=timing.n_full,
                                     n_prompt=timing.n_prompt, n_lookup=workload.n_lookup, n_new=timing.n_new,
                                     classes=classes, next_use=timing.next_use, n_output=workload.output_tokens,
-                                    finish=workload.finish.astype(np.int64))
+                                    finish=workload.finish.astype(np.int64), n_first=timing.n_first,
+                                    n_last=timing.n_last)
         hits, held = replay(gpu, requests, events)
         write_back(policy, compiled)
         evictions, dropped = tiers.counts(gpu)

@@ -143,17 +143,24 @@ class LiveLoop:
         self._snapshot()
 
     # -- scheduler thread -----------------------------------------------------------------
-    def scheduled(self, request, now: float) -> None:
-        """``request`` got its first blocks at ``now`` (seconds since the epoch)."""
-        self._put(("admit", now, request))
+    def scheduled(self, request, now: float, n_first: int | None = None) -> None:
+        """``request`` got its first blocks at ``now`` (seconds since the epoch), ``n_first`` of them
+        (None: its prompt's)."""
+        self._put(("admit", now, request, n_first))
 
-    def finished(self, request, scheduled: float | None, hit_tokens: int, now: float, code: int = UNKNOWN) -> None:
+    def grew(self, block_ids: list[int], now: float) -> None:
+        """Running requests took the blocks ``block_ids`` at ``now`` (which request learns at its free)."""
+        self._put(("grow", now, block_ids))
+
+    def finished(self, request, scheduled: float | None, hit_tokens: int, now: float, code: int = UNKNOWN,
+                 grown: list[int] = (), grown_at: list[float] = ()) -> None:
         """vLLM freed ``request`` at ``now``; ``scheduled`` is when it got its first blocks (None:
         never), with ``hit_tokens`` of its prompt found in the prefix cache; it ended as finish
-        ``code`` says (:mod:`kvprof.vllm.finish`)."""
+        ``code`` says (:mod:`kvprof.vllm.finish`); ``grown`` are the blocks it took after its first
+        ones (:meth:`grew`), in depth order, taken at the times ``grown_at``."""
         if self.recorder is not None:
-            self.recorder.submit(request, scheduled, hit_tokens, now, code)
-        self._put(("finish", now, request, scheduled is not None, hit_tokens, code))
+            self.recorder.submit(request, scheduled, hit_tokens, now, code, grown_at)
+        self._put(("finish", now, request, scheduled is not None, hit_tokens, code, grown))
 
     def poll(self) -> None:
         """Swap in the compiled policy or a reloaded one, if one is ready (the scheduler thread, between its
@@ -270,14 +277,18 @@ class LiveLoop:
 
     def _handle(self, event) -> None:
         kind, now, request = event[:3]
+        if kind == "grow":
+            self.counterfactual.grow(request, now)  # the blocks taken, whoever took them
+            return
         key = request.request_id
         if kind == "admit":
             index = self._class_index(request)
-            self.counterfactual.admit(key, request.block_hashes, request.num_prompt_tokens, (index, index), now)
+            self.counterfactual.admit(key, request.block_hashes, request.num_prompt_tokens, (index, index), now,
+                                      n_first=event[3])
             return
-        admitted, hit_tokens, code = event[3:]
+        admitted, hit_tokens, code, grown = event[3:]
         lookups = self.counterfactual.finish(key, request.block_hashes, request.num_prompt_tokens,
-                                             request.num_output_tokens, now, code)
+                                             request.num_output_tokens, now, code, grown=grown)
         if not admitted or lookups is None:
             return
         if PROBE_TAG in (request_extra_args(request) or {}):

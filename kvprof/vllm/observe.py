@@ -2,9 +2,10 @@
 
 :class:`Counterfactual` keeps, per policy, a simulated GPU tier of the server's size
 (:mod:`kvprof.core.tiers`, the simulator's) and feeds it the requests as the server scheduled and
-finished them, content by content (vLLM's block hashes), with the two steps of a replay on recorded
-timing (:func:`kvprof.core.timed.admit` / :func:`~kvprof.core.timed.finish`, each followed or
-preceded by the policy's own ``admit`` / ``finish``, which ``wa``'s shadows live on, as
+finished them, content by content (vLLM's block hashes), with the steps of a replay on recorded
+timing (:func:`kvprof.core.timed.admit` / :func:`~kvprof.core.timed.grow` for each block a running
+request took, when the server took it / :func:`~kvprof.core.timed.finish`, admit and finish followed
+or preceded by the policy's own ``admit`` / ``finish``, which ``wa``'s shadows live on, as
 :func:`kvprof.core.timed.replay` does). So its hits are
 what that policy would have hit with the server's own concurrency, and ``kvprof compare`` of a
 recording of the same traffic computes the same numbers. It runs on the plugin's background
@@ -24,7 +25,7 @@ from kvprof.core.prefix_cache import first_size
 from kvprof.core.wa import outcome, policy_admit, policy_finish
 from kvprof.core.structs import NONE
 from kvprof.core.twin import Seats
-from kvprof.core.timed import admit, blocks_at_finish, finish, forget
+from kvprof.core.timed import admit, blocks_at_finish, finish, forget, grow
 from kvprof.models.finish import UNKNOWN
 from kvprof.policy.base import EvictionPolicy
 from kvprof.vllm.numbering import RecentContentNumbers
@@ -49,6 +50,8 @@ class _Tier:
         self.gpu = tiers.new_device(self.compiled, capacity, n_contents)
         # request -> (its slots, how many it holds, its class or cell, its prompt's contents, its hits)
         self.running: dict[Hashable, tuple[np.ndarray, int, int, np.ndarray, int]] = {}
+        # the server's block id -> the slot taken here when a running request took it (its request says at its free)
+        self.grown: dict[int, int] = {}
         self.hits = 0  # over finished requests
 
 
@@ -108,8 +111,10 @@ class Counterfactual:
         return int(leader), hits
 
     # -- events ----------------------------------------------------------------------------
-    def admit(self, key: Hashable, hashes: Sequence, prompt_tokens: int, classes: tuple[int, int], now: float) -> None:
-        """Request ``key`` was scheduled at ``now``: it takes its prompt's blocks in every tier.
+    def admit(self, key: Hashable, hashes: Sequence, prompt_tokens: int, classes: tuple[int, int], now: float,
+              n_first: int | None = None) -> None:
+        """Request ``key`` was scheduled at ``now``: it takes its first ``n_first`` blocks (None: its
+        prompt's) in every tier.
 
         ``hashes`` are vLLM's block hashes of the request (its prompt's full blocks first);
         ``classes`` its class and its cell index (a tier's policy is told the one it is keyed by).
@@ -121,21 +126,39 @@ class Counterfactual:
         blocks[:n_full] = self._contents(hashes[:n_full])
         n_lookup = min(max(prompt_tokens - 1, 0) // size, n_full)
         self._lookups_of[key] = n_lookup
-        next_use = self._next_use(n_prompt)
+        n_take = n_prompt if n_first is None else n_first
+        next_use = self._next_use(max(n_prompt, n_take))
         seat = self._seats.take(key)
         for tier in self.tiers.values():
-            slots = np.zeros(n_prompt, np.int64)
+            slots = np.zeros(max(n_prompt, n_take), np.int64)
             workload = classes[tier.keyed_by == "cell"]
-            n_hit, held = admit(tier.gpu, blocks, next_use, 0, n_full, n_lookup, n_prompt, now, workload, slots)
+            n_hit, held = admit(tier.gpu, blocks, next_use, 0, n_full, n_lookup, n_take, now, workload, slots)
             policy_admit(tier.compiled, seat, blocks[:n_full], n_lookup, n_prompt, now, workload)
             tier.running[key] = (slots, int(held), workload, blocks, int(n_hit))
 
+    def grow(self, block_ids: Sequence[int], now: float) -> None:
+        """Running requests took the server's blocks ``block_ids`` at ``now`` (decode steps that started a
+        block, later prefill chunks): every tier takes as many, empty ones first, evicting for the rest as
+        the server did then; each request learns its own at its :meth:`finish`. A block id taken again
+        before a finish claimed it (its request was preempted) gives the old slot back first."""
+        none, no_use = np.zeros(1, np.int64), self._next_use(1)
+        for tier in self.tiers.values():
+            for block_id in block_ids:
+                stale = tier.grown.pop(block_id, None)
+                if stale is not None:
+                    tiers.release(tier.gpu, np.array([stale], np.int64), 1, now)
+                slot = np.zeros(1, np.int64)
+                if grow(tier.gpu, none, no_use, 0, 1, now, slot):  # one block, as the replay takes it
+                    tier.grown[block_id] = int(slot[0])
+
     def finish(self, key: Hashable, hashes: Sequence, prompt_tokens: int, output_tokens: int, now: float,
-               code: int = UNKNOWN) -> int | None:
+               code: int = UNKNOWN, grown: Sequence[int] | None = None) -> int | None:
         """Request ``key`` finished at ``now``, ending as finish ``code`` says (:mod:`kvprof.models.finish`):
         the blocks its output filled are cached (their hashes follow the prompt's in ``hashes``), then
-        all its blocks are freed. Its lookups and hits are counted now; returns its lookups (None: it
-        was never admitted)."""
+        all its blocks are freed. ``grown`` are the server's blocks it took after its first ones
+        (:meth:`grow`), in depth order; None: not known, so the blocks it took while decoding are taken
+        now, as vLLM's ``allocate_slots`` counts them. Its lookups and hits are counted now; returns its
+        lookups (None: it was never admitted)."""
         size = self.block_size
         n_full = min(prompt_tokens // size, len(hashes))
         n_prompt = -(-prompt_tokens // size)
@@ -155,9 +178,16 @@ class Counterfactual:
             # the layout of RecordedTiming: the prompt's full blocks (a full tier may give some only now), those
             # its output filled (the prompt's partial last block first), a partial block left NONE
             blocks = np.concatenate([prompt[:n_full], filled, prompt[n_full + n_filled:]])
-            slots = np.concatenate([slots, np.zeros(n_new, np.int64)])
+            first = held
+            if grown is not None:
+                taken = [slot for slot in (tier.grown.pop(block_id, None) for block_id in grown) if slot is not None]
+                slots = np.concatenate([slots[:held], np.array(taken, np.int64)])
+                held += len(taken)
+            n_last = n_new if grown is None else 0
+            slots = np.concatenate([slots, np.zeros(n_last + max(len(blocks) - len(slots), 0), np.int64)])
             policy_finish(tier.compiled, seat, now, blocks, n_prompt + n_new, output_tokens, code)
-            finish(tier.gpu, blocks, next_use, 0, held, n_full, len(blocks), n_new, now, workload, slots)
+            # from its prompt's full blocks on, or from the first block it took while running (a later prefill chunk)
+            finish(tier.gpu, blocks, next_use, 0, held, min(n_full, first), len(blocks), n_last, now, workload, slots)
         return n_lookup
 
     def forget_request(self, key: Hashable, now: float) -> None:

@@ -38,6 +38,8 @@ import logging
 import os
 import time
 
+import numpy as np
+
 from kvprof.models.finish import UNKNOWN
 from kvprof.vllm.finish import engine_finish_code
 from kvprof.vllm.spec import (
@@ -523,42 +525,65 @@ def _data_parallel_rank(scheduler) -> int:
 
 def track_requests(scheduler, manager, pool, live) -> None:
     """Tell ``pool`` which request ``manager.allocate_slots`` serves, ``pool`` and ``live`` when a
-    request gets its first blocks and when vLLM frees it (the pool before its blocks go: its
-    policy's shadows take the request's whole chain), let ``live`` swap in a reloaded policy at the
-    start of each ``schedule`` (once a step, not once per allocation), and close ``live`` with the
-    scheduler.
+    request gets its first blocks, each block a running request takes later, and when vLLM frees it
+    (the pool before its blocks go: its policy's shadows take the request's whole chain), let
+    ``live`` swap in a reloaded policy at the start of each ``schedule`` (once a step, not once per
+    allocation), and close ``live`` with the scheduler.
 
     A request preempted and resumed is told once, at its first blocks and its final free: a
     shadow holds its slots in between.
 
-    Only a waiting request's allocation needs either (its prefix hits are touched there, and it may be
-    its first); vLLM looks a waiting request's hits up (``get_computed_blocks``) just before, so that
-    lookup arms the wrapper for the next ``allocate_slots``, which disarms it: a running request's
-    allocation, once a step each, calls vLLM's own without a wrapper (~1.2 us a call). With a KV
-    connector a waiting request may come back with its tokens loaded and no lookup: there the wrapper
-    stays armed."""
+    Only a waiting request's allocation needs the wrapper (its prefix hits are touched there, and it
+    may be its first); vLLM looks a waiting request's hits up (``get_computed_blocks``) just before,
+    so that lookup arms the wrapper for the next ``allocate_slots``, which disarms it: a running
+    request's allocation, once a step each, calls vLLM's own without a wrapper (~1.2 us a call). With
+    a KV connector a waiting request may come back with its tokens loaded and no lookup: there the
+    wrapper stays armed. The blocks a running request takes (a decode step that starts a block, a
+    later prefill chunk) are seen where the pool hands them out (``get_new_blocks``, once per block
+    of tokens): each is stamped with the time, told to ``live`` at once (the counterfactual takes a
+    block then, as the server did), and its request learns them at its free, as the blocks it holds
+    past its first ones (the recording's ``grown``)."""
     original_allocate = manager.allocate_slots
     clock = time.time
+    taken_at = np.zeros(manager.block_pool.num_gpu_blocks)  # when each block was last handed to a running request
+    admitting = False  # a waiting request's allocation is under way: its blocks are its first ones
 
     @functools.wraps(original_allocate)
     def allocate_slots(request, *args, **kwargs):
+        nonlocal admitting
         if not always_armed:
             manager.allocate_slots = original_allocate
         if pool is not None:
             pool.current_request = request
+        first = request.request_id not in first_scheduled
+        admitting = first or not always_armed  # armed always (a KV connector): a running request's is a grow
         try:
             blocks = original_allocate(request, *args, **kwargs)
         finally:
+            admitting = False
             if pool is not None:
                 pool.current_request = None
-        if blocks is not None and request.request_id not in first_scheduled:
+        if blocks is not None and first:
             now = clock()
             # vLLM's signature since 0.9: (request, num_new_tokens, num_new_computed_tokens, ...)
             hit_tokens = args[1] if len(args) > 1 else kwargs.get("num_new_computed_tokens", 0)
-            first_scheduled[request.request_id] = (now, hit_tokens)
-            live.scheduled(request, now)
+            n_first = len(manager.coordinator.get_blocks(request.request_id)[0])
+            first_scheduled[request.request_id] = (now, hit_tokens, n_first)
+            live.scheduled(request, now, n_first)
             if pool is not None:
                 _never_raise(pool.admit_request, request)
+        return blocks
+
+    original_get_new_blocks = manager.block_pool.get_new_blocks
+
+    @functools.wraps(original_get_new_blocks)
+    def get_new_blocks(*args, **kwargs):
+        blocks = original_get_new_blocks(*args, **kwargs)
+        if not admitting and blocks:
+            now = clock()
+            ids = [block.block_id for block in blocks]
+            taken_at[ids] = now
+            live.grew(ids, now)
         return blocks
 
     def arming(lookup):
@@ -575,26 +600,24 @@ def track_requests(scheduler, manager, pool, live) -> None:
         for name in lookups:
             setattr(manager, name, arming(getattr(manager, name)))
 
-    first_scheduled: dict[str, tuple[float, int]] = {}  # request id -> (when, prefix-cache hit tokens)
+    # request id -> (when it got its first blocks, prefix-cache hit tokens, how many blocks it got then)
+    first_scheduled: dict[str, tuple[float, int, int]] = {}
     original_free = scheduler._free_request
 
     @functools.wraps(original_free)
     def _free_request(request, *args, **kwargs):
         code = _finish_code(request, live.spec.tool_call_tokens)
-        if pool is not None and request.request_id in first_scheduled:
-            # the coordinator's own lists of the request's blocks (group 0 counted), not a KVCacheBlocks built to count them
-            def finish():
-                held = manager.coordinator.get_blocks(request.request_id)
-                pool.finish_request(request, len(held[0]), code, held)
-
-            _never_raise(finish)
+        scheduled, hit_tokens, n_first = first_scheduled.pop(request.request_id, (None, 0, 0))
+        held = manager.coordinator.get_blocks(request.request_id)  # the coordinator's own lists (group 0 counted)
+        grown = [block.block_id for block in held[0][n_first:]] if scheduled is not None else []
+        if pool is not None and scheduled is not None:
+            _never_raise(pool.finish_request, request, len(held[0]), code, held)
         try:
             return original_free(request, *args, **kwargs)
         finally:
             if pool is not None:
                 _never_raise(pool.request_freed)
-            scheduled, hit_tokens = first_scheduled.pop(request.request_id, (None, 0))
-            live.finished(request, scheduled, hit_tokens, clock(), code)
+            live.finished(request, scheduled, hit_tokens, clock(), code, grown, taken_at[grown].tolist())
 
     original_schedule = scheduler.schedule
 
@@ -615,6 +638,7 @@ def track_requests(scheduler, manager, pool, live) -> None:
                 pool.close()
 
     manager.allocate_slots = allocate_slots if always_armed else original_allocate
+    manager.block_pool.get_new_blocks = get_new_blocks  # the coordinator's managers call it through the pool
     scheduler.schedule = schedule
     scheduler._free_request = _free_request
     scheduler.shutdown = shutdown

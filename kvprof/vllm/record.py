@@ -61,6 +61,7 @@ from kvprof.recording import (
 )
 from kvprof.models.finish import FINISH_FIELD, UNKNOWN
 from kvprof.models.hints import HINT_FIELDS, hint_of_args
+from kvprof.profiler.records import GROWN, OUTPUT_HASH_IDS
 from kvprof.vllm.finish import stop_value
 from kvprof.vllm.handoff import Handoff
 
@@ -68,7 +69,8 @@ logger = logging.getLogger("vllm.kvprof")
 
 #: Fields of a trace line that a client tag must not replace (its value is dropped and counted).
 RESERVED = frozenset({"chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn",
-                      "hash_ids", "scheduled", "finished", "finish_reason", "cached_tokens", "session", "rank"})
+                      "hash_ids", "scheduled", "finished", "finish_reason", "cached_tokens", "session", "rank",
+                      OUTPUT_HASH_IDS, GROWN})
 #: Tags that name a conversation: a request's parent is the previous finished request of it.
 SESSION_TAGS = ("session",)
 #: Seconds the writer sleeps when it has nothing to write.
@@ -163,16 +165,17 @@ class Recorder:
         self._thread = threading.Thread(target=self._run, name="kvprof-recorder", daemon=True)
 
     # -- scheduler thread -----------------------------------------------------------------
-    def submit(self, request, scheduled: float | None, cached_tokens: int, finished: float, code: int = UNKNOWN) -> None:
+    def submit(self, request, scheduled: float | None, cached_tokens: int, finished: float, code: int = UNKNOWN,
+               grown_at: list[float] = ()) -> None:
         """Queue a finished vLLM ``Request`` that found ``cached_tokens`` of its prompt in the
-        prefix cache and ended as finish ``code`` says (:mod:`kvprof.vllm.finish`; references only;
-        never blocks, never raises)."""
+        prefix cache, ended as finish ``code`` says (:mod:`kvprof.vllm.finish`) and took blocks after
+        its first ones at the times ``grown_at`` (references only; never blocks, never raises)."""
         try:
             params = request.sampling_params
             taken = self._queue.put((
                 request.arrival_time, scheduled, finished, request.num_prompt_tokens, request.num_output_tokens,
                 request.get_finished_reason(), params.extra_args if params is not None else None,
-                request.block_hashes, cached_tokens, code,
+                request.block_hashes, cached_tokens, code, grown_at,
             ))
         except Exception:  # noqa: BLE001 - a record must never disturb serving
             self.start.dropped["error"] += 1
@@ -251,7 +254,7 @@ class Recorder:
 
     def _line(self, item) -> bytes | None:
         """The record's trace line, None for a replay's test request."""
-        arrival, scheduled, finished, n_prompt, n_output, reason, tags, hashes, cached_tokens, code = item
+        arrival, scheduled, finished, n_prompt, n_output, reason, tags, hashes, cached_tokens, code, grown_at = item
         if tags and PROBE_TAG in tags:
             return None
         origin, size = self.recording.origin, self.block_size
@@ -267,10 +270,15 @@ class Recorder:
             record[FINISH_FIELD] = stop_value(code, reason)
         if tags:
             self._tag(record, tags)
+        if scheduled is not None:  # when it took its blocks past its first ones (decode steps, later prefill chunks)
+            record[GROWN] = [round(t - origin, 6) for t in grown_at]
         fields = json.dumps(record, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
         ids = self._id_texts(hashes[:n_full])
         ids.extend(str(secrets.randbits(63)) for _ in range(-(-n_prompt // size) - n_full))
-        return f'{fields[:-1]},"hash_ids":[{",".join(ids)}]}}\n'.encode()
+        # the blocks its output filled, as vLLM cached them: a next turn that sends the response back names them
+        n_written = n_prompt + max(n_output, 1) - 1
+        output_ids = self._id_texts(hashes[n_full:min(n_written // size, len(hashes))])
+        return f'{fields[:-1]},"output_hash_ids":[{",".join(output_ids)}],"hash_ids":[{",".join(ids)}]}}\n'.encode()
 
     def _id_texts(self, hashes) -> list[str]:
         """The ids of full blocks' hashes as JSON numbers, computed a slice at a time."""
