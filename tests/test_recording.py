@@ -147,6 +147,20 @@ def test_files_rotate_and_parents_cross_them(tmp_path):
     assert trace.turn.tolist() == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_conversation_named_by_its_hint_session_is_a_session_of_the_recording(tmp_path):
+    # a client that names its conversations only as docs/hints.md tells it to: hint_session
+    t0 = 1_000_000.0
+    reqs = [(request(t0 + i, [1, 2, i + 10], tags={"hint_session": f"c{i % 2}", "retain_s": 30}), t0 + i, t0 + i + 0.5)
+            for i in range(6)]
+    reqs.append((request(t0 + 7, [1, 2, 99], tags={"hint_session": "c9", "session": "s1"}), t0 + 7, t0 + 7.5))
+    record(tmp_path / "h", reqs, clock=Clock(t0))
+    trace, _ = read_trace(tmp_path / "h")
+    assert trace.parent_chat_id.tolist() == [-1, -1] + trace.chat_id[:4].tolist() + [-1]
+    assert trace.turn.tolist() == [1, 1, 2, 2, 3, 3, 1]
+    assert trace.extra["session"].tolist() == ["c0", "c1"] * 3 + ["s1"]  # a session tag, where given, wins
+    assert trace.extra["hint_session"].tolist() == ["c0", "c1"] * 3 + ["c9"]
+
+
 def test_windows_count_back_from_the_end(tmp_path):
     t0 = 1_000_000.0
     reqs = [(request(t0 + t, [t]), t0 + t, t0 + t + 1) for t in range(0, 7200, 600)]

@@ -60,7 +60,7 @@ from kvprof.recording import (
     complete_frames, finish_abandoned, finished_name, load_recording, locked, save_recording, trace_files,
 )
 from kvprof.models.finish import FINISH_FIELD, UNKNOWN
-from kvprof.models.hints import HINT_FIELDS, hint_of_args
+from kvprof.models.hints import HINT_FIELDS, SESSION_FIELD, hint_of_args
 from kvprof.profiler.records import GROWN, OUTPUT_HASH_IDS
 from kvprof.vllm.finish import stop_value
 from kvprof.vllm.handoff import Handoff
@@ -71,8 +71,10 @@ logger = logging.getLogger("vllm.kvprof")
 RESERVED = frozenset({"chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn",
                       "hash_ids", "scheduled", "finished", "finish_reason", "cached_tokens", "session", "rank",
                       OUTPUT_HASH_IDS, GROWN})
-#: Tags that name a conversation: a request's parent is the previous finished request of it.
-SESSION_TAGS = ("session",)
+#: Tags that name a conversation, the first given wins: a request's parent is the previous finished request of
+#: it. ``hint_session`` is the hint layer's name (docs/hints.md): a client that names its conversations by it
+#: alone gets sessions in the recording too, so the fit measures their returns (its ``retention``).
+SESSION_TAGS = ("session", SESSION_FIELD)
 #: Seconds the writer sleeps when it has nothing to write.
 _POLL_S = 0.05
 #: The writer's work on one record in slices with a pause between them: a 128k-token prompt's ids,

@@ -90,7 +90,7 @@ def _served(venv, model, tmp, name: str, *extra: str) -> dict:
         cached = _conversations(url)
         time.sleep(4)  # the counterfactual's thread counts the last finishes; the writer closes a frame
         served = metrics(url)
-    return {"cached": cached, "rec": rec, "metrics": served}
+    return {"cached": cached, "rec": rec, "metrics": served, "log": (tmp / f"{name}.log").read_text()}
 
 
 def _compare(venv, tmp, rec, policy: str, hp=None) -> int:
@@ -138,3 +138,8 @@ def test_compare_of_the_recording_gives_what_the_server_hit(servers, name, polic
 def test_the_live_counterfactual_hits_what_the_server_hit(servers, name, policy):
     m = servers[name]["metrics"]
     assert m[f'kvprof_counterfactual_cached_blocks_total{{policy="{policy}"}}'] * BS == servers[name]["cached"]
+
+
+def test_with_no_hints_sent_every_log_window_says_the_hints_were_worth_nothing(servers):
+    lines = [line for line in servers["c"]["log"].splitlines() if "without the clients' hints" in line]
+    assert lines and all("(the hints +0.0 %)" in line for line in lines), lines
