@@ -212,3 +212,14 @@ def test_a_recorded_timing_replay_tells_each_request_its_hint():
 
     assert hits(hinted, "lru+hints") == 3  # the lookup's cap: (64 - 1) // 16 blocks
     assert hits(hinted, "lru") == hits(with_hints(trace, None), "lru+hints") == 2
+
+
+def test_an_argument_that_looks_like_a_misspelt_hint_field_is_named_and_other_tags_are_not():
+    from kvprof.models.hints import HINT_FIELDS, lookalike_field
+
+    assert {name: lookalike_field(name) for name in ("retian_s", "Retain_S", "retain", "Release", "hint_tags")} == {
+        "retian_s": "retain_s", "Retain_S": "retain_s", "retain": "retain_s", "Release": "release",
+        "hint_tags": "hint_tag"}
+    assert "retain_s" in lookalike_field("hint_foo")
+    tags = ("session", "type", "turn", "workload", "tenant", "stop", "release_version", "priority", "kvprof_probe")
+    assert [lookalike_field(name) for name in HINT_FIELDS + tags] == [None] * (len(HINT_FIELDS) + len(tags))

@@ -23,6 +23,7 @@ ordered by the policy as always. ``release`` with ``retain_s > 0`` contradicts i
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,6 +106,21 @@ def hint_problem(name: str, value) -> tuple[str, str] | None:
     if not 0 <= value <= bound:
         return ("bad_value", f"must be from 0 to {bound}, got {value!r:.40}")
     return None
+
+
+def lookalike_field(name: str) -> str | None:
+    """The hint field a request argument ``name`` looks like a misspelling of (another case, a letter or two
+    off, ``hint_`` with another ending), None for a hint field itself or any other name: a server refuses
+    such an argument rather than take the hint as lost (:func:`kvprof.vllm.hints.refuse_malformed_hint`)."""
+    if name in HINT_FIELDS:
+        return None
+    folded = name.lower()
+    if folded in HINT_FIELDS:
+        return folded
+    close = difflib.get_close_matches(folded, HINT_FIELDS, n=1, cutoff=0.8)
+    if close:
+        return close[0]
+    return "a hint field (" + ", ".join(HINT_FIELDS) + ")" if folded.startswith("hint_") else None
 
 
 def hint_of_args(args: dict | None) -> Hint | None:

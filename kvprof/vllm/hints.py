@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from vllm.v1.sample.logits_processor import LogitsProcessor
 
-from kvprof.models.hints import hint_of_args
+from kvprof.models.hints import hint_of_args, lookalike_field
 
 try:  # vLLM's V2 model runner's interface (absent before it)
     from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as V2LogitsProcessor
@@ -27,8 +27,17 @@ HINT_CHECK_V2 = f"{__name__}:HintCheckV2" if V2LogitsProcessor is not None else 
 
 
 def refuse_malformed_hint(sampling_params) -> None:
-    """Raises ValueError (a 400) naming the hint field of the request's ``extra_args`` that cannot take its value."""
-    hint_of_args(getattr(sampling_params, "extra_args", None))
+    """Raises ValueError (a 400) naming the hint field of the request's ``extra_args`` that cannot take its value,
+    or an argument that looks like a misspelt hint field (``retian_s``, ``Retain_S``, ``hint_foo``): taken as a
+    tag, its hint would be lost without a word."""
+    args = getattr(sampling_params, "extra_args", None)
+    for name in args or ():
+        meant = lookalike_field(name) if isinstance(name, str) else None
+        if meant is not None:
+            raise ValueError(f"'{name}' is not a hint field; did you mean {meant if meant.startswith('a hint') else repr(meant)}? "
+                             f"(a tag of another name is fine; one this close to a hint field is refused, so that a "
+                             f"misspelt hint is not lost)")
+    hint_of_args(args)
 
 
 class HintCheck(LogitsProcessor):

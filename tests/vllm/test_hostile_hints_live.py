@@ -30,6 +30,11 @@ MALFORMED = [
     ('{"retain_s": 5, "retain_priority": 5.5}', "hint field 'retain_priority'"),
     ('{"retain_s": 5, "hint_tag": 2147483648}', "hint field 'hint_tag'"),
     ('{"retain_s": 5, "hint_tag": -1}', "hint field 'hint_tag'"),
+    # a misspelt hint field, which a tag would have lost without a word
+    ('{"retian_s": 30}', "'retian_s' is not a hint field; did you mean 'retain_s'"),
+    ('{"Retain_S": 30}', "'Retain_S' is not a hint field; did you mean 'retain_s'"),
+    ('{"retain": 30}', "'retain' is not a hint field; did you mean 'retain_s'"),
+    ('{"hint_foo": 1}', "'hint_foo' is not a hint field"),
 ]
 MAX_RETAIN_S = 31536000
 #: Valid hints at the extremes: the longest retention, the top and bottom priority, the largest tag.
