@@ -40,7 +40,9 @@ finished after it stopped (by its guard or a later start). ``rank``, ``in_finish
 ``recovered`` may be missing (recordings of kvprof before them: 0). ``key_id`` (may be missing: null)
 is the fingerprint of the block-id key the start shared with other servers (``--kv-record-key``),
 null where the start drew a key of its own: starts of equal ``key_id`` give a prefix the same ids.
-``reloads`` (may be missing: none) lists the hp files that came in force while the start ran, after
+``hint_max_fraction`` (may be missing: null) is the share of the cache the start let client retentions
+hold (``--kv-hint-max-fraction``; null: no budget), which ``kvprof compare --hints trace`` of the recording
+replays by default. ``reloads`` (may be missing: none) lists the hp files that came in force while the start ran, after
 the one it began with (``hp_sha256``), each ``{"time": ..., "sha256": ..., "path": ...}`` (``time``
 since ``origin``, ``path`` as the server was given it).
 """
@@ -122,13 +124,16 @@ class Start:
     key_id: str | None = None
     #: The hp files that came in force after the start's (``hp_sha256``), in the order they did.
     reloads: list[Reload] = field(default_factory=list)
+    #: The share of the cache the server let client retentions hold (``--kv-hint-max-fraction``); None: no budget.
+    hint_max_fraction: float | None = None
 
     def to_dict(self) -> dict:
         return {"time": self.time, "pid": self.pid, "model": self.model, "vllm": self.vllm, "kvprof": self.kvprof,
                 "num_gpu_blocks": self.num_gpu_blocks, "chat_id_base": self.chat_id_base, "policy": self.policy,
                 "hp_sha256": self.hp_sha256, "written": self.written, "dropped": dict(self.dropped),
                 "rank": self.rank, "in_finished_files": self.in_finished_files, "recovered": self.recovered,
-                "key_id": self.key_id, "reloads": [reload.to_dict() for reload in list(self.reloads)]}
+                "key_id": self.key_id, "reloads": [reload.to_dict() for reload in list(self.reloads)],
+                "hint_max_fraction": self.hint_max_fraction}
 
 
 @dataclass
@@ -217,12 +222,12 @@ def load_recording(directory: str | Path) -> Recording:
         where = f"starts[{i}]"
         check.fields(entry, where, required=("time", "pid", "model", "vllm", "kvprof", "num_gpu_blocks",
                                               "chat_id_base", "policy", "hp_sha256", "written", "dropped"),
-                     optional=("rank", "in_finished_files", "recovered", "key_id", "reloads"))
+                     optional=("rank", "in_finished_files", "recovered", "key_id", "reloads", "hint_max_fraction"))
         dropped = check.fields(entry["dropped"], member(where, "dropped"), required=DROP_REASONS)
         base = check.integer(entry["chat_id_base"], member(where, "chat_id_base"))
         if base != i * CHAT_IDS_PER_START:
             check.fail(member(where, "chat_id_base"), f"must be {i * CHAT_IDS_PER_START} (start {i}), got {base}")
-        hp_sha, key = entry["hp_sha256"], entry.get("key_id")
+        hp_sha, key, budget = entry["hp_sha256"], entry.get("key_id"), entry.get("hint_max_fraction")
         starts.append(Start(
             time=check.number(entry["time"], member(where, "time"), low=0.0),
             pid=check.integer(entry["pid"], member(where, "pid")),
@@ -239,6 +244,8 @@ def load_recording(directory: str | Path) -> Recording:
             dropped={k: check.integer(dropped[k], member(member(where, "dropped"), k), high=INT64_MAX)
                      for k in DROP_REASONS},
             reloads=_reloads(check, entry.get("reloads", []), member(where, "reloads")),
+            hint_max_fraction=None if budget is None else check.number(budget, member(where, "hint_max_fraction"),
+                                                                       low=0.0, high=1.0),
             **{key: check.integer(entry[key], member(where, key), high=INT64_MAX)
                for key in ("rank", "in_finished_files", "recovered") if key in entry},
         ))

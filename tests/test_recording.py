@@ -700,3 +700,23 @@ def test_finishing_a_file_warns_only_where_requests_were_lost(tmp_path, caplog, 
         record_module._log_finished(tmp_path, [Finished(tmp_path / "a.part", tmp_path / "a", 12, cut)], "x left")
     (entry,) = caplog.records
     assert entry.levelname == level and "12 lines" in entry.getMessage()
+
+
+def test_compare_replays_a_recordings_hints_under_the_servers_budget(tmp_path):
+    from tests.helpers import invoke
+
+    t0 = 1_000_000.0
+    recorder = Recorder(tmp_path / "rec", block_size=BS, start={**START, "hint_max_fraction": 0.25},
+                        clock=Clock(t0)).begin()
+    for i in range(40):
+        tags = {"retain_s": 30} if i % 3 == 0 else {}
+        recorder.submit(request(t0 + i, [i % 5, 100 + i, 200 + i], tags=tags), t0 + i, 0, t0 + i + 0.5, grown_at=[])
+    recorder.close()
+    assert load_recording(tmp_path / "rec").starts[0].hint_max_fraction == 0.25
+    for given, budget in ((), 0.25), (("--hint-max-fraction", "0.5"), 0.5):
+        out = tmp_path / f"out-{budget}"
+        result = invoke("compare", tmp_path / "rec", "--policies", "lru", "--capacity", "8", "--eval-window", "0:",
+                        "-o", out, "-j", "1", *given)
+        assert result.exit_code == 0, result.output
+        assert json.loads((out / "results.json").read_text())["inputs"]["hints"]["max_fraction"] == budget
+        assert ("the recorded server's" in result.stderr) == (not given)

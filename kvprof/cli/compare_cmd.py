@@ -66,6 +66,7 @@ from kvprof.cli.hint_options import (
     IgnoreHintsOpt,
     hint_options,
     hinted,
+    recorded_hint_budget,
     warn_empty_budgets,
 )
 from kvprof.cli.output import print_json, say, show, status, table, task_progress, warn
@@ -260,6 +261,8 @@ def compare(
     evaluated, names, hint_facts = hinted(evaluated, hp, names, hints, (hint_share, hint_end_turn, hint_tool_call),
                                            hint_max_fraction, ignore_hints)
     if hint_facts is not None:
+        if recording is not None and hint_max_fraction is None and hints == "trace":  # the server's own bound
+            hint_max_fraction = hint_facts["max_fraction"] = recorded_hint_budget(recording)
         document_inputs["hints"] = hint_facts
         warn_empty_budgets(hint_max_fraction, capacities)
     _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, document_inputs, fitted,

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvprof.cli.common import number_option
-from kvprof.cli.output import warn
+from kvprof.cli.output import say, warn
 from kvprof.models.retention import SHARE
 from kvprof.sim.config import SimulationError
 
@@ -84,6 +84,22 @@ def hint_options(hints: str, share: float | None, end_turn: str | None, tool_cal
                                      param_hint="--ignore-hints")
     return (0.9 if share is None else share, "release" if end_turn is None else end_turn,
             "retain" if tool_call is None else tool_call)
+
+
+def recorded_hint_budget(recording) -> float | None:
+    """The hint budget the recorded server ran with (``--kv-hint-max-fraction``, in ``recording.json``), for
+    ``--hints trace`` without ``--hint-max-fraction``: the server's hints replayed under its own bound. None
+    (with a warning where they differ) when its starts ran with different ones or none."""
+    budgets = {start.hint_max_fraction for start in recording.starts}
+    if len(budgets) > 1:
+        shown = ", ".join("none" if b is None else f"{b:g}" for b in sorted(budgets, key=lambda b: (b is None, b)))
+        warn(f"the recording's server starts ran with different hint budgets ({shown}); its hints are replayed "
+             "without one unless --hint-max-fraction gives it")
+        return None
+    (budget,) = budgets
+    if budget is not None:
+        say(f"--hint-max-fraction {budget:g}: the recorded server's (recording.json)")
+    return budget
 
 
 def warn_empty_budgets(max_fraction: float | None, capacities) -> None:

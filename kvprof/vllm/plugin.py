@@ -475,7 +475,9 @@ def install_into_scheduler(scheduler, spec: PolicySpec, construct) -> None:
              "vllm": vllm_version(), "kvprof": __version__,
              # what evicted: in shadow mode vLLM's LRU, the policy only beside it
              "policy": spec.policy if spec.policy and spec.mode == "enforce" else "vllm-lru",
-             "rank": _data_parallel_rank(scheduler)}
+             "rank": _data_parallel_rank(scheduler),
+             # what kvprof compare --hints trace of the recording replays by default
+             "hint_max_fraction": spec.hint_max_fraction}
     live = LiveLoop(spec, num_gpu_blocks=num_gpu_blocks, block_size=block_size, start=start, pool=pool,
                     rank=start["rank"])
     track_requests(scheduler, manager, pool, live)
