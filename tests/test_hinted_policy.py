@@ -180,7 +180,7 @@ def test_a_hinted_free_refreshes_to_the_later_expiry_and_a_hit_is_honoured():
     policy.finish(1, 0.0, hint=Hint(retain_s=10.0))
     policy.free([1], 0.0)
     policy.remove(1)  # hit at 1 s
-    assert policy.counters.honoured == 1
+    assert policy.counters.retained_hits == 1
     policy.finish(2, 1.0, hint=Hint(retain_s=2.0))
     policy.free([1], 1.0)
     assert policy._retention[1][0] == 10.0  # max(10, 1 + 2)

@@ -79,7 +79,7 @@ NEW, SHARED = object(), object()
 class HintCounters:
     """What the hints did in one replay, in blocks.
 
-    ``honoured``: retained blocks hit before they lapsed; ``lapsed``: retentions that ran out of
+    ``retained_hits``: retained blocks hit before they lapsed (not the retentions granted); ``lapsed``: retentions that ran out of
     time; ``over_budget``: retentions lapsed by the budget; ``released_evicted``: released blocks
     evicted; ``hinted_hits``: hits on blocks that were released or retained when hit;
     ``beyond_horizon``: blocks freed with a retention longer than the cache's horizon, not retained, and
@@ -87,7 +87,7 @@ class HintCounters:
     ``release_declined``: blocks a release named that went to the base order, the releases not trusted.
     """
 
-    honoured: int = 0
+    retained_hits: int = 0
     lapsed: int = 0
     over_budget: int = 0
     released_evicted: int = 0
@@ -272,7 +272,7 @@ class HintLayer:
             self.counters.hinted_hits += hit
         elif block in self._retained:
             self._unretain(block)
-            self.counters.honoured += hit
+            self.counters.retained_hits += hit
             self.counters.hinted_hits += hit
         else:
             self._take_from_base(block)

@@ -64,7 +64,7 @@ FAMILIES = {
     "kvprof_events_dropped_total": ("counter", "Scheduler events kvprof's background thread could not take (its "
                                                "queue was full): the counterfactual and the class counts miss them."),
     "kvprof_hint_blocks_total": ("counter", "What client hints did, in blocks (CPU tier: chunks), by tier (gpu, cpu) "
-                                            "and outcome: honoured (retained blocks "
+                                            "and outcome: retained_hits (retained blocks "
                                             "hit before they lapsed), lapsed (retentions that ran out of time), "
                                             "over_budget (retentions lapsed by --kv-hint-max-fraction), "
                                             "released_evicted, hinted_hits (hits on released or retained blocks), "

@@ -97,7 +97,7 @@ def test_the_pool_evicts_as_the_hinted_reference(seed, in_vllm):
     assert reference.evicted_record.returned + reference.evicted_record.stayed_away
     assert reference.released_record.returned + reference.released_record.stayed_away
     assert queue.hint_horizon() == reference.horizon.seconds(len(reference), now[0]) < math.inf
-    assert reference.counters.honoured and reference.counters.released_evicted and reference.counters.over_budget
+    assert reference.counters.retained_hits and reference.counters.released_evicted and reference.counters.over_budget
     order = [b.block_id for b in queue.get_all_free_blocks() if b.block_id in cached]
     assert order == reference.order(now[0])
 
@@ -235,7 +235,7 @@ def test_the_server_cached_what_the_simulator_predicts_with_its_hints(hinted):
     replayed = _replayed(hinted)
     assert live == replayed["lru+hints"], replayed
     assert live != replayed["lru"], replayed
-    assert 'kvprof_hint_blocks_total{' in hinted["metrics"] and 'outcome="honoured"' in hinted["metrics"]
+    assert 'kvprof_hint_blocks_total{' in hinted["metrics"] and 'outcome="retained_hits"' in hinted["metrics"]
     beyond = [line for line in hinted["metrics"].splitlines()
               if line.startswith("kvprof_hint_blocks_total{") and 'outcome="beyond_horizon"' in line]
     assert beyond and float(beyond[0].rsplit(" ", 1)[1]) > 0, beyond

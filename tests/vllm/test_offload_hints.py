@@ -239,7 +239,7 @@ def test_hints_order_the_tier_as_the_hinted_policy_over_the_same_reference(tmp_p
     tier, model = mirror.tier.hints.counters, mirror.model.counters
     for field in ("lapsed", "over_budget", "released_evicted", "beyond_horizon"):
         assert getattr(tier, field) == getattr(model, field), field
-    assert tier.released_evicted > 0 and tier.lapsed > 0 and tier.honoured > 0
+    assert tier.released_evicted > 0 and tier.lapsed > 0 and tier.retained_hits > 0
     assert (tier.over_budget > 0) == (fraction is not None)
     # /metrics reads every CPU tier of the process, labelled tier="cpu", beside the GPU pool's
     from kvprof.vllm.metrics import Metrics, note_hints, offload_hint_layers
@@ -403,10 +403,10 @@ def test_shared_chunks_take_the_last_finishing_requests_hint_and_a_load_counts_o
     assert (tier.hints.n_retained, tier.hints.n_released) == (3, 0)
     load_and_finish(ReqContext("done", kv_transfer_params={"release": True}))
     assert (tier.hints.n_retained, tier.hints.n_released) == (3, 0)
-    assert tier.hints.counters.honoured == 3
+    assert tier.hints.counters.retained_hits == 3
     load_and_finish(ReqContext("later"))
     counters = tier.hints.counters
-    assert tier.hints.n_retained == 3 and (counters.honoured, counters.hinted_hits) == (6, 6)
+    assert tier.hints.n_retained == 3 and (counters.retained_hits, counters.hinted_hits) == (6, 6)
 
 
 def test_a_release_naming_a_session_demotes_only_that_sessions_own_chunks(tmp_path, in_vllm):
