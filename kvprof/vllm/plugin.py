@@ -538,29 +538,32 @@ def track_requests(scheduler, manager, pool, live) -> None:
     Only a waiting request's allocation needs the wrapper (its prefix hits are touched there, and it
     may be its first); vLLM looks a waiting request's hits up (``get_computed_blocks``) just before,
     so that lookup arms the wrapper for the next ``allocate_slots``, which disarms it: a running
-    request's allocation, once a step each, calls vLLM's own without a wrapper (~1.2 us a call). With
-    a KV connector a waiting request may come back with its tokens loaded and no lookup: there the
-    wrapper stays armed. The blocks a running request takes (a decode step that starts a block, a
+    request's allocation, once a step each, calls vLLM's own without a wrapper (~1.2 us a call).
+    Arming wraps whatever ``allocate_slots`` is then (vLLM's, or another's wrapper of it: a KV
+    connector's, a test's spy) and disarming puts that back, so a wrapper installed after kvprof's is
+    composed with, never replaced. With a KV connector a waiting request may come back with its tokens
+    loaded and no lookup: there the wrapper stays armed. The blocks a running request takes (a decode step that starts a block, a
     later prefill chunk) are seen where the pool hands them out (``get_new_blocks``, once per block
     of tokens): each is stamped with the time, told to ``live`` at once (the counterfactual takes a
     block then, as the server did), and its request learns them at its free, as the blocks it holds
     past its first ones (the recording's ``grown``)."""
-    original_allocate = manager.allocate_slots
+    inner = [manager.allocate_slots]  # what the armed wrapper wraps: allocate_slots as it was when armed
     clock = time.time
     taken_at = np.zeros(manager.block_pool.num_gpu_blocks)  # when each block was last handed to a running request
     admitting = False  # a waiting request's allocation is under way: its blocks are its first ones
 
-    @functools.wraps(original_allocate)
+    @functools.wraps(inner[0])
     def allocate_slots(request, *args, **kwargs):
         nonlocal admitting
+        wrapped = inner[0]
         if not always_armed:
-            manager.allocate_slots = original_allocate
+            manager.allocate_slots = wrapped
         if pool is not None:
             pool.current_request = request
         first = request.request_id not in first_scheduled
         admitting = first or not always_armed  # armed always (a KV connector): a running request's is a grow
         try:
-            blocks = original_allocate(request, *args, **kwargs)
+            blocks = wrapped(request, *args, **kwargs)
         finally:
             admitting = False
             if pool is not None:
@@ -591,7 +594,10 @@ def track_requests(scheduler, manager, pool, live) -> None:
     def arming(lookup):
         @functools.wraps(lookup)
         def armed(*args, **kwargs):
-            manager.allocate_slots = allocate_slots
+            current = manager.allocate_slots
+            if current is not allocate_slots:  # disarmed: wrap what is there now (another's wrapper included)
+                inner[0] = current
+                manager.allocate_slots = allocate_slots
             return lookup(*args, **kwargs)
 
         return armed
@@ -639,7 +645,8 @@ def track_requests(scheduler, manager, pool, live) -> None:
             if pool is not None:
                 pool.close()
 
-    manager.allocate_slots = allocate_slots if always_armed else original_allocate
+    if always_armed:
+        manager.allocate_slots = allocate_slots
     manager.block_pool.get_new_blocks = get_new_blocks  # the coordinator's managers call it through the pool
     scheduler.schedule = schedule
     scheduler._free_request = _free_request
