@@ -169,3 +169,19 @@ def test_bad_hint_options_exit_2_naming_them(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in one_line(result.output)
 
+
+
+@pytest.mark.parametrize("command", ["compare", "fleet"])
+def test_stop_hints_from_an_hp_file_keyed_on_a_field_the_trace_lacks_are_refused_cleanly(tmp_path, command):
+    records = _records()
+    write_jsonl(tmp_path / "a.jsonl", [dict(r, tenant=f"t{i % 3}") for i, r in enumerate(records)])
+    write_jsonl(tmp_path / "b.jsonl", [dict(r, stop=("tool_use" if i % 2 else "end_turn"))
+                                       for i, r in enumerate(records)])
+    fitted = invoke("fit", tmp_path / "a.jsonl", "--window", "0:", "--class-field", "tenant", "-o", tmp_path / "hp.json",
+                    "-j", "1")
+    assert fitted.exit_code == 0, fitted.output
+    extra = ("--replicas", "2") if command == "fleet" else ()
+    result = invoke(command, tmp_path / "b.jsonl", "--config", tmp_path / "hp.json", "--hints", "stop", "--policies",
+                    "lru", "--capacity", "8", "--eval-window", "0:", "-o", tmp_path / "out", "-j", "1", *extra)
+    assert result.exit_code == 2 and "class field 'tenant' is not in the trace" in one_line(result.stderr)
+    assert "Traceback" not in result.output and not (tmp_path / "out" / "results.json").exists()

@@ -71,7 +71,7 @@ def stop_hints(trace: Trace, hp, share: float = 0.9, end_turn: str = "release",
     ------
     SimulationError
         A trace without ``stop``; where a hint retains, an hp file without ``retention`` or without
-        ``share`` among its shares; an ``end_turn`` other than those of :data:`END_TURN_HINTS` or a ``tool_call`` other than
+        ``share`` among its shares, or whose class rule the trace does not fit; an ``end_turn`` other than those of :data:`END_TURN_HINTS` or a ``tool_call`` other than
         those of :data:`TOOL_CALL_HINTS`.
     """
     if end_turn not in END_TURN_HINTS:
@@ -93,7 +93,10 @@ def stop_hints(trace: Trace, hp, share: float = 0.9, end_turn: str = "release",
             raise SimulationError(f"the hp file has retention for shares "
                                   f"{', '.join(f'{s:g}' for s in retention.shares)}, not {share!r}")
         at = retention.shares.index(share)
-        codes, names = classify_trace(trace, hp.class_rule)
+        try:
+            codes, names = classify_trace(trace, hp.class_rule)
+        except ValueError as exc:  # a class field the trace lacks: said as the replay says it
+            raise SimulationError(f"the hp file's class rule does not fit the trace: {exc}") from None
         retained = {code: np.array([_seconds(retention.row(name, kind), at) for name in names])[codes]
                     for kind, code in kinds}
     columns = HintColumns.empty(trace.n_requests)
