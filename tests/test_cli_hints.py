@@ -185,3 +185,28 @@ def test_stop_hints_from_an_hp_file_keyed_on_a_field_the_trace_lacks_are_refused
                     "lru", "--capacity", "8", "--eval-window", "0:", "-o", tmp_path / "out", "-j", "1", *extra)
     assert result.exit_code == 2 and "class field 'tenant' is not in the trace" in one_line(result.stderr)
     assert "Traceback" not in result.output and not (tmp_path / "out" / "results.json").exists()
+
+
+def test_a_budget_the_samples_scaled_cache_rounds_to_no_block_is_warned_of(hinted_trace, tmp_path):
+    # 0.001 of 2,048 blocks is 2 blocks; a fifth of the cache holds none
+    result = invoke("compare", hinted_trace, "--policies", "lru", "--capacity", "2048", "--sample", "0.2",
+                    "--hint-max-fraction", "0.001", "-o", tmp_path / "out", *WINDOWS)
+    assert result.exit_code == 0, result.output
+    assert "holds no whole block of the cache --sample scales capacity 2,048" in one_line(result.stderr)
+    budgets = json.loads((tmp_path / "out" / "results.json").read_text())["inputs"]["hint_budget_blocks"]
+    assert budgets == {"2048": 0}
+    unsampled = invoke("compare", hinted_trace, "--policies", "lru", "--capacity", "2048", "--hint-max-fraction",
+                       "0.001", "-o", tmp_path / "full", *WINDOWS)
+    assert unsampled.exit_code == 0 and "no whole block" not in unsampled.stderr
+    assert json.loads((tmp_path / "full" / "results.json").read_text())["inputs"]["hint_budget_blocks"] == {"2048": 2}
+
+
+def test_compare_says_what_the_hints_did_in_each_hinted_run(hinted_trace, tmp_path):
+    result = invoke("compare", hinted_trace, "--policies", "lru", "--capacity", "64", "-o", tmp_path / "out", *WINDOWS)
+    assert result.exit_code == 0, result.output
+    runs = {run["policy"]: run for run in json.loads((tmp_path / "out" / "results.json").read_text())["runs"]}
+    assert runs["lru"]["hints"] is None
+    counts = runs["lru+hints"]["hints"]
+    assert set(counts) >= {"retained_hits", "lapsed", "released_evicted", "hinted_hits", "beyond_horizon"}
+    assert counts["released_evicted"] > 0 and counts["hinted_hits"] >= counts["retained_hits"]
+    assert "what the hints did" in result.stdout and f"{counts['released_evicted']:,}" in result.stdout

@@ -90,6 +90,16 @@ SeedOpt = Annotated[int, number_option("--seed", bound=COUNT, help="Seed of the 
 _COST = "Modelled server (default: the published A800 node; see --cost)"
 
 
+def _warn_if_sampling_empties_budgets(results, hint_max_fraction) -> None:
+    """Warn where a sample's scaled cache leaves the hint budget no block that the full cache has
+    (warn_empty_budgets has said where the full cache has none)."""
+    budgets = results.inputs.get("hint_budget_blocks") or {}
+    empty = [int(c) for c, blocks in budgets.items() if blocks == 0 and int(hint_max_fraction * int(c)) > 0]
+    if empty and "sample" in results.inputs:
+        warn(f"--hint-max-fraction {hint_max_fraction:g} holds no whole block of the cache --sample scales capacity "
+             f"{', '.join(f'{c:,}' for c in empty)} to: no hint tag retained anything in those replays")
+
+
 @guarded
 def compare(
     trace_path: TraceArg,
@@ -317,11 +327,26 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
         results_file.write(outputs.stage(output / results_file.FILE), document)
         plots = plot_results(document, output, outputs)
     _warn_if_overloaded(results, cost_file)
+    _warn_if_sampling_empties_budgets(results, hint_max_fraction)
     if json_out:
         print_json(document)
         return
     show(_table(results, default_block))
+    hinted_runs = [run for run in results.runs if run.hints is not None]
+    if hinted_runs:
+        show(_hint_table(hinted_runs))
     say(f"wrote {output / results_file.FILE} and {len(plots)} plots; the replays took {results.wall_s:.1f} s")
+
+
+def _hint_table(runs):
+    """What the hints did in each ``P+hints`` replay, in blocks (the hint layer's counters): why a hinted
+    ratio moved from its policy's, or did not."""
+    names = list(runs[0].hints)
+    out = table("what the hints did, in blocks (docs/hints.md)", {"policy": "left", "capacity": "right",
+                                                                     **{name: "right" for name in names}})
+    for run in runs:
+        out.add_row(run.policy, f"{run.capacity:,}", *(f"{run.hints[name]:,}" for name in names))
+    return out
 
 
 def _table(results, default_block: bool):

@@ -45,6 +45,9 @@ class RunMetrics:
         ``offered_load > 1``: uncached tokens arrive faster than the server prefills, the queue
         grows for as long as the trace lasts, and QTTFT measures the trace's length rather than
         the policy (the README says how to calibrate the cost model).
+    hints : dict or None
+        What the hint layer did in a ``P+hints`` replay of ``compare`` (the
+        :class:`~kvprof.policy.hinted.HintCounters`, in blocks); None for any other run.
     """
 
     policy: str
@@ -69,6 +72,7 @@ class RunMetrics:
     makespan_s: float
     offered_load: float
     qttft_overloaded: bool
+    hints: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

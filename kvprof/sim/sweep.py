@@ -180,6 +180,8 @@ def run_sweep(
     }
     if config.sample_rate < 1:
         facts["sample"] = sample_facts(trace, replayed, miniature, lost)
+    if hint_max_fraction is not None:  # retained blocks a hint tag may hold in each cache replayed (_run_one's)
+        facts["hint_budget_blocks"] = {str(c): int(hint_max_fraction * miniature.capacity(c)) for c in capacities}
     return Results(
         runs=tuple(runs),
         policies=policies,
@@ -197,9 +199,11 @@ def _run_one(workload: Workload, hp, policy: str, capacity: int, config: SimConf
     host = make_policy(config.cpu_policy, hp, config.cpu_capacity) if config.cpu_capacity else None
     replayed = miniature.capacity(capacity)
     budget = None if hint_max_fraction is None else int(hint_max_fraction * replayed)
-    metrics = simulate(workload, make_hinted_policy(policy, hp, capacity, budget), replayed, miniature.config(config),
-                       host_policy=host)
-    return dataclasses.replace(metrics, capacity=capacity)
+    replayed_policy = make_hinted_policy(policy, hp, capacity, budget)
+    metrics = simulate(workload, replayed_policy, replayed, miniature.config(config), host_policy=host)
+    counters = getattr(replayed_policy, "counters", None)  # a P+hints replay's: what its hints did
+    return dataclasses.replace(metrics, capacity=capacity,
+                               hints=None if counters is None else dataclasses.asdict(counters))
 
 
 def _ratio(num: float, den: float) -> float | None:
