@@ -76,8 +76,9 @@ class StagedFiles:
     exception in :func:`staged`) removes every temporary file.
     """
 
-    def __init__(self):
+    def __init__(self, final: bool = False):
         self._pending: list[tuple[str, Path, Path]] = []  # (temporary, target, path as given)
+        self._final = final  # a command's last outputs: committed, they are its result whatever comes after
 
     def stage(self, path: str | os.PathLike) -> Path:
         """A new empty temporary file (0666 less the umask) that becomes ``path`` on commit; write it
@@ -133,6 +134,9 @@ class StagedFiles:
                 with _naming(path):
                     os.replace(tmp, target)
                 self._pending.pop(0)
+            if self._final:  # before an interrupt held back meanwhile is let through
+                global final_outputs_written
+                final_outputs_written = True
         finally:
             if held:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS)
@@ -145,10 +149,16 @@ class StagedFiles:
         self._pending.clear()
 
 
+#: Whether a command's final outputs (``staged(final=True)``) were all put in place; its driver
+#: (:func:`kvprof.cli.common.guarded`) clears it at the start and reads it at an interrupt.
+final_outputs_written = False
+
+
 @contextlib.contextmanager
-def staged() -> Iterator[StagedFiles]:
-    """A :class:`StagedFiles` committed when the block ends cleanly, discarded on any exception."""
-    group = StagedFiles()
+def staged(final: bool = False) -> Iterator[StagedFiles]:
+    """A :class:`StagedFiles` committed when the block ends cleanly, discarded on any exception;
+    ``final``: the command's last outputs (an interrupt once they are in place ends it with success)."""
+    group = StagedFiles(final)
     try:
         yield group
         group.commit()

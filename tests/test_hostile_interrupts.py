@@ -60,6 +60,38 @@ def test_an_interrupt_while_compare_plots_leaves_every_output_of_the_last_run(tm
     assert after == before  # nothing replaced, no temporary file left
 
 
+#: compare, the signal it is given arriving while its outputs are renamed into place (held back until they all are).
+INTERRUPTED_WHILE_COMMITTING = """
+import os, signal, sys
+from kvprof import atomic
+from kvprof.cli.app import main
+replace = atomic.os.replace
+def replace_then_signal(tmp, target):
+    replace(tmp, target)
+    if str(target).endswith("results.json"):  # the final group's (a plot's own group commits before it)
+        os.kill(os.getpid(), int(os.environ["SIGNUM"]))
+atomic.os.replace = replace_then_signal
+sys.argv = ["kvprof", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_once_the_outputs_are_in_place_ends_compare_with_success(tmp_path, signum):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE)
+    output = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_WHILE_COMMITTING, "compare", str(trace), "--policies", "lru,belady",
+         "--capacity", "4,8", "--eval-window", "0:", "-o", str(output), "-j", "1"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "SIGNUM": str(int(signum))},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.returncode == 0, done.stderr
+    assert "interrupted once its outputs were written: they are complete" in done.stderr
+    assert json.loads((output / "results.json").read_text())["complete"] is True
+    assert not [path for path in output.iterdir() if path.name.endswith(".tmp")]
+
+
 def test_a_staged_group_is_replaced_whole_or_not_at_all(tmp_path):
     (tmp_path / "a").write_text("old a")
     (tmp_path / "b").write_text("old b")

@@ -28,6 +28,7 @@ from rich.progress import DownloadColumn, TimeRemainingColumn
 
 from kvprof.cli.output import (claim_stdout, count, end_quietly_on_closed_stdout, fail, progress, say, status,
                                task_progress, warn)
+from kvprof import atomic
 from kvprof.errors import KvprofError, ParallelError
 from kvprof.limits import BLOCK_TOKENS, BLOCKS, INT64_MAX, Bound, usable_blocks
 from kvprof.profiler.trace import FORMAT_BLOCK_SIZE
@@ -41,13 +42,15 @@ def guarded(command: Callable) -> Callable:
 
     Usage errors (bad option values) are raised as ``typer.BadParameter`` and exit 2 through
     click; a closed stdout ends the command quietly (exit 0); an interrupt (SIGINT, or SIGTERM
-    turned into one) unwinds cleanly, temporary files removed, and exits 130 (143). Anything
-    else is a bug and keeps its traceback.
+    turned into one) unwinds cleanly, temporary files removed, and exits 130 (143), unless it came
+    once the command's final outputs were in place (``staged(final=True)``): then it says so and
+    exits 0, as the outputs are complete. Anything else is a bug and keeps its traceback.
     """
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         claim_stdout(None, claimed=False)  # a command in-process after another (tests) starts with stdout its own
+        atomic.final_outputs_written = False
         try:
             return command(*args, **kwargs)
         except KvprofError as exc:
@@ -57,6 +60,9 @@ def guarded(command: Callable) -> Callable:
         except OSError as exc:
             raise fail(f"{exc.filename or ''}: {exc.strerror or exc}") from None
         except KeyboardInterrupt as exc:
+            if atomic.final_outputs_written:
+                say("interrupted once its outputs were written: they are complete")
+                return None
             raise fail("interrupted", getattr(exc, "exit_code", EXIT_INTERRUPTED)) from None
 
     return wrapper

@@ -321,7 +321,7 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
         results = run_sweep(trace, hp, policies, capacities, sim_config, n_jobs=jobs, ray=ray, inputs=inputs,
                             progress=update, hint_max_fraction=hint_max_fraction)
     document = results.to_dict()
-    with made_dir(output), staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
+    with made_dir(output), staged(final=True) as outputs:  # all replaced together or none (an interrupt)
         if fitted is not None:
             fitted.save(outputs.stage(output / FITTED_HP))
         results_file.write(outputs.stage(output / results_file.FILE), document)

@@ -243,7 +243,7 @@ def fleet(
                                        hint_max_fraction)
     from kvprof.cli.plots import plot_results
 
-    with made_dir(output), staged() as outputs:  # all replaced together, or none (an interrupt while plotting)
+    with made_dir(output), staged(final=True) as outputs:  # all replaced together or none (an interrupt)
         if fitted is not None:
             fitted.save(outputs.stage(output / FITTED_HP))
         for name, replica_hp in replica_hps.items():
