@@ -12,6 +12,8 @@ batches that sample; V2: ``add_request`` declines every request).
 
 from __future__ import annotations
 
+import logging
+
 from vllm.v1.sample.logits_processor import LogitsProcessor
 
 from kvprof.models.hints import hint_of_args, lookalike_field
@@ -26,6 +28,10 @@ HINT_CHECK = f"{__name__}:HintCheck"
 HINT_CHECK_V2 = f"{__name__}:HintCheckV2" if V2LogitsProcessor is not None else None
 
 
+class HintRefused(ValueError):
+    """A request's hint refused by :func:`refuse_malformed_hint` (vLLM answers it with a 400)."""
+
+
 def refuse_malformed_hint(sampling_params) -> None:
     """Raises ValueError (a 400) naming the hint field of the request's ``extra_args`` that cannot take its value,
     or an argument that looks like a misspelt hint field (``retian_s``, ``Retain_S``, ``hint_foo``): taken as a
@@ -34,10 +40,39 @@ def refuse_malformed_hint(sampling_params) -> None:
     for name in args or ():
         meant = lookalike_field(name) if isinstance(name, str) else None
         if meant is not None:
-            raise ValueError(f"'{name}' is not a hint field; did you mean {meant if meant.startswith('a hint') else repr(meant)}? "
+            raise HintRefused(f"'{name}' is not a hint field; did you mean {meant if meant.startswith('a hint') else repr(meant)}? "
                              f"(a tag of another name is fine; one this close to a hint field is refused, so that a "
                              f"misspelt hint is not lost)")
-    hint_of_args(args)
+    try:
+        hint_of_args(args)
+    except ValueError as exc:
+        raise HintRefused(str(exc)) from None
+
+
+class QuietHintRefusals(logging.Filter):
+    """One warning line, not a traceback, for a refused hint of a streamed request.
+
+    vLLM answers a request refused by its per-request check with a 400, but a streamed one only once
+    its stream has begun (HTTP 200, an error event in the stream) and logs that with the whole
+    traceback (``Error in completion stream generator``), as for any of its own refusals in a stream.
+    A client's malformed hint is no server error: the record keeps its message, as a warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        cause = getattr(error, "__cause__", None)
+        if isinstance(cause, HintRefused):
+            record.msg, record.args = "kvprof: a streamed request's hint was refused (its stream ends with a 400 " \
+                                      "error event): %s", (str(cause),)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_hint_refusals() -> None:
+    """Add :class:`QuietHintRefusals` to the handlers of vLLM's logger (once)."""
+    for handler in logging.getLogger("vllm").handlers:
+        if not any(isinstance(f, QuietHintRefusals) for f in handler.filters):
+            handler.addFilter(QuietHintRefusals())
 
 
 class HintCheck(LogitsProcessor):

@@ -350,7 +350,7 @@ def add_hint_check(vllm_config) -> bool:
     model = getattr(vllm_config, "model_config", None)
     if model is None:
         return False
-    from kvprof.vllm.hints import HINT_CHECK, HINT_CHECK_V2
+    from kvprof.vllm.hints import HINT_CHECK, HINT_CHECK_V2, quiet_hint_refusals
 
     v2 = getattr(vllm_config, "use_v2_model_runner", False)
     check = HINT_CHECK_V2 if v2 else HINT_CHECK
@@ -368,6 +368,7 @@ def add_hint_check(vllm_config) -> bool:
     current = list(model.logits_processors or ())
     if check not in current:
         model.logits_processors = [*current, check]
+    quiet_hint_refusals()  # a streamed request's refusal: a warning line, not vLLM's traceback
     return True
 
 

@@ -74,6 +74,12 @@ def served(vllm_venv, tiny_model, tmp_path_factory):
             answers["extreme"].append(post_completion(url, _body(k, json.dumps(hint))))
         for n, (xargs, _) in enumerate(MALFORMED):
             answers["malformed"].append(post_completion(url, _body(100 + n, xargs)))
+        streamed = json.loads(_body(99, '{"retain_s": -1}'))
+        streamed["stream"] = True
+        req = urllib.request.Request(url + "/v1/completions", data=json.dumps(streamed).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            answers["streamed"] = (r.status, r.read().decode())
         for k in range(N_FILLERS):
             answers["fillers"].append(post_completion(url, _body(10 + k, None)))
         for k, hint in enumerate(EXTREME):
@@ -82,13 +88,22 @@ def served(vllm_venv, tiny_model, tmp_path_factory):
         with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
             answers["metrics"] = r.read().decode()
     time.sleep(3)  # the guard finishes the recording after the engine core went
-    return {**answers, "rec": rec}
+    return {**answers, "rec": rec, "log": (tmp / "serve.log").read_text()}
 
 
 def test_each_malformed_hint_gets_a_400_naming_its_field(served):
     for (xargs, named), (status, body) in zip(MALFORMED, served["malformed"]):
         assert status == 400, (xargs[:60], status, body)
         assert named in body["error"]["message"], (xargs[:60], body)
+
+
+def test_a_streamed_malformed_hint_ends_its_stream_with_a_400_event_and_one_log_line(served):
+    # vLLM refuses a streamed request once its stream has begun: HTTP 200, then the error as an event
+    status, body = served["streamed"]
+    assert status == 200 and '"code": 400' in body and "hint field 'retain_s'" in body
+    lines = [line for line in served["log"].splitlines() if "streamed request's hint was refused" in line]
+    assert len(lines) == 1 and "WARNING" in lines[0] and "hint field 'retain_s'" in lines[0]
+    assert "Traceback" not in served["log"] and "Error in completion stream generator" not in served["log"]
 
 
 def test_the_server_serves_on_and_records_only_the_served_requests(served):
