@@ -157,6 +157,13 @@ def test_stop_hints_that_only_release_retain_nothing(tmp_path):
     (("--hints", "stop", "--hint-end-turn", "keep"), "'keep' is not one of release, retain"),
     (("--hint-max-fraction", "1.5"), "--hint-max-fraction"),
     (("--hints", "stop", "--hint-share", "0.8"), "not 0.8"),
+    # releases only: nothing retained, so the retention's share and the budget change nothing
+    (("--hints", "stop", "--hint-tool-call", "none", "--hint-share", "0.9"), "--hint-share would change nothing"),
+    (("--hints", "stop", "--hint-tool-call", "none", "--hint-max-fraction", "0.2"),
+     "--hint-max-fraction would change nothing"),
+    # only Belady, which is replayed without hints (and would fit an hp file for stop hints for nothing)
+    (("--policies", "belady", "--hint-max-fraction", "0.2"), "--hint-max-fraction would change nothing"),
+    (("--policies", "belady", "--hints", "stop"), "--hints stop would change nothing"),
 ])
 def test_bad_hint_options_exit_2_naming_them(tmp_path, args, message):
     path = tmp_path / "plain.jsonl"
@@ -165,7 +172,8 @@ def test_bad_hint_options_exit_2_naming_them(tmp_path, args, message):
         path = _stopped(tmp_path)
     else:
         write_jsonl(path, records)
-    result = invoke("compare", path, "--policies", "lru", "--capacity", "64", "-o", tmp_path / "out", *args, *WINDOWS)
+    policies = () if "--policies" in args else ("--policies", "lru")
+    result = invoke("compare", path, *policies, "--capacity", "64", "-o", tmp_path / "out", *args, *WINDOWS)
     assert result.exit_code == 2, result.output
     assert message in one_line(result.output)
 
@@ -210,3 +218,11 @@ def test_compare_says_what_the_hints_did_in_each_hinted_run(hinted_trace, tmp_pa
     assert set(counts) >= {"retained_hits", "lapsed", "released_evicted", "hinted_hits", "beyond_horizon"}
     assert counts["released_evicted"] > 0 and counts["hinted_hits"] >= counts["retained_hits"]
     assert "what the hints did" in result.stdout and f"{counts['released_evicted']:,}" in result.stdout
+
+
+def test_retention_shares_on_a_trace_without_sessions_are_refused(tmp_path):
+    path = tmp_path / "m.jsonl"
+    write_jsonl(path, [dict(r, parent_chat_id=-1, turn=1) for r in _records()])
+    result = invoke("fit", path, "--window", "0:", "--retention-shares", "0.5,0.9", "-o", tmp_path / "hp.json")
+    assert result.exit_code == 2 and "no retention is fitted" in one_line(result.stderr), result.output
+    assert not (tmp_path / "hp.json").exists()

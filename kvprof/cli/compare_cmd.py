@@ -64,6 +64,7 @@ from kvprof.cli.hint_options import (
     HintsOpt,
     HintToolCallOpt,
     IgnoreHintsOpt,
+    check_hinted_policies,
     hint_options,
     hinted,
     recorded_hint_budget,
@@ -216,6 +217,7 @@ def compare(
     names = policy_list(policies)
     hint_share, hint_end_turn, hint_tool_call = hint_options(hints, hint_share, hint_end_turn, hint_tool_call,
                                                               hint_max_fraction, ignore_hints)
+    check_hinted_policies(names, hints, hint_max_fraction, ignore_hints)
     schedule = _schedule(capacity_schedule)
     if timing not in TIMINGS:
         raise typer.BadParameter(f"{timing!r} is not one of {', '.join(TIMINGS)}", param_hint="--timing")

@@ -61,6 +61,7 @@ from kvprof.cli.hint_options import (
     HintsOpt,
     HintToolCallOpt,
     IgnoreHintsOpt,
+    check_hinted_policies,
     hint_options,
     hinted,
     warn_empty_budgets,
@@ -190,6 +191,7 @@ def fleet(
                                  param_hint="--router")
     names = policy_list(policies)
     stop = hint_options(hints, hint_share, hint_end_turn, hint_tool_call, hint_max_fraction, ignore_hints)
+    check_hinted_policies(names, hints, hint_max_fraction, ignore_hints)
     if capacity is None:
         capacity = recorded_capacity(trace_paths, recordings) if recordings else "1024"
     capacities = distinct(capacity_list(capacity), "--capacity", "capacity")

@@ -77,6 +77,13 @@ def hint_options(hints: str, share: float | None, end_turn: str | None, tool_cal
                                           ("--hint-tool-call", tool_call)) if value is not None]
     if hints != "stop" and stop_only:
         raise typer.BadParameter("applies to --hints stop only", param_hint="/".join(stop_only))
+    retains = tool_call != "none" or end_turn == "retain"  # the defaults retain after a tool call
+    if hints == "stop" and not retains:
+        given = ["--hint-share"] * (share is not None) + ["--hint-max-fraction"] * (max_fraction is not None)
+        if given:
+            raise typer.BadParameter(f"--hint-tool-call none with --hint-end-turn release sends releases only: "
+                                     f"nothing is retained, so {' and '.join(given)} would change nothing",
+                                     param_hint="/".join(given))
     if ignore:
         given = ["--hints stop"] * (hints == "stop") + ["--hint-max-fraction"] * (max_fraction is not None)
         if given:
@@ -84,6 +91,18 @@ def hint_options(hints: str, share: float | None, end_turn: str | None, tool_cal
                                      param_hint="--ignore-hints")
     return (0.9 if share is None else share, "release" if end_turn is None else end_turn,
             "retain" if tool_call is None else tool_call)
+
+
+def check_hinted_policies(names, hints: str, max_fraction: float | None, ignore: bool) -> None:
+    """Refuse ``--hints stop`` and ``--hint-max-fraction`` where every policy is offline (Belady reads the
+    future and is replayed without hints): they would change nothing (exit 2)."""
+    from kvprof.policy import POLICIES
+
+    given = ["--hints stop"] * (hints == "stop") + ["--hint-max-fraction"] * (max_fraction is not None)
+    if given and not ignore and all(POLICIES[name].offline for name in names):
+        raise typer.BadParameter(f"{', '.join(names)} reads the future and is replayed without hints, so "
+                                 f"{' and '.join(given)} would change nothing (add an online policy)",
+                                 param_hint="--policies")
 
 
 def recorded_hint_budget(recording) -> float | None:
