@@ -226,3 +226,41 @@ def test_retention_shares_on_a_trace_without_sessions_are_refused(tmp_path):
     result = invoke("fit", path, "--window", "0:", "--retention-shares", "0.5,0.9", "-o", tmp_path / "hp.json")
     assert result.exit_code == 2 and "no retention is fitted" in one_line(result.stderr), result.output
     assert not (tmp_path / "hp.json").exists()
+
+
+@pytest.mark.parametrize("command", ["compare", "fleet"])
+@pytest.mark.parametrize("case", ["no stop field", "a share the fit does not give"])
+def test_stop_hints_that_cannot_be_sent_are_refused_before_the_fit(tmp_path, monkeypatch, command, case):
+    import kvprof.cli.compare_cmd
+    import kvprof.cli.fleet_cmd
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fitted before refusing")
+
+    monkeypatch.setattr(kvprof.cli.compare_cmd, "fit_and_tune", no_fit)
+    monkeypatch.setattr(kvprof.cli.fleet_cmd, "fit_and_tune", no_fit)
+    if case == "no stop field":
+        path, extra, words = tmp_path / "plain.jsonl", (), "stop hints need the trace's 'stop' field"
+        write_jsonl(path, _records())
+    else:
+        path, extra, words = _stopped(tmp_path), ("--hint-share", "0.8"), "retention for shares 0.5, 0.9, 0.99, not 0.8"
+    replicas = ("--replicas", "2") if command == "fleet" else ()
+    result = invoke(command, path, "--policies", "lru", "--capacity", "64", "-o", tmp_path / "out", "--hints", "stop",
+                    *extra, *replicas, *WINDOWS)
+    assert result.exit_code == 2 and words in one_line(result.stderr), result.output
+
+
+def test_a_fleet_sweep_too_large_with_its_hinted_twins_is_refused_before_reading(tmp_path, monkeypatch):
+    import kvprof.cli.fleet_cmd
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("read the trace before refusing")
+
+    monkeypatch.setattr(kvprof.cli.fleet_cmd, "open_trace", no_read)
+    path = tmp_path / "plain.jsonl"
+    write_jsonl(path, _records())
+    replicas = ",".join(str(n) for n in range(1, 601))  # 600 configurations, 1,200 with lru+hints
+    result = invoke("fleet", path, "--policies", "lru", "--router", "round-robin", "--replicas", replicas,
+                    "--capacity", "64", "-o", tmp_path / "out", *WINDOWS)
+    assert result.exit_code == 2 and "1,200 configurations" in one_line(result.stderr), result.output
+    assert "--ignore-hints leaves them out" in one_line(result.stderr)

@@ -65,6 +65,7 @@ from kvprof.cli.hint_options import (
     HintToolCallOpt,
     IgnoreHintsOpt,
     check_hinted_policies,
+    check_stop_hints,
     hint_options,
     hinted,
     recorded_hint_budget,
@@ -264,6 +265,8 @@ def compare(
     timing = resolve_timing(timing, evaluated, engine_block, rate_scale, cpu_capacity, tuple(schedule))
     sim_config = dataclasses.replace(_sim_config(engine_block, cpu_capacity, schedule, cost, rate_scale, sample),
                                      timing=timing)
+    if hints == "stop" and not ignore_hints:  # what the fit and the replays would find out only after them
+        check_stop_hints(evaluated, hp, (hint_share, hint_end_turn, hint_tool_call), fits)
     fitted = None
     if fits:
         hp = fitted = fit_and_tune(trace, fit_bounds, capacities, sim_config, jobs, ray, evaluated)

@@ -62,9 +62,11 @@ from kvprof.cli.hint_options import (
     HintToolCallOpt,
     IgnoreHintsOpt,
     check_hinted_policies,
+    check_stop_hints,
     hint_options,
     hinted,
     warn_empty_budgets,
+    with_hinted_twins,
 )
 from kvprof.cli.output import print_json, say, show, table, task_progress, warn
 from kvprof.limits import BLOCK_TOKENS, BLOCKS, RATE_SCALE, Bound
@@ -207,6 +209,8 @@ def fleet(
     _check_knobs(routers, names, replicas, hp_per_replica, load_weight, index_blocks)
     specs = {name: RouterSpec(name, 1.0 if load_weight is None else load_weight, index_blocks) for name in routers}
     _check_offline_policies(specs.values(), names)
+    # before any reading: the most configurations the sweep may run (each online policy also with hints)
+    _configurations(specs, counts_of, names if ignore_hints else with_hinted_twins(names), capacities, hp_per_replica)
     tasks = _configurations(specs, counts_of, names, capacities, hp_per_replica)
     check_memory([max(task[1] for task in tasks) * max(capacities)], 0, jobs, len(tasks), "--replicas/--capacity")
     cost = cost_model(cost_file, prefill_tokens_per_s=prefill_rate, decode=decode)
@@ -227,6 +231,8 @@ def fleet(
     evaluated = evaluation_window(trace, eval_bounds, eval_window, limit, fits or hp_per_replica)
     engine_block = block_size or (trace.block_size if recordings else default_engine_block(trace.block_size))
     sim_config = SimConfig(engine_block_size=engine_block, cost=cost, rate_scale=rate_scale, timing="model")
+    if hints == "stop" and not ignore_hints:  # what the fit and the replays would find out only after them
+        check_stop_hints(evaluated, hp, stop, fits)
     fitted = None
     if fits:
         hp = fitted = fit_and_tune(trace, fit_bounds, capacities, sim_config, jobs, ray, evaluated)
@@ -303,7 +309,8 @@ def _configurations(specs: dict, counts_of: dict, policies: tuple, capacities, h
              for per_replica in ((False, True) if hp_per_replica and needs_hp([base_name(policy)]) else (False,))]
     if len(tasks) > MAX_CONFIGURATIONS:
         raise typer.BadParameter(f"{len(tasks):,} configurations (routers x replica counts x policies x capacities, "
-                                 f"x2 for a policy run --hp-per-replica too, x2 for one replayed with hints too) is "
+                                 f"x2 for a policy run --hp-per-replica too, x2 for one replayed with hints too, "
+                                 f"where the trace may carry hints: --ignore-hints leaves them out) is "
                                  f"more than the {MAX_CONFIGURATIONS:,} one fleet sweep runs: split the sweep",
                                  param_hint="--router/--replicas/--policies/--capacity")
     return tasks

@@ -93,6 +93,40 @@ def hint_options(hints: str, share: float | None, end_turn: str | None, tool_cal
             "retain" if tool_call is None else tool_call)
 
 
+def check_stop_hints(trace, hp, stop: tuple[float, str, str], fits: bool) -> None:
+    """Refuse, before any fit or replay, the ``--hints stop`` that :func:`kvprof.sim.hints.stop_hints` would
+    refuse after them (exit 2): a trace without ``stop``; where a hint retains, an hp file without
+    ``retention`` or without the share, or (``fits``: the hp file is fitted on ``trace``) a trace whose
+    requests name no parent or a share the fit does not give."""
+    from kvprof.models.retention import RETENTION_SHARES
+
+    share, end_turn, tool_call = stop
+    if not (trace.finish != 0).any():
+        raise typer.BadParameter("stop hints need the trace's 'stop' field (how each response ended); it has none",
+                                 param_hint="--hints")
+    if tool_call != "retain" and end_turn != "retain":
+        return
+    if fits and not (trace.parent_chat_id >= 0).any():
+        raise typer.BadParameter("stop hints that retain need the retention kvprof fit measures on sessions, and no "
+                                 "request of the trace names a parent", param_hint="--hints")
+    retention = None if fits else getattr(hp, "retention", None)
+    if not fits and retention is None:
+        raise typer.BadParameter("stop hints that retain need the hp file's retention figures (kvprof fit on a "
+                                 "trace whose requests name their parents)", param_hint="--hints")
+    shares = RETENTION_SHARES if fits else retention.shares
+    if share not in shares:
+        raise typer.BadParameter(f"the hp file {'fitted here has' if fits else 'has'} retention for shares "
+                                 f"{', '.join(f'{s:g}' for s in shares)}, not {share!r}", param_hint="--hint-share")
+
+
+def with_hinted_twins(names) -> tuple[str, ...]:
+    """``names`` with each online policy's ``P+hints`` twin after it (an offline one is told the future already)."""
+    from kvprof.policy import POLICIES
+    from kvprof.sim.hints import HINTED
+
+    return tuple(twin for name in names for twin in ((name,) if POLICIES[name].offline else (name, f"{name}{HINTED}")))
+
+
 def check_hinted_policies(names, hints: str, max_fraction: float | None, ignore: bool) -> None:
     """Refuse ``--hints stop`` and ``--hint-max-fraction`` where every policy is offline (Belady reads the
     future and is replayed without hints): they would change nothing (exit 2)."""
@@ -133,8 +167,7 @@ def hinted(trace, hp, names, source, stop, max_fraction, ignore):
     """The evaluated trace with the hints to replay, the policies with their ``+hints`` twins (online
     policies only: an offline yardstick is told the future already), and what results.json records of
     the hints (None: none replayed)."""
-    from kvprof.policy import POLICIES
-    from kvprof.sim.hints import HINTED, stop_hints, with_hints
+    from kvprof.sim.hints import stop_hints, with_hints
 
     if ignore:
         return with_hints(trace, None), names, {"source": "ignored"}
@@ -151,8 +184,7 @@ def hinted(trace, hp, names, source, stop, max_fraction, ignore):
             warn("--hint-max-fraction: no evaluated request carries a hint (none has retain_s or release), "
                  "so nothing is replayed with them")
         return trace, names, None
-    with_twins = tuple(twin for name in names
-                       for twin in ((name,) if POLICIES[name].offline else (name, f"{name}{HINTED}")))
+    with_twins = with_hinted_twins(names)
     facts = {"source": source, "hinted_requests": trace.hints.n_hinted, "max_fraction": max_fraction}
     if source == "stop":
         facts.update(zip(("share", "end_turn", "tool_call"), stop))
