@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kvprof.classes import ClassRule
 from kvprof.models.hp import HpFile, load_hp
-from kvprof.models.retention import FROM_ARRIVAL, FROM_END, RetentionRow, _row, fit_retention
+from kvprof.models.retention import FROM_ARRIVAL, FROM_END, RetentionRow, _row, fit_retention, start_problems
 from kvprof.profiler.classes import classify_trace
 from tests.helpers import invoke, make_trace, synthetic
 
@@ -117,6 +117,22 @@ def test_waits_count_from_the_recorded_end_where_every_request_has_one():
     partial = dataclasses.replace(partial, extra={**partial.extra,
                                                   "finished": np.array([1.0, None, 6.0, 11.0, 46.0], dtype=object)})
     assert fit_retention(partial, codes, names).basis == FROM_ARRIVAL
+
+
+def test_ends_before_arrivals_or_after_the_next_turn_are_said_and_the_basis_follows():
+    codes, names = classify_trace(_session_trace(), ClassRule(key="type"))
+    good = _session_trace(finished=[1.0, 2.5, 6.0, 11.0, 46.0])
+    assert start_problems(good) == [] and start_problems(_session_trace()) == []
+    # request 11 finishes at 1.5 s, before it arrived (2 s): waits count from arrivals, and the user is told
+    early = _session_trace(finished=[1.0, 1.5, 6.0, 11.0, 46.0])
+    assert fit_retention(early, codes, names).basis == FROM_ARRIVAL
+    (problem,) = start_problems(early)
+    assert "1 requests finish before they arrive" in problem and "request 11" in problem
+    # request 10 ends at 4 s, after its next turn arrived (2 s): that wait counts as 0 s, and the user is told
+    late = _session_trace(finished=[4.0, 2.5, 6.0, 11.0, 46.0])
+    assert fit_retention(late, codes, names).basis == FROM_END
+    (problem,) = start_problems(late)
+    assert "1 of 3 returns arrived before the request they follow ended" in problem
 
 
 def test_a_trace_without_sessions_has_no_retention_figures():

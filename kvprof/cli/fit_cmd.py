@@ -35,7 +35,7 @@ from kvprof.cli.common import (
 from kvprof.cli.fleet_cmd import (DEFAULT_REPLICAS, LOAD_WEIGHT, REPLICAS, IndexBlocksOpt, check_router_knobs,
                                  fleet_recordings, joined_trace)
 from kvprof.cli.hp_tables import cells_table, horizons, next_turn_line, retention_line, tuning_table
-from kvprof.cli.output import print_json, say, show as show_table, status
+from kvprof.cli.output import print_json, say, show as show_table, status, warn
 from kvprof.errors import KvprofError
 from kvprof.limits import BLOCK_TOKENS, COUNT, POSITIVE_SECONDS, SECONDS, Bound
 
@@ -327,6 +327,10 @@ def fit(
 
     with status(f"fitting reuse models on {fitted.n_requests:,} requests"):
         hp = refit(fitted, holdout)
+    from kvprof.models.retention import start_problems
+
+    for problem in start_problems(fitted) if hp.retention is not None else ():
+        warn(problem)
     if capacities:
         from kvprof.sim.config import SimConfig
 

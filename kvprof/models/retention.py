@@ -170,11 +170,41 @@ def fit_retention(trace, codes: np.ndarray, names, shares=RETENTION_SHARES) -> R
 
 def _starts(trace) -> tuple[str, np.ndarray]:
     """What waits count from and each request's moment of it: its recorded end where every request has
-    one, else its arrival."""
+    one, none before its arrival, else its arrival."""
+    end = _ends(trace)
+    if end is not None and (end >= trace.timestamp).all():
+        return FROM_END, end
+    return FROM_ARRIVAL, trace.timestamp
+
+
+def _ends(trace) -> np.ndarray | None:
+    """Each request's recorded end (float64), None unless every request has a finite one."""
     end = trace.extra.get(END_FIELD)
     if end is not None and end.dtype.kind in "if" and np.isfinite(end).all():
-        return FROM_END, end.astype(np.float64)
-    return FROM_ARRIVAL, trace.timestamp
+        return end.astype(np.float64)
+    return None
+
+
+def start_problems(trace) -> list[str]:
+    """What a user should know of the waits :func:`fit_retention` measures on ``trace``: requests whose
+    recorded end lies before their arrival (then waits count from arrivals), and returns that arrived
+    before the request they follow ended (their wait from its end counts as 0 s). Empty where neither."""
+    end = _ends(trace)
+    if end is None or not (trace.parent_chat_id >= 0).any():
+        return []
+    early = np.flatnonzero(end < trace.timestamp)
+    if early.size:
+        i = int(early[0])
+        return [f"{early.size:,} requests finish before they arrive (field '{END_FIELD}'; request "
+                f"{int(trace.chat_id[i])}: arrived {float(trace.timestamp[i]):g} s, finished {float(end[i]):g} s): "
+                f"retention is measured from arrivals"]
+    following = next_request_rows(trace.chat_id, trace.parent_chat_id)
+    returned = np.flatnonzero(following >= 0)
+    overlapping = returned[trace.timestamp[following[returned]] < end[returned]]
+    if not overlapping.size:
+        return []
+    return [f"{overlapping.size:,} of {returned.size:,} returns arrived before the request they follow ended "
+            f"(sub-agents, or '{END_FIELD}' on another clock): their waits count as 0 s"]
 
 
 def _row(wait: np.ndarray, returned: np.ndarray, shares) -> RetentionRow:
