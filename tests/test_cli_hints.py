@@ -264,3 +264,13 @@ def test_a_fleet_sweep_too_large_with_its_hinted_twins_is_refused_before_reading
                     "--capacity", "64", "-o", tmp_path / "out", *WINDOWS)
     assert result.exit_code == 2 and "1,200 configurations" in one_line(result.stderr), result.output
     assert "--ignore-hints leaves them out" in one_line(result.stderr)
+
+
+def test_fleet_says_what_the_hints_did_summed_over_the_replicas(hinted_trace, tmp_path):
+    result = invoke("fleet", hinted_trace, "--policies", "lru", "--capacity", "64", "--replicas", "2", "--router",
+                    "round-robin", "-o", tmp_path / "out", *WINDOWS)
+    assert result.exit_code == 0, result.output
+    rows = {row["policy"]: row for row in json.loads((tmp_path / "out" / "results.json").read_text())["runs"]}
+    assert rows["lru, round-robin x2"]["hints"] is None
+    counts = rows["lru+hints, round-robin x2"]["hints"]
+    assert counts["released_evicted"] > 0 and "what the hints did" in result.stdout

@@ -67,6 +67,7 @@ from kvprof.cli.hint_options import (
     check_hinted_policies,
     check_stop_hints,
     hint_options,
+    hint_table,
     hinted,
     recorded_hint_budget,
     warn_empty_budgets,
@@ -337,21 +338,10 @@ def _run_and_report(trace, hp, policies, capacities, sim_config, jobs, output, j
         print_json(document)
         return
     show(_table(results, default_block))
-    hinted_runs = [run for run in results.runs if run.hints is not None]
+    hinted_runs = [(run.policy, run.capacity, run.hints) for run in results.runs if run.hints is not None]
     if hinted_runs:
-        show(_hint_table(hinted_runs))
+        show(hint_table(hinted_runs))
     say(f"wrote {output / results_file.FILE} and {len(plots)} plots; the replays took {results.wall_s:.1f} s")
-
-
-def _hint_table(runs):
-    """What the hints did in each ``P+hints`` replay, in blocks (the hint layer's counters): why a hinted
-    ratio moved from its policy's, or did not."""
-    names = list(runs[0].hints)
-    out = table("what the hints did, in blocks (docs/hints.md)", {"policy": "left", "capacity": "right",
-                                                                     **{name: "right" for name in names}})
-    for run in runs:
-        out.add_row(run.policy, f"{run.capacity:,}", *(f"{run.hints[name]:,}" for name in names))
-    return out
 
 
 def _table(results, default_block: bool):

@@ -64,6 +64,7 @@ from kvprof.cli.hint_options import (
     check_hinted_policies,
     check_stop_hints,
     hint_options,
+    hint_table,
     hinted,
     warn_empty_budgets,
     with_hinted_twins,
@@ -262,6 +263,9 @@ def fleet(
         print_json(rows)
         return
     show(_table(rows, document, of_recordings=bool(recordings)))
+    hinted_rows = [(row["policy"], row["capacity"], row["hints"]) for row in document["runs"] if row.get("hints")]
+    if hinted_rows:
+        show(hint_table(hinted_rows))
     say(f"wrote {output / results_file.FILE} and {len(plots)} plots; routing and replaying took "
         f"{document['wall_s']:.1f} s")
 

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvprof.cli.common import number_option
-from kvprof.cli.output import say, warn
+from kvprof.cli.output import say, table, warn
 from kvprof.models.retention import SHARE
 from kvprof.sim.config import SimulationError
 
@@ -117,6 +117,17 @@ def check_stop_hints(trace, hp, stop: tuple[float, str, str], fits: bool) -> Non
     if share not in shares:
         raise typer.BadParameter(f"the hp file {'fitted here has' if fits else 'has'} retention for shares "
                                  f"{', '.join(f'{s:g}' for s in shares)}, not {share!r}", param_hint="--hint-share")
+
+
+def hint_table(runs):
+    """What the hints did in each ``P+hints`` replay, in blocks (the hint layer's counters): why a hinted
+    ratio moved from its policy's, or did not. ``runs``: ``(label, capacity, counts)``."""
+    names = list(runs[0][2])
+    out = table("what the hints did, in blocks (docs/hints.md)", {"policy": "left", "capacity": "right",
+                                                                     **{name: "right" for name in names}})
+    for policy, capacity, counts in runs:
+        out.add_row(policy, f"{capacity:,}", *(f"{counts[name]:,}" for name in names))
+    return out
 
 
 def with_hinted_twins(names) -> tuple[str, ...]:

@@ -362,7 +362,14 @@ class FleetRun:
             "replica_token_hit_ratios": [run.token_hit_ratio for run in self.runs],
             "replica_belady_token_hit_ratios": [run.token_hit_ratio for run in self.bounds],
             "replica_offered_loads": [run.offered_load for run in self.runs],
+            "hints": self._hint_counts(),
         }
+
+    def _hint_counts(self) -> dict | None:
+        """A ``P+hints`` configuration's hint counts summed over its replicas (an idle one has none), None for
+        another policy."""
+        counts = [run.hints for run in self.runs if run.hints is not None]
+        return {name: sum(c[name] for c in counts) for name in counts[0]} if counts else None
 
 
 def label(policy: str, router: str, replicas: int, hp: str = "fleet") -> str:
@@ -396,15 +403,21 @@ def run_fleet(trace: Trace, workload: Workload, hp, spec: RouterSpec, replicas: 
                 continue
             replica_policy = make_hinted_policy(name, replica_hp, capacity, budget)
             if config.timing == "recorded":  # no modelled queueing: no QTTFT to pool
-                out.append(simulate(share, replica_policy, capacity, config))
+                out.append(_with_hint_counts(simulate(share, replica_policy, capacity, config), replica_policy))
                 continue
             outcome = _replayed_alone(share, replica_policy, capacity, config)
-            out.append(metrics(share, config.cost, name, capacity, **outcome))
+            out.append(_with_hint_counts(metrics(share, config.cost, name, capacity, **outcome), replica_policy))
             if name == policy:
                 qttft.append(outcome["qttft"])
     return FleetRun(spec.name, policy, replicas, capacity, tuple(runs), tuple(bounds),
                     np.concatenate(qttft) if qttft else np.empty(0), routing.live_hits, replica_hps is not None,
                     config.timing)
+
+
+def _with_hint_counts(run: RunMetrics, policy) -> RunMetrics:
+    """``run`` with what ``policy``'s hint layer did (a ``P+hints`` replica's), as ``compare``'s runs carry it."""
+    counters = getattr(policy, "counters", None)
+    return run if counters is None else dataclasses.replace(run, hints=dataclasses.asdict(counters))
 
 
 def _replayed_alone(share: Workload, policy, capacity: int, config: SimConfig) -> dict:
