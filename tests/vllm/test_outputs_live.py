@@ -8,7 +8,10 @@ about six sessions, so blocks are evicted while responses decode. Three servers,
 * A records only (``--kv-record``): vLLM's own LRU;
 * B enforces kvprof's ``lru`` (``--kv-policy lru``);
 * C enforces ``wa`` fitted on A's recording, with ``--kv-hint-counterfactual`` and a client that sends
-  no hints: the hints are worth nothing, to the block.
+  no hints: the hints are worth nothing, to the block;
+* D enforces it too, and the client sends hints: a retention after each of the first three turns, a
+  release after the last, every request naming its conversation (``hint_session``), under a budget
+  (``--kv-hint-max-fraction``) that ``kvprof compare`` of the recording takes from recording.json.
 
 On each, ``kvprof compare`` of the recording and the live counterfactual must give what vLLM reported
 to the clients, token for token: the recording keeps the ids of the blocks a response filled and when
@@ -36,11 +39,14 @@ SESSIONS, TURNS, CLIENTS = 12, 4, 4
 OUTPUT, NEW_TOKENS = 40, 10
 
 
-def _turn(url: str, prompt: list[int], session: int, turn: int) -> tuple[list[int], int]:
+def _turn(url: str, prompt: list[int], session: int, turn: int, hints: bool) -> tuple[list[int], int]:
     """One turn: the response's token ids and the prompt tokens vLLM found cached."""
+    xargs = {"session": f"s{session}", "type": "chat", "turn": turn}
+    if hints:
+        xargs.update({"hint_session": f"s{session}", "release": 1} if turn == TURNS else
+                     {"hint_session": f"s{session}", "retain_s": 30, "hint_tag": session % 2})
     body = {"model": "tiny", "prompt": prompt, "max_tokens": OUTPUT, "min_tokens": OUTPUT, "ignore_eos": True,
-            "temperature": 0.0, "return_token_ids": True,
-            "vllm_xargs": {"session": f"s{session}", "type": "chat", "turn": turn}}
+            "temperature": 0.0, "return_token_ids": True, "vllm_xargs": xargs}
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
@@ -50,7 +56,7 @@ def _turn(url: str, prompt: list[int], session: int, turn: int) -> tuple[list[in
     return choice["token_ids"], (answer["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
 
-def _conversations(url: str) -> int:
+def _conversations(url: str, hints: bool = False) -> int:
     """The sessions, ``CLIENTS`` at a time; the cached prompt tokens vLLM reported in all."""
     cached: list[int] = []
     errors: list[BaseException] = []
@@ -60,7 +66,7 @@ def _conversations(url: str) -> int:
             for session in range(first, SESSIONS, CLIENTS):
                 prompt = [5 + session] + [(13 * i + 7 * session) % 400 + 20 for i in range(21)]
                 for turn in range(1, TURNS + 1):
-                    output, hit = _turn(url, prompt, session, turn)
+                    output, hit = _turn(url, prompt, session, turn, hints)
                     cached.append(hit)
                     prompt = prompt + output + [(17 * turn + session + i) % 400 + 20 for i in range(NEW_TOKENS)]
         except BaseException as exc:  # noqa: BLE001 - raised below, in the test's thread
@@ -83,25 +89,27 @@ def _kvprof(venv, *args, cwd) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
-def _served(venv, model, tmp, name: str, *extra: str) -> dict:
+def _served(venv, model, tmp, name: str, *extra: str, hints: bool = False) -> dict:
     rec = tmp / f"rec-{name}"
     with vllm_server(venv, model, "--kv-record", str(rec), "--kv-log-interval", "1", *extra,
                      log=tmp / f"{name}.log", blocks=BLOCKS) as url:
-        cached = _conversations(url)
+        cached = _conversations(url, hints)
         time.sleep(4)  # the counterfactual's thread counts the last finishes; the writer closes a frame
         served = metrics(url)
     return {"cached": cached, "rec": rec, "metrics": served, "log": (tmp / f"{name}.log").read_text()}
 
 
 def _compare(venv, tmp, rec, policy: str, hp=None) -> int:
+    """The cached tokens ``kvprof compare`` of the recording gives ``policy`` (``P+hints``: with the recording's
+    hints, under the server's budget, as compare takes them by default)."""
     out = tmp / f"compare-{rec.name}-{policy}"
-    args = ["compare", rec, "--policies", policy, "--eval-window", "0:", "-o", out, "-j", "1"]
+    args = ["compare", rec, "--policies", policy.removesuffix("+hints"), "--eval-window", "0:", "-o", out, "-j", "1"]
     if hp is not None:
         args += ["--config", hp]
     _kvprof(venv, *args, cwd=tmp)
-    (run,) = json.loads((out / "results.json").read_text())["runs"]
-    assert run["capacity"] == BLOCKS - 1
-    return run["cached_tokens"]
+    runs = {run["policy"]: run for run in json.loads((out / "results.json").read_text())["runs"]}
+    assert runs[policy]["capacity"] == BLOCKS - 1
+    return runs[policy]["cached_tokens"]
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +119,9 @@ def servers(vllm_venv, tiny_model, tmp_path_factory):
     b = _served(vllm_venv, tiny_model, tmp, "b", "--kv-policy", "lru")
     _kvprof(vllm_venv, "fit", a["rec"], "--window", "0:", "-o", tmp / "hp.json", "-j", "1", cwd=tmp)
     c = _served(vllm_venv, tiny_model, tmp, "c", "--kv-policy-config", str(tmp / "hp.json"), "--kv-hint-counterfactual")
-    return {"tmp": tmp, "venv": vllm_venv, "a": a, "b": b, "c": c, "hp": tmp / "hp.json"}
+    d = _served(vllm_venv, tiny_model, tmp, "d", "--kv-policy-config", str(tmp / "hp.json"), "--kv-hint-max-fraction",
+                "0.25", hints=True)
+    return {"tmp": tmp, "venv": vllm_venv, "a": a, "b": b, "c": c, "d": d, "hp": tmp / "hp.json"}
 
 
 def test_the_next_turns_hit_the_blocks_the_responses_filled(servers):
@@ -127,10 +137,10 @@ def test_the_next_turns_hit_the_blocks_the_responses_filled(servers):
     assert int(trace.extra["cached_tokens"].sum()) == servers["a"]["cached"]
 
 
-@pytest.mark.parametrize("name, policy", [("a", "lru"), ("b", "lru"), ("c", "wa")])
+@pytest.mark.parametrize("name, policy", [("a", "lru"), ("b", "lru"), ("c", "wa"), ("d", "wa+hints")])
 def test_compare_of_the_recording_gives_what_the_server_hit(servers, name, policy):
     server = servers[name]
-    hp = servers["hp"] if name == "c" else None
+    hp = servers["hp"] if name in ("c", "d") else None
     assert _compare(servers["venv"], servers["tmp"], server["rec"], policy, hp) == server["cached"] > 0
 
 
@@ -143,3 +153,12 @@ def test_the_live_counterfactual_hits_what_the_server_hit(servers, name, policy)
 def test_with_no_hints_sent_every_log_window_says_the_hints_were_worth_nothing(servers):
     lines = [line for line in servers["c"]["log"].splitlines() if "without the clients' hints" in line]
     assert lines and all("(the hints +0.0 %)" in line for line in lines), lines
+
+
+def test_the_hinted_server_honoured_the_hints_it_was_sent(servers):
+    from kvprof.recording import load_recording
+
+    m = servers["d"]["metrics"]
+    assert load_recording(servers["d"]["rec"]).starts[0].hint_max_fraction == 0.25
+    assert m['kvprof_hint_blocks_total{outcome="released_evicted",tier="gpu"}'] > 0
+    assert m['kvprof_hint_blocks_total{outcome="retained_hits",tier="gpu"}'] > 0
