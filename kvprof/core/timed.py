@@ -70,6 +70,18 @@ def grow(gpu, blocks, next_use, held, limit, now, slots):
 
 
 @njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
+def grow_each(gpu, blocks, next_use, n, now, slots):
+    """``n`` blocks a running request took at once, one after another as ``n`` calls of :func:`grow` take
+    them (its ``limit`` aside: the live counterfactual learns whose they are at the request's free): their
+    slots into ``slots[:taken]``. Returns ``taken``, fewer than ``n`` where the tier has no more room."""
+    taken = 0
+    while taken < n and tiers.n_free(gpu) >= 1:
+        tiers.allocate(gpu, blocks, next_use, 0, taken, 0, taken + 1, now, 0, slots)
+        taken += 1
+    return taken
+
+
+@njit(cache=True, nogil=True)  # nogil: the plugin's background thread calls it (kvprof.vllm.observe)
 def finish(gpu, blocks, next_use, start, held, n_full, n_cacheable, n_last, now, workload, slots):
     """A request finished: cache what its output filled, as decoding did (below ``n_cacheable``):
     in place in the blocks it holds past its prompt's ``n_full`` full ones (the prompt's partial

@@ -25,7 +25,7 @@ from kvprof.core.prefix_cache import first_size
 from kvprof.core.wa import outcome, policy_admit, policy_finish
 from kvprof.core.structs import NONE
 from kvprof.core.twin import Seats
-from kvprof.core.timed import admit, blocks_at_finish, finish, forget, grow
+from kvprof.core.timed import admit, blocks_at_finish, finish, forget, grow_each
 from kvprof.models.finish import UNKNOWN
 from kvprof.policy.base import EvictionPolicy
 from kvprof.vllm.numbering import RecentContentNumbers
@@ -141,15 +141,15 @@ class Counterfactual:
         block, later prefill chunks): every tier takes as many, empty ones first, evicting for the rest as
         the server did then; each request learns its own at its :meth:`finish`. A block id taken again
         before a finish claimed it (its request was preempted) gives the old slot back first."""
-        none, no_use = np.zeros(1, np.int64), self._next_use(1)
+        none, no_use, n = np.zeros(1, np.int64), self._next_use(1), len(block_ids)
         for tier in self.tiers.values():
             for block_id in block_ids:
                 stale = tier.grown.pop(block_id, None)
                 if stale is not None:
                     tiers.release(tier.gpu, np.array([stale], np.int64), 1, now)
-                slot = np.zeros(1, np.int64)
-                if grow(tier.gpu, none, no_use, 0, 1, now, slot):  # one block, as the replay takes it
-                    tier.grown[block_id] = int(slot[0])
+            slots = np.zeros(n, np.int64)
+            taken = grow_each(tier.gpu, none, no_use, n, now, slots)  # one at a time, as the replay takes them
+            tier.grown.update(zip(block_ids[:taken], slots[:taken].tolist()))
 
     def finish(self, key: Hashable, hashes: Sequence, prompt_tokens: int, output_tokens: int, now: float,
                code: int = UNKNOWN, grown: Sequence[int] | None = None) -> int | None:
