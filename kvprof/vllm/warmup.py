@@ -5,8 +5,8 @@ its on-disk cache (``kvprof/core/__pycache__``, ``NUMBA_CACHE_DIR``, or numba's 
 directory when the package directory cannot be written). Either way it happens at the first call:
 without a warm-up the first request after an install waited 12 s and the first one that evicted
 6.6 s. :func:`warm_up` drives throw-away copies of what the engine will call -- the pool's compiled
-twin through every call the free queue makes, and the live counterfactual through an admission, a
-finish and a recycled content.
+twin through every call the free queue makes, and the live counterfactual through an admission, blocks
+taken while decoding, a finish and a recycled content.
 
 With an empty cache that is minutes of CPU, so a server does not wait for it:
 :func:`compile_in_child` runs :func:`warm_up` in a child process (``python -m kvprof.vllm.warmup``),
@@ -125,9 +125,11 @@ def _drive_numbering() -> None:
 def _drive_counterfactual(counterfactual: Counterfactual, block_size: int) -> None:
     hashes = [bytes([i]) for i in range(12)]
     for key, shift in (("a", 0), ("b", 6)):  # the second recycles content numbers (max_contents=8)
-        counterfactual.admit(key, hashes[shift:shift + 4], 4 * block_size + 1, (0, 0), 1.0)
-    for key, shift in (("a", 0), ("b", 6)):
-        counterfactual.finish(key, hashes[shift:shift + 6], 4 * block_size + 1, 2 * block_size, 2.0)
+        counterfactual.admit(key, hashes[shift:shift + 4], 4 * block_size + 1, (0, 0), 1.0, n_first=5)
+    counterfactual.grow([100, 101], 1.5)  # blocks running requests took while decoding, whoever took them
+    counterfactual.grow([101], 1.6)  # taken again before a free claimed it: its old slot goes back first
+    counterfactual.finish("a", hashes[:6], 4 * block_size + 1, 2 * block_size, 2.0, grown=[100, 101])
+    counterfactual.finish("b", hashes[6:12], 4 * block_size + 1, 2 * block_size, 2.0)  # its decoded blocks not told
     counterfactual.admit("c", hashes[:2], 2 * block_size, (0, 0), 3.0)
     counterfactual.forget_request("c", 3.0)
     for name in counterfactual.tiers:
