@@ -7,6 +7,7 @@ in tests/vllm/test_loop.py.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
@@ -116,7 +117,7 @@ def assert_live_hits_as_replayed(rows, capacity, policy, engine=None, grows=Fals
     output_chains = [r.get("output_chain") or [
         next(fresh) for _ in range(max((r["partial"] + BS * len(r["chain"]) + r["output"] - 1) // BS - len(r["chain"]), 0))]
         for r in rows]
-    server_ids = iter(range(10**9, 10**10))  # the server's block ids of the blocks taken while decoding
+    server_ids = collections.deque(range(1, capacity + 1))  # the server's free block ids, as it hands them out
     grown_at, grown_ids = [[] for _ in rows], [[] for _ in rows]
     events = []
     for i, r in enumerate(rows):
@@ -136,11 +137,12 @@ def assert_live_hits_as_replayed(rows, capacity, policy, engine=None, grows=Fals
             index = spec.class_index(request.sampling_params.extra_args, request.num_prompt_tokens)
             live.admit(i, request.block_hashes, request.num_prompt_tokens, (index, index), r["scheduled"])
         elif kind == "grow":
-            grown_ids[i].append(next(server_ids))
+            grown_ids[i].append(server_ids.popleft())
             live.grow(grown_ids[i][-1:], grown_at[i][len(grown_ids[i]) - 1])
         else:
             live.finish(i, request.block_hashes, request.num_prompt_tokens, r["output"], r["finished"],
                         grown=grown_ids[i] if grows else None)
+            server_ids.extend(grown_ids[i])
     # batch: the same traffic as a recording, replayed by the simulator
     trace = make_trace([(r["arrival"], r["kind"], 1, r["chain"] + ([10**8 + i] if r["partial"] else []))
                         for i, r in enumerate(rows)], block_size=BS)

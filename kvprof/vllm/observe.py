@@ -50,8 +50,9 @@ class _Tier:
         self.gpu = tiers.new_device(self.compiled, capacity, n_contents)
         # request -> (its slots, how many it holds, its class or cell, its prompt's contents, its hits)
         self.running: dict[Hashable, tuple[np.ndarray, int, int, np.ndarray, int]] = {}
-        # the server's block id -> the slot taken here when a running request took it (its request says at its free)
-        self.grown: dict[int, int] = {}
+        # per server block id, the slot taken here when a running request took it (-1: none; its request says at
+        # its free); block ids run to the server's block count, one more than the capacity (vLLM's null block)
+        self.grown = np.full(capacity + 1, -1, np.int64)
         self.hits = 0  # over finished requests
 
 
@@ -141,15 +142,18 @@ class Counterfactual:
         block, later prefill chunks): every tier takes as many, empty ones first, evicting for the rest as
         the server did then; each request learns its own at its :meth:`finish`. A block id taken again
         before a finish claimed it (its request was preempted) gives the old slot back first."""
-        none, no_use, n = np.zeros(1, np.int64), self._next_use(1), len(block_ids)
+        ids = np.asarray(block_ids, np.int64)
+        ids = ids[(ids >= 0) & (ids <= self.capacity)]  # the server's block ids (none other is tracked)
+        none, no_use = np.zeros(1, np.int64), self._next_use(1)
         for tier in self.tiers.values():
-            for block_id in block_ids:
-                stale = tier.grown.pop(block_id, None)
-                if stale is not None:
-                    tiers.release(tier.gpu, np.array([stale], np.int64), 1, now)
-            slots = np.zeros(n, np.int64)
-            taken = grow_each(tier.gpu, none, no_use, n, now, slots)  # one at a time, as the replay takes them
-            tier.grown.update(zip(block_ids[:taken], slots[:taken].tolist()))
+            stale = tier.grown[ids]
+            stale = stale[stale >= 0]
+            if stale.size:
+                tiers.release(tier.gpu, stale, stale.size, now)
+            slots = np.zeros(ids.size, np.int64)
+            taken = grow_each(tier.gpu, none, no_use, ids.size, now, slots)  # one at a time, as the replay takes them
+            tier.grown[ids] = -1
+            tier.grown[ids[:taken]] = slots[:taken]
 
     def finish(self, key: Hashable, hashes: Sequence, prompt_tokens: int, output_tokens: int, now: float,
                code: int = UNKNOWN, grown: Sequence[int] | None = None) -> int | None:
@@ -180,9 +184,13 @@ class Counterfactual:
             blocks = np.concatenate([prompt[:n_full], filled, prompt[n_full + n_filled:]])
             first = held
             if grown is not None:
-                taken = [slot for slot in (tier.grown.pop(block_id, None) for block_id in grown) if slot is not None]
-                slots = np.concatenate([slots[:held], np.array(taken, np.int64)])
-                held += len(taken)
+                ids = np.asarray(grown, np.int64)
+                ids = ids[(ids >= 0) & (ids <= self.capacity)]
+                taken = tier.grown[ids]
+                taken = taken[taken >= 0]
+                tier.grown[ids] = -1
+                slots = np.concatenate([slots[:held], taken])
+                held += taken.size
             n_last = n_new if grown is None else 0
             slots = np.concatenate([slots, np.zeros(n_last + max(len(blocks) - len(slots), 0), np.int64)])
             policy_finish(tier.compiled, seat, now, blocks, n_prompt + n_new, output_tokens, code)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import operator
 import os
 import time
 
@@ -550,6 +551,7 @@ def track_requests(scheduler, manager, pool, live) -> None:
     past its first ones (the recording's ``grown``)."""
     inner = [manager.allocate_slots]  # what the armed wrapper wraps: allocate_slots as it was when armed
     clock = time.time
+    block_id = operator.attrgetter("block_id")
     taken_at = np.zeros(manager.block_pool.num_gpu_blocks)  # when each block was last handed to a running request
     admitting = False  # a waiting request's allocation is under way: its blocks are its first ones
 
@@ -587,7 +589,7 @@ def track_requests(scheduler, manager, pool, live) -> None:
         blocks = original_get_new_blocks(*args, **kwargs)
         if not admitting and blocks:
             now = clock()
-            ids = [block.block_id for block in blocks]
+            ids = list(map(block_id, blocks))
             taken_at[ids] = now
             live.grew(ids, now)
         return blocks
@@ -618,7 +620,7 @@ def track_requests(scheduler, manager, pool, live) -> None:
         code = _finish_code(request, live.spec.tool_call_tokens)
         scheduled, hit_tokens, n_first = first_scheduled.pop(request.request_id, (None, 0, 0))
         held = manager.coordinator.get_blocks(request.request_id)  # the coordinator's own lists (group 0 counted)
-        grown = [block.block_id for block in held[0][n_first:]] if scheduled is not None else []
+        grown = list(map(block_id, held[0][n_first:])) if scheduled is not None else []
         if pool is not None and scheduled is not None:
             _never_raise(pool.finish_request, request, len(held[0]), code, held)
         try:

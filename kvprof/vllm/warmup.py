@@ -126,9 +126,9 @@ def _drive_counterfactual(counterfactual: Counterfactual, block_size: int) -> No
     hashes = [bytes([i]) for i in range(12)]
     for key, shift in (("a", 0), ("b", 6)):  # the second recycles content numbers (max_contents=8)
         counterfactual.admit(key, hashes[shift:shift + 4], 4 * block_size + 1, (0, 0), 1.0, n_first=5)
-    counterfactual.grow([100, 101], 1.5)  # blocks running requests took while decoding, whoever took them
-    counterfactual.grow([101], 1.6)  # taken again before a free claimed it: its old slot goes back first
-    counterfactual.finish("a", hashes[:6], 4 * block_size + 1, 2 * block_size, 2.0, grown=[100, 101])
+    counterfactual.grow([1, 2], 1.5)  # blocks running requests took while decoding, whoever took them
+    counterfactual.grow([2], 1.6)  # taken again before a free claimed it: its old slot goes back first
+    counterfactual.finish("a", hashes[:6], 4 * block_size + 1, 2 * block_size, 2.0, grown=[1, 2])
     counterfactual.finish("b", hashes[6:12], 4 * block_size + 1, 2 * block_size, 2.0)  # its decoded blocks not told
     counterfactual.admit("c", hashes[:2], 2 * block_size, (0, 0), 3.0)
     counterfactual.forget_request("c", 3.0)
