@@ -39,16 +39,17 @@ class Manager:
 class Live:
     def __init__(self):
         self.spec = SimpleNamespace(tool_call_tokens=frozenset())
+        self.recorder = object()  # recording: the times blocks are taken are kept
         self.events = []
 
     def scheduled(self, request, now, n_first):
         self.events.append(("admit", request.request_id, n_first))
 
     def grew(self, ids, now):
-        self.events.append(("grow", list(ids)))
+        self.events.append(("grow", ids.tolist()))
 
     def finished(self, request, scheduled, hit_tokens, now, code, grown, grown_at):
-        self.events.append(("finish", request.request_id, list(grown), len(grown_at)))
+        self.events.append(("finish", request.request_id, grown.tolist(), len(grown_at)))
 
     def poll(self):
         pass

@@ -527,6 +527,9 @@ def _data_parallel_rank(scheduler) -> int:
     return rank if type(rank) is int and rank >= 0 else 0
 
 
+_NO_BLOCKS = np.zeros(0, np.int64)
+
+
 def track_requests(scheduler, manager, pool, live) -> None:
     """Tell ``pool`` which request ``manager.allocate_slots`` serves, ``pool`` and ``live`` when a
     request gets its first blocks, each block a running request takes later, and when vLLM frees it
@@ -552,7 +555,8 @@ def track_requests(scheduler, manager, pool, live) -> None:
     inner = [manager.allocate_slots]  # what the armed wrapper wraps: allocate_slots as it was when armed
     clock = time.time
     block_id = operator.attrgetter("block_id")
-    taken_at = np.zeros(manager.block_pool.num_gpu_blocks)  # when each block was last handed to a running request
+    recording = live.recorder is not None  # when each block was taken matters to the recording only
+    taken_at = np.zeros(manager.block_pool.num_gpu_blocks if recording else 0)  # when each block was last handed to a running request
     admitting = False  # a waiting request's allocation is under way: its blocks are its first ones
 
     @functools.wraps(inner[0])
@@ -589,8 +593,9 @@ def track_requests(scheduler, manager, pool, live) -> None:
         blocks = original_get_new_blocks(*args, **kwargs)
         if not admitting and blocks:
             now = clock()
-            ids = list(map(block_id, blocks))
-            taken_at[ids] = now
+            ids = np.fromiter(map(block_id, blocks), np.int64, len(blocks))
+            if recording:
+                taken_at[ids] = now
             live.grew(ids, now)
         return blocks
 
@@ -620,7 +625,7 @@ def track_requests(scheduler, manager, pool, live) -> None:
         code = _finish_code(request, live.spec.tool_call_tokens)
         scheduled, hit_tokens, n_first = first_scheduled.pop(request.request_id, (None, 0, 0))
         held = manager.coordinator.get_blocks(request.request_id)  # the coordinator's own lists (group 0 counted)
-        grown = list(map(block_id, held[0][n_first:])) if scheduled is not None else []
+        grown = np.fromiter(map(block_id, held[0][n_first:]), np.int64) if scheduled is not None else _NO_BLOCKS
         if pool is not None and scheduled is not None:
             _never_raise(pool.finish_request, request, len(held[0]), code, held)
         try:
@@ -628,7 +633,8 @@ def track_requests(scheduler, manager, pool, live) -> None:
         finally:
             if pool is not None:
                 _never_raise(pool.request_freed)
-            live.finished(request, scheduled, hit_tokens, clock(), code, grown, taken_at[grown].tolist())
+            live.finished(request, scheduled, hit_tokens, clock(), code, grown,
+                          taken_at[grown].tolist() if recording else ())
 
     original_schedule = scheduler.schedule
 
