@@ -125,10 +125,7 @@ class StagedFiles:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-        held = threading.current_thread() is threading.main_thread()
-        if held:
-            signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
-        try:
+        with _interrupts_held():
             while self._pending:
                 tmp, target, path = self._pending[0]
                 with _naming(path):
@@ -137,9 +134,6 @@ class StagedFiles:
             if self._final:  # before an interrupt held back meanwhile is let through
                 global final_outputs_written
                 final_outputs_written = True
-        finally:
-            if held:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS)
 
     def discard(self) -> None:
         """Remove the temporary files not yet renamed."""
@@ -152,6 +146,29 @@ class StagedFiles:
 #: Whether a command's final outputs (``staged(final=True)``) were all put in place; its driver
 #: (:func:`kvprof.cli.common.guarded`) clears it at the start and reads it at an interrupt.
 final_outputs_written = False
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Interrupts (SIGINT, SIGTERM, SIGHUP) noted, not acted on, for the block; then acted on as they would have
+    been. Python runs its signal handlers in the main thread whichever thread the signal reached (blocking it
+    there would not do: a process-directed signal goes to any thread that does not block it), so the block's
+    handlers only note; outside the main thread nothing is held (no handler runs there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in _INTERRUPTS}
+    held = {sig: handler for sig, handler in previous.items() if handler is not None}  # None: not Python's to set
+    for sig in held:
+        signal.signal(sig, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        if noted:
+            signal.raise_signal(noted[0])  # handled now as it would have been then
 
 
 @contextlib.contextmanager

@@ -106,3 +106,26 @@ def test_a_staged_group_is_replaced_whole_or_not_at_all(tmp_path):
         assert (tmp_path / "a").read_text() == "old a"  # nothing changes before the group ends
     assert [(tmp_path / name).read_text() for name in "ab"] == ["new a", "new b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_an_interrupt_while_a_group_is_renamed_comes_after_every_file_is_in_place(tmp_path, monkeypatch):
+    # sent from another thread, so the process's signal may reach any thread: the group still goes in whole
+    import threading
+
+    from kvprof import atomic
+
+    replace = os.replace
+
+    def replace_then_interrupt(tmp, target):
+        replace(tmp, target)
+        if str(target).endswith("a"):
+            sender = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT))
+            sender.start()
+            sender.join()
+
+    monkeypatch.setattr(atomic.os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt), staged() as group:
+        for name in "ab":
+            group.stage(tmp_path / name).write_text(f"new {name}")
+    assert [(tmp_path / name).read_text() for name in "ab"] == ["new a", "new b"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
