@@ -15,7 +15,9 @@ import time
 import pytest
 
 from tests.helpers import invoke, one_line
-from tests.test_replay_cli import CACHE_INFO, N_REQUESTS, good_answer, replay, results_of, sse, stub, trace  # noqa: F401
+from tests.test_replay_cli import (  # noqa: F401
+    CACHE_INFO, N_REQUESTS, good_answer, replay, results_of, sse, stub, trace, trace_rows,
+)
 
 METRICS = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
 
@@ -298,3 +300,18 @@ def test_answers_are_read_up_to_a_bound_never_into_all_memory(stub, trace, tmp_p
     handler.metrics = METRICS + CACHE_INFO + "# " + "m" * (100 << 10) + "\n"
     result = replay(trace, url, tmp_path / "c", "--limit", "2")
     assert result.exit_code == 1 and "/metrics sent more than" in result.stderr and not (tmp_path / "c").exists()
+
+
+def test_a_tag_holding_a_lone_surrogate_is_sent_escaped(stub, tmp_path):
+    """A trace's string may hold a lone surrogate (JSON reads one; such a value is a class of its own, printed
+    escaped): replay sends its request as ASCII JSON, where the surrogate is an escape, and writes everything."""
+    url, handler = stub
+    rows = [dict(row, hint_session="\ud800", type="t\udfff") for row in trace_rows()]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = replay(path, url, tmp_path / "live")
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    sent = handler.bodies[-1]["vllm_xargs"]
+    assert sent["hint_session"] == "\ud800" and sent["type"] == "t\udfff"
+    assert len(records_of(tmp_path / "live")) == len(rows)

@@ -332,11 +332,6 @@ class Parser:
             record = json.loads(line)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and bad UTF-8
             return Problem("malformed_json", line_no, None, f"not valid JSON ({exc})")
-        if _SURROGATE_ESCAPE.search(line):  # json (not orjson) reads lone surrogates; no UTF-8 text carries one
-            field = _lone_surrogate(record)
-            if field is not None:
-                return Problem("bad_value", line_no, field or None, "holds a lone UTF-16 surrogate (a \\ud800-\\udfff "
-                                                                   "escape without its pair), which no UTF-8 text can carry")
         return self._add(line_no, line, record)
 
     def _add(self, line_no: int, line: bytes, record) -> Problem | None:
@@ -351,33 +346,6 @@ class Parser:
         if self.rows is None:
             self.rows = Rows(self._format or detect_format(record), line_no, detected=self._format is None)
         return self.rows.append(line_no, record, has_bool=b"true" in line or b"false" in line)
-
-
-#: A JSON escape of a UTF-16 surrogate (paired or not: :func:`_lone_surrogate` tells).
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def _lone_surrogate(value, name: str = ""):
-    """The field (top-level key, "" for a key itself) of ``value`` holding a string with a lone surrogate, or None."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return name
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if _lone_surrogate(key) is not None:
-                return name  # a key no text can carry is not named either
-            found = _lone_surrogate(item, name or key)
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for item in value:
-            found = _lone_surrogate(item, name)
-            if found is not None:
-                return found
-    return None
 
 
 def _fast_decode(line: bytes):

@@ -170,7 +170,9 @@ class Server:
             body["vllm_xargs"] = workload
         progress = _Progress(self.timeout_s)
         try:
-            with connect_sse(self._client, "POST", "/v1/completions", json=body) as source:
+            # ASCII JSON (httpx's json= encodes UTF-8, which a lone surrogate of a trace's tag cannot take)
+            with connect_sse(self._client, "POST", "/v1/completions", content=json.dumps(body).encode("ascii"),
+                             headers={"Content-Type": "application/json"}) as source:
                 response = source.response
                 if response.status_code >= 400:
                     body = _read_at_most(response, MAX_ERROR_BYTES).decode("utf-8", "replace")
