@@ -18,7 +18,8 @@ Every trace file is Bailian-style JSONL (``chat_id``, ``parent_chat_id``, ``time
 server's block size, one line per request written when it finishes, plus ``scheduled`` and
 ``finished`` (seconds, the same clock as ``timestamp``: when the scheduler first gave the request
 its blocks and when it freed them), ``finish_reason``, ``cached_tokens`` (prompt tokens the server
-found in its prefix cache) and the client's scalar tags. Timestamps are
+found in its prefix cache), ``output_hash_ids`` (the ids of the blocks its response filled, keyed as
+``hash_ids``), ``grown`` (when it took each block after its first ones) and the client's scalar tags. Timestamps are
 seconds since ``origin``, so they keep their precision. ``.part`` files are zstd frames closed
 every few seconds: one whose writer died is readable up to its last closed frame, and the reader
 says what it could not read at its end.
