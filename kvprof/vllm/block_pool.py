@@ -238,6 +238,8 @@ class PolicyFreeQueue:
         self._front = FrontBlocks(blocks) if front is None else front
         self._back: deque[KVCacheBlock] = deque()
         self.num_free_blocks = self._front.size + self._n_cached
+        self._sentinels: tuple[KVCacheBlock, KVCacheBlock] | None = None  # vLLM's walk, once read
+        self._linked = False  # a walk was read: blocks leaving the queue have their links taken off
 
     def use(self, policy) -> None:
         """Order the cached blocks by ``policy`` from now on (it holds them already)."""
@@ -281,6 +283,12 @@ class PolicyFreeQueue:
 
     # -- taking blocks out -----------------------------------------------------------------
     def popleft(self) -> KVCacheBlock:
+        block = self._popleft()
+        if self._linked:
+            block.prev_free_block = block.next_free_block = None
+        return block
+
+    def _popleft(self) -> KVCacheBlock:
         if not self.num_free_blocks:
             raise ValueError("No free blocks available")
         self.num_free_blocks -= 1
@@ -297,12 +305,19 @@ class PolicyFreeQueue:
         return self._back.popleft()
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        blocks = self._popleft_n(n)
+        if self._linked:
+            for block in blocks:
+                block.prev_free_block = block.next_free_block = None
+        return blocks
+
+    def _popleft_n(self, n: int) -> list[KVCacheBlock]:
         if n <= 0:
             return []
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot pop {n} free blocks: only {self.num_free_blocks} are free")
         if n == 1:  # a decode step's block
-            return [self.popleft()]
+            return [self._popleft()]
         self.num_free_blocks -= n
         front = self._front
         if front.size >= n:  # the usual case until the pool first fills
@@ -335,6 +350,8 @@ class PolicyFreeQueue:
         return out
 
     def remove(self, block: KVCacheBlock) -> None:
+        if self._linked:
+            block.prev_free_block = block.next_free_block = None
         if block._block_hash is not None:  # the usual case: a prefix hit on a cached block
             self._take(block.block_id)
             self._n_cached -= 1
@@ -398,6 +415,31 @@ class PolicyFreeQueue:
         self.num_free_blocks += self._front.size - before
 
     # -- walking ---------------------------------------------------------------------------
+    @property
+    def fake_free_list_head(self) -> KVCacheBlock:
+        """The head sentinel of vLLM's linked free list, for code that walks it (vLLM's own tests):
+        ``next_free_block`` leads through the free blocks in eviction order to :attr:`fake_free_list_tail`.
+
+        The links are written whenever either sentinel is read (a snapshot of the order then, a pass over
+        the free blocks) and taken off a block when it leaves the queue, as vLLM's queue does; vLLM's
+        serving path reads neither sentinel, so it never pays for them."""
+        return self._link_free_blocks()[0]
+
+    @property
+    def fake_free_list_tail(self) -> KVCacheBlock:
+        """The tail sentinel of vLLM's linked free list (:attr:`fake_free_list_head`)."""
+        return self._link_free_blocks()[1]
+
+    def _link_free_blocks(self) -> tuple[KVCacheBlock, KVCacheBlock]:
+        if self._sentinels is None:
+            self._sentinels = (KVCacheBlock(block_id=-1), KVCacheBlock(block_id=-1))
+        head, tail = self._sentinels
+        chain = [head, *self.get_all_free_blocks(), tail]
+        for before, after in zip(chain, chain[1:]):
+            before.next_free_block, after.prev_free_block = after, before
+        self._linked = True
+        return head, tail
+
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         blocks = self._blocks
         return [*self._front, *(blocks[i] for i in self.hints.order(self._clock())), *self._back]

@@ -123,17 +123,49 @@ def test_lru_queue_matches_vllm_queue_and_reset(in_vllm):
     if not in_vllm:
         return
     native, ours = _pools(32)
-    a, b = native.get_new_blocks(10), ours.get_new_blocks(10)
-    for i, (x, y) in enumerate(zip(a, b)):
-        _cache(native, x, bytes([i + 1]))
-        _cache(ours, y, bytes([i + 1]))
-    native.free_blocks(reversed(a))
-    ours.free_blocks(reversed(b))
+    _cache_and_free(native, ours, 10)
     assert native.reset_prefix_cache() and ours.reset_prefix_cache()
     assert ours.free_block_queue.policy.__len__() == 0  # all hash-less now: nothing left to order
     assert native.get_num_free_blocks() == ours.get_num_free_blocks() == 31
     # null block is never handed out
     assert 0 not in _ids(ours.get_new_blocks(31))
+
+
+def _cache_and_free(native, ours, n: int) -> None:
+    """``n`` blocks taken from both pools, cached under the same keys, freed tail first."""
+    a, b = native.get_new_blocks(n), ours.get_new_blocks(n)
+    for i, (x, y) in enumerate(zip(a, b)):
+        _cache(native, x, bytes([i + 1]))
+        _cache(ours, y, bytes([i + 1]))
+    native.free_blocks(reversed(a))
+    ours.free_blocks(reversed(b))
+
+
+def _walk(queue) -> list[int]:
+    """The block ids from ``fake_free_list_head`` to ``fake_free_list_tail``, as vLLM's tests walk them."""
+    ids, block = [], queue.fake_free_list_head.next_free_block
+    while block is not queue.fake_free_list_tail:
+        ids.append(block.block_id)
+        block = block.next_free_block
+    return ids
+
+
+@pytest.mark.parametrize("policy", ["lru", "wa"])
+def test_the_sentinel_walk_of_vllms_tests_goes_in_eviction_order(in_vllm, policy):
+    if not in_vllm:
+        return
+    native, ours = _pools(32, policy)
+    _cache_and_free(native, ours, 10)
+    queue = ours.free_block_queue
+    assert _walk(queue) == _ids(queue.get_all_free_blocks())
+    if policy == "lru":
+        assert _walk(queue) == _walk(native.free_block_queue)  # vLLM's own order, block for block
+    taken = ours.get_new_blocks(25)  # blocks leaving the queue lose their links, as vLLM's do
+    assert all(block.prev_free_block is None and block.next_free_block is None for block in taken)
+    assert _walk(queue) == _ids(queue.get_all_free_blocks())
+    ours.get_new_blocks(queue.num_free_blocks)
+    assert queue.fake_free_list_head.next_free_block is queue.fake_free_list_tail
+    assert queue.fake_free_list_tail.prev_free_block is queue.fake_free_list_head
 
 
 def test_touch_does_vllms_work_in_its_own_loop_or_leaves_it_to_vllm(in_vllm):
