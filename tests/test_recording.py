@@ -719,4 +719,8 @@ def test_compare_replays_a_recordings_hints_under_the_servers_budget(tmp_path):
                         "-o", out, "-j", "1", *given)
         assert result.exit_code == 0, result.output
         assert json.loads((out / "results.json").read_text())["inputs"]["hints"]["max_fraction"] == budget
-        assert ("the recorded server's" in result.stderr) == (not given)
+        assert ("the recorded servers'" in result.stderr) == (not given)
+    fleet = invoke("fleet", tmp_path / "rec", "--policies", "lru", "--eval-window", "0:", "-o", tmp_path / "fleet",
+                   "-j", "1")  # the recorded router: what the server received, on its own timing
+    assert fleet.exit_code == 0, fleet.output
+    assert json.loads((tmp_path / "fleet" / "results.json").read_text())["inputs"]["hints"]["max_fraction"] == 0.25

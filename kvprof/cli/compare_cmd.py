@@ -278,7 +278,7 @@ def compare(
                                            hint_max_fraction, ignore_hints)
     if hint_facts is not None:
         if recording is not None and hint_max_fraction is None and hints == "trace":  # the server's own bound
-            hint_max_fraction = hint_facts["max_fraction"] = recorded_hint_budget(recording)
+            hint_max_fraction = hint_facts["max_fraction"] = recorded_hint_budget([recording])
         document_inputs["hints"] = hint_facts
         warn_empty_budgets(hint_max_fraction, capacities)
     _run_and_report(evaluated, hp, names, capacities, sim_config, jobs, output, json_out, document_inputs, fitted,

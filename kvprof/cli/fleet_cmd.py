@@ -65,6 +65,7 @@ from kvprof.cli.hint_options import (
     check_stop_hints,
     hint_options,
     hint_table,
+    recorded_hint_budget,
     hinted,
     warn_empty_budgets,
     with_hinted_twins,
@@ -242,6 +243,8 @@ def fleet(
               "limit": limit}
     evaluated, names, hint_facts = hinted(evaluated, hp, names, hints, stop, hint_max_fraction, ignore_hints)
     if hint_facts is not None:
+        if recordings and hint_max_fraction is None and hints == "trace":  # the servers' own bound
+            hint_max_fraction = hint_facts["max_fraction"] = recorded_hint_budget(recordings)
         inputs["hints"] = hint_facts
         warn_empty_budgets(hint_max_fraction, capacities)
         tasks = _configurations(specs, counts_of, names, capacities, hp_per_replica)

@@ -150,19 +150,19 @@ def check_hinted_policies(names, hints: str, max_fraction: float | None, ignore:
                                  param_hint="--policies")
 
 
-def recorded_hint_budget(recording) -> float | None:
-    """The hint budget the recorded server ran with (``--kv-hint-max-fraction``, in ``recording.json``), for
-    ``--hints trace`` without ``--hint-max-fraction``: the server's hints replayed under its own bound. None
-    (with a warning where they differ) when its starts ran with different ones or none."""
-    budgets = {start.hint_max_fraction for start in recording.starts}
+def recorded_hint_budget(recordings) -> float | None:
+    """The hint budget the recorded servers ran with (``--kv-hint-max-fraction``, in each ``recording.json``),
+    for ``--hints trace`` without ``--hint-max-fraction``: the servers' hints replayed under their own bound.
+    None (with a warning where they differ) when their starts ran with different ones or none."""
+    budgets = {start.hint_max_fraction for recording in recordings for start in recording.starts}
     if len(budgets) > 1:
         shown = ", ".join("none" if b is None else f"{b:g}" for b in sorted(budgets, key=lambda b: (b is None, b)))
-        warn(f"the recording's server starts ran with different hint budgets ({shown}); its hints are replayed "
+        warn(f"the recorded server starts ran with different hint budgets ({shown}); their hints are replayed "
              "without one unless --hint-max-fraction gives it")
         return None
     (budget,) = budgets
     if budget is not None:
-        say(f"--hint-max-fraction {budget:g}: the recorded server's (recording.json)")
+        say(f"--hint-max-fraction {budget:g}: the recorded servers' (recording.json)")
     return budget
 
 
