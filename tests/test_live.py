@@ -195,6 +195,40 @@ def test_sessions_whose_next_turns_send_the_responses_back_hit_live_as_replayed(
     assert live.hits[policy] > sum(len(row["chain"]) for row in rows if row["chain"][0] == rows[0]["chain"][0]) // 4
 
 
+def _refs(gpu) -> np.ndarray:
+    """The tier's pin count per slot (its structref's field, read in compiled code)."""
+    from numba import njit
+
+    return njit(lambda device: device.refs.copy())(gpu)
+
+
+@pytest.mark.parametrize("policy", ["lru", "wa"])
+def test_blocks_taken_again_before_their_free_are_given_back_and_claimed_once(policy):
+    """A running request's blocks the server takes again before any free claimed them (its request was
+    preempted and freed without kvprof hearing) give their old slots back: the tier never holds more slots
+    than the server's blocks pending; a free claims its blocks once, and ids the server cannot have are
+    passed over."""
+    from kvprof.core import tiers
+
+    hp = HpFile.from_dict(HP)
+    live = Counterfactual({policy: make_policy(policy, hp=hp, capacity=12)}, 12, BS)
+    gpu = live.tiers[policy].gpu
+    live.admit("r", [10, 11], 2 * BS + 1, (0, 0), 1.0)  # 3 blocks
+    for t in range(20):  # the same 4 block ids taken again and again, never claimed
+        live.grow([1, 2, 3, 4], 2.0 + t)
+    assert tiers.n_free(gpu) == 12 - 3 - 4
+    live.grow([10**6, -5], 30.0)  # no block of this server: nothing taken
+    assert tiers.n_free(gpu) == 12 - 3 - 4
+    lookups = live.finish("r", [10, 11, 12, 13], 2 * BS + 1, 3 * BS, 40.0, grown=[1, 2, 3, 4, 4])
+    assert lookups == 2 and tiers.n_free(gpu) == 12  # all back: the prompt's, the 4 claimed (once each)
+    tiers.check_device(gpu)
+    assert (_refs(gpu) == 0).all()  # each slot unpinned once
+    live.admit("s", [20], BS + 1, (0, 0), 41.0)
+    live.finish("s", [20], BS + 1, 1, 42.0, grown=[1, 2])  # claimed already: nothing of theirs is held twice
+    assert tiers.n_free(gpu) == 12
+    tiers.check_device(gpu)
+
+
 @pytest.mark.parametrize("policy", ["lru", "wa"])
 def test_a_counterfactual_past_its_first_tables_hits_as_the_replay(policy):
     """A tier of more than twice :data:`~kvprof.core.prefix_cache.MIN_SLOTS` starts with tables for part of

@@ -186,6 +186,7 @@ class Counterfactual:
             if grown is not None:
                 ids = np.asarray(grown, np.int64)
                 ids = ids[(ids >= 0) & (ids <= self.capacity)]
+                ids = ids[np.sort(np.unique(ids, return_index=True)[1])]  # each once, in depth order
                 taken = tier.grown[ids]
                 taken = taken[taken >= 0]
                 tier.grown[ids] = -1
