@@ -239,7 +239,6 @@ class PolicyFreeQueue:
         self._back: deque[KVCacheBlock] = deque()
         self.num_free_blocks = self._front.size + self._n_cached
         self._sentinels: tuple[KVCacheBlock, KVCacheBlock] | None = None  # vLLM's walk, once read
-        self._linked = False  # a walk was read: blocks leaving the queue have their links taken off
 
     def use(self, policy) -> None:
         """Order the cached blocks by ``policy`` from now on (it holds them already)."""
@@ -283,12 +282,6 @@ class PolicyFreeQueue:
 
     # -- taking blocks out -----------------------------------------------------------------
     def popleft(self) -> KVCacheBlock:
-        block = self._popleft()
-        if self._linked:
-            block.prev_free_block = block.next_free_block = None
-        return block
-
-    def _popleft(self) -> KVCacheBlock:
         if not self.num_free_blocks:
             raise ValueError("No free blocks available")
         self.num_free_blocks -= 1
@@ -305,19 +298,12 @@ class PolicyFreeQueue:
         return self._back.popleft()
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        blocks = self._popleft_n(n)
-        if self._linked:
-            for block in blocks:
-                block.prev_free_block = block.next_free_block = None
-        return blocks
-
-    def _popleft_n(self, n: int) -> list[KVCacheBlock]:
         if n <= 0:
             return []
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot pop {n} free blocks: only {self.num_free_blocks} are free")
         if n == 1:  # a decode step's block
-            return [self._popleft()]
+            return [PolicyFreeQueue.popleft(self)]
         self.num_free_blocks -= n
         front = self._front
         if front.size >= n:  # the usual case until the pool first fills
@@ -350,8 +336,6 @@ class PolicyFreeQueue:
         return out
 
     def remove(self, block: KVCacheBlock) -> None:
-        if self._linked:
-            block.prev_free_block = block.next_free_block = None
         if block._block_hash is not None:  # the usual case: a prefix hit on a cached block
             self._take(block.block_id)
             self._n_cached -= 1
@@ -433,12 +417,26 @@ class PolicyFreeQueue:
     def _link_free_blocks(self) -> tuple[KVCacheBlock, KVCacheBlock]:
         if self._sentinels is None:
             self._sentinels = (KVCacheBlock(block_id=-1), KVCacheBlock(block_id=-1))
+            self._unlink_what_leaves()
         head, tail = self._sentinels
         chain = [head, *self.get_all_free_blocks(), tail]
         for before, after in zip(chain, chain[1:]):
             before.next_free_block, after.prev_free_block = after, before
-        self._linked = True
         return head, tail
+
+    def _unlink_what_leaves(self) -> None:
+        """From now on a block leaving the queue has its links taken off, as vLLM's queue does: this
+        queue's taking methods wrapped on the instance once a walk is read (a queue never walked pays
+        nothing for it)."""
+        popleft, popleft_n, remove = self.popleft, self.popleft_n, self.remove
+
+        def unlinked(block: KVCacheBlock) -> KVCacheBlock:
+            block.prev_free_block = block.next_free_block = None
+            return block
+
+        self.popleft = lambda: unlinked(popleft())
+        self.popleft_n = lambda n: [unlinked(block) for block in popleft_n(n)]
+        self.remove = lambda block: remove(unlinked(block))
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         blocks = self._blocks
