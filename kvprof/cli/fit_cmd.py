@@ -310,7 +310,8 @@ def fit(
         raise KvprofError(f"{where}: the fit window {window} holds no requests")
     if retention_shares is not None and not (fitted.parent_chat_id >= 0).any():
         raise typer.BadParameter(f"no request of {where}'s fit window names a parent (no sessions come back), so no "
-                                 "retention is fitted and the shares would change nothing", param_hint="--retention-shares")
+                                 "retention is fitted and the shares would change nothing",
+                                 param_hint="--retention-shares")
     holdout, no_holdout = _holdout(trace, fitted)
     names = " + ".join(path.name for path in trace_paths)
     title = f"{names} {window}: {fitted.n_requests} requests"

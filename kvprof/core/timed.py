@@ -112,8 +112,8 @@ class RecordedRequests(NamedTuple):
     with a content are cached at its finish (its output filled them); ``n_prompt[r]`` are taken at
     its admission, of which the first ``n_lookup[r]`` may be prefix hits, and ``n_new[r]`` more at
     its finish (``n_first[r]`` when scheduled, one at each of its grows, ``n_last[r]`` at its finish,
-    where the recording says when it took them). ``classes[r]`` is its workload class (int64), ``n_output[r]`` the tokens it generated,
-    ``finish[r]`` how it ended (int64, :mod:`kvprof.models.finish`; 0: not known).
+    where the recording says when it took them). ``classes[r]`` is its workload class (int64),
+    ``n_output[r]`` the tokens it generated, ``finish[r]`` how it ended (int64, :mod:`kvprof.models.finish`; 0: not known).
     """
 
     blocks: np.ndarray
@@ -150,8 +150,8 @@ def replay(gpu, requests: RecordedRequests, events: tuple[np.ndarray, np.ndarray
     for start in range(0, len(event_request), chunk):
         stop = min(start + chunk, len(event_request))
         free_seats, n_free_seats = compiled_call(
-            _play, gpu, *requests, event_request, event_kind, event_time, check, start, stop, hits, held, first_held, seats,
-            seat_of, free_seats, n_free_seats)
+            _play, gpu, *requests, event_request, event_kind, event_time, check, start, stop, hits, held, first_held,
+            seats, seat_of, free_seats, n_free_seats)
     return hits, held
 
 

@@ -79,8 +79,8 @@ NEW, SHARED = object(), object()
 class HintCounters:
     """What the hints did in one replay, in blocks.
 
-    ``retained_hits``: retained blocks hit before they lapsed (not the retentions granted); ``lapsed``: retentions that ran out of
-    time; ``over_budget``: retentions lapsed by the budget; ``released_evicted``: released blocks
+    ``retained_hits``: retained blocks hit before they lapsed (not the retentions granted);
+    ``lapsed``: retentions that ran out of time; ``over_budget``: retentions lapsed by the budget; ``released_evicted``: released blocks
     evicted; ``hinted_hits``: hits on blocks that were released or retained when hit;
     ``beyond_horizon``: blocks freed with a retention longer than the cache's horizon, not retained, and
     retained blocks lapsed when their time left grew longer than it;

@@ -71,8 +71,8 @@ def stop_hints(trace: Trace, hp, share: float = 0.9, end_turn: str = "release",
     ------
     SimulationError
         A trace without ``stop``; where a hint retains, an hp file without ``retention`` or without
-        ``share`` among its shares, or whose class rule the trace does not fit; an ``end_turn`` other than those of :data:`END_TURN_HINTS` or a ``tool_call`` other than
-        those of :data:`TOOL_CALL_HINTS`.
+        ``share`` among its shares, or whose class rule the trace does not fit; an ``end_turn`` other
+        than those of :data:`END_TURN_HINTS` or a ``tool_call`` other than those of :data:`TOOL_CALL_HINTS`.
     """
     if end_turn not in END_TURN_HINTS:
         raise SimulationError(f"an end of turn sends one of {', '.join(END_TURN_HINTS)}, not {end_turn!r}")

@@ -98,7 +98,8 @@ class RecordedTiming:
         admit, release = self.admit[scheduled], self.release[scheduled]
         grows = np.isfinite(self.admit[self.grow_request])
         grower, grow_time = self.grow_request[grows], self.grow_time[grows]
-        grow_rank = np.where(grow_time == self.admit[grower], 1.5, np.where(grow_time == self.release[grower], -0.5, 0.5))
+        grow_rank = np.where(grow_time == self.admit[grower], 1.5,
+                             np.where(grow_time == self.release[grower], -0.5, 0.5))
         request = np.concatenate([scheduled, scheduled, grower])
         kind = np.concatenate([np.full(scheduled.size, ADMIT, np.int8), np.full(scheduled.size, FINISH, np.int8),
                                np.full(grower.size, GROW, np.int8)])
@@ -208,8 +209,9 @@ def recorded_timing(trace, origin: float, offsets: np.ndarray, block: np.ndarray
     new_block = np.full(new_offsets[-1], NONE, dtype=np.int64)
     new_block[depth < n_full[owner]] = block
     from_output = (depth >= n_full[owner]) & (depth < (n_full + n_filled)[owner])
-    new_block[from_output] = _output_contents(trace, offsets, block, n_filled, depth[from_output] - n_full[owner[from_output]],
-                                              owner[from_output])
+    filled_owner = owner[from_output]
+    new_block[from_output] = _output_contents(trace, offsets, block, n_filled, depth[from_output] - n_full[filled_owner],
+                                              filled_owner)
     next_use = np.full(new_block.size, math.inf)
     cached = new_block != NONE
     nxt = next_access(new_block[cached], owner[cached])
